@@ -1,0 +1,23 @@
+//! memprof-ebpf's kernel programs.
+//!
+//! Thin by design: each program filters to the target process, copies what
+//! it saw into a map or ring buffer, and returns. All interpretation happens
+//! in userspace (`memprof::analysis`).
+#![no_std]
+#![no_main]
+
+mod maps;
+mod sampler;
+mod threads;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any program that could reach this; it is here
+    // only because `no_std` binaries must name a panic handler.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

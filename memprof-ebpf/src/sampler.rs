@@ -1,0 +1,57 @@
+//! CPU sampling: a `perf_event` program on every online CPU.
+
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::perf_event,
+    programs::{tracing::StackIdContext, PerfEventContext},
+};
+use memprof_common::{counter, SampleEvent, SAMPLE_FLAG_KERNEL};
+
+use crate::maps::{count, current_ids, target_tgid, SAMPLES, STACKS};
+
+#[perf_event]
+pub fn mp_cpu_sample(ctx: PerfEventContext) -> u32 {
+    try_cpu_sample(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_cpu_sample(ctx: &PerfEventContext) {
+    let (tgid, tid) = current_ids();
+    if tgid != target_tgid() {
+        return;
+    }
+    count(counter::SAMPLES_SEEN);
+
+    // SAFETY: the kernel passes a valid `bpf_perf_event_data` whose `regs`
+    // are the interrupted context's registers; reading them is allowed.
+    let (ip, cs) = unsafe { ((*ctx.ctx).regs.rip, (*ctx.ctx).regs.cs) };
+    let in_kernel = cs & 3 != 3;
+
+    // The user stack is walked by the kernel from the thread's saved user
+    // registers, so it is valid even when the sample hit kernel code.
+    let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            count(counter::STACK_ERRORS);
+            e
+        }
+    };
+
+    let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
+        count(counter::SAMPLES_LOST);
+        return;
+    };
+    entry.write(SampleEvent {
+        // SAFETY: helper without preconditions.
+        time_ns: unsafe { bpf_ktime_get_ns() },
+        ip: if in_kernel { 0 } else { ip },
+        tid,
+        // SAFETY: helper without preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        stack_id,
+        flags: if in_kernel { SAMPLE_FLAG_KERNEL } else { 0 },
+    });
+    entry.submit(0);
+}

@@ -1,0 +1,68 @@
+//! Following the target: thread creation, thread exit, exec.
+
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use memprof_common::{counter, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD};
+
+use crate::maps::{
+    count, current_ids, newtask_flags_offset, newtask_pid_offset, target_tgid, TASK_EVENTS,
+};
+
+/// `CLONE_THREAD` from `<linux/sched.h>`.
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// `task:task_newtask` runs in the creating thread, so the current tgid is
+/// the parent's; a `CLONE_THREAD` child joins that thread group.
+#[tracepoint]
+pub fn mp_task_new(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if tgid != target_tgid() {
+        return 0;
+    }
+    // SAFETY: the offsets come from this kernel's tracefs format file and
+    // `read_at` uses bpf_probe_read on the tracepoint record.
+    let flags: u64 = unsafe { ctx.read_at(newtask_flags_offset()) }.unwrap_or(0);
+    if flags & CLONE_THREAD == 0 {
+        return 0; // a child process, not one of our threads
+    }
+    // SAFETY: as above.
+    let child: i32 = unsafe { ctx.read_at(newtask_pid_offset()) }.unwrap_or(0);
+    emit(TASK_NEW_THREAD, child as u32, tgid, tid);
+    0
+}
+
+/// `sched:sched_process_exit` runs in the exiting thread.
+#[tracepoint]
+pub fn mp_task_exit(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if tgid == target_tgid() {
+        emit(TASK_EXIT, tid, tgid, 0);
+    }
+    0
+}
+
+/// `sched:sched_process_exec` runs in the task after the new image is in.
+#[tracepoint]
+pub fn mp_task_exec(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if tgid == target_tgid() {
+        emit(TASK_EXEC, tid, tgid, 0);
+    }
+    0
+}
+
+#[inline(always)]
+fn emit(kind: u32, tid: u32, tgid: u32, parent_tid: u32) {
+    let Some(mut entry) = TASK_EVENTS.reserve::<TaskEvent>(0) else {
+        count(counter::TASK_EVENTS_LOST);
+        return;
+    };
+    entry.write(TaskEvent {
+        // SAFETY: helper without preconditions.
+        time_ns: unsafe { bpf_ktime_get_ns() },
+        kind,
+        tid,
+        tgid,
+        parent_tid,
+    });
+    entry.submit(0);
+}

@@ -1,0 +1,3 @@
+//! Pure analyses over plain event structs: no BPF, no I/O, unit-tested.
+
+pub mod profile;

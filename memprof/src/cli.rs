@@ -1,0 +1,139 @@
+//! Command-line interface.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{ArgGroup, Parser};
+
+use crate::error::exit_code;
+
+/// Default CPU sampling frequency. Odd so it does not beat against
+/// timer-driven work in the target (perf uses 4000; we aim at ≤2% overhead).
+pub const DEFAULT_SAMPLE_FREQ: u64 = 999;
+/// Upper bound for `--sample-freq`; the kernel's own limit
+/// (`kernel.perf_event_max_sample_rate`) may be lower and is checked too.
+pub const MAX_SAMPLE_FREQ: u64 = 50_000;
+
+const AFTER_HELP: &str = concat!(
+    "Examples:\n",
+    "  sudo memprof-ebpf -p 1234                 live dashboard (q or Ctrl-C quits)\n",
+    "  sudo memprof-ebpf -p 1234 --duration 30s  trace 30 s, print a ranked summary\n",
+    "  sudo memprof-ebpf --json out.json -- ./prog arg   launch ./prog and trace it\n",
+    "\n",
+    "Without a terminal on stdout, or with --duration, no dashboard is shown: the\n",
+    "tool traces until the duration ends, the target exits or Ctrl-C, then prints\n",
+    "the summary. A launched command that outlives the session gets SIGTERM.\n",
+    "\n",
+    "Exit status:\n",
+    "  0  success\n",
+    "  1  internal failure (a bug or an unexpected system error; see the message)\n",
+    "  2  usage error (bad or conflicting arguments)\n",
+    "  3  no such process (-p PID does not exist or exited before attach)\n",
+    "  4  insufficient privilege (run as root, or with CAP_BPF and CAP_PERFMON)\n",
+    "  5  the kernel lacks a needed feature (BTF, tracefs, perf events, ...)\n",
+    "  6  the command to launch could not be found or run\n",
+);
+
+/// Find false sharing, allocator and lock problems in a running process.
+///
+/// Attaches eBPF programs to a process (or launches a command), samples its
+/// threads, and shows what it finds live or as a summary. Needs root.
+#[derive(Debug, Parser)]
+#[command(name = "memprof-ebpf", version, after_help = AFTER_HELP)]
+#[command(group(ArgGroup::new("target").required(true).args(["pid", "command"])))]
+pub struct Cli {
+    /// Attach to the running process PID (all its threads, also those it
+    /// creates later).
+    #[arg(short, long, value_name = "PID")]
+    pub pid: Option<u32>,
+
+    /// Trace for this long, then print the summary and exit (e.g. 30s, 2m,
+    /// 1m30s). Without it, trace until Ctrl-C or the target exits.
+    #[arg(short, long, value_name = "TIME", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Also write the findings as a versioned JSON report to FILE
+    /// ("-" for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// CPU samples per second per CPU.
+    #[arg(
+        long,
+        value_name = "HZ",
+        default_value_t = DEFAULT_SAMPLE_FREQ,
+        value_parser = clap::value_parser!(u64).range(1..=MAX_SAMPLE_FREQ),
+    )]
+    pub sample_freq: u64,
+
+    /// Never show the live dashboard, even on a terminal.
+    #[arg(long)]
+    pub no_tui: bool,
+
+    /// More log output (-v info, -vv debug, -vvv trace). Logs go to stderr,
+    /// or to memprof-ebpf.log while the dashboard is on screen.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Where logs go while the dashboard is shown.
+    #[arg(long, value_name = "FILE", default_value = "memprof-ebpf.log")]
+    pub log_file: PathBuf,
+
+    /// The command to launch and trace from its first instruction.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+impl Cli {
+    /// The exit code clap uses for usage errors; kept equal to ours.
+    pub const USAGE_EXIT: i32 = exit_code::USAGE;
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (try 10s, 2m, 1h)"))?;
+    if d.is_zero() {
+        return Err("the duration must be longer than zero".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn pid_and_duration_parse() {
+        let cli = Cli::try_parse_from(["memprof-ebpf", "-p", "42", "--duration", "1m30s"]).unwrap();
+        assert_eq!(cli.pid, Some(42));
+        assert_eq!(cli.duration, Some(Duration::from_secs(90)));
+        assert_eq!(cli.sample_freq, DEFAULT_SAMPLE_FREQ);
+    }
+
+    #[test]
+    fn command_after_double_dash() {
+        let cli = Cli::try_parse_from(["memprof-ebpf", "--", "./prog", "-x", "1"]).unwrap();
+        assert_eq!(cli.command, ["./prog", "-x", "1"]);
+        assert_eq!(cli.pid, None);
+    }
+
+    #[test]
+    fn a_target_is_required_and_only_one() {
+        assert!(Cli::try_parse_from(["memprof-ebpf"]).is_err());
+        assert!(Cli::try_parse_from(["memprof-ebpf", "-p", "1", "--", "ls"]).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        assert!(Cli::try_parse_from(["memprof-ebpf", "-p", "1", "--duration", "0s"]).is_err());
+        assert!(Cli::try_parse_from(["memprof-ebpf", "-p", "1", "--duration", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["memprof-ebpf", "-p", "1", "--sample-freq", "0"]).is_err());
+        assert!(
+            Cli::try_parse_from(["memprof-ebpf", "-p", "1", "--sample-freq", "1000000"]).is_err()
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! Collection: turns raw kernel records into plain analysis events.
+//!
+//! The ring buffers are drained by [`crate::session`]; each record is handed
+//! to a [`Collector`], which resolves sampled addresses against the target's
+//! memory map at once (while the process is alive) and feeds the pure
+//! analyses.
+
+pub mod procmaps;
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use memprof_common::{
+    SampleEvent, TaskEvent, SAMPLE_FLAG_KERNEL, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD,
+};
+
+use crate::analysis::profile::{Profile, Sample, SampleAt, ThreadEvent};
+use procmaps::{Place, ProcMaps};
+
+/// How often an unknown address may trigger a re-read of the memory map.
+const MAPS_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Per-session collection state.
+pub struct Collector {
+    pid: u32,
+    maps: ProcMaps,
+    maps_read_at: Option<Instant>,
+    names: HashMap<u32, String>,
+    pub profile: Profile,
+}
+
+impl Collector {
+    /// Starts collecting for `pid`: reads its memory map and its threads.
+    pub fn new(pid: u32) -> Self {
+        let mut collector = Self {
+            pid,
+            maps: ProcMaps::default(),
+            maps_read_at: None,
+            names: HashMap::new(),
+            profile: Profile::new(),
+        };
+        collector.refresh_maps();
+        for tid in list_threads(pid) {
+            collector
+                .profile
+                .add_thread_event(ThreadEvent::Existing { tid });
+            collector.learn_name(tid);
+        }
+        collector
+    }
+
+    /// Re-reads `/proc/PID/maps`; keeps the old snapshot if the process is
+    /// gone, so late samples still resolve.
+    fn refresh_maps(&mut self) {
+        match ProcMaps::read(self.pid) {
+            Ok(maps) if !maps.is_empty() => self.maps = maps,
+            Ok(_) => {}
+            Err(e) => tracing::debug!("re-reading maps of {}: {e}", self.pid),
+        }
+        self.maps_read_at = Some(Instant::now());
+    }
+
+    /// Where `addr` is, re-reading the map once if it is not in our snapshot
+    /// (a library loaded since, or the first samples after `exec`).
+    pub fn place(&mut self, addr: u64) -> Place {
+        let place = self.maps.place(addr);
+        if !matches!(place, Place::Unmapped { .. }) {
+            return place;
+        }
+        let stale = self
+            .maps_read_at
+            .is_none_or(|t| t.elapsed() >= MAPS_REFRESH_MIN_INTERVAL);
+        if stale {
+            self.refresh_maps();
+            return self.maps.place(addr);
+        }
+        place
+    }
+
+    pub fn maps(&self) -> &ProcMaps {
+        &self.maps
+    }
+
+    pub fn on_sample(&mut self, ev: &SampleEvent) {
+        let at = if ev.flags & SAMPLE_FLAG_KERNEL != 0 || ev.ip == 0 {
+            SampleAt::Kernel
+        } else {
+            SampleAt::User(self.place(ev.ip))
+        };
+        if !self.names.contains_key(&ev.tid) {
+            self.learn_name(ev.tid);
+        }
+        self.profile.add_sample(Sample {
+            time_ns: ev.time_ns,
+            tid: ev.tid,
+            at,
+            stack_id: u32::try_from(ev.stack_id).ok(),
+        });
+    }
+
+    pub fn on_task(&mut self, ev: &TaskEvent) {
+        let event = match ev.kind {
+            TASK_NEW_THREAD => ThreadEvent::Created {
+                tid: ev.tid,
+                parent: ev.parent_tid,
+                time_ns: ev.time_ns,
+            },
+            TASK_EXIT => ThreadEvent::Exited {
+                tid: ev.tid,
+                time_ns: ev.time_ns,
+            },
+            TASK_EXEC => {
+                // A new program image: the old map is meaningless now, and
+                // the thread has the new program's name.
+                self.refresh_maps();
+                self.names.clear();
+                self.learn_name(ev.tid);
+                ThreadEvent::Exec {
+                    tid: ev.tid,
+                    time_ns: ev.time_ns,
+                }
+            }
+            other => {
+                tracing::warn!("unknown task event kind {other}");
+                return;
+            }
+        };
+        self.profile.add_thread_event(event);
+    }
+
+    fn learn_name(&mut self, tid: u32) {
+        if let Some(name) = thread_name(self.pid, tid) {
+            self.names.insert(tid, name);
+        }
+    }
+
+    /// Thread names, re-read for threads still alive (names are often set
+    /// after creation, e.g. with `pthread_setname_np`).
+    pub fn thread_names(&mut self) -> &HashMap<u32, String> {
+        let live: Vec<u32> = self
+            .profile
+            .threads()
+            .iter()
+            .filter(|(_, t)| !t.exited)
+            .map(|(tid, _)| *tid)
+            .collect();
+        for tid in live {
+            self.learn_name(tid);
+        }
+        &self.names
+    }
+}
+
+/// Thread ids of a process, from `/proc/PID/task`.
+pub fn list_threads(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    tids
+}
+
+fn thread_name(pid: u32, tid: u32) -> Option<String> {
+    let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+    Some(name.trim_end().to_string())
+}
+
+/// The command line of a process, space-separated.
+pub fn command_line(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let parts: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collects_from_this_process() {
+        let me = std::process::id();
+        let mut c = Collector::new(me);
+        assert!(c.profile.threads().contains_key(&me));
+        let ip = collects_from_this_process as usize as u64;
+        c.on_sample(&SampleEvent {
+            time_ns: 1,
+            ip,
+            tid: me,
+            cpu: 0,
+            stack_id: 3,
+            flags: 0,
+        });
+        c.on_sample(&SampleEvent {
+            time_ns: 2,
+            ip: 0,
+            tid: me,
+            cpu: 0,
+            stack_id: -14,
+            flags: SAMPLE_FLAG_KERNEL,
+        });
+        assert_eq!(c.profile.samples(), 2);
+        assert_eq!(c.profile.kernel_samples(), 1);
+        assert_eq!(c.profile.stacks().get(&3), Some(&1));
+        let places: Vec<_> = c.profile.user_places().cloned().collect();
+        assert!(
+            matches!(places.as_slice(), [Place::File { .. }]),
+            "{places:?}"
+        );
+        assert!(c.thread_names().contains_key(&me));
+        assert!(command_line(me).is_some());
+    }
+
+    #[test]
+    fn task_events_become_thread_events() {
+        let me = std::process::id();
+        let mut c = Collector::new(me);
+        c.on_task(&TaskEvent {
+            time_ns: 1,
+            kind: TASK_NEW_THREAD,
+            tid: 999_999,
+            tgid: me,
+            parent_tid: me,
+        });
+        assert_eq!(c.profile.threads()[&999_999].created_by, Some(me));
+        c.on_task(&TaskEvent {
+            time_ns: 2,
+            kind: TASK_EXIT,
+            tid: 999_999,
+            tgid: me,
+            parent_tid: 0,
+        });
+        assert!(c.profile.threads()[&999_999].exited);
+        c.on_task(&TaskEvent {
+            time_ns: 3,
+            kind: 77,
+            tid: 1,
+            tgid: me,
+            parent_tid: 0,
+        });
+        assert!(!c.profile.threads().contains_key(&1));
+    }
+
+    #[test]
+    fn a_gone_process_keeps_an_empty_but_usable_state() {
+        let mut c = Collector::new(u32::MAX - 1);
+        assert!(c.profile.threads().is_empty());
+        assert!(matches!(c.place(0x1000), Place::Unmapped { .. }));
+        assert_eq!(command_line(u32::MAX - 1), None);
+    }
+}

@@ -1,0 +1,284 @@
+//! The target's memory map (`/proc/PID/maps`), kept as a snapshot.
+//!
+//! Sampled addresses are turned into (object file, file offset) as soon as
+//! they arrive, while the process is alive; symbolization of those pairs can
+//! then happen any time later, even after the target has exited.
+
+use std::{path::Path, sync::Arc};
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file of `start`.
+    pub offset: u64,
+    pub readable: bool,
+    pub writable: bool,
+    pub executable: bool,
+    /// `/path/to/file`, `[heap]`, `[stack]`, `[vdso]`, ... or empty.
+    pub name: Arc<str>,
+}
+
+impl Mapping {
+    /// Backed by a file on disk (not anonymous, not a `[pseudo]` region).
+    pub fn is_file(&self) -> bool {
+        self.name.starts_with('/')
+    }
+}
+
+/// Where an address lies in the target's memory.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Place {
+    /// Inside a file mapping: which file and at what offset in it.
+    File { path: Arc<str>, file_offset: u64 },
+    /// Inside a named pseudo-region (`[heap]`, `[stack]`, `[vdso]`, ...).
+    Region { name: Arc<str>, address: u64 },
+    /// In anonymous memory (JIT code, `mmap`ed heap arenas, ...).
+    Anonymous { address: u64 },
+    /// Not mapped in the last snapshot we have.
+    Unmapped { address: u64 },
+}
+
+/// A parsed snapshot of a process's memory map, sorted by address.
+#[derive(Debug, Clone, Default)]
+pub struct ProcMaps {
+    mappings: Vec<Mapping>,
+}
+
+impl ProcMaps {
+    /// Reads `/proc/PID/maps`.
+    pub fn read(pid: u32) -> std::io::Result<Self> {
+        Ok(Self::parse(&std::fs::read_to_string(format!(
+            "/proc/{pid}/maps"
+        ))?))
+    }
+
+    /// Parses the text of a maps file; malformed lines are skipped.
+    pub fn parse(text: &str) -> Self {
+        let mut mappings: Vec<Mapping> = text.lines().filter_map(parse_line).collect();
+        mappings.sort_by_key(|m| m.start);
+        Self { mappings }
+    }
+
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mappings.is_empty()
+    }
+
+    /// The mapping containing `addr`.
+    pub fn find(&self, addr: u64) -> Option<&Mapping> {
+        let i = self.mappings.partition_point(|m| m.start <= addr);
+        let m = self.mappings.get(i.checked_sub(1)?)?;
+        (addr < m.end).then_some(m)
+    }
+
+    /// Classifies an address (see [`Place`]).
+    pub fn place(&self, addr: u64) -> Place {
+        match self.find(addr) {
+            Some(m) if m.is_file() => Place::File {
+                path: m.name.clone(),
+                file_offset: addr - m.start + m.offset,
+            },
+            Some(m) if !m.name.is_empty() => Place::Region {
+                name: m.name.clone(),
+                address: addr,
+            },
+            Some(_) => Place::Anonymous { address: addr },
+            None => Place::Unmapped { address: addr },
+        }
+    }
+
+    /// The address at which file offset 0 of `path` is (or would be)
+    /// mapped: `start - offset` of its lowest mapping. ELF virtual addresses
+    /// of the file are relative to this base plus the first segment's
+    /// `p_vaddr`.
+    pub fn file_base(&self, path: &str) -> Option<u64> {
+        self.mappings
+            .iter()
+            .filter(|m| &*m.name == path)
+            .map(|m| m.start.wrapping_sub(m.offset))
+            .min()
+    }
+
+    /// For a data address, the object file whose image holds it, with the
+    /// file's base: a file mapping, or the anonymous mapping right after a
+    /// writable file mapping (the part of `.bss` beyond the file's last page).
+    pub fn data_owner(&self, addr: u64) -> Option<(Arc<str>, u64)> {
+        let i = self
+            .mappings
+            .partition_point(|m| m.start <= addr)
+            .checked_sub(1)?;
+        let m = &self.mappings[i];
+        if addr >= m.end {
+            return None;
+        }
+        let owner = if m.is_file() {
+            m
+        } else if m.name.is_empty() && i > 0 {
+            let prev = &self.mappings[i - 1];
+            if prev.is_file() && prev.writable && prev.end == m.start {
+                prev
+            } else {
+                return None;
+            }
+        } else {
+            return None;
+        };
+        Some((owner.name.clone(), self.file_base(&owner.name)?))
+    }
+
+    /// Distinct file paths that are mapped executable.
+    pub fn code_files(&self) -> Vec<Arc<str>> {
+        let mut files: Vec<Arc<str>> = self
+            .mappings
+            .iter()
+            .filter(|m| m.executable && m.is_file())
+            .map(|m| m.name.clone())
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+}
+
+fn parse_line(line: &str) -> Option<Mapping> {
+    // start-end perms offset dev inode [name, which may contain spaces]
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let perms = fields.next()?.as_bytes();
+    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let _dev = fields.next()?;
+    let _inode = fields.next()?;
+    let name = fields.next().unwrap_or("").trim_start();
+    let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+    let (start, end) = range.split_once('-')?;
+    if perms.len() < 3 {
+        return None;
+    }
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset,
+        readable: perms[0] == b'r',
+        writable: perms[1] == b'w',
+        executable: perms[2] == b'x',
+        name: Arc::from(name),
+    })
+}
+
+/// The file name part of a path, for display (`/usr/lib/libc.so.6` →
+/// `libc.so.6`).
+pub fn short_name(path: &str) -> &str {
+    Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c8a00000-55d0c8a01000 r--p 00000000 fe:01 123 /tmp/work load
+55d0c8a01000-55d0c8a02000 r-xp 00001000 fe:01 123 /tmp/work load
+55d0c8a03000-55d0c8a04000 rw-p 00002000 fe:01 123 /tmp/work load
+55d0c8a04000-55d0c8a06000 rw-p 00000000 00:00 0 
+55d0c9000000-55d0c9021000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000001000 r-xp 00000000 00:00 0 
+7f1000028000-7f10001bd000 r-xp 00028000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f10001bd000-7f1000215000 r--p 001bd000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6 (deleted)
+7ffd1000f000-7ffd10011000 r-xp 00000000 00:00 0                          [vdso]
+garbage line
+";
+
+    #[test]
+    fn parses_and_finds() {
+        let maps = ProcMaps::parse(MAPS);
+        assert_eq!(maps.mappings().len(), 9);
+        let m = maps.find(0x55d0c8a01010).unwrap();
+        assert_eq!(&*m.name, "/tmp/work load");
+        assert!(m.executable && !m.writable);
+        assert!(maps.find(0x55d0c8a02000).is_none(), "hole between mappings");
+        assert!(maps.find(0).is_none());
+        assert!(maps.find(u64::MAX).is_none());
+        assert_eq!(
+            &*maps.find(0x7f10001bd000).unwrap().name,
+            "/usr/lib/x86_64-linux-gnu/libc.so.6"
+        );
+    }
+
+    #[test]
+    fn places() {
+        let maps = ProcMaps::parse(MAPS);
+        assert_eq!(
+            maps.place(0x7f1000028010),
+            Place::File {
+                path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+                file_offset: 0x28010
+            }
+        );
+        assert_eq!(
+            maps.place(0x7ffd1000f010),
+            Place::Region {
+                name: "[vdso]".into(),
+                address: 0x7ffd1000f010
+            }
+        );
+        assert_eq!(
+            maps.place(0x7f0000000010),
+            Place::Anonymous {
+                address: 0x7f0000000010
+            }
+        );
+        assert_eq!(maps.place(0x10), Place::Unmapped { address: 0x10 });
+    }
+
+    #[test]
+    fn data_owner_covers_the_bss_tail() {
+        let maps = ProcMaps::parse(MAPS);
+        let base = 0x55d0c8a00000;
+        assert_eq!(
+            maps.data_owner(0x55d0c8a03010),
+            Some(("/tmp/work load".into(), base))
+        );
+        assert_eq!(
+            maps.data_owner(0x55d0c8a05000),
+            Some(("/tmp/work load".into(), base))
+        );
+        assert_eq!(
+            maps.data_owner(0x55d0c9000010),
+            None,
+            "heap is not a file's image"
+        );
+        assert_eq!(
+            maps.data_owner(0x7f0000000010),
+            None,
+            "anon after a non-file mapping"
+        );
+    }
+
+    #[test]
+    fn code_files_and_short_names() {
+        let maps = ProcMaps::parse(MAPS);
+        assert_eq!(maps.code_files().len(), 2);
+        assert_eq!(
+            short_name("/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            "libc.so.6"
+        );
+        assert_eq!(short_name("[vdso]"), "[vdso]");
+    }
+
+    #[test]
+    fn empty_input() {
+        let maps = ProcMaps::parse("");
+        assert!(maps.is_empty());
+        assert!(maps.find(1).is_none());
+        assert_eq!(maps.place(1), Place::Unmapped { address: 1 });
+        assert!(maps.data_owner(1).is_none());
+    }
+}

@@ -1,0 +1,89 @@
+//! memprof-ebpf: find memory-level performance bugs of multithreaded
+//! programs (false sharing, slow or wasteful allocation, lock contention) in
+//! a running process, with eBPF.
+//!
+//! The binary is a thin shell around [`run`]; tests drive the same code.
+//!
+//! Layout, in the order data flows:
+//! - [`session`]: checks, target (attach or launch), probes, event loop;
+//! - [`collect`]: kernel records → plain events (addresses resolved against
+//!   the target's memory map);
+//! - [`analysis`]: pure computations over those events;
+//! - [`symbolize`]: addresses → functions, source lines, variables;
+//! - [`report`]: the model and its text and JSON forms;
+//! - [`tui`]: the live dashboard, rendering the same model.
+
+pub mod analysis;
+pub mod cli;
+pub mod collect;
+pub mod error;
+pub mod report;
+pub mod session;
+pub mod symbolize;
+pub mod tui;
+
+use std::io::IsTerminal;
+
+pub use error::{Error, Result};
+
+/// Runs the command line: a session, then the summary and JSON output.
+pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
+    let target = match cli.pid {
+        Some(pid) => session::TargetSpec::Pid(pid),
+        None => session::TargetSpec::Command(cli.command.clone()),
+    };
+    let opts = session::Options {
+        target,
+        duration: cli.duration,
+        frequency_hz: cli.sample_freq,
+    };
+
+    let mut dashboard = if live {
+        let title = match &opts.target {
+            session::TargetSpec::Pid(pid) => format!("pid {pid}"),
+            session::TargetSpec::Command(cmd) => cmd.join(" "),
+        };
+        Some(
+            tui::Dashboard::start(title)
+                .map_err(|e| anyhow::anyhow!("starting the dashboard: {e}"))?,
+        )
+    } else {
+        if std::io::stderr().is_terminal() {
+            announce(&opts);
+        }
+        None
+    };
+    let result = session::run(opts, dashboard.as_mut()).await;
+    drop(dashboard); // restore the terminal before printing anything
+    let (report, reason) = result?;
+    tracing::info!("session ended: {reason:?}");
+
+    print!("{}", report::text::render(&report));
+    if let Some(path) = &cli.json {
+        let json = report.to_json();
+        if path.as_os_str() == "-" {
+            println!("{json}");
+        } else {
+            std::fs::write(path, json + "\n").map_err(|source| Error::Output {
+                path: path.clone(),
+                source,
+            })?;
+            eprintln!("memprof-ebpf: report written to {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn announce(opts: &session::Options) {
+    let what = match &opts.target {
+        session::TargetSpec::Pid(pid) => format!("pid {pid}"),
+        session::TargetSpec::Command(cmd) => format!("`{}`", cmd.join(" ")),
+    };
+    match opts.duration {
+        Some(d) => eprintln!(
+            "memprof-ebpf: tracing {what} for {}; Ctrl-C stops early and still prints the summary",
+            humantime::format_duration(d)
+        ),
+        None => eprintln!("memprof-ebpf: tracing {what}; Ctrl-C stops and prints the summary"),
+    }
+}

@@ -1,0 +1,217 @@
+//! The report: one model that the summary, the JSON file and the dashboard
+//! all render. Field names are the versioned JSON schema
+//! ([`SCHEMA`]); later analyses fill `false_sharing`, `allocator`, `locks`.
+
+use serde::Serialize;
+
+use crate::analysis::profile::HotFunction;
+
+/// Version tag of the JSON form. Bump on incompatible changes.
+pub const SCHEMA: &str = "memprof-ebpf/1";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub schema: &'static str,
+    pub target: Target,
+    /// Seconds traced.
+    pub duration_s: f64,
+    pub sampling: Sampling,
+    pub hot_functions: Vec<HotFunctionEntry>,
+    pub threads: Vec<ThreadEntry>,
+    /// Filled by the false-sharing analysis (not in this version).
+    pub false_sharing: Vec<serde_json::Value>,
+    /// Filled by the allocator analysis (not in this version).
+    pub allocator: serde_json::Map<String, serde_json::Value>,
+    /// Filled by the lock analysis (not in this version).
+    pub locks: Vec<serde_json::Value>,
+    /// The profiler's own cost.
+    pub loader: Loader,
+    /// Things the reader should know (target exited, events lost, ...).
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub pid: u32,
+    pub command: String,
+    /// Threads seen during the session (present at attach or created later).
+    pub threads_seen: usize,
+    /// Whether the target exited before the session ended.
+    pub exited: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Sampling {
+    /// "cpu-clock" (software timer) or "cycles" (hardware PMU).
+    pub source: String,
+    pub frequency_hz: u64,
+    /// Samples of the target's threads received.
+    pub samples: u64,
+    /// Samples lost because a ring buffer was full.
+    pub lost: u64,
+    /// Samples taken while the thread was in the kernel.
+    pub kernel_samples: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HotFunctionEntry {
+    pub function: String,
+    /// Source file of the hottest line in the function, when known.
+    pub file: Option<String>,
+    /// The source line in the function that collected the most samples.
+    pub line: Option<u32>,
+    pub module: String,
+    pub samples: u64,
+    /// Fraction of all samples (0..1).
+    pub share: f64,
+}
+
+impl From<HotFunction> for HotFunctionEntry {
+    fn from(h: HotFunction) -> Self {
+        Self {
+            function: h.frame.function,
+            file: h.frame.file,
+            line: h.frame.line,
+            module: h.frame.module,
+            samples: h.samples,
+            share: h.share,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ThreadEntry {
+    pub tid: u32,
+    pub name: String,
+    pub samples: u64,
+    /// The thread that created it, if that happened while we traced.
+    pub created_by: Option<u32>,
+    pub exited: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Loader {
+    /// CPU seconds the profiler itself used (user + system).
+    pub cpu_s: f64,
+    /// `cpu_s / duration_s`: the share of one core the profiler used.
+    pub cpu_share: f64,
+    /// Peak resident memory of the profiler, in bytes.
+    pub peak_rss_bytes: u64,
+}
+
+impl Loader {
+    /// Reads the profiler's own resource usage so far.
+    pub fn measure(duration_s: f64) -> Self {
+        // SAFETY: an all-zero rusage is a valid value for getrusage to fill.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `usage` is a valid, writable rusage.
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+            return Self::default();
+        }
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        let cpu_s = secs(usage.ru_utime) + secs(usage.ru_stime);
+        Self {
+            cpu_s,
+            cpu_share: if duration_s > 0.0 {
+                cpu_s / duration_s
+            } else {
+                0.0
+            },
+            peak_rss_bytes: usage.ru_maxrss.max(0) as u64 * 1024,
+        }
+    }
+}
+
+impl Report {
+    /// Serializes to pretty JSON.
+    pub fn to_json(&self) -> String {
+        // Serializing plain structs of strings and numbers cannot fail; a
+        // non-finite float becomes null.
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn sample_report() -> Report {
+        Report {
+            schema: SCHEMA,
+            target: Target {
+                pid: 42,
+                command: "./work 2".into(),
+                threads_seen: 3,
+                exited: false,
+            },
+            duration_s: 2.5,
+            sampling: Sampling {
+                source: "cpu-clock".into(),
+                frequency_hz: 999,
+                samples: 1000,
+                lost: 0,
+                kernel_samples: 10,
+            },
+            hot_functions: vec![HotFunctionEntry {
+                function: "spin".into(),
+                file: Some("/src/work.c".into()),
+                line: Some(12),
+                module: "work".into(),
+                samples: 900,
+                share: 0.9,
+            }],
+            threads: vec![ThreadEntry {
+                tid: 42,
+                name: "work".into(),
+                samples: 1000,
+                created_by: None,
+                exited: false,
+            }],
+            false_sharing: vec![],
+            allocator: Default::default(),
+            locks: vec![],
+            loader: Loader {
+                cpu_s: 0.01,
+                cpu_share: 0.004,
+                peak_rss_bytes: 20 << 20,
+            },
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn json_has_the_promised_top_level_keys() {
+        let v: serde_json::Value = serde_json::from_str(&sample_report().to_json()).unwrap();
+        assert_eq!(v["schema"], "memprof-ebpf/1");
+        for key in [
+            "target",
+            "duration_s",
+            "sampling",
+            "hot_functions",
+            "false_sharing",
+            "allocator",
+            "locks",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["target"]["pid"], 42);
+        assert_eq!(v["target"]["command"], "./work 2");
+        for key in ["source", "frequency_hz", "samples", "lost"] {
+            assert!(v["sampling"].get(key).is_some(), "missing sampling.{key}");
+        }
+        let hot = &v["hot_functions"][0];
+        for key in ["function", "file", "line", "module", "samples"] {
+            assert!(hot.get(key).is_some(), "missing hot_functions[].{key}");
+        }
+        assert!(v["allocator"].is_object());
+        assert!(v["false_sharing"].is_array() && v["locks"].is_array());
+    }
+
+    #[test]
+    fn loader_measures_itself() {
+        let l = Loader::measure(1.0);
+        assert!(l.peak_rss_bytes > 0);
+        assert!(l.cpu_s >= 0.0);
+        assert_eq!(Loader::measure(0.0).cpu_share, 0.0);
+    }
+}

@@ -1,0 +1,397 @@
+//! A profiling session: checks, target, probes, the event loop, the report.
+//!
+//! Data flows one way: probes → [`crate::collect`] → [`crate::analysis`] →
+//! [`crate::report`] → (dashboard | summary | JSON).
+
+pub mod launch;
+pub mod preflight;
+pub mod probes;
+pub mod tracefs;
+
+use std::{
+    os::fd::{FromRawFd, OwnedFd},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{MapData, RingBuf};
+use memprof_common::{maps, SampleEvent, TaskEvent};
+use tokio::io::unix::AsyncFd;
+
+use crate::{
+    collect::{command_line, Collector},
+    error::{Error, Result},
+    report::{
+        model::{Loader, Sampling, Target, ThreadEntry, SCHEMA},
+        Report,
+    },
+    symbolize::Symbolizer,
+    tui::{Action, Dashboard},
+};
+use launch::Launched;
+use probes::{Counters, Probes};
+
+/// Hot functions kept in a report.
+const HOT_FUNCTIONS: usize = 50;
+/// How often the dashboard refreshes.
+const TICK: Duration = Duration::from_secs(1);
+/// How long a launched command gets to exit after SIGTERM before we leave.
+const TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// What to trace.
+#[derive(Debug, Clone)]
+pub enum TargetSpec {
+    Pid(u32),
+    Command(Vec<String>),
+}
+
+/// How a session is run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub target: TargetSpec,
+    pub duration: Option<Duration>,
+    pub frequency_hz: u64,
+}
+
+/// Why tracing stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    DurationElapsed,
+    Interrupted,
+    TargetExited,
+    UserQuit,
+}
+
+/// The traced process, and how we learn that it exited.
+enum TargetHandle {
+    Attached {
+        pid: u32,
+        exit: Option<AsyncFd<OwnedFd>>,
+    },
+    Launched(Launched),
+}
+
+impl TargetHandle {
+    fn pid(&self) -> u32 {
+        match self {
+            TargetHandle::Attached { pid, .. } => *pid,
+            TargetHandle::Launched(l) => l.pid,
+        }
+    }
+
+    /// Resolves when the process has exited.
+    async fn exited(&mut self) {
+        match self {
+            TargetHandle::Attached { exit: Some(fd), .. } => {
+                // A pidfd becomes readable when the process exits.
+                let _ = fd.readable().await;
+            }
+            TargetHandle::Attached { pid, exit: None } => loop {
+                // No pidfd support: poll.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    return;
+                }
+            },
+            TargetHandle::Launched(l) => {
+                let _ = l.child.wait().await;
+            }
+        }
+    }
+}
+
+/// Opens a pidfd for `pid`, registered with tokio.
+fn pidfd(pid: u32) -> Result<Option<AsyncFd<OwnedFd>>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ESRCH) {
+            return Err(Error::NoSuchProcess { pid });
+        }
+        tracing::info!("pidfd_open unavailable ({err}); polling /proc for the target's exit");
+        return Ok(None);
+    }
+    // SAFETY: the syscall returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    Ok(Some(readable(fd, "the pidfd")?))
+}
+
+/// Registers a file descriptor owner with tokio for readability.
+fn readable<T: std::os::fd::AsRawFd>(inner: T, what: &str) -> Result<AsyncFd<T>> {
+    // SAFETY: `inner` owns its descriptor (an OwnedFd or an aya map) and
+    // keeps it open, unchanged, for as long as the AsyncFd holds it.
+    unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }.map_err(|e| {
+        anyhow::anyhow!("registering {what} with the runtime: {}", e.into_parts().1).into()
+    })
+}
+
+/// Everything the live loop owns.
+struct Live {
+    probes: Probes,
+    collector: Collector,
+    symbolizer: Symbolizer,
+    samples: AsyncFd<RingBuf<MapData>>,
+    tasks: AsyncFd<RingBuf<MapData>>,
+    target: TargetHandle,
+    command: String,
+    frequency_hz: u64,
+    started: Instant,
+    target_exited: bool,
+    /// Set once the probes are gone; then counters are frozen here.
+    final_counters: Option<Counters>,
+}
+
+/// Runs a whole session and returns its report. With a dashboard, it is
+/// refreshed every second and its quit key ends the session.
+pub async fn run(
+    opts: Options,
+    mut dashboard: Option<&mut Dashboard>,
+) -> Result<(Report, StopReason)> {
+    let root = Path::new("/");
+    preflight::check_privilege(root)?;
+    preflight::check_perf_events(root)?;
+    preflight::check_btf(root)?;
+    if let Some(max) = preflight::max_sample_rate(root) {
+        if opts.frequency_hz > max {
+            return Err(Error::Usage(format!(
+                "--sample-freq {} is above the kernel's limit of {max} Hz \
+                 (kernel.perf_event_max_sample_rate)",
+                opts.frequency_hz
+            )));
+        }
+    }
+    let tracefs_dir = tracefs::ensure_mounted(root)?;
+    preflight::raise_memlock_limit();
+
+    let (target, command) = match &opts.target {
+        TargetSpec::Pid(pid) => {
+            preflight::check_pid(root, *pid)?;
+            let exit = pidfd(*pid)?;
+            let command = command_line(*pid).ok_or(Error::NoSuchProcess { pid: *pid })?;
+            (TargetHandle::Attached { pid: *pid, exit }, command)
+        }
+        TargetSpec::Command(cmd) => (TargetHandle::Launched(Launched::spawn(cmd)?), cmd.join(" ")),
+    };
+    let pid = target.pid();
+
+    let attached = Probes::attach(
+        pid,
+        &tracefs_dir,
+        opts.frequency_hz,
+        preflight::has_hardware_pmu(root),
+    );
+    let mut probes = match attached {
+        Ok(p) => p,
+        Err(e) => {
+            if let TargetHandle::Launched(mut l) = target {
+                // Never leave a gated child behind: dropping the gate ends it.
+                drop(l.child.start_kill());
+            }
+            return Err(e);
+        }
+    };
+    let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
+    let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
+    let collector = Collector::new(pid);
+
+    let mut live = Live {
+        probes,
+        collector,
+        symbolizer: Symbolizer::new(),
+        samples,
+        tasks,
+        target,
+        command,
+        frequency_hz: opts.frequency_hz,
+        started: Instant::now(),
+        target_exited: false,
+        final_counters: None,
+    };
+    if let TargetHandle::Launched(l) = &mut live.target {
+        l.release()?;
+    }
+    tracing::info!(
+        "tracing pid {pid} with {} sampling",
+        live.probes.source.name()
+    );
+
+    let reason = live
+        .event_loop(opts.duration, dashboard.as_deref_mut())
+        .await?;
+    live.finish(reason).await;
+    let report = live.report();
+    Ok((report, reason))
+}
+
+impl Live {
+    async fn event_loop(
+        &mut self,
+        duration: Option<Duration>,
+        mut dashboard: Option<&mut Dashboard>,
+    ) -> Result<StopReason> {
+        let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| anyhow::anyhow!("installing the SIGTERM handler: {e}"))?;
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                guard = self.samples.readable_mut() => {
+                    let mut guard = guard.map_err(|e| anyhow::anyhow!("polling samples: {e}"))?;
+                    drain_samples(guard.get_inner_mut(), &mut self.collector);
+                    guard.clear_ready();
+                }
+                guard = self.tasks.readable_mut() => {
+                    let mut guard = guard.map_err(|e| anyhow::anyhow!("polling task events: {e}"))?;
+                    drain_tasks(guard.get_inner_mut(), &mut self.collector);
+                    guard.clear_ready();
+                }
+                _ = self.target.exited() => {
+                    self.target_exited = true;
+                    return Ok(StopReason::TargetExited);
+                }
+                _ = sleep_until(deadline) => return Ok(StopReason::DurationElapsed),
+                _ = tokio::signal::ctrl_c() => return Ok(StopReason::Interrupted),
+                _ = sigterm.recv() => return Ok(StopReason::Interrupted),
+                action = next_action(dashboard.as_deref_mut()) => {
+                    if action == Action::Quit {
+                        return Ok(StopReason::UserQuit);
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Some(d) = dashboard.as_deref_mut() {
+                        let report = self.report();
+                        d.update(report);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops tracing: drains what the kernel still holds, detaches, and
+    /// ends a launched command that is still running.
+    async fn finish(&mut self, reason: StopReason) {
+        drain_samples(self.samples.get_mut(), &mut self.collector);
+        drain_tasks(self.tasks.get_mut(), &mut self.collector);
+        self.final_counters = Some(self.probes.counters());
+        tracing::info!("stopping ({reason:?}); detaching");
+        if let TargetHandle::Launched(l) = &mut self.target {
+            if !self.target_exited {
+                if let Some(pid) = l.child.id() {
+                    // SAFETY: kill with a pid we spawned and have not reaped.
+                    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                }
+                let _ = tokio::time::timeout(TERM_GRACE, l.child.wait()).await;
+            }
+        }
+    }
+
+    fn counters(&self) -> Counters {
+        self.final_counters
+            .unwrap_or_else(|| self.probes.counters())
+    }
+
+    /// The report as of now.
+    fn report(&mut self) -> Report {
+        let duration_s = self.started.elapsed().as_secs_f64();
+        let counters = self.counters();
+        let symbolizer = &mut self.symbolizer;
+        let hot_functions = self
+            .collector
+            .profile
+            .hot_functions(HOT_FUNCTIONS, |place| symbolizer.code(place))
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        let names = self.collector.thread_names().clone();
+        let profile = &self.collector.profile;
+        let mut threads: Vec<ThreadEntry> = profile
+            .threads()
+            .iter()
+            .map(|(&tid, t)| ThreadEntry {
+                tid,
+                name: names.get(&tid).cloned().unwrap_or_default(),
+                samples: t.samples,
+                created_by: t.created_by,
+                exited: t.exited,
+            })
+            .collect();
+        threads.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.tid.cmp(&b.tid)));
+
+        let mut notes = Vec::new();
+        if self.target_exited {
+            notes.push(format!("the target exited after {duration_s:.1} s"));
+        }
+        if counters.lost() > 0 {
+            notes.push(format!(
+                "{} samples and {} thread events were lost (ring buffer full)",
+                counters.samples_lost, counters.task_events_lost
+            ));
+        }
+        // A launched command's first exec is the gate becoming the command.
+        let launch_execs = u32::from(matches!(self.target, TargetHandle::Launched(_)));
+        let execs = profile.execs().saturating_sub(launch_execs);
+        if execs > 0 {
+            notes.push(format!(
+                "the target called exec {execs} time(s) while traced"
+            ));
+        }
+        Report {
+            schema: SCHEMA,
+            target: Target {
+                pid: self.target.pid(),
+                command: self.command.clone(),
+                threads_seen: profile.threads().len(),
+                exited: self.target_exited,
+            },
+            duration_s,
+            sampling: Sampling {
+                source: self.probes.source.name().into(),
+                frequency_hz: self.frequency_hz,
+                samples: profile.samples(),
+                lost: counters.samples_lost,
+                kernel_samples: profile.kernel_samples(),
+            },
+            hot_functions,
+            threads,
+            false_sharing: Vec::new(),
+            allocator: Default::default(),
+            locks: Vec::new(),
+            loader: Loader::measure(duration_s),
+            notes,
+        }
+    }
+}
+
+fn drain_samples(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
+    while let Some(item) = ring.next() {
+        match SampleEvent::from_bytes(&item) {
+            Some(ev) => collector.on_sample(&ev),
+            None => tracing::warn!("short sample record ({} bytes)", item.len()),
+        }
+    }
+}
+
+fn drain_tasks(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
+    while let Some(item) = ring.next() {
+        match TaskEvent::from_bytes(&item) {
+            Some(ev) => collector.on_task(&ev),
+            None => tracing::warn!("short task record ({} bytes)", item.len()),
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_action(dashboard: Option<&mut Dashboard>) -> Action {
+    match dashboard {
+        Some(d) => d.next_action().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,86 @@
+//! The one ELF fact blazesym does not hand us: how the file's virtual
+//! addresses relate to its file offsets, needed to turn a runtime data
+//! address (which may lie in `.bss`, past the file's end) into an ELF
+//! virtual address.
+
+use std::{fs::File, io::Read, path::Path};
+
+const PT_LOAD: u32 = 1;
+
+/// `p_vaddr - p_offset` (page-aligned) of the first `PT_LOAD` segment of a
+/// 64-bit little-endian ELF file: 0 for PIE executables and shared
+/// libraries, the link address (e.g. 0x400000) for fixed executables.
+pub fn first_load_bias(path: &Path) -> std::io::Result<u64> {
+    let mut header = [0u8; 64];
+    let mut file = File::open(path)?;
+    file.read_exact(&mut header)?;
+    let phoff = u64::from_le_bytes(header[0x20..0x28].try_into().unwrap_or_default());
+    let phentsize = u16::from_le_bytes([header[0x36], header[0x37]]) as u64;
+    let phnum = u16::from_le_bytes([header[0x38], header[0x39]]) as u64;
+    let mut phdrs = vec![0u8; (phentsize * phnum) as usize];
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(phoff))?;
+    file.read_exact(&mut phdrs)?;
+    parse(&header, &phdrs)
+}
+
+fn parse(header: &[u8; 64], phdrs: &[u8]) -> std::io::Result<u64> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return Err(bad("not a 64-bit little-endian ELF file"));
+    }
+    let phentsize = u16::from_le_bytes([header[0x36], header[0x37]]) as usize;
+    if phentsize < 56 {
+        return Err(bad("bad program header size"));
+    }
+    for ph in phdrs.chunks_exact(phentsize) {
+        let p_type = u32::from_le_bytes(ph[0..4].try_into().unwrap_or_default());
+        if p_type == PT_LOAD {
+            let p_offset = u64::from_le_bytes(ph[8..16].try_into().unwrap_or_default());
+            let p_vaddr = u64::from_le_bytes(ph[16..24].try_into().unwrap_or_default());
+            const PAGE: u64 = 4096;
+            return Ok((p_vaddr & !(PAGE - 1)).wrapping_sub(p_offset & !(PAGE - 1)));
+        }
+    }
+    Err(bad("no loadable segment"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elf(phdrs: &[(u32, u64, u64)]) -> ([u8; 64], Vec<u8>) {
+        let mut h = [0u8; 64];
+        h[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        h[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        h[0x38..0x3a].copy_from_slice(&(phdrs.len() as u16).to_le_bytes());
+        let mut p = Vec::new();
+        for &(ty, off, vaddr) in phdrs {
+            let mut e = [0u8; 56];
+            e[0..4].copy_from_slice(&ty.to_le_bytes());
+            e[8..16].copy_from_slice(&off.to_le_bytes());
+            e[16..24].copy_from_slice(&vaddr.to_le_bytes());
+            p.extend_from_slice(&e);
+        }
+        (h, p)
+    }
+
+    #[test]
+    fn pie_and_fixed_executables() {
+        let (h, p) = elf(&[(6, 0x40, 0x40), (PT_LOAD, 0, 0)]);
+        assert_eq!(parse(&h, &p).unwrap(), 0);
+        let (h, p) = elf(&[(PT_LOAD, 0, 0x400000)]);
+        assert_eq!(parse(&h, &p).unwrap(), 0x400000);
+        let (h, p) = elf(&[]);
+        assert!(parse(&h, &p).is_err());
+        let (mut h, p) = elf(&[(PT_LOAD, 0, 0)]);
+        h[4] = 1;
+        assert!(parse(&h, &p).is_err(), "32-bit rejected");
+    }
+
+    #[test]
+    fn reads_a_real_file() {
+        let exe = std::env::current_exe().unwrap();
+        assert!(first_load_bias(&exe).is_ok());
+        assert!(first_load_bias(Path::new("/nonexistent")).is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! Symbolization: code and data addresses of the target to names.
+//!
+//! Addresses arrive already translated to (file, offset) by
+//! [`crate::collect::procmaps`], so this works after the target has exited.
+//! A failure to symbolize is data on the frame (`module+0xoffset`), never an
+//! error: stripped binaries, deleted files and JIT code all still show up.
+
+mod elf;
+
+use std::{collections::HashMap, sync::Arc};
+
+use blazesym::symbolize::{
+    source::{Elf, Source},
+    Input, Symbolized, Symbolizer as Blazesym,
+};
+
+use crate::collect::procmaps::{short_name, Place};
+
+/// A code location, as shown to the user.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    /// Demangled function name, or `module+0xoffset` when unknown.
+    pub function: String,
+    /// File name of the object (`libc.so.6`, `prog`), or a `[region]`.
+    pub module: String,
+    /// Source file (full path as recorded in the debug info).
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Frame {
+    /// The pseudo-frame for samples taken in the kernel.
+    pub fn kernel() -> Self {
+        Self {
+            function: "[kernel]".into(),
+            module: "[kernel]".into(),
+            file: None,
+            line: None,
+        }
+    }
+
+    /// What we can say about a place without symbols.
+    pub fn unknown(place: &Place) -> Self {
+        let (function, module) = match place {
+            Place::File { path, file_offset } => {
+                let module = short_name(path).to_string();
+                (format!("{module}+{file_offset:#x}"), module)
+            }
+            Place::Region { name, .. } => (name.to_string(), name.to_string()),
+            Place::Anonymous { .. } => ("[anonymous]".into(), "[anonymous]".into()),
+            Place::Unmapped { .. } => ("[unmapped]".into(), "[unmapped]".into()),
+        };
+        Self {
+            function,
+            module,
+            file: None,
+            line: None,
+        }
+    }
+
+    /// `file:line` with the file's last component only, for display.
+    pub fn short_source(&self) -> Option<String> {
+        let file = self.file.as_deref()?;
+        let name = short_name(file);
+        Some(match self.line {
+            Some(line) => format!("{name}:{line}"),
+            None => name.to_string(),
+        })
+    }
+}
+
+/// A data address inside a global or static variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataSymbol {
+    pub name: String,
+    /// Offset of the address from the start of the symbol.
+    pub offset: u64,
+    /// Size of the symbol, when the ELF symbol table records it.
+    pub size: Option<u64>,
+    pub module: String,
+}
+
+/// Symbolizer with a per-place cache. Blazesym keeps parsed ELF and DWARF
+/// data per file across calls, so each file is read once.
+pub struct Symbolizer {
+    blazesym: Blazesym,
+    code: HashMap<Place, Frame>,
+    /// Per file: `p_vaddr - p_offset` of its first loadable segment.
+    vaddr_bias: HashMap<Arc<str>, Option<u64>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        let blazesym = Blazesym::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(false)
+            .enable_demangling(true)
+            .build();
+        Self {
+            blazesym,
+            code: HashMap::new(),
+            vaddr_bias: HashMap::new(),
+        }
+    }
+
+    /// The function and source line at a code place.
+    pub fn code(&mut self, place: &Place) -> Frame {
+        if let Some(frame) = self.code.get(place) {
+            return frame.clone();
+        }
+        let frame = self.resolve_code(place);
+        self.code.insert(place.clone(), frame.clone());
+        frame
+    }
+
+    fn resolve_code(&self, place: &Place) -> Frame {
+        let Place::File { path, file_offset } = place else {
+            return Frame::unknown(place);
+        };
+        let src = Source::Elf(Elf::new(&**path));
+        match self
+            .blazesym
+            .symbolize_single(&src, Input::FileOffset(*file_offset))
+        {
+            Ok(Symbolized::Sym(sym)) => {
+                let file = sym.code_info.as_ref().map(|ci| {
+                    let file = std::path::Path::new(&ci.file);
+                    match &ci.dir {
+                        Some(dir) => dir.join(file).to_string_lossy().into_owned(),
+                        None => file.to_string_lossy().into_owned(),
+                    }
+                });
+                Frame {
+                    function: sym.name.into_owned(),
+                    module: short_name(path).to_string(),
+                    file,
+                    line: sym.code_info.as_ref().and_then(|ci| ci.line),
+                }
+            }
+            Ok(Symbolized::Unknown(reason)) => {
+                tracing::debug!("no symbol for {path}+{file_offset:#x}: {reason}");
+                Frame::unknown(place)
+            }
+            Err(e) => {
+                tracing::debug!("symbolizing {path}+{file_offset:#x} failed: {e}");
+                Frame::unknown(place)
+            }
+        }
+    }
+
+    /// The global or static variable holding `addr`, in the object file
+    /// `path` whose file offset 0 is at `file_base` (see
+    /// [`crate::collect::procmaps::ProcMaps::data_owner`]).
+    pub fn data(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<DataSymbol> {
+        let bias = *self
+            .vaddr_bias
+            .entry(path.clone())
+            .or_insert_with(|| elf::first_load_bias(std::path::Path::new(&**path)).ok());
+        let vaddr = addr.checked_sub(file_base)? + bias?;
+        // The ELF symbol table has both function and object symbols; DWARF
+        // would only name functions, so it is not consulted here.
+        let mut elf = Elf::new(&**path);
+        elf.debug_syms = false;
+        let src = Source::Elf(elf);
+        match self
+            .blazesym
+            .symbolize_single(&src, Input::VirtOffset(vaddr))
+        {
+            Ok(Symbolized::Sym(sym)) => Some(DataSymbol {
+                name: sym.name.into_owned(),
+                offset: sym.offset as u64,
+                size: sym.size.map(|s| s as u64),
+                module: short_name(path).to_string(),
+            }),
+            Ok(Symbolized::Unknown(_)) | Err(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_places_degrade_to_names() {
+        let f = Frame::unknown(&Place::File {
+            path: "/opt/app/bin/server".into(),
+            file_offset: 0x1234,
+        });
+        assert_eq!(f.function, "server+0x1234");
+        assert_eq!(f.module, "server");
+        assert_eq!(
+            Frame::unknown(&Place::Anonymous { address: 1 }).function,
+            "[anonymous]"
+        );
+        assert_eq!(
+            Frame::unknown(&Place::Region {
+                name: "[vdso]".into(),
+                address: 1
+            })
+            .module,
+            "[vdso]"
+        );
+        assert_eq!(
+            Frame::unknown(&Place::Unmapped { address: 1 }).function,
+            "[unmapped]"
+        );
+    }
+
+    #[test]
+    fn short_source() {
+        let mut f = Frame::kernel();
+        assert_eq!(f.short_source(), None);
+        f.file = Some("/src/app/main.c".into());
+        assert_eq!(f.short_source().as_deref(), Some("main.c"));
+        f.line = Some(42);
+        assert_eq!(f.short_source().as_deref(), Some("main.c:42"));
+    }
+
+    #[test]
+    fn missing_files_are_not_errors() {
+        let mut s = Symbolizer::new();
+        let place = Place::File {
+            path: "/nonexistent/lib.so".into(),
+            file_offset: 0x10,
+        };
+        assert_eq!(s.code(&place).function, "lib.so+0x10");
+        assert_eq!(s.data(&"/nonexistent/lib.so".into(), 0x1000, 0x1010), None);
+    }
+
+    /// Symbolizes code and data in this very test binary: a function's own
+    /// address must come back as its name with a source line, and a static's
+    /// address (plus an offset) as the static's name and that offset.
+    #[test]
+    fn symbolizes_this_test_binary() {
+        #[inline(never)]
+        #[no_mangle]
+        extern "C" fn memprof_symbolize_probe() -> u64 {
+            std::hint::black_box(7)
+        }
+        #[no_mangle]
+        static mut MEMPROF_SYMBOLIZE_DATA: [u64; 8] = [0; 8];
+
+        let maps = crate::collect::procmaps::ProcMaps::read(std::process::id()).unwrap();
+        let mut s = Symbolizer::new();
+
+        let code_addr = memprof_symbolize_probe as usize as u64;
+        let frame = s.code(&maps.place(code_addr));
+        assert_eq!(frame.function, "memprof_symbolize_probe");
+        assert!(
+            frame.file.as_deref().unwrap_or("").ends_with("mod.rs"),
+            "{frame:?}"
+        );
+        assert!(frame.line.is_some());
+
+        let data_addr = (&raw const MEMPROF_SYMBOLIZE_DATA) as u64 + 24;
+        let (path, base) = maps
+            .data_owner(data_addr)
+            .expect("static lies in the test binary");
+        let sym = s.data(&path, base, data_addr).expect("data symbol");
+        assert_eq!(sym.name, "MEMPROF_SYMBOLIZE_DATA");
+        assert_eq!(sym.offset, 24);
+        assert_eq!(sym.size, Some(64));
+    }
+}

@@ -1,0 +1,223 @@
+//! Dashboard state and what keys do to it.
+
+use std::time::Instant;
+
+use ratatui::{
+    layout::{Constraint, Layout},
+    style::{Style, Stylize},
+    text::Line,
+    widgets::Tabs,
+    Frame,
+};
+
+use crate::report::Report;
+
+/// What a key asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Quit,
+    NextTab,
+    PrevTab,
+    Tab(usize),
+    Up,
+    Down,
+    Redraw,
+}
+
+/// The tabs, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tab {
+    Overview,
+    FalseSharing,
+    Allocator,
+    Locks,
+}
+
+impl Tab {
+    pub const ALL: [Tab; 4] = [Tab::Overview, Tab::FalseSharing, Tab::Allocator, Tab::Locks];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Tab::Overview => "1 Overview",
+            Tab::FalseSharing => "2 False sharing",
+            Tab::Allocator => "3 Allocator",
+            Tab::Locks => "4 Locks",
+        }
+    }
+}
+
+/// Samples per second, from the last two reports.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    samples: u64,
+    at: Instant,
+    per_s: f64,
+}
+
+/// The dashboard's state.
+pub struct App {
+    pub title: String,
+    pub tab: usize,
+    pub report: Option<Report>,
+    /// First row shown in scrollable tables.
+    pub scroll: usize,
+    rate: Option<Rate>,
+}
+
+impl App {
+    pub fn new(title: String) -> Self {
+        Self {
+            title,
+            tab: 0,
+            report: None,
+            scroll: 0,
+            rate: None,
+        }
+    }
+
+    pub fn set_report(&mut self, report: Report) {
+        let now = Instant::now();
+        let samples = report.sampling.samples;
+        self.rate = Some(match self.rate {
+            Some(prev) => {
+                let dt = now.duration_since(prev.at).as_secs_f64();
+                let per_s = if dt > 0.0 {
+                    samples.saturating_sub(prev.samples) as f64 / dt
+                } else {
+                    prev.per_s
+                };
+                Rate {
+                    samples,
+                    at: now,
+                    per_s,
+                }
+            }
+            None => Rate {
+                samples,
+                at: now,
+                per_s: if report.duration_s > 0.0 {
+                    samples as f64 / report.duration_s
+                } else {
+                    0.0
+                },
+            },
+        });
+        self.report = Some(report);
+    }
+
+    /// Samples per second over the last refresh.
+    pub fn samples_per_s(&self) -> f64 {
+        self.rate.map_or(0.0, |r| r.per_s)
+    }
+
+    pub fn handle(&mut self, action: Action) {
+        let n = Tab::ALL.len();
+        match action {
+            Action::NextTab => self.tab = (self.tab + 1) % n,
+            Action::PrevTab => self.tab = (self.tab + n - 1) % n,
+            Action::Tab(i) if i < n => self.tab = i,
+            Action::Down => self.scroll = self.scroll.saturating_add(1),
+            Action::Up => self.scroll = self.scroll.saturating_sub(1),
+            Action::Tab(_) | Action::Quit | Action::Redraw => {}
+        }
+    }
+
+    pub fn current_tab(&self) -> Tab {
+        Tab::ALL[self.tab.min(Tab::ALL.len() - 1)]
+    }
+
+    /// Draws the whole screen. Pure: reads state, does no I/O.
+    pub fn render(&self, frame: &mut Frame) {
+        let [tabs_area, body, help] = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Fill(1),
+            Constraint::Length(1),
+        ])
+        .areas(frame.area());
+        let tabs = Tabs::new(Tab::ALL.iter().map(|t| t.title()))
+            .select(self.tab)
+            .highlight_style(Style::new().bold().reversed());
+        frame.render_widget(tabs, tabs_area);
+        match self.current_tab() {
+            Tab::Overview => super::overview::render(self, frame, body),
+            other => super::pending::render(other, frame, body),
+        }
+        frame.render_widget(
+            Line::from(" q quit · Tab/←/→ or 1-4 switch tab · ↑/↓ scroll ").dim(),
+            help,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ratatui::{backend::TestBackend, Terminal};
+
+    use super::*;
+    use crate::report::model::tests::sample_report;
+
+    fn screen(app: &App) -> String {
+        let mut terminal = Terminal::new(TestBackend::new(100, 30)).unwrap();
+        terminal.draw(|f| app.render(f)).unwrap();
+        let buffer = terminal.backend().buffer();
+        let mut text = String::new();
+        for y in 0..buffer.area.height {
+            for x in 0..buffer.area.width {
+                text.push_str(buffer[(x, y)].symbol());
+            }
+            text.push('\n');
+        }
+        text
+    }
+
+    #[test]
+    fn renders_without_a_report() {
+        let app = App::new("pid 1".into());
+        let text = screen(&app);
+        assert!(text.contains("Overview"));
+        assert!(text.contains("False sharing"));
+        assert!(text.contains("waiting for the first samples"));
+    }
+
+    #[test]
+    fn overview_shows_the_report() {
+        let mut app = App::new("pid 42".into());
+        app.set_report(sample_report());
+        let text = screen(&app);
+        assert!(text.contains("spin"), "{text}");
+        assert!(text.contains("work.c:12"));
+        assert!(text.contains("1,000"));
+        assert!(text.contains("cpu-clock"));
+    }
+
+    #[test]
+    fn tiny_terminal_does_not_panic() {
+        let mut app = App::new("pid 42".into());
+        app.set_report(sample_report());
+        for tab in 0..4 {
+            app.tab = tab;
+            let mut terminal = Terminal::new(TestBackend::new(10, 3)).unwrap();
+            terminal.draw(|f| app.render(f)).unwrap();
+        }
+    }
+
+    #[test]
+    fn keys_switch_tabs_and_scroll() {
+        let mut app = App::new(String::new());
+        app.handle(Action::NextTab);
+        assert_eq!(app.current_tab(), Tab::FalseSharing);
+        app.handle(Action::PrevTab);
+        app.handle(Action::PrevTab);
+        assert_eq!(app.current_tab(), Tab::Locks);
+        app.handle(Action::Tab(2));
+        assert_eq!(app.current_tab(), Tab::Allocator);
+        app.handle(Action::Tab(9));
+        assert_eq!(app.current_tab(), Tab::Allocator);
+        app.handle(Action::Up);
+        assert_eq!(app.scroll, 0);
+        app.handle(Action::Down);
+        assert_eq!(app.scroll, 1);
+        let text = screen(&app);
+        assert!(text.contains("not analysed by this version"));
+    }
+}

@@ -1,0 +1,305 @@
+//! Harness for memprof-ebpf's root-only integration tests, and the bundled
+//! workloads (also used by `cargo xtask demo` and `bench`).
+//!
+//! Tests run the real `memprof-ebpf` binary, which loads the real eBPF
+//! programs, against real programs built from `workloads/` at test time, and
+//! assert on the report it writes.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+/// Names of our eBPF programs (as `bpftool prog show` lists them).
+pub use memprof_common::programs::ALL as PROGRAM_NAMES;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// Where built workloads go.
+pub fn workload_dir() -> PathBuf {
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"))
+        .join("memprof-workloads");
+    std::fs::create_dir_all(&dir).expect("creating the workload directory");
+    dir
+}
+
+/// Source file of a bundled C workload.
+pub fn workload_source(name: &str) -> PathBuf {
+    workspace()
+        .join("tests/workloads")
+        .join(format!("{name}.c"))
+}
+
+/// How to build a workload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Variant {
+    /// `-g -O1` with frame pointers: symbols and line numbers.
+    #[default]
+    Debug,
+    /// As `Debug`, then `strip`ped: no symbols at all.
+    Stripped,
+    /// Statically linked (`-static`).
+    Static,
+}
+
+/// Builds `workloads/NAME.c` and returns the executable's path.
+pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
+    let src = workload_source(name);
+    let suffix = match variant {
+        Variant::Debug => "",
+        Variant::Stripped => "-stripped",
+        Variant::Static => "-static",
+    };
+    let out = workload_dir().join(format!("{name}{suffix}"));
+    let mut cc = Command::new("gcc");
+    cc.args([
+        "-g",
+        "-O1",
+        "-fno-omit-frame-pointer",
+        "-pthread",
+        "-Wall",
+        "-o",
+    ])
+    .arg(&out)
+    .arg(&src);
+    if variant == Variant::Static {
+        cc.arg("-static");
+    }
+    run_ok(&mut cc)?;
+    if variant == Variant::Stripped {
+        run_ok(Command::new("strip").arg(&out))?;
+    }
+    Ok(out)
+}
+
+fn run_ok(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd
+        .output()
+        .map_err(|e| anyhow::anyhow!("running {cmd:?}: {e}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// The 1-based line of `workloads/NAME.c` that carries `marker`.
+pub fn marked_line(name: &str, marker: &str) -> u32 {
+    let text = std::fs::read_to_string(workload_source(name)).expect("reading the workload source");
+    let idx = text
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no line marked {marker:?} in {name}.c"));
+    idx as u32 + 1
+}
+
+/// Whether a root-only test can run. Without root it prints a loud SKIPPED
+/// line and returns false; with `MEMPROF_TESTS_STRICT=1` (set by
+/// `cargo xtask test` when run as root) a skip is a failure instead.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    skip(test, "needs root (loads eBPF programs)");
+    false
+}
+
+/// Reports a skipped test loudly (or fails it in strict mode).
+pub fn skip(test: &str, why: &str) {
+    if std::env::var("MEMPROF_TESTS_STRICT").as_deref() == Ok("1") {
+        panic!("{test} cannot run here ({why}) and MEMPROF_TESTS_STRICT=1 forbids skipping");
+    }
+    eprintln!("\n*** SKIPPED {test}: {why} ***\n");
+}
+
+/// Path of the `memprof-ebpf` binary under test.
+pub fn tool() -> PathBuf {
+    let path = std::env::var_os("MEMPROF_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/debug/memprof-ebpf"));
+    assert!(
+        path.exists(),
+        "{} does not exist: run the tests with `cargo xtask test` (it builds the tool and sets MEMPROF_BIN)",
+        path.display()
+    );
+    path
+}
+
+/// A child process that is killed when dropped, so a failing test never
+/// leaves workloads running.
+pub struct TestProcess {
+    pub child: Child,
+    stdout: Option<BufReader<std::process::ChildStdout>>,
+}
+
+impl TestProcess {
+    /// Starts `program args` with stdout piped.
+    pub fn spawn(program: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
+        let stdout = child.stdout.take().map(BufReader::new);
+        Self { child, stdout }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the workload to print `ready`.
+    pub fn wait_ready(&mut self) {
+        let mut line = String::new();
+        let reader = self.stdout.as_mut().expect("stdout is piped");
+        reader
+            .read_line(&mut line)
+            .expect("reading the workload's stdout");
+        assert_eq!(line.trim(), "ready", "workload did not become ready");
+    }
+
+    /// Waits for exit, at most `limit`.
+    pub fn wait_timeout(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for TestProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a run of the tool produced.
+#[derive(Debug)]
+pub struct ToolRun {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub wall: Duration,
+}
+
+impl ToolRun {
+    pub fn code(&self) -> i32 {
+        self.status.code().unwrap_or(-1)
+    }
+}
+
+/// Runs the tool to completion with `args`, killing it (and failing) if it
+/// takes longer than `limit`.
+pub fn run_tool(args: &[&str], limit: Duration) -> ToolRun {
+    run_tool_with(Command::new(tool()).args(args), limit)
+}
+
+/// As [`run_tool`], for a prepared command (e.g. under `setpriv`).
+pub fn run_tool_with(cmd: &mut Command, limit: Duration) -> ToolRun {
+    let start = Instant::now();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting memprof-ebpf");
+    finish(child, start, limit)
+}
+
+/// Waits for a started tool process, with a time limit.
+pub fn finish(child: Child, start: Instant, limit: Duration) -> ToolRun {
+    let pid = child.id();
+    let out = std::thread::spawn(move || child.wait_with_output());
+    while !out.is_finished() {
+        if start.elapsed() > limit {
+            // SAFETY: kill with the pid of our own unreaped child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let _ = out.join();
+            panic!("memprof-ebpf did not finish within {limit:?}: it hangs");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = out
+        .join()
+        .expect("waiting thread")
+        .expect("waiting for memprof-ebpf");
+    ToolRun {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        wall: start.elapsed(),
+    }
+}
+
+/// Reads and parses a JSON report.
+pub fn read_report(path: &Path) -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON: {e}\n{text}"));
+    assert_eq!(v["schema"], "memprof-ebpf/1", "schema tag");
+    v
+}
+
+/// A fresh path for a report file.
+pub fn report_path(test: &str) -> PathBuf {
+    let path = workload_dir().join(format!("{test}.json"));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// Names of the BPF programs loaded in the kernel now.
+pub fn loaded_programs() -> Vec<String> {
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .expect("bpftool is installed by `cargo xtask setup`");
+    assert!(out.status.success(), "bpftool prog show failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+    v.as_array()
+        .map(|progs| {
+            progs
+                .iter()
+                .filter_map(|p| p["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Asserts that none of our programs is still loaded.
+pub fn assert_no_programs_left() {
+    let left: Vec<String> = loaded_programs()
+        .into_iter()
+        .filter(|name| PROGRAM_NAMES.contains(&name.as_str()))
+        .collect();
+    assert!(left.is_empty(), "programs left loaded after exit: {left:?}");
+}
+
+/// The hot-function entry named `function`, if any.
+pub fn hot_function<'a>(
+    report: &'a serde_json::Value,
+    function: &str,
+) -> Option<&'a serde_json::Value> {
+    report["hot_functions"]
+        .as_array()?
+        .iter()
+        .find(|h| h["function"] == function)
+}

@@ -1,0 +1,399 @@
+//! Foundation: attach, sample, symbolize, follow threads, summarize, detach.
+//!
+//! Each test runs the real tool against a real workload and asserts on the
+//! JSON report (and exit code, and what is left loaded in the kernel).
+//! They share kernel state, so `cargo xtask test` runs them one at a time.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use memprof_tests::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Checks the report names `function` as the hottest, with the marked line
+/// of spin.c as its hottest source line.
+fn assert_hot(report: &serde_json::Value, function: &str) {
+    let top = &report["hot_functions"][0];
+    assert_eq!(
+        top["function"], function,
+        "hottest function; report: {report:#}"
+    );
+    let file = top["file"].as_str().unwrap_or_default();
+    assert!(
+        file.ends_with("spin.c"),
+        "source file of {function}: {file:?}"
+    );
+    let line = marked_line("spin", &format!("HOT {function}"));
+    assert_eq!(top["line"], line, "hottest line of {function}");
+    assert_eq!(
+        top["module"].as_str().map(|m| m.starts_with("spin")),
+        Some(true)
+    );
+    assert!(
+        top["share"].as_f64().unwrap() > 0.8,
+        "share: {}",
+        top["share"]
+    );
+}
+
+#[test]
+fn launch_names_the_hot_function_with_file_and_line() {
+    if !require_root("launch_names_the_hot_function_with_file_and_line") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let json = report_path("launch");
+    let run = run_tool(
+        &[
+            "--json",
+            json.to_str().unwrap(),
+            "--",
+            spin.to_str().unwrap(),
+            "time",
+            "2",
+            "2",
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = read_report(&json);
+    assert_hot(&report, "spin_worker");
+    assert_eq!(
+        report["target"]["exited"], true,
+        "the target's exit ends the session"
+    );
+    assert!(report["target"]["command"]
+        .as_str()
+        .unwrap()
+        .contains("spin time 2 2"));
+    // Two spinners on two CPUs for ~2 s at 999 Hz: thousands of samples.
+    let samples = report["sampling"]["samples"].as_u64().unwrap();
+    assert!(samples > 1000, "samples: {samples}");
+    assert!(["cpu-clock", "cycles"].contains(&report["sampling"]["source"].as_str().unwrap()));
+    assert_eq!(report["sampling"]["lost"], 0);
+    // Main thread plus two named spinners, both created after the launch.
+    let threads = report["threads"].as_array().unwrap();
+    for name in ["spin-0", "spin-1"] {
+        let t = threads
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("thread {name}: {threads:?}"));
+        assert!(t["samples"].as_u64().unwrap() > 300, "{name} sampled: {t}");
+        assert_eq!(t["created_by"], report["target"]["pid"]);
+    }
+    // The summary is printed too, ranked, with the hot function first.
+    let first_row = run
+        .stdout
+        .lines()
+        .skip_while(|l| !l.contains("samples  function"))
+        .nth(1)
+        .unwrap_or("");
+    assert!(
+        first_row.contains("spin_worker") && first_row.contains("spin.c:"),
+        "summary:\n{}",
+        run.stdout
+    );
+    assert_no_programs_left();
+}
+
+#[test]
+fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
+    if !require_root("attach_by_pid_follows_a_thread_created_later_and_honours_duration") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    // One spinner for 8 s; a second thread (late_worker) appears after 1.5 s.
+    let mut target = TestProcess::spawn(&spin, &["time", "1", "8", "1500"]);
+    target.wait_ready();
+    let pid = target.pid().to_string();
+    let json = report_path("attach");
+    let run = run_tool(
+        &[
+            "-p",
+            &pid,
+            "--duration",
+            "4s",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = read_report(&json);
+
+    assert_eq!(report["target"]["pid"].as_u64().unwrap().to_string(), pid);
+    assert_eq!(report["target"]["exited"], false);
+    let duration = report["duration_s"].as_f64().unwrap();
+    assert!(
+        (4.0..5.0).contains(&duration),
+        "--duration 4s traced {duration} s"
+    );
+
+    let late = hot_function(&report, "late_worker")
+        .unwrap_or_else(|| panic!("late_worker not sampled: {report:#}"));
+    assert!(
+        late["samples"].as_u64().unwrap() > 200,
+        "late_worker: {late}"
+    );
+    assert_eq!(late["line"], marked_line("spin", "HOT late_worker"));
+    let threads = report["threads"].as_array().unwrap();
+    let late_thread = threads
+        .iter()
+        .find(|t| t["name"] == "late")
+        .expect("the late thread is listed");
+    assert_eq!(
+        late_thread["created_by"].as_u64().unwrap().to_string(),
+        pid,
+        "seen being created"
+    );
+    assert!(late_thread["samples"].as_u64().unwrap() > 200);
+    assert!(hot_function(&report, "spin_worker").is_some());
+    // The target keeps running: tracing never stops it.
+    assert!(
+        target.child.try_wait().unwrap().is_none(),
+        "the target must survive the session"
+    );
+    assert_no_programs_left();
+}
+
+#[test]
+fn target_exiting_mid_session_still_yields_a_report() {
+    if !require_root("target_exiting_mid_session_still_yields_a_report") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let mut target = TestProcess::spawn(&spin, &["time", "2", "1.5"]);
+    target.wait_ready();
+    let pid = target.pid().to_string();
+    let json = report_path("exit-mid");
+    let run = run_tool(
+        &[
+            "-p",
+            &pid,
+            "--duration",
+            "60s",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    assert!(
+        run.wall < Duration::from_secs(20),
+        "the session must end with the target, took {:?}",
+        run.wall
+    );
+    let report = read_report(&json);
+    assert_eq!(report["target"]["exited"], true);
+    assert!(report["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n.as_str().unwrap().contains("exited")));
+    assert_hot(&report, "spin_worker");
+    assert!(
+        run.stdout.contains("target exited"),
+        "summary says so:\n{}",
+        run.stdout
+    );
+    assert_no_programs_left();
+}
+
+#[test]
+fn sigint_detaches_and_still_prints_the_summary() {
+    if !require_root("sigint_detaches_and_still_prints_the_summary") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let mut target = TestProcess::spawn(&spin, &["time", "1", "30"]);
+    target.wait_ready();
+    let json = report_path("sigint");
+    let start = Instant::now();
+    let tool = Command::new(tool())
+        .args([
+            "-p",
+            &target.pid().to_string(),
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tool_pid = tool.id() as i32;
+    // Wait until our programs are loaded, then a bit more for samples.
+    let loaded = Instant::now();
+    while !loaded_programs()
+        .iter()
+        .any(|p| PROGRAM_NAMES.contains(&p.as_str()))
+    {
+        assert!(
+            loaded.elapsed() < Duration::from_secs(20),
+            "programs never appeared in bpftool"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(tool_pid, libc::SIGINT) };
+    let run = finish(tool, start, LIMIT);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    assert!(
+        run.stdout.contains("Hot functions"),
+        "summary after Ctrl-C:\n{}",
+        run.stdout
+    );
+    let report = read_report(&json);
+    assert_hot(&report, "spin_worker");
+    assert!(
+        target.child.try_wait().unwrap().is_none(),
+        "Ctrl-C of the profiler must not stop the target"
+    );
+    assert_no_programs_left();
+}
+
+#[test]
+fn stripped_binary_degrades_to_module_and_offset() {
+    if !require_root("stripped_binary_degrades_to_module_and_offset") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Stripped).unwrap();
+    let json = report_path("stripped");
+    let run = run_tool(
+        &[
+            "--json",
+            json.to_str().unwrap(),
+            "--",
+            spin.to_str().unwrap(),
+            "time",
+            "2",
+            "1.5",
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = read_report(&json);
+    let top = &report["hot_functions"][0];
+    assert_eq!(top["module"], "spin-stripped");
+    let function = top["function"].as_str().unwrap();
+    assert!(
+        function.starts_with("spin-stripped+0x"),
+        "module+offset expected, got {function}"
+    );
+    assert!(top["file"].is_null() && top["line"].is_null());
+    assert!(top["share"].as_f64().unwrap() > 0.8);
+}
+
+#[test]
+fn static_binary_is_symbolized() {
+    if !require_root("static_binary_is_symbolized") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Static).unwrap();
+    let json = report_path("static");
+    let run = run_tool(
+        &[
+            "--json",
+            json.to_str().unwrap(),
+            "--",
+            spin.to_str().unwrap(),
+            "time",
+            "2",
+            "1.5",
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = read_report(&json);
+    assert_hot(&report, "spin_worker");
+}
+
+#[test]
+fn missing_tracefs_is_mounted() {
+    if !require_root("missing_tracefs_is_mounted") {
+        return;
+    }
+    let mounted = || {
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains(" /sys/kernel/tracing tracefs "))
+    };
+    if mounted() {
+        let status = Command::new("umount")
+            .arg("/sys/kernel/tracing")
+            .status()
+            .unwrap();
+        if !status.success() {
+            skip(
+                "missing_tracefs_is_mounted",
+                "tracefs is busy and cannot be unmounted to test this",
+            );
+            return;
+        }
+    }
+    assert!(!mounted());
+    let run = run_tool(&["--duration", "1s", "--", "/bin/sleep", "3"], LIMIT);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    assert!(mounted(), "the tool mounts tracefs when it is missing");
+    assert_no_programs_left();
+}
+
+#[test]
+fn bad_input_gets_its_exit_code_and_message() {
+    if !require_root("bad_input_gets_its_exit_code_and_message") {
+        return;
+    }
+    let quick = Duration::from_secs(30);
+    // Usage errors: 2.
+    for args in [
+        &[][..],
+        &["-p", "1", "--", "ls"],
+        &["-p", "1", "--duration", "soon"],
+        &["-p", "x"],
+    ] {
+        let run = run_tool(args, quick);
+        assert_eq!(run.code(), 2, "{args:?}: {}", run.stderr);
+        assert!(!run.stderr.is_empty());
+    }
+    // A pid that does not exist: 3.
+    let unused = (400_000..4_000_000)
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .unwrap();
+    let run = run_tool(&["-p", &unused.to_string(), "--duration", "1s"], quick);
+    assert_eq!(run.code(), 3, "{}", run.stderr);
+    assert!(run.stderr.contains("no such process"), "{}", run.stderr);
+    // A kernel thread (kthreadd is pid 2): a usage error.
+    let run = run_tool(&["-p", "2", "--duration", "1s"], quick);
+    assert_eq!(run.code(), 2, "{}", run.stderr);
+    assert!(run.stderr.contains("kernel thread"), "{}", run.stderr);
+    // A command that does not exist: 6.
+    let run = run_tool(&["--duration", "1s", "--", "/nonexistent/program"], quick);
+    assert_eq!(run.code(), 6, "{}", run.stderr);
+    assert!(run.stderr.contains("not found"), "{}", run.stderr);
+    // Not root: 4, with advice.
+    let run = run_tool_with(
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--",
+            ])
+            .arg(tool())
+            .args(["-p", "1", "--duration", "1s"]),
+        quick,
+    );
+    assert_eq!(run.code(), 4, "{}", run.stderr);
+    assert!(run.stderr.contains("sudo"), "{}", run.stderr);
+    // --help lists the exit codes.
+    let run = run_tool(&["--help"], quick);
+    assert_eq!(run.code(), 0);
+    assert!(run.stdout.contains("Exit status") && run.stdout.contains("no such process"));
+    assert_no_programs_left();
+}

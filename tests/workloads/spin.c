@@ -1,0 +1,116 @@
+/*
+ * spin: CPU-bound threads with known hot lines, for memprof-ebpf's tests,
+ * demo and benchmark.
+ *
+ *   spin time THREADS SECONDS [LATE_MS]   run THREADS spinners for SECONDS;
+ *                                          with LATE_MS, one more thread
+ *                                          (late_worker) starts after LATE_MS
+ *   spin work THREADS CHUNKS              fixed work: each thread runs CHUNKS
+ *                                          chunks, then the program exits
+ *
+ * Prints "ready" once its first threads run, so tests can attach; in work
+ * mode, "elapsed SECONDS" at the end (the benchmark's measure).
+ * Lines marked HOT are where the samples must land.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK 200000UL
+
+static volatile unsigned long sink;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+struct job {
+	double until;        /* time mode: stop at this time */
+	unsigned long chunks; /* work mode: this many chunks */
+};
+
+__attribute__((noinline)) void spin_worker(const struct job *job)
+{
+	unsigned long done = 0;
+	while (job->chunks ? done < job->chunks : now() < job->until) {
+		for (unsigned long i = 0; i < CHUNK; i++) sink += i; /* HOT spin_worker */
+		done++;
+	}
+}
+
+__attribute__((noinline)) void late_worker(const struct job *job)
+{
+	while (now() < job->until) {
+		for (unsigned long i = 0; i < CHUNK; i++) sink ^= i; /* HOT late_worker */
+	}
+}
+
+static void *spin_thread(void *arg)
+{
+	spin_worker(arg);
+	return NULL;
+}
+
+static void *late_thread(void *arg)
+{
+	late_worker(arg);
+	return NULL;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: spin time THREADS SECONDS [LATE_MS] | spin work THREADS CHUNKS\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 4)
+		usage();
+	int threads = atoi(argv[2]);
+	if (threads < 1 || threads > 256)
+		usage();
+	struct job job = {0};
+	long late_ms = 0;
+	if (strcmp(argv[1], "time") == 0) {
+		job.until = now() + atof(argv[3]);
+		late_ms = argc > 4 ? atol(argv[4]) : 0;
+	} else if (strcmp(argv[1], "work") == 0) {
+		job.chunks = strtoul(argv[3], NULL, 10);
+	} else {
+		usage();
+	}
+
+	pthread_t tids[257];
+	for (int i = 0; i < threads; i++) {
+		if (pthread_create(&tids[i], NULL, spin_thread, &job) != 0)
+			return 1;
+		char name[16];
+		snprintf(name, sizeof name, "spin-%d", i);
+		pthread_setname_np(tids[i], name);
+	}
+	printf("ready\n");
+	fflush(stdout);
+
+	double started = now();
+	int n = threads;
+	if (late_ms > 0) {
+		usleep(late_ms * 1000);
+		if (pthread_create(&tids[n], NULL, late_thread, &job) != 0)
+			return 1;
+		pthread_setname_np(tids[n], "late");
+		n++;
+	}
+	for (int i = 0; i < n; i++)
+		pthread_join(tids[i], NULL);
+	if (job.chunks)
+		printf("elapsed %.6f\n", now() - started);
+	return 0;
+}

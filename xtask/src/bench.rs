@@ -1,0 +1,146 @@
+//! `cargo xtask bench`: overhead measured side by side in one run.
+//!
+//! Foundation benchmark: a CPU-bound two-thread workload doing a fixed
+//! amount of work, timed by itself, untraced and traced at the default
+//! sampling rate, alternating runs; the median of each and their ratio are
+//! reported, with the profiler's own CPU time and peak memory from its
+//! report. Results also go to target/bench/foundation.json.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{cargo, is_root, root};
+
+/// Target ratio of traced to untraced wall time (issue #2).
+const TARGET_RATIO: f64 = 1.02;
+/// Target share of one core used by the profiler.
+const TARGET_LOADER_CPU: f64 = 0.05;
+/// Target peak memory of the profiler.
+const TARGET_LOADER_RSS: u64 = 100 << 20;
+/// Untraced run time the workload is calibrated to.
+const RUN_SECONDS: f64 = 4.0;
+
+pub fn run(runs: usize) -> Result<()> {
+    if !is_root() {
+        bail!("benchmarks load eBPF programs: run them as root (sudo -E cargo xtask bench)");
+    }
+    let runs = runs.max(1);
+    cargo(&["build", "--release", "--package", "memprof"])?;
+    let spin = memprof_tests::build_workload("spin", memprof_tests::Variant::Debug)?;
+    let tool = root().join("target/release/memprof-ebpf");
+
+    // Calibrate the amount of work to about RUN_SECONDS untraced.
+    let probe_chunks = 2000u64;
+    let t = untraced(&spin, probe_chunks)?;
+    let chunks = ((probe_chunks as f64) * RUN_SECONDS / t).max(100.0) as u64;
+    eprintln!("bench: cpu-bound, 2 threads, {chunks} chunks each (~{RUN_SECONDS} s), {runs} runs of each, alternating");
+
+    let json = root().join("target/bench/foundation-report.json");
+    std::fs::create_dir_all(json.parent().unwrap_or(Path::new(".")))?;
+    let mut plain = Vec::new();
+    let mut traced_times = Vec::new();
+    let mut loader_cpu = Vec::new();
+    let mut loader_share = Vec::new();
+    let mut loader_rss = Vec::new();
+    for i in 0..runs {
+        plain.push(untraced(&spin, chunks)?);
+        let (t, report) = traced(&tool, &spin, chunks, &json)?;
+        traced_times.push(t);
+        loader_cpu.push(report["loader"]["cpu_s"].as_f64().unwrap_or(f64::NAN));
+        loader_share.push(report["loader"]["cpu_share"].as_f64().unwrap_or(f64::NAN));
+        loader_rss.push(report["loader"]["peak_rss_bytes"].as_u64().unwrap_or(0) as f64);
+        eprintln!(
+            "bench: run {}/{runs}: untraced {:.3} s, traced {:.3} s",
+            i + 1,
+            plain[i],
+            t
+        );
+    }
+    let (u, t) = (median(&mut plain), median(&mut traced_times));
+    let ratio = t / u;
+    let cpu = median(&mut loader_cpu);
+    let share = median(&mut loader_share);
+    let rss = median(&mut loader_rss) as u64;
+    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
+
+    println!("foundation benchmark (median of {runs}, one run, side by side)");
+    println!("  workload untraced            {u:8.3} s");
+    println!("  workload traced at 999 Hz    {t:8.3} s");
+    println!(
+        "  ratio traced/untraced        {ratio:8.3}   target ≤ {TARGET_RATIO}  {}",
+        verdict(ratio <= TARGET_RATIO)
+    );
+    println!(
+        "  profiler CPU                 {cpu:8.3} s = {:.1}% of a core   target < {:.0}%  {}",
+        share * 100.0,
+        TARGET_LOADER_CPU * 100.0,
+        verdict(share < TARGET_LOADER_CPU)
+    );
+    println!(
+        "  profiler peak RSS            {:8.1} MiB   target < 100 MiB  {}",
+        rss as f64 / (1 << 20) as f64,
+        verdict(rss < TARGET_LOADER_RSS)
+    );
+    let summary = serde_json::json!({
+        "benchmark": "foundation",
+        "runs": runs,
+        "chunks": chunks,
+        "untraced_s": u,
+        "traced_s": t,
+        "ratio": ratio,
+        "loader_cpu_s": cpu,
+        "loader_cpu_share": share,
+        "loader_peak_rss_bytes": rss,
+    });
+    let out = root().join("target/bench/foundation.json");
+    std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
+    println!("  (written to {})", out.display());
+    Ok(())
+}
+
+/// Runs the workload alone; returns its own elapsed time.
+fn untraced(spin: &Path, chunks: u64) -> Result<f64> {
+    let out = Command::new(spin)
+        .args(["work", "2", &chunks.to_string()])
+        .output()?;
+    if !out.status.success() {
+        bail!("workload failed ({})", out.status);
+    }
+    elapsed(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Runs the workload under the profiler; returns its elapsed time and the
+/// profiler's report.
+fn traced(tool: &Path, spin: &Path, chunks: u64, json: &Path) -> Result<(f64, serde_json::Value)> {
+    let out = Command::new(tool)
+        .arg("--json")
+        .arg(json)
+        .arg("--")
+        .arg(spin)
+        .args(["work", "2", &chunks.to_string()])
+        .output()
+        .context("running memprof-ebpf")?;
+    if !out.status.success() {
+        bail!(
+            "memprof-ebpf failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let t = elapsed(&String::from_utf8_lossy(&out.stdout))?;
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+    Ok((t, report))
+}
+
+fn elapsed(stdout: &str) -> Result<f64> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("elapsed ")?.trim().parse().ok())
+        .context("the workload printed no elapsed time")
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}

@@ -1,0 +1,131 @@
+//! Project tasks: `cargo xtask setup | build | test | demo | bench`.
+//!
+//! `setup` is idempotent and quick when everything is present; every other
+//! task runs it first, so a bare machine needs nothing installed by hand.
+
+mod bench;
+mod setup;
+
+use std::{
+    path::PathBuf,
+    process::{Command, ExitCode},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "memprof-ebpf's build, test, demo and benchmark tasks")]
+struct Args {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (Debian packages, the eBPF
+    /// toolchain, bpf-linker). Idempotent.
+    Setup,
+    /// Build the release binary (target/release/memprof-ebpf).
+    Build,
+    /// Run every test: unit tests and the root-only integration tests.
+    Test {
+        /// Extra arguments for the test harness (e.g. a test name filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Trace a bundled multithreaded workload for a few seconds and print
+    /// the summary (needs root).
+    Demo,
+    /// Measure overhead side by side: target untraced vs traced.
+    Bench {
+        /// Repetitions of each measurement (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    setup::ensure()?;
+    match args.task {
+        Task::Setup => Ok(()),
+        Task::Build => cargo(&["build", "--release", "--package", "memprof"]),
+        Task::Test { args } => test(&args),
+        Task::Demo => demo(),
+        Task::Bench { runs } => bench::run(runs),
+    }
+}
+
+/// The workspace root.
+fn root() -> PathBuf {
+    memprof_tests::workspace()
+}
+
+/// Runs cargo (the one that runs us) in the workspace root.
+fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(args)
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("running cargo {args:?}"))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    cargo(&["build", "--package", "memprof"])?;
+    let bin = root().join("target/debug/memprof-ebpf");
+    // Read by the test processes cargo starts.
+    std::env::set_var("MEMPROF_BIN", &bin);
+    // As root on a set-up machine every kernel feature the tests need is
+    // there, so a skip would hide a failure: make skips fail.
+    if is_root() && std::env::var_os("MEMPROF_TESTS_STRICT").is_none() {
+        std::env::set_var("MEMPROF_TESTS_STRICT", "1");
+    }
+    if !is_root() {
+        eprintln!("xtask: not root: the integration tests will be SKIPPED (run `sudo -E cargo xtask test`)");
+    }
+    // Integration tests share kernel state (tracefs, loaded programs), so
+    // tests run one at a time.
+    let mut args = vec!["test", "--", "--test-threads=1"];
+    args.extend(extra.iter().map(String::as_str));
+    cargo(&args)
+}
+
+fn demo() -> Result<()> {
+    if !is_root() {
+        bail!("the demo loads eBPF programs: run it as root (sudo -E cargo xtask demo)");
+    }
+    cargo(&["build", "--release", "--package", "memprof"])?;
+    let spin = memprof_tests::build_workload("spin", memprof_tests::Variant::Debug)?;
+    let bin = root().join("target/release/memprof-ebpf");
+    println!("demo: tracing `spin time 2 4 1500` (two spinners, a third thread after 1.5 s)\n");
+    let status = Command::new(bin)
+        .arg("--")
+        .arg(&spin)
+        .args(["time", "2", "4", "1500"])
+        .status()
+        .context("running memprof-ebpf")?;
+    if !status.success() {
+        bail!("memprof-ebpf failed ({status})");
+    }
+    Ok(())
+}
