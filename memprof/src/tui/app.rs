@@ -188,6 +188,7 @@ mod tests {
         assert!(text.contains("work.c:12"));
         assert!(text.contains("1,000"));
         assert!(text.contains("cpu-clock"));
+        assert!(text.contains("profiler"), "all info lines fit:\n{text}");
     }
 
     #[test]

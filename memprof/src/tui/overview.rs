@@ -18,7 +18,7 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         frame.render_widget(text, area);
         return;
     };
-    let [info, tables] = Layout::vertical([Constraint::Length(5), Constraint::Fill(1)]).areas(area);
+    let [info, tables] = Layout::vertical([Constraint::Length(6), Constraint::Fill(1)]).areas(area);
 
     let t = &report.target;
     let s = &report.sampling;
