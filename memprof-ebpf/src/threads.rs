@@ -1,6 +1,7 @@
 //! Following the target: thread creation, thread exit, exec.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use aya_log_ebpf::warn;
 use memprof_common::{counter, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD};
 
 use crate::maps::{
@@ -20,12 +21,24 @@ pub fn mp_task_new(ctx: TracePointContext) -> u32 {
     }
     // SAFETY: the offsets come from this kernel's tracefs format file and
     // `read_at` uses bpf_probe_read on the tracepoint record.
-    let flags: u64 = unsafe { ctx.read_at(newtask_flags_offset()) }.unwrap_or(0);
+    let fields = unsafe {
+        (
+            ctx.read_at::<u64>(newtask_flags_offset()),
+            ctx.read_at::<i32>(newtask_pid_offset()),
+        )
+    };
+    let (Ok(flags), Ok(child)) = fields else {
+        // Never expected: the offsets were read from this kernel's format
+        // file. Say so rather than silently miss threads.
+        warn!(
+            &ctx,
+            "task_newtask: cannot read pid/clone_flags of a new task"
+        );
+        return 0;
+    };
     if flags & CLONE_THREAD == 0 {
         return 0; // a child process, not one of our threads
     }
-    // SAFETY: as above.
-    let child: i32 = unsafe { ctx.read_at(newtask_pid_offset()) }.unwrap_or(0);
     emit(TASK_NEW_THREAD, child as u32, tgid, tid);
     0
 }

@@ -28,12 +28,15 @@ enum Task {
     Setup,
     /// Build the release binary (target/release/memprof-ebpf).
     Build,
-    /// Run every test: unit tests and the root-only integration tests.
+    /// Run every test: lint, unit tests and the root-only integration tests.
     Test {
         /// Extra arguments for the test harness (e.g. a test name filter).
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Check formatting and run clippy on the userspace crates and, with the
+    /// eBPF toolchain, on the eBPF crate.
+    Lint,
     /// Trace a bundled multithreaded workload for a few seconds and print
     /// the summary (needs root).
     Demo,
@@ -61,6 +64,7 @@ fn run(args: Args) -> Result<()> {
         Task::Setup => Ok(()),
         Task::Build => cargo(&["build", "--release", "--package", "memprof"]),
         Task::Test { args } => test(&args),
+        Task::Lint => lint(),
         Task::Demo => demo(),
         Task::Bench { runs } => bench::run(runs),
     }
@@ -91,6 +95,7 @@ fn is_root() -> bool {
 }
 
 fn test(extra: &[String]) -> Result<()> {
+    lint()?;
     cargo(&["build", "--package", "memprof"])?;
     let bin = root().join("target/debug/memprof-ebpf");
     // Read by the test processes cargo starts.
@@ -108,6 +113,24 @@ fn test(extra: &[String]) -> Result<()> {
     let mut args = vec!["test", "--", "--test-threads=1"];
     args.extend(extra.iter().map(String::as_str));
     cargo(&args)
+}
+
+fn lint() -> Result<()> {
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    let target_dir = root().join("target/bpf-lint");
+    let target_dir = target_dir.to_str().context("non-UTF-8 workspace path")?;
+    setup::run(
+        setup::bpf_cargo(&[
+            "clippy",
+            "--package",
+            "memprof-ebpf",
+            "--target-dir",
+            target_dir,
+        ])
+        .args(["--", "-D", "warnings"])
+        .current_dir(root()),
+    )
 }
 
 fn demo() -> Result<()> {

@@ -12,21 +12,24 @@ use anyhow::{bail, Context, Result};
 
 /// Debian packages: the eBPF toolchain, and what the tests use.
 const PACKAGES: &[&str] = &[
-    "rustc-web",    // rustc 1.96 with LLVM 22, sysroot /usr
-    "rust-web-src", // its library source, for -Z build-std=core
-    "llvm-22-dev",  // for bpf-linker
-    "bpftool",      // tests check that no program is left loaded
-    "bpftrace",     // the peer the benchmarks compare against
-    "gcc",          // builds the C workloads
-    "libc6-dev",    // including libc.a for the static-binary test
-    "binutils",     // strip, for the stripped-binary test
-    "tmux",         // drives the dashboard in its test
-    "util-linux",   // setpriv, for the unprivileged-run test
+    "rustc-web",       // rustc 1.96 with LLVM 22, sysroot /usr
+    "rust-web-src",    // its library source, for -Z build-std=core
+    "rust-web-clippy", // clippy for that compiler, to lint the eBPF crate
+    "llvm-22-dev",     // for bpf-linker
+    "bpftool",         // tests check that no program is left loaded
+    "bpftrace",        // the peer the benchmarks compare against
+    "gcc",             // builds the C workloads
+    "libc6-dev",       // including libc.a for the static-binary test
+    "binutils",        // strip, for the stripped-binary test
+    "tmux",            // drives the dashboard in its test
+    "util-linux",      // setpriv, for the unprivileged-run test
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const TOOLCHAIN: &str = "memprof-bpf";
 const TOOLCHAIN_DIR: &str = "/usr/local/lib/memprof-ebpf/bpf-toolchain";
 const LLVM_BIN: &str = "/usr/lib/llvm-22/bin";
+/// Debian's binaries that make up the linked toolchain.
+const TOOLS: [&str; 4] = ["rustc", "cargo", "cargo-clippy", "clippy-driver"];
 
 pub fn ensure() -> Result<()> {
     ensure_packages()?;
@@ -97,14 +100,15 @@ fn ensure_toolchain() -> Result<()> {
         .output()
         .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "/usr")
         .unwrap_or(false);
-    if works {
+    let dir = Path::new(TOOLCHAIN_DIR);
+    let complete = TOOLS.iter().all(|t| dir.join("bin").join(t).exists());
+    if works && complete {
         return Ok(());
     }
     eprintln!("setup: linking Debian's rustc-web as the rustup toolchain `{TOOLCHAIN}`");
-    let dir = Path::new(TOOLCHAIN_DIR);
     std::fs::create_dir_all(dir.join("bin")).context("creating the toolchain directory")?;
     std::fs::create_dir_all(dir.join("lib"))?;
-    for tool in ["rustc", "cargo"] {
+    for tool in TOOLS {
         let link = dir.join("bin").join(tool);
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(format!("/usr/bin/{tool}"), &link)
@@ -113,7 +117,30 @@ fn ensure_toolchain() -> Result<()> {
     run(Command::new("rustup").args(["toolchain", "link", TOOLCHAIN, TOOLCHAIN_DIR]))
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+/// A command run with the eBPF toolchain (for linting the eBPF crate the
+/// way `memprof/build.rs` builds it).
+pub fn bpf_cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", TOOLCHAIN, "cargo"])
+        .args(args)
+        .args([
+            "--release",
+            "-Z",
+            "build-std=core",
+            "--target",
+            "bpfel-unknown-none",
+        ])
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env(
+            "PATH",
+            format!("{LLVM_BIN}:{}", std::env::var("PATH").unwrap_or_default()),
+        )
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER");
+    cmd
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
     let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed ({status})");

@@ -161,10 +161,10 @@ impl Profile {
         limit: usize,
         mut resolve: impl FnMut(&Place) -> Frame,
     ) -> Vec<HotFunction> {
-        // (function, module) -> (total, per-line counts)
+        // (function, module) -> (total, samples per (file, line))
         type Key = (String, String);
-        let mut functions: HashMap<Key, (u64, HashMap<(Option<String>, Option<u32>), u64>)> =
-            HashMap::new();
+        type Lines = HashMap<(Option<String>, Option<u32>), u64>;
+        let mut functions: HashMap<Key, (u64, Lines)> = HashMap::new();
         for (at, &count) in &self.by_place {
             let frame = match at {
                 SampleAt::User(place) => resolve(place),

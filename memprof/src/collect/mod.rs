@@ -190,7 +190,7 @@ mod tests {
         let me = std::process::id();
         let mut c = Collector::new(me);
         assert!(c.profile.threads().contains_key(&me));
-        let ip = collects_from_this_process as usize as u64;
+        let ip = collects_from_this_process as *const () as u64;
         c.on_sample(&SampleEvent {
             time_ns: 1,
             ip,

@@ -60,8 +60,8 @@ pub fn render(report: &Report) -> String {
     } else {
         let _ = writeln!(
             out,
-            "  {:>6} {:>7}  {:<28} {}",
-            "share", "samples", "function", "source (module)"
+            "  {:>6} {:>7}  {:<28} source (module)",
+            "share", "samples", "function"
         );
         for h in report.hot_functions.iter().take(TOP) {
             let source = match (&h.file, h.line) {
@@ -93,7 +93,7 @@ pub fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

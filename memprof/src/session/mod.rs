@@ -144,10 +144,7 @@ struct Live {
 
 /// Runs a whole session and returns its report. With a dashboard, it is
 /// refreshed every second and its quit key ends the session.
-pub async fn run(
-    opts: Options,
-    mut dashboard: Option<&mut Dashboard>,
-) -> Result<(Report, StopReason)> {
+pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Report, StopReason)> {
     let root = Path::new("/");
     preflight::check_privilege(root)?;
     preflight::check_perf_events(root)?;
@@ -216,9 +213,7 @@ pub async fn run(
         live.probes.source.name()
     );
 
-    let reason = live
-        .event_loop(opts.duration, dashboard.as_deref_mut())
-        .await?;
+    let reason = live.event_loop(opts.duration, dashboard).await?;
     live.finish(reason).await;
     let report = live.report();
     Ok((report, reason))
@@ -260,6 +255,7 @@ impl Live {
                     }
                 }
                 _ = tick.tick() => {
+                    self.probes.flush_logs();
                     if let Some(d) = dashboard.as_deref_mut() {
                         let report = self.report();
                         d.update(report);
@@ -275,6 +271,7 @@ impl Live {
         drain_samples(self.samples.get_mut(), &mut self.collector);
         drain_tasks(self.tasks.get_mut(), &mut self.collector);
         self.final_counters = Some(self.probes.counters());
+        self.probes.flush_logs();
         tracing::info!("stopping ({reason:?}); detaching");
         if let TargetHandle::Launched(l) = &mut self.target {
             if !self.target_exited {

@@ -57,6 +57,8 @@ impl Counters {
 /// The loaded and attached programs.
 pub struct Probes {
     ebpf: Ebpf,
+    /// Forwards the programs' `aya_log` messages to our logs.
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     pub source: SamplingSource,
 }
 
@@ -77,6 +79,14 @@ impl Probes {
             .override_global(globals::NEWTASK_FLAGS_OFFSET, &flags_off, true)
             .load(OBJECT)
             .map_err(|e| classify(anyhow::Error::new(e).context("loading the eBPF object")))?;
+        // Must exist before the programs load (they reference its map).
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(logger) => Some(logger),
+            Err(e) => {
+                tracing::warn!("eBPF-side logging unavailable: {e}");
+                None
+            }
+        };
 
         attach_tracepoint(&mut ebpf, programs::TASK_NEW, "task", "task_newtask")?;
         attach_tracepoint(
@@ -92,7 +102,18 @@ impl Probes {
             "sched_process_exec",
         )?;
         let source = attach_sampler(&mut ebpf, frequency_hz, try_hardware)?;
-        Ok(Self { ebpf, source })
+        Ok(Self {
+            ebpf,
+            logger,
+            source,
+        })
+    }
+
+    /// Moves messages the programs logged into our log.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
     }
 
     /// Takes a ring buffer out of the object (to be polled by the session).

@@ -250,7 +250,7 @@ mod tests {
         let maps = crate::collect::procmaps::ProcMaps::read(std::process::id()).unwrap();
         let mut s = Symbolizer::new();
 
-        let code_addr = memprof_symbolize_probe as usize as u64;
+        let code_addr = memprof_symbolize_probe as *const () as u64;
         let frame = s.code(&maps.place(code_addr));
         assert_eq!(frame.function, "memprof_symbolize_probe");
         assert!(
