@@ -21,6 +21,8 @@ use procmaps::{Place, ProcMaps};
 
 /// How often an unknown address may trigger a re-read of the memory map.
 const MAPS_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// Samples held while waiting for a launched command's `exec`.
+const MAX_HELD_SAMPLES: usize = 100_000;
 
 /// Per-session collection state.
 pub struct Collector {
@@ -28,6 +30,9 @@ pub struct Collector {
     maps: ProcMaps,
     maps_read_at: Option<Instant>,
     names: HashMap<u32, String>,
+    /// For a launched command: samples held until its `exec`, because
+    /// those taken before it are of our launch gate, not of the command.
+    held: Option<Vec<SampleEvent>>,
     pub profile: Profile,
 }
 
@@ -39,6 +44,7 @@ impl Collector {
             maps: ProcMaps::default(),
             maps_read_at: None,
             names: HashMap::new(),
+            held: None,
             profile: Profile::new(),
         };
         collector.refresh_maps();
@@ -83,7 +89,19 @@ impl Collector {
         &self.maps
     }
 
+    /// Counts only samples from the next `exec` on (a launched command,
+    /// whose process runs our gate until then).
+    pub fn start_at_exec(&mut self) {
+        self.held = Some(Vec::new());
+    }
+
     pub fn on_sample(&mut self, ev: &SampleEvent) {
+        if let Some(held) = &mut self.held {
+            if held.len() < MAX_HELD_SAMPLES {
+                held.push(*ev);
+            }
+            return;
+        }
         let at = if ev.flags & SAMPLE_FLAG_KERNEL != 0 || ev.ip == 0 {
             SampleAt::Kernel
         } else {
@@ -117,10 +135,16 @@ impl Collector {
                 self.refresh_maps();
                 self.names.clear();
                 self.learn_name(ev.tid);
-                ThreadEvent::Exec {
+                self.profile.add_thread_event(ThreadEvent::Exec {
                     tid: ev.tid,
                     time_ns: ev.time_ns,
+                });
+                if let Some(held) = self.held.take() {
+                    for sample in held.iter().filter(|s| s.time_ns >= ev.time_ns) {
+                        self.on_sample(sample);
+                    }
                 }
+                return;
             }
             other => {
                 tracing::warn!("unknown task event kind {other}");
@@ -247,6 +271,40 @@ mod tests {
             parent_tid: 0,
         });
         assert!(!c.profile.threads().contains_key(&1));
+    }
+
+    #[test]
+    fn samples_before_a_launch_exec_are_dropped() {
+        let me = std::process::id();
+        let mut c = Collector::new(me);
+        c.start_at_exec();
+        let ip = samples_before_a_launch_exec_are_dropped as *const () as u64;
+        let at = |time_ns| SampleEvent {
+            time_ns,
+            ip,
+            tid: me,
+            cpu: 0,
+            stack_id: -1,
+            flags: 0,
+        };
+        c.on_sample(&at(5)); // the gate, before exec
+        c.on_sample(&at(20)); // the command, drained before the exec event
+        assert_eq!(c.profile.samples(), 0, "held until the exec is seen");
+        c.on_task(&TaskEvent {
+            time_ns: 10,
+            kind: TASK_EXEC,
+            tid: me,
+            tgid: me,
+            parent_tid: 0,
+        });
+        assert_eq!(
+            c.profile.samples(),
+            1,
+            "only the sample after the exec counts"
+        );
+        c.on_sample(&at(30));
+        assert_eq!(c.profile.samples(), 2);
+        assert_eq!(c.profile.execs(), 1);
     }
 
     #[test]

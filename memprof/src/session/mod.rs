@@ -190,7 +190,10 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
     };
     let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
     let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
-    let collector = Collector::new(pid);
+    let mut collector = Collector::new(pid);
+    if matches!(target, TargetHandle::Launched(_)) {
+        collector.start_at_exec();
+    }
 
     let mut live = Live {
         probes,
