@@ -116,12 +116,26 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// File where skipped tests are recorded (libtest hides the output of
+/// passing tests, so `cargo xtask test` reads this and reports them).
+pub fn skip_log() -> PathBuf {
+    workload_dir().join("skipped.log")
+}
+
 /// Reports a skipped test loudly (or fails it in strict mode).
 pub fn skip(test: &str, why: &str) {
     if std::env::var("MEMPROF_TESTS_STRICT").as_deref() == Ok("1") {
         panic!("{test} cannot run here ({why}) and MEMPROF_TESTS_STRICT=1 forbids skipping");
     }
     eprintln!("\n*** SKIPPED {test}: {why} ***\n");
+    use std::io::Write as _;
+    if let Ok(mut log) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skip_log())
+    {
+        let _ = writeln!(log, "{test}: {why}");
+    }
 }
 
 /// Path of the `memprof-ebpf` binary under test.

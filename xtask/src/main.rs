@@ -112,7 +112,73 @@ fn test(extra: &[String]) -> Result<()> {
     // tests run one at a time.
     let mut args = vec!["test", "--", "--test-threads=1"];
     args.extend(extra.iter().map(String::as_str));
-    cargo(&args)
+    let skip_log = memprof_tests::skip_log();
+    let _ = std::fs::remove_file(&skip_log);
+    let totals = cargo_test(&args)?;
+    let skipped: Vec<String> = std::fs::read_to_string(&skip_log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    for line in &skipped {
+        println!("*** SKIPPED {line}");
+    }
+    // libtest counts a skipped test as passed; one plain closing line.
+    let passed = totals.passed.saturating_sub(skipped.len());
+    println!(
+        "tests: {passed} passed, {} failed, {} skipped",
+        totals.failed,
+        skipped.len()
+    );
+    if !totals.ok {
+        bail!("tests failed");
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Totals {
+    passed: usize,
+    failed: usize,
+    ok: bool,
+}
+
+/// Runs `cargo test ...`, passing its output through, and adds up the
+/// `test result:` lines of every test binary.
+fn cargo_test(args: &[&str]) -> Result<Totals> {
+    use std::io::BufRead as _;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut child = Command::new(&cargo)
+        .args(args)
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let mut totals = Totals::default();
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            totals.passed += count_before(rest, " passed");
+            totals.failed += count_before(rest, " failed");
+        }
+    }
+    totals.ok = child.wait()?.success();
+    Ok(totals)
+}
+
+/// In "ok. 8 passed; 0 failed; ...", the number before `word`.
+fn count_before(text: &str, word: &str) -> usize {
+    text.split(';')
+        .find_map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+                .strip_suffix(word)
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn lint() -> Result<()> {

@@ -9,6 +9,7 @@ pub mod probes;
 pub mod tracefs;
 
 use std::{
+    io::IsTerminal,
     os::fd::{FromRawFd, OwnedFd},
     path::Path,
     time::{Duration, Instant},
@@ -29,7 +30,7 @@ use crate::{
     tui::{Action, Dashboard},
 };
 use launch::Launched;
-use probes::{Counters, Probes};
+use probes::{Counters, Probes, SamplingSource};
 
 /// Hot functions kept in a report.
 const HOT_FUNCTIONS: usize = 50;
@@ -128,7 +129,9 @@ fn readable<T: std::os::fd::AsRawFd>(inner: T, what: &str) -> Result<AsyncFd<T>>
 
 /// Everything the live loop owns.
 struct Live {
-    probes: Probes,
+    /// The attached programs; `None` once detached.
+    probes: Option<Probes>,
+    source: SamplingSource,
     collector: Collector,
     symbolizer: Symbolizer,
     samples: AsyncFd<RingBuf<MapData>>,
@@ -137,9 +140,13 @@ struct Live {
     command: String,
     frequency_hz: u64,
     started: Instant,
+    /// How long we traced, once tracing has stopped.
+    traced: Option<Duration>,
     target_exited: bool,
-    /// Set once the probes are gone; then counters are frozen here.
-    final_counters: Option<Counters>,
+    /// The kernel counters as read when the probes were detached.
+    final_counters: Counters,
+    /// Whether to print progress on stderr (not while the dashboard is up).
+    announce: bool,
 }
 
 /// Runs a whole session and returns its report. With a dashboard, it is
@@ -196,7 +203,8 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
     }
 
     let mut live = Live {
-        probes,
+        source: probes.source,
+        probes: Some(probes),
         collector,
         symbolizer: Symbolizer::new(),
         samples,
@@ -205,16 +213,15 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
         command,
         frequency_hz: opts.frequency_hz,
         started: Instant::now(),
+        traced: None,
         target_exited: false,
-        final_counters: None,
+        final_counters: Counters::default(),
+        announce: dashboard.is_none() && std::io::stderr().is_terminal(),
     };
     if let TargetHandle::Launched(l) = &mut live.target {
         l.release()?;
     }
-    tracing::info!(
-        "tracing pid {pid} with {} sampling",
-        live.probes.source.name()
-    );
+    tracing::info!("tracing pid {pid} with {} sampling", live.source.name());
 
     let reason = live.event_loop(opts.duration, dashboard).await?;
     live.finish(reason).await;
@@ -258,7 +265,9 @@ impl Live {
                     }
                 }
                 _ = tick.tick() => {
-                    self.probes.flush_logs();
+                    if let Some(probes) = &mut self.probes {
+                        probes.flush_logs();
+                    }
                     if let Some(d) = dashboard.as_deref_mut() {
                         let report = self.report();
                         d.update(report);
@@ -271,11 +280,21 @@ impl Live {
     /// Stops tracing: drains what the kernel still holds, detaches, and
     /// ends a launched command that is still running.
     async fn finish(&mut self, reason: StopReason) {
+        self.traced = Some(self.started.elapsed());
         drain_samples(self.samples.get_mut(), &mut self.collector);
         drain_tasks(self.tasks.get_mut(), &mut self.collector);
-        self.final_counters = Some(self.probes.counters());
-        self.probes.flush_logs();
-        tracing::info!("stopping ({reason:?}); detaching");
+        if let Some(mut probes) = self.probes.take() {
+            self.final_counters = probes.counters();
+            probes.flush_logs();
+            tracing::info!("stopping ({reason:?}); detaching");
+            drop(probes); // detaches every program, before symbolization
+        }
+        if self.announce {
+            eprintln!(
+                "memprof-ebpf: detached; symbolizing {} addresses…",
+                self.collector.profile.user_places().count()
+            );
+        }
         if let TargetHandle::Launched(l) = &mut self.target {
             if !self.target_exited {
                 if let Some(pid) = l.child.id() {
@@ -288,13 +307,17 @@ impl Live {
     }
 
     fn counters(&self) -> Counters {
-        self.final_counters
-            .unwrap_or_else(|| self.probes.counters())
+        self.probes
+            .as_ref()
+            .map_or(self.final_counters, Probes::counters)
     }
 
     /// The report as of now.
     fn report(&mut self) -> Report {
-        let duration_s = self.started.elapsed().as_secs_f64();
+        let duration_s = self
+            .traced
+            .unwrap_or_else(|| self.started.elapsed())
+            .as_secs_f64();
         let counters = self.counters();
         let symbolizer = &mut self.symbolizer;
         let hot_functions = self
@@ -347,7 +370,7 @@ impl Live {
             },
             duration_s,
             sampling: Sampling {
-                source: self.probes.source.name().into(),
+                source: self.source.name().into(),
                 frequency_hz: self.frequency_hz,
                 samples: profile.samples(),
                 lost: counters.samples_lost,

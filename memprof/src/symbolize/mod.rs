@@ -109,6 +109,11 @@ impl Symbolizer {
         }
     }
 
+    /// Places resolved so far (each is resolved once).
+    pub fn cached(&self) -> usize {
+        self.code.len()
+    }
+
     /// The function and source line at a code place.
     pub fn code(&mut self, place: &Place) -> Frame {
         if let Some(frame) = self.code.get(place) {
@@ -221,6 +226,23 @@ mod tests {
         assert_eq!(f.short_source().as_deref(), Some("main.c"));
         f.line = Some(42);
         assert_eq!(f.short_source().as_deref(), Some("main.c:42"));
+    }
+
+    #[test]
+    fn each_place_is_resolved_once() {
+        let mut s = Symbolizer::new();
+        let a = Place::Anonymous { address: 1 };
+        let b = Place::File {
+            path: "/nonexistent/x".into(),
+            file_offset: 2,
+        };
+        assert_eq!(s.cached(), 0);
+        let first = s.code(&a);
+        assert_eq!(s.code(&a), first);
+        assert_eq!(s.cached(), 1);
+        s.code(&b);
+        s.code(&b);
+        assert_eq!(s.cached(), 2);
     }
 
     #[test]
