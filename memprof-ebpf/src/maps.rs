@@ -8,11 +8,14 @@ use aya_ebpf::{
 use memprof_common::{counter, SAMPLES_RING_BYTES, STACKS_CAPACITY, TASK_RING_BYTES};
 
 /// Process being traced; written by the loader (`override_global`).
+// SAFETY (no_mangle): the loader finds the global by this exact name; no
+// other symbol in the object has it.
 #[unsafe(no_mangle)]
 static TARGET_TGID: Global<u32> = Global::new(0);
 
 /// Field offsets in `task:task_newtask`, read from tracefs by the loader
 /// because tracepoint layouts differ between kernel versions.
+// SAFETY (no_mangle, both): named for the loader, as above.
 #[unsafe(no_mangle)]
 static NEWTASK_PID_OFFSET: Global<u32> = Global::new(8);
 #[unsafe(no_mangle)]
@@ -51,8 +54,11 @@ pub fn newtask_flags_offset() -> usize {
 #[inline(always)]
 pub fn count(index: u32) {
     if let Some(slot) = COUNTERS.get_ptr_mut(index) {
-        // SAFETY: the pointer comes from the map lookup and is valid for
-        // this CPU's slot; per-CPU slots have no concurrent writers.
+        // SAFETY: the pointer comes from the map lookup and stays valid for
+        // the program's run; per-CPU slots are written only on this CPU.
+        // (On machines with a PMU a sampler in NMI context could interrupt
+        // a tracepoint program between load and store and one increment be
+        // lost; `core` has no atomic add for the BPF target to prevent it.)
         unsafe { *slot += 1 };
     }
 }

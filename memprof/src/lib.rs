@@ -32,10 +32,17 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
         Some(pid) => session::TargetSpec::Pid(pid),
         None => session::TargetSpec::Command(cli.command.clone()),
     };
+    // Under the dashboard a launched command's output would draw over it.
+    let command_output = live.then(|| {
+        let mut path = cli.log_file.clone().into_os_string();
+        path.push(".command");
+        std::path::PathBuf::from(path)
+    });
     let opts = session::Options {
         target,
         duration: cli.duration,
         frequency_hz: cli.sample_freq,
+        command_output,
     };
 
     let mut dashboard = if live {
@@ -58,10 +65,16 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
     let (report, reason) = result?;
     tracing::info!("session ended: {reason:?}");
 
-    print!("{}", report::text::render(&report));
+    let json_to_stdout = cli.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    if json_to_stdout {
+        // stdout carries the JSON alone, so it can be piped to a parser.
+        eprint!("{}", report::text::render(&report));
+    } else {
+        print!("{}", report::text::render(&report));
+    }
     if let Some(path) = &cli.json {
         let json = report.to_json();
-        if path.as_os_str() == "-" {
+        if json_to_stdout {
             println!("{json}");
         } else {
             std::fs::write(path, json + "\n").map_err(|source| Error::Output {

@@ -92,7 +92,7 @@ fn launch_names_the_hot_function_with_file_and_line() {
             .iter()
             .find(|t| t["name"] == name)
             .unwrap_or_else(|| panic!("thread {name}: {threads:?}"));
-        assert!(t["samples"].as_u64().unwrap() > 300, "{name} sampled: {t}");
+        assert!(t["samples"].as_u64().unwrap() > 50, "{name} sampled: {t}");
         assert_eq!(t["created_by"], report["target"]["pid"]);
     }
     // The summary is printed too, ranked, with the hot function first.
@@ -116,8 +116,9 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
         return;
     }
     let spin = build_workload("spin", Variant::Debug).unwrap();
-    // One spinner for 8 s; a second thread (late_worker) appears after 1.5 s.
-    let mut target = TestProcess::spawn(&spin, &["time", "1", "8", "1500"]);
+    // One spinner for 8 s; a second thread (late_worker) appears after 2.5 s
+    // (attaching takes about 0.2 s).
+    let mut target = TestProcess::spawn(&spin, &["time", "1", "8", "2500"]);
     target.wait_ready();
     let pid = target.pid().to_string();
     let json = report_path("attach");
@@ -141,6 +142,13 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
     assert!(
         (4.0..5.0).contains(&duration),
         "--duration 4s traced {duration} s"
+    );
+    // And the whole run, start-up and symbolization included, ends soon
+    // after: a generous bound, this is not a performance assertion.
+    assert!(
+        run.wall < Duration::from_secs(9),
+        "wall time {:?}",
+        run.wall
     );
 
     let late = hot_function(&report, "late_worker")
@@ -214,57 +222,59 @@ fn target_exiting_mid_session_still_yields_a_report() {
 }
 
 #[test]
-fn sigint_detaches_and_still_prints_the_summary() {
-    if !require_root("sigint_detaches_and_still_prints_the_summary") {
+fn sigint_and_sigterm_detach_and_still_print_the_summary() {
+    if !require_root("sigint_and_sigterm_detach_and_still_print_the_summary") {
         return;
     }
     let spin = build_workload("spin", Variant::Debug).unwrap();
-    let mut target = TestProcess::spawn(&spin, &["time", "1", "30"]);
+    let mut target = TestProcess::spawn(&spin, &["time", "1", "60"]);
     target.wait_ready();
-    let json = report_path("sigint");
-    let start = Instant::now();
-    let tool = Command::new(tool())
-        .args([
-            "-p",
-            &target.pid().to_string(),
-            "--json",
-            json.to_str().unwrap(),
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let tool_pid = tool.id() as i32;
-    // Wait until our programs are loaded, then a bit more for samples.
-    let loaded = Instant::now();
-    while !loaded_programs()
-        .iter()
-        .any(|p| PROGRAM_NAMES.contains(&p.as_str()))
-    {
+    for (name, signal) in [("SIGINT", libc::SIGINT), ("SIGTERM", libc::SIGTERM)] {
+        let json = report_path(&format!("signal-{name}"));
+        let start = Instant::now();
+        let tool = Command::new(tool())
+            .args([
+                "-p",
+                &target.pid().to_string(),
+                "--json",
+                json.to_str().unwrap(),
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let tool_pid = tool.id() as i32;
+        // Wait until our programs are loaded, then a bit more for samples.
+        let loaded = Instant::now();
+        while !loaded_programs()
+            .iter()
+            .any(|p| PROGRAM_NAMES.contains(&p.as_str()))
+        {
+            assert!(
+                loaded.elapsed() < Duration::from_secs(20),
+                "programs never appeared in bpftool"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(tool_pid, signal) };
+        let run = finish(tool, start, LIMIT);
+        assert_eq!(run.code(), 0, "{name}: stderr: {}", run.stderr);
         assert!(
-            loaded.elapsed() < Duration::from_secs(20),
-            "programs never appeared in bpftool"
+            run.stdout.contains("Hot functions"),
+            "summary after {name}:\n{}",
+            run.stdout
         );
-        std::thread::sleep(Duration::from_millis(50));
+        let report = read_report(&json);
+        assert_hot(&report, "spin_worker");
+        assert!(
+            target.child.try_wait().unwrap().is_none(),
+            "{name} to the profiler must not stop the target"
+        );
+        assert_no_programs_left();
     }
-    std::thread::sleep(Duration::from_secs(2));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(tool_pid, libc::SIGINT) };
-    let run = finish(tool, start, LIMIT);
-    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    assert!(
-        run.stdout.contains("Hot functions"),
-        "summary after Ctrl-C:\n{}",
-        run.stdout
-    );
-    let report = read_report(&json);
-    assert_hot(&report, "spin_worker");
-    assert!(
-        target.child.try_wait().unwrap().is_none(),
-        "Ctrl-C of the profiler must not stop the target"
-    );
-    assert_no_programs_left();
 }
 
 #[test]
@@ -382,10 +392,41 @@ fn bad_input_gets_its_exit_code_and_message() {
     let run = run_tool(&["-p", "2", "--duration", "1s"], quick);
     assert_eq!(run.code(), 2, "{}", run.stderr);
     assert!(run.stderr.contains("kernel thread"), "{}", run.stderr);
+    // A zombie (exited, not yet reaped): no such process, 3.
+    let mut zombie = Command::new("/bin/true").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let run = run_tool(&["-p", &zombie.id().to_string(), "--duration", "1s"], quick);
+    let _ = zombie.wait();
+    assert_eq!(run.code(), 3, "zombie: {}", run.stderr);
     // A command that does not exist: 6.
     let run = run_tool(&["--duration", "1s", "--", "/nonexistent/program"], quick);
     assert_eq!(run.code(), 6, "{}", run.stderr);
     assert!(run.stderr.contains("not found"), "{}", run.stderr);
+    // A command that exists but cannot start (its interpreter is missing):
+    // 6 too, not an empty report.
+    let script = workload_dir().join("bad-interpreter.sh");
+    std::fs::write(&script, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let run = run_tool(&["--", script.to_str().unwrap()], quick);
+    assert_eq!(run.code(), 6, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("ended before the command started"),
+        "{}",
+        run.stderr
+    );
+    // A kernel without BTF: 5 (BTF hidden under an empty tmpfs in a
+    // private mount namespace).
+    let run = run_tool_with(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "mount -t tmpfs -o ro none /sys/kernel/btf && exec {} -p 1 --duration 1s",
+                tool().display()
+            )),
+        quick,
+    );
+    assert_eq!(run.code(), 5, "{}", run.stderr);
+    assert!(run.stderr.contains("BTF"), "{}", run.stderr);
     // Not root: 4, with advice.
     let run = run_tool_with(
         Command::new("setpriv")
@@ -406,5 +447,166 @@ fn bad_input_gets_its_exit_code_and_message() {
     let run = run_tool(&["--help"], quick);
     assert_eq!(run.code(), 0);
     assert!(run.stdout.contains("Exit status") && run.stdout.contains("no such process"));
+    assert_no_programs_left();
+}
+
+#[test]
+fn exec_is_followed_into_the_new_program() {
+    if !require_root("exec_is_followed_into_the_new_program") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    // before_exec_worker for 1.5 s, then exec into "spin time 1 1.5".
+    let mut target = TestProcess::spawn(&spin, &["chain", "1.5"]);
+    target.wait_ready();
+    let json = report_path("exec");
+    let run = run_tool(
+        &[
+            "-p",
+            &target.pid().to_string(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = read_report(&json);
+    assert_eq!(report["target"]["exited"], true);
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("exec 1 time"), "notes: {notes}");
+    for function in ["before_exec_worker", "spin_worker"] {
+        let h = hot_function(&report, function)
+            .unwrap_or_else(|| panic!("{function} missing: {report:#}"));
+        assert!(h["samples"].as_u64().unwrap() > 300, "{function}: {h}");
+        assert_eq!(
+            h["line"],
+            marked_line("spin", &format!("HOT {function}")),
+            "{function}"
+        );
+    }
+    // The spinner thread of the new image was seen being created.
+    let threads = report["threads"].as_array().unwrap();
+    assert!(
+        threads
+            .iter()
+            .any(|t| t["name"] == "spin-0" && !t["created_by"].is_null()),
+        "{threads:?}"
+    );
+    assert_no_programs_left();
+}
+
+#[test]
+fn a_thread_id_attaches_to_its_whole_process() {
+    if !require_root("a_thread_id_attaches_to_its_whole_process") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let mut target = TestProcess::spawn(&spin, &["time", "2", "10"]);
+    target.wait_ready();
+    let pid = target.pid();
+    let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&t| t != pid)
+        .expect("a second thread");
+    let json = report_path("tid");
+    let run = run_tool(
+        &[
+            "-p",
+            &tid.to_string(),
+            "--duration",
+            "2s",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = read_report(&json);
+    assert_eq!(
+        report["target"]["pid"], pid,
+        "traces the process of the thread"
+    );
+    assert!(report["notes"]
+        .to_string()
+        .contains(&format!("{tid} is a thread of process {pid}")));
+    let threads = report["threads"].as_array().unwrap();
+    let sampled = threads
+        .iter()
+        .filter(|t| t["samples"].as_u64().unwrap_or(0) > 100)
+        .count();
+    assert_eq!(sampled, 2, "both spinners sampled: {threads:?}");
+}
+
+#[test]
+fn json_to_stdout_is_pure_json() {
+    if !require_root("json_to_stdout_is_pure_json") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let run = run_tool(
+        &[
+            "--json",
+            "-",
+            "--",
+            spin.to_str().unwrap(),
+            "time",
+            "1",
+            "1",
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    // The workload's own "ready" line shares stdout; everything after it
+    // must be one JSON document, and the summary goes to stderr.
+    let json_text = run
+        .stdout
+        .trim_start()
+        .trim_start_matches("ready")
+        .trim_start();
+    let v: serde_json::Value = serde_json::from_str(json_text)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", run.stdout));
+    assert_eq!(v["schema"], "memprof-ebpf/1");
+    assert!(
+        run.stderr.contains("Hot functions"),
+        "summary on stderr:\n{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_launched_command_is_ended_with_the_session() {
+    if !require_root("a_launched_command_is_ended_with_the_session") {
+        return;
+    }
+    // A command that ignores SIGTERM must still not outlive the session.
+    let json = report_path("launch-end");
+    let script = "trap '' TERM; while :; do :; done";
+    let run = run_tool(
+        &[
+            "--duration",
+            "1s",
+            "--json",
+            json.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = read_report(&json);
+    let pid = report["target"]["pid"].as_u64().unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the command outlived the session"
+    );
+    assert!(
+        report["notes"].to_string().contains("ignored SIGTERM"),
+        "{}",
+        report["notes"]
+    );
+    assert!(report["sampling"]["samples"].as_u64().unwrap() > 100);
     assert_no_programs_left();
 }

@@ -7,6 +7,8 @@
  *                                          (late_worker) starts after LATE_MS
  *   spin work THREADS CHUNKS              fixed work: each thread runs CHUNKS
  *                                          chunks, then the program exits
+ *   spin chain SECONDS                    run before_exec_worker for SECONDS,
+ *                                          then exec "spin time 1 SECONDS"
  *
  * Prints "ready" once its first threads run, so tests can attach; in work
  * mode, "elapsed SECONDS" at the end (the benchmark's measure).
@@ -58,6 +60,15 @@ __attribute__((noinline)) void late_worker(const struct job *job)
 	__atomic_fetch_add(&sink, acc, __ATOMIC_RELAXED);
 }
 
+__attribute__((noinline)) void before_exec_worker(double until)
+{
+	volatile unsigned long acc = 0;
+	while (now() < until) {
+		for (unsigned long i = 0; i < CHUNK; i++) acc -= i; /* HOT before_exec_worker */
+	}
+	__atomic_fetch_add(&sink, acc, __ATOMIC_RELAXED);
+}
+
 static void *spin_thread(void *arg)
 {
 	spin_worker(arg);
@@ -72,12 +83,22 @@ static void *late_thread(void *arg)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: spin time THREADS SECONDS [LATE_MS] | spin work THREADS CHUNKS\n");
+	fprintf(stderr, "usage: spin time THREADS SECONDS [LATE_MS] | spin work THREADS CHUNKS"
+			" | spin chain SECONDS\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
+	if (argc == 3 && strcmp(argv[1], "chain") == 0) {
+		printf("ready\n");
+		fflush(stdout);
+		before_exec_worker(now() + atof(argv[2]));
+		char *args[] = {argv[0], "time", "1", argv[2], NULL};
+		execv("/proc/self/exe", args);
+		perror("execv");
+		return 1;
+	}
 	if (argc < 4)
 		usage();
 	int threads = atoi(argv[2]);

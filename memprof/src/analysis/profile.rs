@@ -146,6 +146,34 @@ impl Profile {
         &self.stacks
     }
 
+    /// Re-resolves samples recorded as unmapped (a library mapped after
+    /// our last look at the memory map) with `place`.
+    pub fn remap_unmapped(&mut self, mut place: impl FnMut(u64) -> Place) {
+        let unmapped: Vec<(SampleAt, u64)> = self
+            .by_place
+            .iter()
+            .filter(|(at, _)| matches!(at, SampleAt::User(Place::Unmapped { .. })))
+            .map(|(at, n)| (at.clone(), *n))
+            .collect();
+        for (at, count) in unmapped {
+            let SampleAt::User(Place::Unmapped { address }) = at else {
+                continue;
+            };
+            let now = place(address);
+            if !matches!(now, Place::Unmapped { .. }) {
+                self.by_place.remove(&at);
+                *self.by_place.entry(SampleAt::User(now)).or_default() += count;
+            }
+        }
+    }
+
+    /// Whether some samples are at addresses not (yet) found in a mapping.
+    pub fn has_unmapped(&self) -> bool {
+        self.by_place
+            .keys()
+            .any(|at| matches!(at, SampleAt::User(Place::Unmapped { .. })))
+    }
+
     /// Distinct user places sampled (what needs symbolizing).
     pub fn user_places(&self) -> impl Iterator<Item = &Place> {
         self.by_place.keys().filter_map(|at| match at {
@@ -281,6 +309,37 @@ mod tests {
         assert_eq!(p.threads()[&1].samples, 7);
         assert_eq!(p.stacks()[&1], 10);
         assert_eq!(p.user_places().count(), 3);
+    }
+
+    #[test]
+    fn unmapped_samples_are_remapped_later() {
+        let mut p = Profile::new();
+        let unmapped = SampleAt::User(Place::Unmapped { address: 0x7000 });
+        p.add_sample(sample(1, unmapped.clone()));
+        p.add_sample(sample(1, unmapped));
+        p.add_sample(sample(
+            1,
+            SampleAt::User(Place::Unmapped { address: 0x9000 }),
+        ));
+        p.add_sample(sample(1, at(0x110)));
+        assert!(p.has_unmapped());
+        // 0x7000 is now known to be file offset 0x110 (the same place as the
+        // fourth sample); 0x9000 is still unknown.
+        p.remap_unmapped(|a| {
+            if a == 0x7000 {
+                Place::File {
+                    path: Arc::from("/bin/w"),
+                    file_offset: 0x110,
+                }
+            } else {
+                Place::Unmapped { address: a }
+            }
+        });
+        assert!(p.has_unmapped());
+        let hot = p.hot_functions(10, resolve);
+        assert_eq!(hot[0].frame.function, "spin");
+        assert_eq!(hot[0].samples, 3);
+        assert_eq!(p.samples(), 4);
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct Collector {
     /// For a launched command: samples held until its `exec`, because
     /// those taken before it are of our launch gate, not of the command.
     held: Option<Vec<SampleEvent>>,
+    /// Samples dropped here because the hold buffer was full.
+    pub dropped: u64,
     pub profile: Profile,
 }
 
@@ -45,6 +47,7 @@ impl Collector {
             maps_read_at: None,
             names: HashMap::new(),
             held: None,
+            dropped: 0,
             profile: Profile::new(),
         };
         collector.refresh_maps();
@@ -95,10 +98,27 @@ impl Collector {
         self.held = Some(Vec::new());
     }
 
+    /// Resolves samples that fell outside the memory map when they came
+    /// (e.g. a library mapped less than a refresh interval earlier).
+    pub fn settle(&mut self) {
+        if self.profile.has_unmapped() {
+            self.refresh_maps();
+            let maps = &self.maps;
+            self.profile.remap_unmapped(|addr| maps.place(addr));
+        }
+    }
+
+    /// Still waiting for the launched command's `exec` (it never ran).
+    pub fn awaiting_exec(&self) -> bool {
+        self.held.is_some()
+    }
+
     pub fn on_sample(&mut self, ev: &SampleEvent) {
         if let Some(held) = &mut self.held {
             if held.len() < MAX_HELD_SAMPLES {
                 held.push(*ev);
+            } else {
+                self.dropped += 1;
             }
             return;
         }

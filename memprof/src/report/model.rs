@@ -47,8 +47,10 @@ pub struct Sampling {
     pub frequency_hz: u64,
     /// Samples of the target's threads received.
     pub samples: u64,
-    /// Samples lost because a ring buffer was full.
+    /// Samples lost (ring buffer full or busy, or dropped in userspace).
     pub lost: u64,
+    /// Thread creation/exit/exec events lost the same way.
+    pub lost_thread_events: u64,
     /// Samples taken while the thread was in the kernel.
     pub kernel_samples: u64,
 }
@@ -150,6 +152,7 @@ pub(crate) mod tests {
                 frequency_hz: 999,
                 samples: 1000,
                 lost: 0,
+                lost_thread_events: 0,
                 kernel_samples: 10,
             },
             hot_functions: vec![HotFunctionEntry {

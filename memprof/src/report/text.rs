@@ -12,6 +12,10 @@ const TOP: usize = 15;
 
 /// Renders the summary.
 pub fn render(report: &Report) -> String {
+    fit(&render_wide(report), WIDTH)
+}
+
+fn render_wide(report: &Report) -> String {
     let mut out = String::new();
     let t = &report.target;
     let s = &report.sampling;
@@ -86,6 +90,11 @@ pub fn render(report: &Report) -> String {
     let _ = writeln!(out, "Allocator:     not analysed by this version");
     let _ = writeln!(out, "Locks:         not analysed by this version");
     out
+}
+
+/// Cuts every line of `text` to `width` characters.
+fn fit(text: &str, width: usize) -> String {
+    text.lines().map(|l| ellipsize(l, width) + "\n").collect()
 }
 
 /// `1234567` → `1,234,567`.
@@ -168,6 +177,17 @@ mod tests {
         assert!(text.contains("90.0%"));
         assert!(text.contains("1,000 samples at 999 Hz (cpu-clock)"));
         assert!(text.contains("note: target exited"));
+    }
+
+    #[test]
+    fn long_commands_and_big_pids_still_fit() {
+        let mut r = sample_report();
+        r.target.pid = 4_194_304;
+        r.target.command = "x".repeat(300);
+        r.notes.push("n".repeat(200));
+        for line in render(&r).lines() {
+            assert!(line.chars().count() <= WIDTH, "too wide: {line}");
+        }
     }
 
     #[test]

@@ -20,15 +20,22 @@ use crate::error::{Error, Result};
 pub const GATE_ENV: &str = "MEMPROF_EBPF_EXEC_GATE";
 
 /// A launched command, held at the gate until [`Launched::release`].
+///
+/// Dropping it kills the command if it is still running, so no error path
+/// leaves it behind.
 pub struct Launched {
     pub child: tokio::process::Child,
     pub pid: u32,
     gate: Option<std::fs::File>,
+    /// Its exit status, once it has exited.
+    pub status: Option<std::process::ExitStatus>,
 }
 
 impl Launched {
-    /// Starts `command` behind the gate.
-    pub fn spawn(command: &[String]) -> Result<Self> {
+    /// Starts `command` behind the gate. With `output`, its standard input
+    /// is /dev/null and its output goes to that file (so it does not draw
+    /// over the dashboard or compete for its keys).
+    pub fn spawn(command: &[String], output: Option<&Path>) -> Result<Self> {
         let program = command
             .first()
             .ok_or_else(|| Error::Usage("no command given after --".into()))?;
@@ -42,7 +49,16 @@ impl Launched {
         let mut cmd = tokio::process::Command::new("/proc/self/exe");
         cmd.args(command)
             .env(GATE_ENV, read_end.as_raw_fd().to_string())
-            .kill_on_drop(false);
+            .kill_on_drop(true);
+        if let Some(path) = output {
+            let file = std::fs::File::create(path).map_err(|e| Error::LaunchFailed {
+                command: display.clone(),
+                reason: format!("cannot create {} for its output: {e}", path.display()),
+            })?;
+            cmd.stdin(std::process::Stdio::null())
+                .stdout(file.try_clone().map_err(|e| anyhow::anyhow!("{e}"))?)
+                .stderr(file);
+        }
         let child = cmd.spawn().map_err(|e| Error::LaunchFailed {
             command: display,
             reason: e.to_string(),
@@ -55,7 +71,15 @@ impl Launched {
             child,
             pid,
             gate: Some(std::fs::File::from(write_end)),
+            status: None,
         })
+    }
+
+    /// Waits for the command to exit and records its status.
+    pub async fn wait(&mut self) {
+        if self.status.is_none() {
+            self.status = self.child.wait().await.ok();
+        }
     }
 
     /// Lets the command run.

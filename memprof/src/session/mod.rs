@@ -36,7 +36,7 @@ use probes::{Counters, Probes, SamplingSource};
 const HOT_FUNCTIONS: usize = 50;
 /// How often the dashboard refreshes.
 const TICK: Duration = Duration::from_secs(1);
-/// How long a launched command gets to exit after SIGTERM before we leave.
+/// How long a launched command gets to exit after SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// What to trace.
@@ -52,6 +52,8 @@ pub struct Options {
     pub target: TargetSpec,
     pub duration: Option<Duration>,
     pub frequency_hz: u64,
+    /// Where a launched command's output goes while the dashboard is up.
+    pub command_output: Option<std::path::PathBuf>,
 }
 
 /// Why tracing stopped.
@@ -94,9 +96,7 @@ impl TargetHandle {
                     return;
                 }
             },
-            TargetHandle::Launched(l) => {
-                let _ = l.child.wait().await;
-            }
+            TargetHandle::Launched(l) => l.wait().await,
         }
     }
 }
@@ -127,8 +127,36 @@ fn readable<T: std::os::fd::AsRawFd>(inner: T, what: &str) -> Result<AsyncFd<T>>
     })
 }
 
+/// SIGINT (Ctrl-C) and SIGTERM, both of which end the session cleanly.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let install =
+            |kind| signal(kind).map_err(|e| anyhow::anyhow!("installing a signal handler: {e}"));
+        Ok(Self {
+            interrupt: install(SignalKind::interrupt())?,
+            terminate: install(SignalKind::terminate())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
 /// Everything the live loop owns.
 struct Live {
+    signals: Signals,
+    /// Notes from start-up, for the report.
+    notes: Vec<String>,
     /// The attached programs; `None` once detached.
     probes: Option<Probes>,
     source: SamplingSource,
@@ -152,6 +180,10 @@ struct Live {
 /// Runs a whole session and returns its report. With a dashboard, it is
 /// refreshed every second and its quit key ends the session.
 pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Report, StopReason)> {
+    // Registered first, so a Ctrl-C or SIGTERM during start-up still ends
+    // the session through the normal path (detach, summary).
+    let signals = Signals::new()?;
+    let mut notes = Vec::new();
     let root = Path::new("/");
     preflight::check_privilege(root)?;
     preflight::check_perf_events(root)?;
@@ -170,12 +202,26 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
 
     let (target, command) = match &opts.target {
         TargetSpec::Pid(pid) => {
-            preflight::check_pid(root, *pid)?;
-            let exit = pidfd(*pid)?;
-            let command = command_line(*pid).ok_or(Error::NoSuchProcess { pid: *pid })?;
-            (TargetHandle::Attached { pid: *pid, exit }, command)
+            let tgid = preflight::check_pid(root, *pid)?;
+            if tgid != *pid {
+                notes.push(format!(
+                    "{pid} is a thread of process {tgid}: all of its threads are traced"
+                ));
+            }
+            let exit = pidfd(tgid)?;
+            let command = command_line(tgid).ok_or(Error::NoSuchProcess { pid: *pid })?;
+            (TargetHandle::Attached { pid: tgid, exit }, command)
         }
-        TargetSpec::Command(cmd) => (TargetHandle::Launched(Launched::spawn(cmd)?), cmd.join(" ")),
+        TargetSpec::Command(cmd) => {
+            let output = opts.command_output.as_deref();
+            if let Some(path) = output {
+                notes.push(format!("the command's output went to {}", path.display()));
+            }
+            (
+                TargetHandle::Launched(Launched::spawn(cmd, output)?),
+                cmd.join(" "),
+            )
+        }
     };
     let pid = target.pid();
 
@@ -188,10 +234,8 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
     let mut probes = match attached {
         Ok(p) => p,
         Err(e) => {
-            if let TargetHandle::Launched(mut l) = target {
-                // Never leave a gated child behind: dropping the gate ends it.
-                drop(l.child.start_kill());
-            }
+            // Dropping a launched command's handle kills it.
+            drop(target);
             return Err(e);
         }
     };
@@ -203,6 +247,8 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
     }
 
     let mut live = Live {
+        signals,
+        notes,
         source: probes.source,
         probes: Some(probes),
         collector,
@@ -225,6 +271,17 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
 
     let reason = live.event_loop(opts.duration, dashboard).await?;
     live.finish(reason).await;
+    if let TargetHandle::Launched(l) = &live.target {
+        if live.collector.awaiting_exec() {
+            let status = l.status.map_or("unknown status".into(), |s| s.to_string());
+            return Err(Error::LaunchFailed {
+                command: live.command.clone(),
+                reason: format!(
+                    "it ended before the command started ({status}); see its message above"
+                ),
+            });
+        }
+    }
     let report = live.report();
     Ok((report, reason))
 }
@@ -236,8 +293,6 @@ impl Live {
         mut dashboard: Option<&mut Dashboard>,
     ) -> Result<StopReason> {
         let deadline = duration.map(|d| tokio::time::Instant::now() + d);
-        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| anyhow::anyhow!("installing the SIGTERM handler: {e}"))?;
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -257,8 +312,7 @@ impl Live {
                     return Ok(StopReason::TargetExited);
                 }
                 _ = sleep_until(deadline) => return Ok(StopReason::DurationElapsed),
-                _ = tokio::signal::ctrl_c() => return Ok(StopReason::Interrupted),
-                _ = sigterm.recv() => return Ok(StopReason::Interrupted),
+                _ = self.signals.recv() => return Ok(StopReason::Interrupted),
                 action = next_action(dashboard.as_deref_mut()) => {
                     if action == Action::Quit {
                         return Ok(StopReason::UserQuit);
@@ -268,6 +322,7 @@ impl Live {
                     if let Some(probes) = &mut self.probes {
                         probes.flush_logs();
                     }
+                    self.collector.settle();
                     if let Some(d) = dashboard.as_deref_mut() {
                         let report = self.report();
                         d.update(report);
@@ -283,6 +338,7 @@ impl Live {
         self.traced = Some(self.started.elapsed());
         drain_samples(self.samples.get_mut(), &mut self.collector);
         drain_tasks(self.tasks.get_mut(), &mut self.collector);
+        self.collector.settle();
         if let Some(mut probes) = self.probes.take() {
             self.final_counters = probes.counters();
             probes.flush_logs();
@@ -301,7 +357,18 @@ impl Live {
                     // SAFETY: kill with a pid we spawned and have not reaped.
                     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
                 }
-                let _ = tokio::time::timeout(TERM_GRACE, l.child.wait()).await;
+                if tokio::time::timeout(TERM_GRACE, l.wait()).await.is_err() {
+                    let _ = l.child.start_kill();
+                    l.wait().await;
+                    self.notes.push(
+                        "the command ignored SIGTERM at the end of the session and was killed"
+                            .into(),
+                    );
+                } else {
+                    self.notes.push(
+                        "the command was stopped with SIGTERM at the end of the session".into(),
+                    );
+                }
             }
         }
     }
@@ -342,14 +409,15 @@ impl Live {
             .collect();
         threads.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.tid.cmp(&b.tid)));
 
-        let mut notes = Vec::new();
+        let mut notes = self.notes.clone();
         if self.target_exited {
             notes.push(format!("the target exited after {duration_s:.1} s"));
         }
-        if counters.lost() > 0 {
+        let lost_samples = counters.samples_lost + self.collector.dropped;
+        if lost_samples + counters.task_events_lost > 0 {
             notes.push(format!(
-                "{} samples and {} thread events were lost (ring buffer full)",
-                counters.samples_lost, counters.task_events_lost
+                "{lost_samples} samples and {} thread events were lost (ring buffer full or busy)",
+                counters.task_events_lost
             ));
         }
         // A launched command's first exec is the gate becoming the command.
@@ -373,7 +441,8 @@ impl Live {
                 source: self.source.name().into(),
                 frequency_hz: self.frequency_hz,
                 samples: profile.samples(),
-                lost: counters.samples_lost,
+                lost: lost_samples,
+                lost_thread_events: counters.task_events_lost,
                 kernel_samples: profile.kernel_samples(),
             },
             hot_functions,

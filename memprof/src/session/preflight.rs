@@ -86,22 +86,37 @@ pub fn max_sample_rate(root: &Path) -> Option<u64> {
         .ok()
 }
 
-/// Checks that the process exists and is not a kernel thread.
-pub fn check_pid(root: &Path, pid: u32) -> Result<()> {
+/// Checks that `pid` is a live user process (or one of its threads) and
+/// returns the process id (thread-group id) to trace.
+pub fn check_pid(root: &Path, pid: u32) -> Result<u32> {
     let dir = root.join(format!("proc/{pid}"));
-    if pid == 0 || !dir.exists() {
+    let status = match std::fs::read_to_string(dir.join("status")) {
+        Ok(s) if pid != 0 => s,
+        _ => return Err(Error::NoSuchProcess { pid }),
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    // A zombie has exited already; only its exit status is left.
+    if matches!(
+        field("State:").and_then(|s| s.chars().next()),
+        Some('Z' | 'X')
+    ) {
         return Err(Error::NoSuchProcess { pid });
     }
-    // Kernel threads have an empty cmdline and no user address space.
+    // Kernel threads have no user address space (and say Kthread: 1).
     let has_user_memory = std::fs::read_to_string(dir.join("maps"))
         .map(|m| !m.is_empty())
         .unwrap_or(true);
-    if !has_user_memory {
+    if field("Kthread:") == Some("1") || !has_user_memory {
         return Err(Error::Usage(format!(
             "process {pid} is a kernel thread; memprof-ebpf traces user processes"
         )));
     }
-    Ok(())
+    Ok(field("Tgid:").and_then(|t| t.parse().ok()).unwrap_or(pid))
 }
 
 /// Lifts the locked-memory limit for map memory. On kernels that charge
@@ -170,23 +185,33 @@ mod tests {
 
     #[test]
     fn pids() {
+        const MAPS: &str = "00400000-00401000 r-xp 0 0:0 0 /bin/x\n";
         let root = fake_root(&[
-            ("proc/7/maps", "00400000-00401000 r-xp 0 0:0 0 /bin/x\n"),
+            ("proc/7/maps", MAPS),
+            ("proc/7/status", "Name:\tx\nState:\tR (running)\nTgid:\t7\n"),
+            ("proc/8/maps", MAPS),
+            (
+                "proc/8/status",
+                "Name:\tx\nState:\tS (sleeping)\nTgid:\t7\n",
+            ),
+            ("proc/9/status", "Name:\tx\nState:\tZ (zombie)\nTgid:\t9\n"),
             ("proc/2/maps", ""),
+            (
+                "proc/2/status",
+                "Name:\tkthreadd\nState:\tS\nTgid:\t2\nKthread:\t1\n",
+            ),
         ]);
-        assert!(check_pid(root.path(), 7).is_ok());
+        let code = |pid| check_pid(root.path(), pid).unwrap_err().exit_code();
+        assert_eq!(check_pid(root.path(), 7).unwrap(), 7);
         assert_eq!(
-            check_pid(root.path(), 9).unwrap_err().exit_code(),
-            crate::error::exit_code::NO_SUCH_PROCESS
+            check_pid(root.path(), 8).unwrap(),
+            7,
+            "a thread resolves to its process"
         );
-        assert_eq!(
-            check_pid(root.path(), 0).unwrap_err().exit_code(),
-            crate::error::exit_code::NO_SUCH_PROCESS
-        );
-        assert_eq!(
-            check_pid(root.path(), 2).unwrap_err().exit_code(),
-            crate::error::exit_code::USAGE
-        );
+        assert_eq!(code(9), crate::error::exit_code::NO_SUCH_PROCESS, "zombie");
+        assert_eq!(code(10), crate::error::exit_code::NO_SUCH_PROCESS);
+        assert_eq!(code(0), crate::error::exit_code::NO_SUCH_PROCESS);
+        assert_eq!(code(2), crate::error::exit_code::USAGE);
     }
 
     #[test]

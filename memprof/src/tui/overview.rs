@@ -63,11 +63,16 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     let mut lines = lines;
     lines.push(Line::from(vec![
         "profiler ".dim(),
-        format!(
-            "{:.1}% of a core, {}",
-            l.cpu_share * 100.0,
-            format_bytes(l.peak_rss_bytes)
-        )
+        // Start-up dominates the first second; a share is meaningless then.
+        if report.duration_s < 1.0 {
+            format!("measuring…, {}", format_bytes(l.peak_rss_bytes))
+        } else {
+            format!(
+                "{:.1}% of a core, {}",
+                l.cpu_share * 100.0,
+                format_bytes(l.peak_rss_bytes)
+            )
+        }
         .into(),
     ]));
     frame.render_widget(
