@@ -54,8 +54,9 @@ pub mod globals {
 pub const SAMPLES_RING_BYTES: u32 = 4 << 20;
 /// Byte size of the task-event ring buffer.
 pub const TASK_RING_BYTES: u32 = 256 << 10;
-/// Distinct user stacks kept in the stack-trace map.
-pub const STACKS_CAPACITY: u32 = 16 * 1024;
+/// Distinct user stacks kept in the stack-trace map (each takes about 1 KiB
+/// of kernel memory; a CPU profile rarely has more distinct stacks).
+pub const STACKS_CAPACITY: u32 = 4 * 1024;
 /// Frames kept per stack (the kernel's `perf_event_max_stack` default).
 pub const MAX_STACK_DEPTH: usize = 127;
 

@@ -74,6 +74,23 @@ fn launch_names_the_hot_function_with_file_and_line() {
     assert!(samples > 1000, "samples: {samples}");
     assert!(["cpu-clock", "cycles"].contains(&report["sampling"]["source"].as_str().unwrap()));
     assert_eq!(report["sampling"]["lost"], 0);
+    // Total time from user stacks: the thread function that calls
+    // spin_worker has no self time but all of spin_worker's time, at the
+    // line of the call.
+    let worker = hot_function(&report, "spin_worker").unwrap();
+    let caller = hot_function(&report, "spin_thread")
+        .unwrap_or_else(|| panic!("no caller from stacks: {report:#}"));
+    assert_eq!(caller["samples"], 0, "{caller}");
+    let (caller_total, worker_self) = (
+        caller["total_samples"].as_u64().unwrap(),
+        worker["samples"].as_u64().unwrap(),
+    );
+    assert!(
+        caller_total * 10 >= worker_self * 9,
+        "caller total {caller_total} vs worker self {worker_self}"
+    );
+    assert_eq!(caller["line"], marked_line("spin", "CALL spin_worker"));
+    assert_eq!(report["sampling"]["stack_errors"], 0);
     // Nothing from our launch gate (the tool's own binary before the exec).
     let gate: Vec<_> = report["hot_functions"]
         .as_array()

@@ -71,7 +71,7 @@ __attribute__((noinline)) void before_exec_worker(double until)
 
 static void *spin_thread(void *arg)
 {
-	spin_worker(arg);
+	spin_worker(arg); /* CALL spin_worker */
 	return NULL;
 }
 

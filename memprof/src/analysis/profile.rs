@@ -66,6 +66,8 @@ pub struct ThreadStats {
 pub struct Profile {
     by_place: HashMap<SampleAt, u64>,
     stacks: HashMap<u32, u64>,
+    /// Resolved frames (innermost first) of the stacks read so far.
+    stack_frames: HashMap<u32, Vec<Place>>,
     threads: BTreeMap<u32, ThreadStats>,
     samples: u64,
     execs: u32,
@@ -76,8 +78,14 @@ pub struct Profile {
 #[derive(Debug, Clone, PartialEq)]
 pub struct HotFunction {
     pub frame: Frame,
+    /// Samples in the function itself (self time).
     pub samples: u64,
     pub share: f64,
+    /// Samples with the function anywhere on the user stack (self time plus
+    /// time in what it calls). Needs frame pointers in the target; without
+    /// them it falls back to at least the self samples that had a stack.
+    pub total: u64,
+    pub total_share: f64,
 }
 
 impl Profile {
@@ -174,6 +182,20 @@ impl Profile {
             .any(|at| matches!(at, SampleAt::User(Place::Unmapped { .. })))
     }
 
+    /// Stack ids sampled whose frames have not been read yet.
+    pub fn unread_stacks(&self) -> Vec<u32> {
+        self.stacks
+            .keys()
+            .filter(|id| !self.stack_frames.contains_key(id))
+            .copied()
+            .collect()
+    }
+
+    /// Records the frames (innermost first) of stack `id`.
+    pub fn set_stack(&mut self, id: u32, frames: Vec<Place>) {
+        self.stack_frames.insert(id, frames);
+    }
+
     /// Distinct user places sampled (what needs symbolizing).
     pub fn user_places(&self) -> impl Iterator<Item = &Place> {
         self.by_place.keys().filter_map(|at| match at {
@@ -202,10 +224,43 @@ impl Profile {
             entry.0 += count;
             *entry.1.entry((frame.file, frame.line)).or_default() += count;
         }
+        // Inclusive counts: each stack credits every function on it once.
+        // Callers with no self time get their hottest call-site line.
+        let mut inclusive: HashMap<Key, u64> = HashMap::new();
+        let mut call_sites: HashMap<Key, Lines> = HashMap::new();
+        for (id, &count) in &self.stacks {
+            let Some(frames) = self.stack_frames.get(id) else {
+                continue;
+            };
+            let mut seen: Vec<Key> = Vec::with_capacity(frames.len());
+            for place in frames {
+                let f = resolve(place);
+                let key = (f.function, f.module);
+                if !seen.contains(&key) {
+                    *call_sites
+                        .entry(key.clone())
+                        .or_default()
+                        .entry((f.file, f.line))
+                        .or_default() += count;
+                    seen.push(key);
+                }
+            }
+            for key in seen {
+                *inclusive.entry(key).or_default() += count;
+            }
+        }
+        for (key, lines) in call_sites {
+            functions.entry(key).or_insert((0, lines));
+        }
         let total = self.samples.max(1) as f64;
         let mut ranked: Vec<HotFunction> = functions
             .into_iter()
             .map(|((function, module), (samples, lines))| {
+                let total_samples = inclusive
+                    .get(&(function.clone(), module.clone()))
+                    .copied()
+                    .unwrap_or(0)
+                    .max(samples);
                 // The line with the most samples; ties go to the lower line so
                 // the output is stable.
                 let ((file, line), _) = lines
@@ -221,12 +276,15 @@ impl Profile {
                     },
                     samples,
                     share: samples as f64 / total,
+                    total: total_samples,
+                    total_share: total_samples as f64 / total,
                 }
             })
             .collect();
         ranked.sort_by(|a, b| {
             b.samples
                 .cmp(&a.samples)
+                .then_with(|| b.total.cmp(&a.total))
                 .then_with(|| a.frame.function.cmp(&b.frame.function))
         });
         ranked.truncate(limit);
@@ -309,6 +367,61 @@ mod tests {
         assert_eq!(p.threads()[&1].samples, 7);
         assert_eq!(p.stacks()[&1], 10);
         assert_eq!(p.user_places().count(), 3);
+    }
+
+    #[test]
+    fn total_time_comes_from_stacks() {
+        let mut p = Profile::new();
+        // Stack 1: spin (0x110) called from idle (0x300); stack 2: idle alone.
+        for _ in 0..6 {
+            p.add_sample(Sample {
+                time_ns: 0,
+                tid: 1,
+                at: at(0x110),
+                stack_id: Some(1),
+            });
+        }
+        for _ in 0..4 {
+            p.add_sample(Sample {
+                time_ns: 0,
+                tid: 1,
+                at: at(0x300),
+                stack_id: Some(2),
+            });
+        }
+        assert_eq!(p.unread_stacks().len(), 2);
+        let place = |o| Place::File {
+            path: Arc::from("/bin/w"),
+            file_offset: o,
+        };
+        // A recursive caller appears twice on the stack but counts once.
+        p.set_stack(1, vec![place(0x110), place(0x310), place(0x320)]);
+        p.set_stack(2, vec![place(0x300)]);
+        assert!(p.unread_stacks().is_empty());
+        let hot = p.hot_functions(10, resolve);
+        let get = |f: &str| hot.iter().find(|h| h.frame.function == f).unwrap().clone();
+        assert_eq!((get("spin").samples, get("spin").total), (6, 6));
+        assert_eq!((get("idle").samples, get("idle").total), (4, 10));
+        // A caller without self time is listed after those with, with its
+        // call-site line.
+        p.set_stack(1, vec![place(0x110), place(0x010)]);
+        let hot = p.hot_functions(10, |pl| match pl {
+            Place::File {
+                file_offset: 0x010, ..
+            } => Frame {
+                function: "caller".into(),
+                module: "w".into(),
+                file: Some("w.c".into()),
+                line: Some(1),
+            },
+            other => resolve(other),
+        });
+        let caller = hot.last().unwrap();
+        assert_eq!(
+            (caller.frame.function.as_str(), caller.samples, caller.total),
+            ("caller", 0, 6)
+        );
+        assert_eq!(caller.frame.line, Some(1));
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct Collector {
     pid: u32,
     maps: ProcMaps,
     maps_read_at: Option<Instant>,
+    /// The memory map before the last `exec`, with the exec's time: samples
+    /// taken before it but drained after it belong to the old image.
+    before_exec: Option<(u64, ProcMaps)>,
     names: HashMap<u32, String>,
     /// For a launched command: samples held until its `exec`, because
     /// those taken before it are of our launch gate, not of the command.
@@ -45,6 +48,7 @@ impl Collector {
             pid,
             maps: ProcMaps::default(),
             maps_read_at: None,
+            before_exec: None,
             names: HashMap::new(),
             held: None,
             dropped: 0,
@@ -108,6 +112,21 @@ impl Collector {
         }
     }
 
+    /// Reads the frames of newly seen user stacks with `read` (a stack-map
+    /// lookup) and resolves them to places now, while the map is current.
+    /// Return addresses are resolved at `ip - 1`, the call instruction.
+    pub fn read_stacks(&mut self, mut read: impl FnMut(u32) -> Option<Vec<u64>>) {
+        for id in self.profile.unread_stacks() {
+            let Some(ips) = read(id) else { continue };
+            let places = ips
+                .iter()
+                .enumerate()
+                .map(|(i, &ip)| self.place(if i == 0 { ip } else { ip.saturating_sub(1) }))
+                .collect();
+            self.profile.set_stack(id, places);
+        }
+    }
+
     /// Still waiting for the launched command's `exec` (it never ran).
     pub fn awaiting_exec(&self) -> bool {
         self.held.is_some()
@@ -125,7 +144,10 @@ impl Collector {
         let at = if ev.flags & SAMPLE_FLAG_KERNEL != 0 || ev.ip == 0 {
             SampleAt::Kernel
         } else {
-            SampleAt::User(self.place(ev.ip))
+            match &self.before_exec {
+                Some((exec_ns, old)) if ev.time_ns < *exec_ns => SampleAt::User(old.place(ev.ip)),
+                _ => SampleAt::User(self.place(ev.ip)),
+            }
         };
         if !self.names.contains_key(&ev.tid) {
             self.learn_name(ev.tid);
@@ -150,8 +172,9 @@ impl Collector {
                 time_ns: ev.time_ns,
             },
             TASK_EXEC => {
-                // A new program image: the old map is meaningless now, and
-                // the thread has the new program's name.
+                // A new program image: keep the old map for late samples of
+                // the old image; the thread has the new program's name.
+                self.before_exec = Some((ev.time_ns, self.maps.clone()));
                 self.refresh_maps();
                 self.names.clear();
                 self.learn_name(ev.tid);
@@ -325,6 +348,54 @@ mod tests {
         c.on_sample(&at(30));
         assert_eq!(c.profile.samples(), 2);
         assert_eq!(c.profile.execs(), 1);
+    }
+
+    #[test]
+    fn late_samples_of_the_old_image_use_the_old_map() {
+        let me = std::process::id();
+        let mut c = Collector::new(me);
+        // Pretend the current image was exec'd at t=100, and before it a
+        // different program was mapped where our code is now.
+        let ip = late_samples_of_the_old_image_use_the_old_map as *const () as u64;
+        let old = ProcMaps::parse(&format!(
+            "{:x}-{:x} r-xp 00000000 00:00 0 /old/program\n",
+            ip & !0xfff,
+            (ip & !0xfff) + 0x1000
+        ));
+        c.before_exec = Some((100, old));
+        c.on_sample(&SampleEvent {
+            time_ns: 50,
+            ip,
+            tid: me,
+            cpu: 0,
+            stack_id: -1,
+            flags: 0,
+        });
+        c.on_sample(&SampleEvent {
+            time_ns: 150,
+            ip,
+            tid: me,
+            cpu: 0,
+            stack_id: -1,
+            flags: 0,
+        });
+        let paths: Vec<String> = c
+            .profile
+            .user_places()
+            .filter_map(|p| match p {
+                Place::File { path, .. } => Some(path.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(paths.len(), 2, "{paths:?}");
+        assert!(
+            paths.contains(&"/old/program".to_string()),
+            "sample before the exec: old image"
+        );
+        assert!(
+            paths.iter().any(|p| p != "/old/program"),
+            "sample after the exec: current image"
+        );
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct Sampling {
     pub lost: u64,
     /// Thread creation/exit/exec events lost the same way.
     pub lost_thread_events: u64,
+    /// Samples whose user stack could not be recorded (no stack, or the
+    /// stack map full); they count in self time but not in total time.
+    pub stack_errors: u64,
     /// Samples taken while the thread was in the kernel.
     pub kernel_samples: u64,
 }
@@ -66,6 +69,23 @@ pub struct HotFunctionEntry {
     pub samples: u64,
     /// Fraction of all samples (0..1).
     pub share: f64,
+    /// Samples with the function anywhere on the stack (needs frame
+    /// pointers in the target for callers to be seen).
+    pub total_samples: u64,
+    /// `total_samples` as a fraction of all samples.
+    pub total_share: f64,
+}
+
+impl HotFunctionEntry {
+    /// `file.c:12`, or `(module)` without debug info, for display.
+    pub fn source_label(&self) -> String {
+        use crate::collect::procmaps::short_name;
+        match (&self.file, self.line) {
+            (Some(file), Some(line)) => format!("{}:{line}", short_name(file)),
+            (Some(file), None) => short_name(file).to_string(),
+            _ => format!("({})", self.module),
+        }
+    }
 }
 
 impl From<HotFunction> for HotFunctionEntry {
@@ -77,6 +97,8 @@ impl From<HotFunction> for HotFunctionEntry {
             module: h.frame.module,
             samples: h.samples,
             share: h.share,
+            total_samples: h.total,
+            total_share: h.total_share,
         }
     }
 }
@@ -153,6 +175,7 @@ pub(crate) mod tests {
                 samples: 1000,
                 lost: 0,
                 lost_thread_events: 0,
+                stack_errors: 0,
                 kernel_samples: 10,
             },
             hot_functions: vec![HotFunctionEntry {
@@ -162,6 +185,8 @@ pub(crate) mod tests {
                 module: "work".into(),
                 samples: 900,
                 share: 0.9,
+                total_samples: 950,
+                total_share: 0.95,
             }],
             threads: vec![ThreadEntry {
                 tid: 42,

@@ -64,23 +64,17 @@ fn render_wide(report: &Report) -> String {
     } else {
         let _ = writeln!(
             out,
-            "  {:>6} {:>7}  {:<28} source (module)",
-            "share", "samples", "function"
+            "  {:>6} {:>6} {:>7}  {:<26} source (module)",
+            "self", "total", "samples", "function"
         );
         for h in report.hot_functions.iter().take(TOP) {
-            let source = match (&h.file, h.line) {
-                (Some(file), Some(line)) => {
-                    format!("{}:{line}", crate::collect::procmaps::short_name(file))
-                }
-                (Some(file), None) => crate::collect::procmaps::short_name(file).to_string(),
-                _ => format!("({})", h.module),
-            };
             let line = format!(
-                "  {:>5.1}% {:>7}  {:<28} {}",
+                "  {:>5.1}% {:>5.1}% {:>7}  {:<26} {}",
                 h.share * 100.0,
+                h.total_share * 100.0,
                 group(h.samples),
-                ellipsize(&h.function, 28),
-                source
+                ellipsize(&h.function, 26),
+                h.source_label()
             );
             let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
         }
@@ -174,7 +168,10 @@ mod tests {
             assert!(line.chars().count() <= WIDTH, "too wide: {line}");
         }
         assert!(text.contains("work.c:12"));
-        assert!(text.contains("90.0%"));
+        assert!(
+            text.contains("90.0%  95.0%"),
+            "self and total shares:\n{text}"
+        );
         assert!(text.contains("1,000 samples at 999 Hz (cpu-clock)"));
         assert!(text.contains("note: target exited"));
     }

@@ -321,6 +321,7 @@ impl Live {
                 _ = tick.tick() => {
                     if let Some(probes) = &mut self.probes {
                         probes.flush_logs();
+                        self.collector.read_stacks(|id| probes.stack(id));
                     }
                     self.collector.settle();
                     if let Some(d) = dashboard.as_deref_mut() {
@@ -340,6 +341,7 @@ impl Live {
         drain_tasks(self.tasks.get_mut(), &mut self.collector);
         self.collector.settle();
         if let Some(mut probes) = self.probes.take() {
+            self.collector.read_stacks(|id| probes.stack(id));
             self.final_counters = probes.counters();
             probes.flush_logs();
             tracing::info!("stopping ({reason:?}); detaching");
@@ -443,6 +445,7 @@ impl Live {
                 samples: profile.samples(),
                 lost: lost_samples,
                 lost_thread_events: counters.task_events_lost,
+                stack_errors: counters.stack_errors,
                 kernel_samples: profile.kernel_samples(),
             },
             hot_functions,

@@ -84,28 +84,26 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         Layout::horizontal([Constraint::Percentage(72), Constraint::Percentage(28)]).areas(tables);
 
     let rows = report.hot_functions.iter().skip(app.scroll).map(|h| {
-        let source = match (&h.file, h.line) {
-            (Some(f), Some(line)) => format!("{}:{line}", crate::collect::procmaps::short_name(f)),
-            _ => h.module.clone(),
-        };
         Row::new(vec![
             format!("{:5.1}%", h.share * 100.0),
+            format!("{:5.1}%", h.total_share * 100.0),
             group(h.samples),
             h.function.clone(),
-            source,
+            h.source_label(),
         ])
     });
     let table = Table::new(
         rows,
         [
             Constraint::Length(6),
+            Constraint::Length(6),
             Constraint::Length(8),
             Constraint::Fill(2),
             Constraint::Fill(1),
         ],
     )
-    .header(Row::new(["share", "samples", "function", "source"]).bold())
-    .block(Block::bordered().title(" Hot functions (self) "));
+    .header(Row::new(["self", "total", "samples", "function", "source"]).bold())
+    .block(Block::bordered().title(" Hot functions (self time; total with callees) "));
     frame.render_widget(table, hot);
 
     let rows = report.threads.iter().map(|t| {
