@@ -205,6 +205,15 @@ impl Drop for TestProcess {
     }
 }
 
+/// Builds the `spin` workload, starts it with `args` and waits until its
+/// threads run.
+pub fn start_spin(args: &[&str]) -> TestProcess {
+    let spin = build_workload("spin", Variant::Debug).expect("building spin");
+    let mut target = TestProcess::spawn(&spin, args);
+    target.wait_ready();
+    target
+}
+
 /// What a run of the tool produced.
 #[derive(Debug)]
 pub struct ToolRun {

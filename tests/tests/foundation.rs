@@ -132,11 +132,9 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
     if !require_root("attach_by_pid_follows_a_thread_created_later_and_honours_duration") {
         return;
     }
-    let spin = build_workload("spin", Variant::Debug).unwrap();
     // One spinner for 8 s; a second thread (late_worker) appears after 2.5 s
     // (attaching takes about 0.2 s).
-    let mut target = TestProcess::spawn(&spin, &["time", "1", "8", "2500"]);
-    target.wait_ready();
+    let mut target = start_spin(&["time", "1", "8", "2500"]);
     let pid = target.pid().to_string();
     let json = report_path("attach");
     let run = run_tool(
@@ -200,9 +198,7 @@ fn target_exiting_mid_session_still_yields_a_report() {
     if !require_root("target_exiting_mid_session_still_yields_a_report") {
         return;
     }
-    let spin = build_workload("spin", Variant::Debug).unwrap();
-    let mut target = TestProcess::spawn(&spin, &["time", "2", "1.5"]);
-    target.wait_ready();
+    let target = start_spin(&["time", "2", "1.5"]);
     let pid = target.pid().to_string();
     let json = report_path("exit-mid");
     let run = run_tool(
@@ -243,9 +239,7 @@ fn sigint_and_sigterm_detach_and_still_print_the_summary() {
     if !require_root("sigint_and_sigterm_detach_and_still_print_the_summary") {
         return;
     }
-    let spin = build_workload("spin", Variant::Debug).unwrap();
-    let mut target = TestProcess::spawn(&spin, &["time", "1", "60"]);
-    target.wait_ready();
+    let mut target = start_spin(&["time", "1", "60"]);
     for (name, signal) in [("SIGINT", libc::SIGINT), ("SIGTERM", libc::SIGTERM)] {
         let json = report_path(&format!("signal-{name}"));
         let start = Instant::now();
@@ -472,10 +466,8 @@ fn exec_is_followed_into_the_new_program() {
     if !require_root("exec_is_followed_into_the_new_program") {
         return;
     }
-    let spin = build_workload("spin", Variant::Debug).unwrap();
     // before_exec_worker for 1.5 s, then exec into "spin time 1 1.5".
-    let mut target = TestProcess::spawn(&spin, &["chain", "1.5"]);
-    target.wait_ready();
+    let target = start_spin(&["chain", "1.5"]);
     let json = report_path("exec");
     let run = run_tool(
         &[
@@ -517,9 +509,7 @@ fn a_thread_id_attaches_to_its_whole_process() {
     if !require_root("a_thread_id_attaches_to_its_whole_process") {
         return;
     }
-    let spin = build_workload("spin", Variant::Debug).unwrap();
-    let mut target = TestProcess::spawn(&spin, &["time", "2", "10"]);
-    target.wait_ready();
+    let target = start_spin(&["time", "2", "10"]);
     let pid = target.pid();
     let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()

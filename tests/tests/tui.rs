@@ -52,9 +52,7 @@ fn dashboard_shows_live_numbers_switches_tabs_and_quits_cleanly() {
     if !require_root("dashboard_shows_live_numbers_switches_tabs_and_quits_cleanly") {
         return;
     }
-    let spin = build_workload("spin", Variant::Debug).unwrap();
-    let mut target = TestProcess::spawn(&spin, &["time", "2", "60"]);
-    target.wait_ready();
+    let mut target = start_spin(&["time", "2", "60"]);
     let _ = Command::new("tmux")
         .args(["kill-session", "-t", SESSION])
         .output();
