@@ -52,6 +52,14 @@ pub mod globals {
 /// 4 MiB holds about 130k samples: several seconds at the highest rate
 /// even if userspace stalls.
 pub const SAMPLES_RING_BYTES: u32 = 4 << 20;
+/// Samples are submitted without waking the loader (which drains on a timer,
+/// see `DRAIN_INTERVAL_MS`) until this much data is waiting; then every
+/// submit wakes it. This turns thousands of wake-ups a second, each
+/// preempting a thread of the target, into about ten.
+pub const SAMPLES_WAKEUP_BYTES: u64 = (SAMPLES_RING_BYTES / 4) as u64;
+/// How often the loader drains the sample ring buffer without a wake-up.
+pub const DRAIN_INTERVAL_MS: u64 = 100;
+
 /// Byte size of the task-event ring buffer.
 pub const TASK_RING_BYTES: u32 = 256 << 10;
 /// Distinct user stacks kept in the stack-trace map (each takes about 1 KiB

@@ -1,12 +1,12 @@
 //! CPU sampling: a `perf_event` program on every online CPU.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::perf_event,
     programs::{tracing::StackIdContext, PerfEventContext},
 };
-use memprof_common::{counter, SampleEvent, SAMPLE_FLAG_KERNEL};
+use memprof_common::{counter, SampleEvent, SAMPLES_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL};
 
 use crate::maps::{count, current_ids, target_tgid, SAMPLES, STACKS};
 
@@ -53,5 +53,12 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         stack_id,
         flags: if in_kernel { SAMPLE_FLAG_KERNEL } else { 0 },
     });
-    entry.submit(0);
+    // Wake the loader only when a good part of the buffer is waiting; it
+    // drains on a timer otherwise.
+    let waiting = SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
+    entry.submit(if waiting >= SAMPLES_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    });
 }

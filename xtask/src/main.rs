@@ -43,7 +43,7 @@ enum Task {
     /// Measure overhead side by side: target untraced vs traced.
     Bench {
         /// Repetitions of each measurement (the median is reported).
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 7)]
         runs: usize,
     },
 }

@@ -295,6 +295,10 @@ impl Live {
         let deadline = duration.map(|d| tokio::time::Instant::now() + d);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Samples arrive without wake-ups (see SAMPLES_WAKEUP_BYTES).
+        let mut drain =
+            tokio::time::interval(Duration::from_millis(memprof_common::DRAIN_INTERVAL_MS));
+        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 guard = self.samples.readable_mut() => {
@@ -307,6 +311,7 @@ impl Live {
                     drain_tasks(guard.get_inner_mut(), &mut self.collector);
                     guard.clear_ready();
                 }
+                _ = drain.tick() => drain_samples(self.samples.get_mut(), &mut self.collector),
                 _ = self.target.exited() => {
                     self.target_exited = true;
                     return Ok(StopReason::TargetExited);
