@@ -36,6 +36,9 @@ pub struct Collector {
     /// For a launched command: samples held until its `exec`, because
     /// those taken before it are of our launch gate, not of the command.
     held: Option<Vec<SampleEvent>>,
+    /// Time of that `exec`: samples older than it, drained later, are the
+    /// gate's too.
+    launch_exec_ns: Option<u64>,
     /// Samples dropped here because the hold buffer was full.
     pub dropped: u64,
     pub profile: Profile,
@@ -51,6 +54,7 @@ impl Collector {
             before_exec: None,
             names: HashMap::new(),
             held: None,
+            launch_exec_ns: None,
             dropped: 0,
             profile: Profile::new(),
         };
@@ -141,6 +145,9 @@ impl Collector {
             }
             return;
         }
+        if self.launch_exec_ns.is_some_and(|t| ev.time_ns < t) {
+            return;
+        }
         let at = if ev.flags & SAMPLE_FLAG_KERNEL != 0 || ev.ip == 0 {
             SampleAt::Kernel
         } else {
@@ -183,7 +190,8 @@ impl Collector {
                     time_ns: ev.time_ns,
                 });
                 if let Some(held) = self.held.take() {
-                    for sample in held.iter().filter(|s| s.time_ns >= ev.time_ns) {
+                    self.launch_exec_ns = Some(ev.time_ns);
+                    for sample in &held {
                         self.on_sample(sample);
                     }
                 }
@@ -348,6 +356,9 @@ mod tests {
         c.on_sample(&at(30));
         assert_eq!(c.profile.samples(), 2);
         assert_eq!(c.profile.execs(), 1);
+        // A gate sample drained after the exec event is still dropped.
+        c.on_sample(&at(7));
+        assert_eq!(c.profile.samples(), 2);
     }
 
     #[test]

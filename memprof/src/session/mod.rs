@@ -311,7 +311,12 @@ impl Live {
                     drain_tasks(guard.get_inner_mut(), &mut self.collector);
                     guard.clear_ready();
                 }
-                _ = drain.tick() => drain_samples(self.samples.get_mut(), &mut self.collector),
+                _ = drain.tick() => {
+                    // Thread and exec events first: they decide how the
+                    // samples taken after them are read.
+                    drain_tasks(self.tasks.get_mut(), &mut self.collector);
+                    drain_samples(self.samples.get_mut(), &mut self.collector);
+                }
                 _ = self.target.exited() => {
                     self.target_exited = true;
                     return Ok(StopReason::TargetExited);
@@ -342,8 +347,8 @@ impl Live {
     /// ends a launched command that is still running.
     async fn finish(&mut self, reason: StopReason) {
         self.traced = Some(self.started.elapsed());
-        drain_samples(self.samples.get_mut(), &mut self.collector);
         drain_tasks(self.tasks.get_mut(), &mut self.collector);
+        drain_samples(self.samples.get_mut(), &mut self.collector);
         self.collector.settle();
         if let Some(mut probes) = self.probes.take() {
             self.collector.read_stacks(|id| probes.stack(id));
