@@ -63,8 +63,10 @@ pub const DRAIN_INTERVAL_MS: u64 = 100;
 /// Byte size of the task-event ring buffer.
 pub const TASK_RING_BYTES: u32 = 256 << 10;
 /// Distinct user stacks kept in the stack-trace map (each takes about 1 KiB
-/// of kernel memory; a CPU profile rarely has more distinct stacks).
-pub const STACKS_CAPACITY: u32 = 4 * 1024;
+/// of kernel memory). For samples in user code the sampled instruction is
+/// left out of the stack (it is in the sample), so a stack is a call path,
+/// not a call path per instruction, and few are needed.
+pub const STACKS_CAPACITY: u32 = 8 * 1024;
 /// Frames kept per stack (the kernel's `perf_event_max_stack` default).
 pub const MAX_STACK_DEPTH: usize = 127;
 
@@ -76,7 +78,8 @@ pub mod counter {
     pub const SAMPLES_LOST: u32 = 1;
     /// Task events dropped because their ring buffer was full.
     pub const TASK_EVENTS_LOST: u32 = 2;
-    /// Samples whose user stack could not be recorded (map full, no stack).
+    /// Samples whose user stack was lost to a full or colliding stack map
+    /// (not those with no caller frames to walk).
     pub const STACK_ERRORS: u32 = 3;
     /// Number of counters.
     pub const COUNT: u32 = 4;
@@ -125,12 +128,15 @@ pub struct TaskEvent {
     pub tgid: u32,
     /// For [`TASK_NEW_THREAD`], the creating thread; otherwise 0.
     pub parent_tid: u32,
+    /// For [`TASK_EXIT`], the thread's final name (NUL-padded), so threads
+    /// that live too briefly to be looked up in /proc are still named.
+    pub comm: [u8; 16],
 }
 
 // The kernel writes these structs and userspace reads them; any change in
 // size is a layout change both sides must see.
 const _: () = assert!(core::mem::size_of::<SampleEvent>() == 32);
-const _: () = assert!(core::mem::size_of::<TaskEvent>() == 24);
+const _: () = assert!(core::mem::size_of::<TaskEvent>() == 40);
 
 #[cfg(feature = "user")]
 mod user {
@@ -140,8 +146,8 @@ mod user {
     // and has no padding (8+8+4+4+4+4 = 32, asserted above); every bit
     // pattern is a valid value.
     unsafe impl aya::Pod for SampleEvent {}
-    // SAFETY: as above: `#[repr(C)]`, integers only, 8+4*4 = 24 bytes, no
-    // padding, any bit pattern is valid.
+    // SAFETY: as above: `#[repr(C)]`, integers and a byte array only,
+    // 8+4*4+16 = 40 bytes, no padding, any bit pattern is valid.
     unsafe impl aya::Pod for TaskEvent {}
 
     impl SampleEvent {
@@ -155,6 +161,16 @@ mod user {
         /// Decodes a ring-buffer record; `None` if it is too short.
         pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
             read_pod(bytes)
+        }
+
+        /// The `comm` field as text (empty when not set).
+        pub fn comm_str(&self) -> &str {
+            let len = self
+                .comm
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(self.comm.len());
+            core::str::from_utf8(&self.comm[..len]).unwrap_or("")
         }
     }
 

@@ -1,6 +1,10 @@
 //! Following the target: thread creation, thread exit, exec.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
 use aya_log_ebpf::warn;
 use memprof_common::{counter, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD};
 
@@ -39,7 +43,7 @@ pub fn mp_task_new(ctx: TracePointContext) -> u32 {
     if flags & CLONE_THREAD == 0 {
         return 0; // a child process, not one of our threads
     }
-    emit(TASK_NEW_THREAD, child as u32, tgid, tid);
+    emit(TASK_NEW_THREAD, child as u32, tgid, tid, [0; 16]);
     0
 }
 
@@ -48,7 +52,10 @@ pub fn mp_task_new(ctx: TracePointContext) -> u32 {
 pub fn mp_task_exit(_ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if tgid == target_tgid() {
-        emit(TASK_EXIT, tid, tgid, 0);
+        // The name the thread ends with; it may be gone from /proc before
+        // the loader gets to read it there.
+        let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        emit(TASK_EXIT, tid, tgid, 0, comm);
     }
     0
 }
@@ -58,13 +65,13 @@ pub fn mp_task_exit(_ctx: TracePointContext) -> u32 {
 pub fn mp_task_exec(_ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if tgid == target_tgid() {
-        emit(TASK_EXEC, tid, tgid, 0);
+        emit(TASK_EXEC, tid, tgid, 0, [0; 16]);
     }
     0
 }
 
 #[inline(always)]
-fn emit(kind: u32, tid: u32, tgid: u32, parent_tid: u32) {
+fn emit(kind: u32, tid: u32, tgid: u32, parent_tid: u32, comm: [u8; 16]) {
     let Some(mut entry) = TASK_EVENTS.reserve::<TaskEvent>(0) else {
         count(counter::TASK_EVENTS_LOST);
         return;
@@ -76,6 +83,7 @@ fn emit(kind: u32, tid: u32, tgid: u32, parent_tid: u32) {
         tid,
         tgid,
         parent_tid,
+        comm,
     });
     entry.submit(0);
 }

@@ -32,12 +32,17 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
         Some(pid) => session::TargetSpec::Pid(pid),
         None => session::TargetSpec::Command(cli.command.clone()),
     };
-    // Under the dashboard a launched command's output would draw over it.
-    let command_output = live.then(|| {
+    let json_to_stdout = cli.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    let command_output = if live {
+        // Under the dashboard a launched command's output would draw over it.
         let mut path = cli.log_file.clone().into_os_string();
         path.push(".command");
-        std::path::PathBuf::from(path)
-    });
+        session::launch::Output::File(path.into())
+    } else if json_to_stdout {
+        session::launch::Output::StdoutToStderr
+    } else {
+        session::launch::Output::Inherit
+    };
     let opts = session::Options {
         target,
         duration: cli.duration,
@@ -65,7 +70,6 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
     let (report, reason) = result?;
     tracing::info!("session ended: {reason:?}");
 
-    let json_to_stdout = cli.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     if json_to_stdout {
         // stdout carries the JSON alone, so it can be piped to a parser.
         eprint!("{}", report::text::render(&report));

@@ -90,7 +90,15 @@ fn launch_names_the_hot_function_with_file_and_line() {
         "caller total {caller_total} vs worker self {worker_self}"
     );
     assert_eq!(caller["line"], marked_line("spin", "CALL spin_worker"));
-    assert_eq!(report["sampling"]["stack_errors"], 0);
+    // Stacks lost to a full map would make totals low; a few can collide.
+    let (errors, samples) = (
+        report["sampling"]["stack_errors"].as_u64().unwrap(),
+        report["sampling"]["samples"].as_u64().unwrap(),
+    );
+    assert!(
+        errors * 100 <= samples,
+        "{errors} stack errors in {samples} samples"
+    );
     // Nothing from our launch gate (the tool's own binary before the exec).
     let gate: Vec<_> = report["hot_functions"]
         .as_array()
@@ -466,8 +474,14 @@ fn exec_is_followed_into_the_new_program() {
     if !require_root("exec_is_followed_into_the_new_program") {
         return;
     }
-    // before_exec_worker for 1.5 s, then exec into "spin time 1 1.5".
-    let target = start_spin(&["chain", "1.5"]);
+    // before_exec_worker for 1.5 s, then exec a copy of the program under
+    // another name ("spin-next time 1 1.5"): samples of the old image that
+    // are read after the exec must still be put in the old file.
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let next = workload_dir().join("spin-next");
+    std::fs::copy(&spin, &next).unwrap();
+    let mut target = TestProcess::spawn(&spin, &["chain", "1.5", next.to_str().unwrap()]);
+    target.wait_ready();
     let json = report_path("exec");
     let run = run_tool(
         &[
@@ -483,9 +497,20 @@ fn exec_is_followed_into_the_new_program() {
     assert_eq!(report["target"]["exited"], true);
     let notes = report["notes"].to_string();
     assert!(notes.contains("exec 1 time"), "notes: {notes}");
-    for function in ["before_exec_worker", "spin_worker"] {
-        let h = hot_function(&report, function)
-            .unwrap_or_else(|| panic!("{function} missing: {report:#}"));
+    for (function, module) in [("before_exec_worker", "spin"), ("spin_worker", "spin-next")] {
+        let entries: Vec<_> = report["hot_functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h["function"] == function && h["samples"].as_u64().unwrap_or(0) > 0)
+            .collect();
+        assert_eq!(
+            entries.len(),
+            1,
+            "{function} must be in one module only: {entries:?}"
+        );
+        let h = entries[0];
+        assert_eq!(h["module"], module, "{function}");
         assert!(h["samples"].as_u64().unwrap() > 300, "{function}: {h}");
         assert_eq!(
             h["line"],
@@ -502,6 +527,41 @@ fn exec_is_followed_into_the_new_program() {
         "{threads:?}"
     );
     assert_no_programs_left();
+}
+
+#[test]
+fn short_lived_threads_keep_their_names() {
+    if !require_root("short_lived_threads_keep_their_names") {
+        return;
+    }
+    // Five threads of ~50 ms each, one after another: gone from /proc long
+    // before the loader drains their samples.
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let json = report_path("burst");
+    let run = run_tool(
+        &[
+            "--json",
+            json.to_str().unwrap(),
+            "--",
+            spin.to_str().unwrap(),
+            "burst",
+            "5",
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = read_report(&json);
+    let threads = report["threads"].as_array().unwrap();
+    for i in 0..5 {
+        let name = format!("burst-{i}");
+        let t = threads
+            .iter()
+            .find(|t| t["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("{name}: {threads:?}"));
+        assert_eq!(t["exited"], true, "{t}");
+        assert!(!t["created_by"].is_null(), "{t}");
+        assert!(t["samples"].as_u64().unwrap() > 5, "{t}");
+    }
 }
 
 #[test]
@@ -564,15 +624,14 @@ fn json_to_stdout_is_pure_json() {
         LIMIT,
     );
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    // The workload's own "ready" line shares stdout; everything after it
-    // must be one JSON document, and the summary goes to stderr.
-    let json_text = run
-        .stdout
-        .trim_start()
-        .trim_start_matches("ready")
-        .trim_start();
-    let v: serde_json::Value = serde_json::from_str(json_text)
+    // stdout is one JSON document; the summary and the launched command's
+    // own output ("ready") go to stderr.
+    let v: serde_json::Value = serde_json::from_str(&run.stdout)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", run.stdout));
+    assert!(
+        run.stderr.contains("ready"),
+        "the command's stdout went to stderr"
+    );
     assert_eq!(v["schema"], "memprof-ebpf/1");
     assert!(
         run.stderr.contains("Hot functions"),

@@ -7,8 +7,11 @@
  *                                          (late_worker) starts after LATE_MS
  *   spin work THREADS CHUNKS              fixed work: each thread runs CHUNKS
  *                                          chunks, then the program exits
- *   spin chain SECONDS                    run before_exec_worker for SECONDS,
- *                                          then exec "spin time 1 SECONDS"
+ *   spin chain SECONDS [PATH]             run before_exec_worker for SECONDS,
+ *                                          then exec PATH (default: itself)
+ *                                          as "time 1 SECONDS"
+ *   spin burst COUNT                      COUNT short threads (~50 ms each,
+ *                                          named burst-N), one after another
  *
  * Prints "ready" once its first threads run, so tests can attach; in work
  * mode, "elapsed SECONDS" at the end (the benchmark's measure).
@@ -84,20 +87,36 @@ static void *late_thread(void *arg)
 static void usage(void)
 {
 	fprintf(stderr, "usage: spin time THREADS SECONDS [LATE_MS] | spin work THREADS CHUNKS"
-			" | spin chain SECONDS\n");
+			" | spin chain SECONDS [PATH] | spin burst COUNT\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
-	if (argc == 3 && strcmp(argv[1], "chain") == 0) {
+	if (argc >= 3 && strcmp(argv[1], "chain") == 0) {
 		printf("ready\n");
 		fflush(stdout);
 		before_exec_worker(now() + atof(argv[2]));
-		char *args[] = {argv[0], "time", "1", argv[2], NULL};
-		execv("/proc/self/exe", args);
+		const char *next = argc > 3 ? argv[3] : "/proc/self/exe";
+		char *args[] = {(char *)next, "time", "1", argv[2], NULL};
+		execv(next, args);
 		perror("execv");
 		return 1;
+	}
+	if (argc == 3 && strcmp(argv[1], "burst") == 0) {
+		printf("ready\n");
+		fflush(stdout);
+		for (int i = 0; i < atoi(argv[2]); i++) {
+			struct job short_job = {.until = now() + 0.05};
+			pthread_t t;
+			if (pthread_create(&t, NULL, spin_thread, &short_job) != 0)
+				return 1;
+			char name[16];
+			snprintf(name, sizeof name, "burst-%d", i);
+			pthread_setname_np(t, name);
+			pthread_join(t, NULL);
+		}
+		return 0;
 	}
 	if (argc < 4)
 		usage();

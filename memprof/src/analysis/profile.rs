@@ -65,7 +65,10 @@ pub struct ThreadStats {
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
     by_place: HashMap<SampleAt, u64>,
-    stacks: HashMap<u32, u64>,
+    /// Samples that have a user stack, by where they landed and stack id.
+    /// (For user code the stack starts at the caller: the sampled
+    /// instruction is the `SampleAt`.)
+    with_stack: HashMap<(SampleAt, u32), u64>,
     /// Resolved frames (innermost first) of the stacks read so far.
     stack_frames: HashMap<u32, Vec<Place>>,
     threads: BTreeMap<u32, ThreadStats>,
@@ -95,10 +98,10 @@ impl Profile {
 
     pub fn add_sample(&mut self, sample: Sample) {
         self.samples += 1;
-        *self.by_place.entry(sample.at).or_default() += 1;
         if let Some(id) = sample.stack_id {
-            *self.stacks.entry(id).or_default() += 1;
+            *self.with_stack.entry((sample.at.clone(), id)).or_default() += 1;
         }
+        *self.by_place.entry(sample.at).or_default() += 1;
         self.threads.entry(sample.tid).or_default().samples += 1;
     }
 
@@ -149,9 +152,13 @@ impl Profile {
         self.execs
     }
 
-    /// Sample counts per user stack id.
-    pub fn stacks(&self) -> &HashMap<u32, u64> {
-        &self.stacks
+    /// Samples recorded with user stack `id`.
+    pub fn stack_samples(&self, id: u32) -> u64 {
+        self.with_stack
+            .iter()
+            .filter(|((_, s), _)| *s == id)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// Re-resolves samples recorded as unmapped (a library mapped after
@@ -184,11 +191,15 @@ impl Profile {
 
     /// Stack ids sampled whose frames have not been read yet.
     pub fn unread_stacks(&self) -> Vec<u32> {
-        self.stacks
+        let mut ids: Vec<u32> = self
+            .with_stack
             .keys()
+            .map(|(_, id)| *id)
             .filter(|id| !self.stack_frames.contains_key(id))
-            .copied()
-            .collect()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Records the frames (innermost first) of stack `id`.
@@ -204,69 +215,76 @@ impl Profile {
         })
     }
 
-    /// Functions ranked by samples (self time), at most `limit`. Samples in
-    /// the kernel are gathered under one `[kernel]` entry.
+    /// Functions ranked by self time (samples in the function), with their
+    /// total time (samples with the function anywhere on the stack), at
+    /// most `limit`. Samples in the kernel are gathered under `[kernel]`.
+    /// Callers with no self time are listed after the rest, at their
+    /// hottest call site.
     pub fn hot_functions(
         &self,
         limit: usize,
-        mut resolve: impl FnMut(&Place) -> Frame,
+        resolve: impl FnMut(&Place) -> Frame,
     ) -> Vec<HotFunction> {
-        // (function, module) -> (total, samples per (file, line))
-        type Key = (String, String);
-        type Lines = HashMap<(Option<String>, Option<u32>), u64>;
-        let mut functions: HashMap<Key, (u64, Lines)> = HashMap::new();
-        for (at, &count) in &self.by_place {
-            let frame = match at {
-                SampleAt::User(place) => resolve(place),
-                SampleAt::Kernel => Frame::kernel(),
-            };
-            let entry = functions.entry((frame.function, frame.module)).or_default();
-            entry.0 += count;
-            *entry.1.entry((frame.file, frame.line)).or_default() += count;
+        let mut ix = Interner::new(resolve);
+        // Per function: self samples, total samples, self lines, call sites.
+        #[derive(Default)]
+        struct Acc {
+            own: u64,
+            total: u64,
+            lines: HashMap<LineKey, u64>,
+            call_sites: HashMap<LineKey, u64>,
         }
-        // Inclusive counts: each stack credits every function on it once.
-        // Callers with no self time get their hottest call-site line.
-        let mut inclusive: HashMap<Key, u64> = HashMap::new();
-        let mut call_sites: HashMap<Key, Lines> = HashMap::new();
-        for (id, &count) in &self.stacks {
-            let Some(frames) = self.stack_frames.get(id) else {
-                continue;
-            };
-            let mut seen: Vec<Key> = Vec::with_capacity(frames.len());
+        let mut acc: Vec<Acc> = Vec::new();
+        let slot = |acc: &mut Vec<Acc>, f: usize| {
+            if acc.len() <= f {
+                acc.resize_with(f + 1, Acc::default);
+            }
+        };
+        let mut with_stack_at: HashMap<&SampleAt, u64> = HashMap::new();
+        let mut seen: Vec<usize> = Vec::new();
+        for ((at, id), &count) in &self.with_stack {
+            *with_stack_at.entry(at).or_default() += count;
+            let (leaf, _) = ix.at(at);
+            seen.clear();
+            seen.push(leaf);
+            let frames = self.stack_frames.get(id).map(Vec::as_slice).unwrap_or(&[]);
             for place in frames {
-                let f = resolve(place);
-                let key = (f.function, f.module);
-                if !seen.contains(&key) {
-                    *call_sites
-                        .entry(key.clone())
-                        .or_default()
-                        .entry((f.file, f.line))
-                        .or_default() += count;
-                    seen.push(key);
+                let (f, line) = ix.place(place);
+                if !seen.contains(&f) {
+                    seen.push(f);
+                    slot(&mut acc, f);
+                    *acc[f].call_sites.entry(line).or_default() += count;
                 }
             }
-            for key in seen {
-                *inclusive.entry(key).or_default() += count;
+            for &f in &seen {
+                slot(&mut acc, f);
+                acc[f].total += count;
             }
         }
-        for (key, lines) in call_sites {
-            functions.entry(key).or_insert((0, lines));
+        for (at, &count) in &self.by_place {
+            let (f, line) = ix.at(at);
+            slot(&mut acc, f);
+            let a = &mut acc[f];
+            a.own += count;
+            *a.lines.entry(line).or_default() += count;
+            // Samples without a stack count for their own function only.
+            a.total += count - with_stack_at.get(at).copied().unwrap_or(0);
         }
-        let total = self.samples.max(1) as f64;
-        let mut ranked: Vec<HotFunction> = functions
+
+        let all = self.samples.max(1) as f64;
+        let keys = ix.into_keys();
+        let mut ranked: Vec<HotFunction> = acc
             .into_iter()
-            .map(|((function, module), (samples, lines))| {
-                let total_samples = inclusive
-                    .get(&(function.clone(), module.clone()))
-                    .copied()
-                    .unwrap_or(0)
-                    .max(samples);
-                // The line with the most samples; ties go to the lower line so
-                // the output is stable.
-                let ((file, line), _) = lines
+            .zip(keys)
+            .filter(|(a, _)| a.total > 0 || a.own > 0)
+            .map(|(a, (function, module))| {
+                let lines = if a.own > 0 { a.lines } else { a.call_sites };
+                // The busiest line; ties go to the lower line, for stable output.
+                let (file, line) = lines
                     .into_iter()
-                    .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
-                    .unwrap_or(((None, None), 0));
+                    .max_by(|x, y| x.1.cmp(&y.1).then_with(|| y.0.cmp(&x.0)))
+                    .map(|(l, _)| l)
+                    .unwrap_or((None, None));
                 HotFunction {
                     frame: Frame {
                         function,
@@ -274,10 +292,10 @@ impl Profile {
                         file,
                         line,
                     },
-                    samples,
-                    share: samples as f64 / total,
-                    total: total_samples,
-                    total_share: total_samples as f64 / total,
+                    samples: a.own,
+                    share: a.own as f64 / all,
+                    total: a.total,
+                    total_share: a.total as f64 / all,
                 }
             })
             .collect();
@@ -289,6 +307,70 @@ impl Profile {
         });
         ranked.truncate(limit);
         ranked
+    }
+}
+
+type LineKey = (Option<String>, Option<u32>);
+
+/// Resolves each distinct place once per ranking and numbers the functions,
+/// so stacks are counted with integer keys (the dashboard ranks every
+/// second).
+struct Interner<'p, F> {
+    resolve: F,
+    places: HashMap<&'p Place, (usize, LineKey)>,
+    functions: HashMap<(String, String), usize>,
+    kernel: Option<usize>,
+}
+
+impl<'p, F: FnMut(&Place) -> Frame> Interner<'p, F> {
+    fn new(resolve: F) -> Self {
+        Self {
+            resolve,
+            places: HashMap::new(),
+            functions: HashMap::new(),
+            kernel: None,
+        }
+    }
+
+    fn function(&mut self, key: (String, String)) -> usize {
+        let next = self.functions.len();
+        *self.functions.entry(key).or_insert(next)
+    }
+
+    fn place(&mut self, place: &'p Place) -> (usize, LineKey) {
+        if let Some(hit) = self.places.get(place) {
+            return hit.clone();
+        }
+        let frame = (self.resolve)(place);
+        let f = self.function((frame.function, frame.module));
+        let hit = (f, (frame.file, frame.line));
+        self.places.insert(place, hit.clone());
+        hit
+    }
+
+    fn at(&mut self, at: &'p SampleAt) -> (usize, LineKey) {
+        match at {
+            SampleAt::User(place) => self.place(place),
+            SampleAt::Kernel => {
+                let f = match self.kernel {
+                    Some(f) => f,
+                    None => {
+                        let k = Frame::kernel();
+                        let f = self.function((k.function, k.module));
+                        self.kernel = Some(f);
+                        f
+                    }
+                };
+                (f, (None, None))
+            }
+        }
+    }
+
+    /// The function keys, indexed by their numbers.
+    fn into_keys(self) -> Vec<(String, String)> {
+        let mut keys: Vec<((String, String), usize)> = self.functions.into_iter().collect();
+        keys.sort_by_key(|(_, i)| *i);
+        keys.into_iter().map(|(k, _)| k).collect()
     }
 }
 
@@ -365,46 +447,59 @@ mod tests {
         assert!(hot.iter().any(|h| h.frame.function == "[kernel]"));
         assert_eq!(p.hot_functions(1, resolve).len(), 1);
         assert_eq!(p.threads()[&1].samples, 7);
-        assert_eq!(p.stacks()[&1], 10);
+        assert_eq!(p.stack_samples(1), 10);
         assert_eq!(p.user_places().count(), 3);
     }
 
     #[test]
     fn total_time_comes_from_stacks() {
         let mut p = Profile::new();
-        // Stack 1: spin (0x110) called from idle (0x300); stack 2: idle alone.
+        let sample = |at: SampleAt, stack_id| Sample {
+            time_ns: 0,
+            tid: 1,
+            at,
+            stack_id,
+        };
+        // 6 samples in spin (0x110) whose callers are idle, recursively.
         for _ in 0..6 {
-            p.add_sample(Sample {
-                time_ns: 0,
-                tid: 1,
-                at: at(0x110),
-                stack_id: Some(1),
-            });
+            p.add_sample(sample(at(0x110), Some(1)));
         }
+        // 4 samples in idle itself, called from idle (its own stack).
         for _ in 0..4 {
-            p.add_sample(Sample {
-                time_ns: 0,
-                tid: 1,
-                at: at(0x300),
-                stack_id: Some(2),
-            });
+            p.add_sample(sample(at(0x300), Some(2)));
         }
-        assert_eq!(p.unread_stacks().len(), 2);
+        // 5 samples in spin without a stack, 2 with a stack never read, and
+        // one in the kernel whose user stack is idle.
+        for _ in 0..5 {
+            p.add_sample(sample(at(0x120), None));
+        }
+        p.add_sample(sample(at(0x130), Some(3)));
+        p.add_sample(sample(at(0x130), Some(3)));
+        p.add_sample(sample(SampleAt::Kernel, Some(4)));
+        assert_eq!(p.unread_stacks(), vec![1, 2, 3, 4]);
         let place = |o| Place::File {
             path: Arc::from("/bin/w"),
             file_offset: o,
         };
-        // A recursive caller appears twice on the stack but counts once.
-        p.set_stack(1, vec![place(0x110), place(0x310), place(0x320)]);
-        p.set_stack(2, vec![place(0x300)]);
-        assert!(p.unread_stacks().is_empty());
+        // Stacks start at the caller; a recursive caller counts once.
+        p.set_stack(1, vec![place(0x310), place(0x320)]);
+        p.set_stack(2, vec![place(0x330)]);
+        p.set_stack(4, vec![place(0x340)]);
+        assert_eq!(p.unread_stacks(), vec![3]);
         let hot = p.hot_functions(10, resolve);
         let get = |f: &str| hot.iter().find(|h| h.frame.function == f).unwrap().clone();
-        assert_eq!((get("spin").samples, get("spin").total), (6, 6));
-        assert_eq!((get("idle").samples, get("idle").total), (4, 10));
-        // A caller without self time is listed after those with, with its
+        // spin: 6 + 5 + 2 samples of its own; nothing calls into it here.
+        assert_eq!((get("spin").samples, get("spin").total), (13, 13));
+        // idle: 4 own; on the stack of 6 spin samples and 1 kernel sample.
+        assert_eq!((get("idle").samples, get("idle").total), (4, 11));
+        assert_eq!((get("[kernel]").samples, get("[kernel]").total), (1, 1));
+        // Totals never undercount: every sample counts for its own function.
+        assert!(hot.iter().all(|h| h.total >= h.samples));
+        assert!((get("idle").total_share - 11.0 / 18.0).abs() < 1e-9);
+
+        // A caller without self time is listed after the rest, at its
         // call-site line.
-        p.set_stack(1, vec![place(0x110), place(0x010)]);
+        p.set_stack(1, vec![place(0x010)]);
         let hot = p.hot_functions(10, |pl| match pl {
             Place::File {
                 file_offset: 0x010, ..

@@ -118,14 +118,15 @@ impl Collector {
 
     /// Reads the frames of newly seen user stacks with `read` (a stack-map
     /// lookup) and resolves them to places now, while the map is current.
-    /// Return addresses are resolved at `ip - 1`, the call instruction.
+    /// Frames are return addresses, resolved at `ip - 1`, the call.
     pub fn read_stacks(&mut self, mut read: impl FnMut(u32) -> Option<Vec<u64>>) {
         for id in self.profile.unread_stacks() {
             let Some(ips) = read(id) else { continue };
+            // Every frame is a return address (the sampled instruction is
+            // not in the stack): resolve the call instruction before it.
             let places = ips
                 .iter()
-                .enumerate()
-                .map(|(i, &ip)| self.place(if i == 0 { ip } else { ip.saturating_sub(1) }))
+                .map(|&ip| self.place(ip.saturating_sub(1)))
                 .collect();
             self.profile.set_stack(id, places);
         }
@@ -174,16 +175,24 @@ impl Collector {
                 parent: ev.parent_tid,
                 time_ns: ev.time_ns,
             },
-            TASK_EXIT => ThreadEvent::Exited {
-                tid: ev.tid,
-                time_ns: ev.time_ns,
-            },
+            TASK_EXIT => {
+                // The kernel sends the final name: short-lived threads may
+                // already be gone from /proc.
+                let comm = ev.comm_str();
+                if !comm.is_empty() {
+                    self.names.insert(ev.tid, comm.to_string());
+                }
+                ThreadEvent::Exited {
+                    tid: ev.tid,
+                    time_ns: ev.time_ns,
+                }
+            }
             TASK_EXEC => {
                 // A new program image: keep the old map for late samples of
                 // the old image; the thread has the new program's name.
                 self.before_exec = Some((ev.time_ns, self.maps.clone()));
                 self.refresh_maps();
-                self.names.clear();
+                // Other threads are gone; their names stay for the report.
                 self.learn_name(ev.tid);
                 self.profile.add_thread_event(ThreadEvent::Exec {
                     tid: ev.tid,
@@ -247,7 +256,7 @@ fn thread_name(pid: u32, tid: u32) -> Option<String> {
 
 /// The command line of a process, space-separated.
 pub fn command_line(pid: u32) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let raw = procmaps::read_proc(pid, "cmdline").ok()?;
     let parts: Vec<String> = raw
         .split(|&b| b == 0)
         .filter(|p| !p.is_empty())
@@ -284,7 +293,7 @@ mod tests {
         });
         assert_eq!(c.profile.samples(), 2);
         assert_eq!(c.profile.kernel_samples(), 1);
-        assert_eq!(c.profile.stacks().get(&3), Some(&1));
+        assert_eq!(c.profile.stack_samples(3), 1);
         let places: Vec<_> = c.profile.user_places().cloned().collect();
         assert!(
             matches!(places.as_slice(), [Place::File { .. }]),
@@ -304,6 +313,7 @@ mod tests {
             tid: 999_999,
             tgid: me,
             parent_tid: me,
+            comm: [0; 16],
         });
         assert_eq!(c.profile.threads()[&999_999].created_by, Some(me));
         c.on_task(&TaskEvent {
@@ -312,6 +322,7 @@ mod tests {
             tid: 999_999,
             tgid: me,
             parent_tid: 0,
+            comm: [0; 16],
         });
         assert!(c.profile.threads()[&999_999].exited);
         c.on_task(&TaskEvent {
@@ -320,6 +331,7 @@ mod tests {
             tid: 1,
             tgid: me,
             parent_tid: 0,
+            comm: [0; 16],
         });
         assert!(!c.profile.threads().contains_key(&1));
     }
@@ -347,6 +359,7 @@ mod tests {
             tid: me,
             tgid: me,
             parent_tid: 0,
+            comm: [0; 16],
         });
         assert_eq!(
             c.profile.samples(),

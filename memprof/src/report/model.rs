@@ -51,8 +51,8 @@ pub struct Sampling {
     pub lost: u64,
     /// Thread creation/exit/exec events lost the same way.
     pub lost_thread_events: u64,
-    /// Samples whose user stack could not be recorded (no stack, or the
-    /// stack map full); they count in self time but not in total time.
+    /// Samples whose user stack was lost to a full stack map; they count
+    /// for their own function but not for its callers' total time.
     pub stack_errors: u64,
     /// Samples taken while the thread was in the kernel.
     pub kernel_samples: u64,

@@ -19,6 +19,19 @@ use crate::error::{Error, Result};
 /// the pipe's read-end file descriptor.
 pub const GATE_ENV: &str = "MEMPROF_EBPF_EXEC_GATE";
 
+/// Where a launched command's output goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Output {
+    /// Our own stdin, stdout and stderr.
+    #[default]
+    Inherit,
+    /// stdout and stderr to this file, stdin from /dev/null: under the
+    /// dashboard, so it cannot draw over the screen or take its keys.
+    File(PathBuf),
+    /// stdout to our stderr: when our stdout carries the JSON report.
+    StdoutToStderr,
+}
+
 /// A launched command, held at the gate until [`Launched::release`].
 ///
 /// Dropping it kills the command if it is still running, so no error path
@@ -32,10 +45,8 @@ pub struct Launched {
 }
 
 impl Launched {
-    /// Starts `command` behind the gate. With `output`, its standard input
-    /// is /dev/null and its output goes to that file (so it does not draw
-    /// over the dashboard or compete for its keys).
-    pub fn spawn(command: &[String], output: Option<&Path>) -> Result<Self> {
+    /// Starts `command` behind the gate, its output going to `output`.
+    pub fn spawn(command: &[String], output: &Output) -> Result<Self> {
         let program = command
             .first()
             .ok_or_else(|| Error::Usage("no command given after --".into()))?;
@@ -50,15 +61,22 @@ impl Launched {
         cmd.args(command)
             .env(GATE_ENV, read_end.as_raw_fd().to_string())
             .kill_on_drop(true);
-        if let Some(path) = output {
-            let file = std::fs::File::create(path).map_err(|e| Error::LaunchFailed {
-                command: display.clone(),
-                reason: format!("cannot create {} for its output: {e}", path.display()),
-            })?;
-            cmd.stdin(std::process::Stdio::null())
-                .stdout(file.try_clone().map_err(|e| anyhow::anyhow!("{e}"))?)
-                .stderr(file);
+        match output {
+            Output::Inherit => {}
+            Output::File(path) => {
+                let file = std::fs::File::create(path).map_err(|e| Error::LaunchFailed {
+                    command: display.clone(),
+                    reason: format!("cannot create {} for its output: {e}", path.display()),
+                })?;
+                cmd.stdin(std::process::Stdio::null())
+                    .stdout(file.try_clone().map_err(|e| anyhow::anyhow!("{e}"))?)
+                    .stderr(file);
+            }
+            Output::StdoutToStderr => {
+                cmd.stdout(std::io::stderr());
+            }
         }
+
         let child = cmd.spawn().map_err(|e| Error::LaunchFailed {
             command: display,
             reason: e.to_string(),

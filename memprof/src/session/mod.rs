@@ -52,8 +52,8 @@ pub struct Options {
     pub target: TargetSpec,
     pub duration: Option<Duration>,
     pub frequency_hz: u64,
-    /// Where a launched command's output goes while the dashboard is up.
-    pub command_output: Option<std::path::PathBuf>,
+    /// Where a launched command's output goes.
+    pub command_output: launch::Output,
 }
 
 /// Why tracing stopped.
@@ -90,11 +90,12 @@ impl TargetHandle {
                 let _ = fd.readable().await;
             }
             TargetHandle::Attached { pid, exit: None } => loop {
-                // No pidfd support: poll.
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                // No pidfd support: poll. Check first: the event loop
+                // re-creates this future more often than it sleeps.
                 if !Path::new(&format!("/proc/{pid}")).exists() {
                     return;
                 }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             },
             TargetHandle::Launched(l) => l.wait().await,
         }
@@ -213,12 +214,11 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
             (TargetHandle::Attached { pid: tgid, exit }, command)
         }
         TargetSpec::Command(cmd) => {
-            let output = opts.command_output.as_deref();
-            if let Some(path) = output {
+            if let launch::Output::File(path) = &opts.command_output {
                 notes.push(format!("the command's output went to {}", path.display()));
             }
             (
-                TargetHandle::Launched(Launched::spawn(cmd, output)?),
+                TargetHandle::Launched(Launched::spawn(cmd, &opts.command_output)?),
                 cmd.join(" "),
             )
         }
@@ -316,6 +316,11 @@ impl Live {
                     // samples taken after them are read.
                     drain_tasks(self.tasks.get_mut(), &mut self.collector);
                     drain_samples(self.samples.get_mut(), &mut self.collector);
+                    // Soon after sampling, so the stack is read against the
+                    // memory map it was taken in.
+                    if let Some(probes) = &self.probes {
+                        self.collector.read_stacks(|id| probes.stack(id));
+                    }
                 }
                 _ = self.target.exited() => {
                     self.target_exited = true;
@@ -331,7 +336,6 @@ impl Live {
                 _ = tick.tick() => {
                     if let Some(probes) = &mut self.probes {
                         probes.flush_logs();
-                        self.collector.read_stacks(|id| probes.stack(id));
                     }
                     self.collector.settle();
                     if let Some(d) = dashboard.as_deref_mut() {
@@ -430,6 +434,12 @@ impl Live {
             notes.push(format!(
                 "{lost_samples} samples and {} thread events were lost (ring buffer full or busy)",
                 counters.task_events_lost
+            ));
+        }
+        if counters.stack_errors * 100 > profile.samples() {
+            notes.push(format!(
+                "{} samples lost their user stack (stack map full): total times are low",
+                counters.stack_errors
             ));
         }
         // A launched command's first exec is the gate becoming the command.

@@ -100,17 +100,28 @@ pub fn check_pid(root: &Path, pid: u32) -> Result<u32> {
             .find_map(|l| l.strip_prefix(name))
             .map(str::trim)
     };
-    // A zombie has exited already; only its exit status is left.
-    if matches!(
+    // A zombie has exited already; only its exit status is left. (A
+    // process whose main thread called pthread_exit shows its leader as a
+    // zombie while its other threads run: that one is alive.)
+    let zombie = matches!(
         field("State:").and_then(|s| s.chars().next()),
         Some('Z' | 'X')
-    ) {
+    );
+    let other_threads = std::fs::read_dir(dir.join("task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name() != *pid.to_string())
+                .count()
+        })
+        .unwrap_or(0);
+    if zombie && other_threads == 0 {
         return Err(Error::NoSuchProcess { pid });
     }
     // Kernel threads have no user address space (and say Kthread: 1).
-    let has_user_memory = std::fs::read_to_string(dir.join("maps"))
-        .map(|m| !m.is_empty())
-        .unwrap_or(true);
+    let has_user_memory = zombie
+        || std::fs::read_to_string(dir.join("maps"))
+            .map(|m| !m.is_empty())
+            .unwrap_or(true);
     if field("Kthread:") == Some("1") || !has_user_memory {
         return Err(Error::Usage(format!(
             "process {pid} is a kernel thread; memprof-ebpf traces user processes"
@@ -195,6 +206,15 @@ mod tests {
                 "Name:\tx\nState:\tS (sleeping)\nTgid:\t7\n",
             ),
             ("proc/9/status", "Name:\tx\nState:\tZ (zombie)\nTgid:\t9\n"),
+            ("proc/9/task/9/stat", ""),
+            // Leader exited with pthread_exit; thread 12 still runs.
+            ("proc/11/maps", MAPS),
+            (
+                "proc/11/status",
+                "Name:\tx\nState:\tZ (zombie)\nTgid:\t11\n",
+            ),
+            ("proc/11/task/11/stat", ""),
+            ("proc/11/task/12/stat", ""),
             ("proc/2/maps", ""),
             (
                 "proc/2/status",
@@ -209,6 +229,11 @@ mod tests {
             "a thread resolves to its process"
         );
         assert_eq!(code(9), crate::error::exit_code::NO_SUCH_PROCESS, "zombie");
+        assert_eq!(
+            check_pid(root.path(), 11).unwrap(),
+            11,
+            "zombie leader, live threads"
+        );
         assert_eq!(code(10), crate::error::exit_code::NO_SUCH_PROCESS);
         assert_eq!(code(0), crate::error::exit_code::NO_SUCH_PROCESS);
         assert_eq!(code(2), crate::error::exit_code::USAGE);
