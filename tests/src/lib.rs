@@ -272,6 +272,23 @@ pub fn finish(child: Child, start: Instant, limit: Duration) -> ToolRun {
     }
 }
 
+/// Runs the tool with `args` and `--json FILE`, expects success, and
+/// returns the run with its parsed report.
+pub fn trace(name: &str, args: &[&str]) -> (ToolRun, serde_json::Value) {
+    let json = report_path(name);
+    let mut all = vec!["--json", json.to_str().expect("UTF-8 path")];
+    all.extend_from_slice(args);
+    let run = run_tool(&all, Duration::from_secs(60));
+    assert_eq!(
+        run.code(),
+        0,
+        "memprof-ebpf {args:?} failed: {}",
+        run.stderr
+    );
+    let report = read_report(&json);
+    (run, report)
+}
+
 /// Reads and parses a JSON report.
 pub fn read_report(path: &Path) -> serde_json::Value {
     let text =

@@ -45,21 +45,7 @@ fn launch_names_the_hot_function_with_file_and_line() {
         return;
     }
     let spin = build_workload("spin", Variant::Debug).unwrap();
-    let json = report_path("launch");
-    let run = run_tool(
-        &[
-            "--json",
-            json.to_str().unwrap(),
-            "--",
-            spin.to_str().unwrap(),
-            "time",
-            "2",
-            "2",
-        ],
-        LIMIT,
-    );
-    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
+    let (run, report) = trace("launch", &["--", spin.to_str().unwrap(), "time", "2", "2"]);
     assert_hot(&report, "spin_worker");
     assert_eq!(
         report["target"]["exited"], true,
@@ -144,20 +130,7 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
     // (attaching takes about 0.2 s).
     let mut target = start_spin(&["time", "1", "8", "2500"]);
     let pid = target.pid().to_string();
-    let json = report_path("attach");
-    let run = run_tool(
-        &[
-            "-p",
-            &pid,
-            "--duration",
-            "4s",
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        LIMIT,
-    );
-    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
+    let (run, report) = trace("attach", &["-p", &pid, "--duration", "4s"]);
 
     assert_eq!(report["target"]["pid"].as_u64().unwrap().to_string(), pid);
     assert_eq!(report["target"]["exited"], false);
@@ -302,21 +275,10 @@ fn stripped_binary_degrades_to_module_and_offset() {
         return;
     }
     let spin = build_workload("spin", Variant::Stripped).unwrap();
-    let json = report_path("stripped");
-    let run = run_tool(
-        &[
-            "--json",
-            json.to_str().unwrap(),
-            "--",
-            spin.to_str().unwrap(),
-            "time",
-            "2",
-            "1.5",
-        ],
-        LIMIT,
+    let (_, report) = trace(
+        "stripped",
+        &["--", spin.to_str().unwrap(), "time", "2", "1.5"],
     );
-    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
     let top = &report["hot_functions"][0];
     assert_eq!(top["module"], "spin-stripped");
     let function = top["function"].as_str().unwrap();
@@ -334,21 +296,10 @@ fn static_binary_is_symbolized() {
         return;
     }
     let spin = build_workload("spin", Variant::Static).unwrap();
-    let json = report_path("static");
-    let run = run_tool(
-        &[
-            "--json",
-            json.to_str().unwrap(),
-            "--",
-            spin.to_str().unwrap(),
-            "time",
-            "2",
-            "1.5",
-        ],
-        LIMIT,
+    let (_, report) = trace(
+        "static",
+        &["--", spin.to_str().unwrap(), "time", "2", "1.5"],
     );
-    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
     assert_hot(&report, "spin_worker");
 }
 
@@ -482,18 +433,7 @@ fn exec_is_followed_into_the_new_program() {
     std::fs::copy(&spin, &next).unwrap();
     let mut target = TestProcess::spawn(&spin, &["chain", "1.5", next.to_str().unwrap()]);
     target.wait_ready();
-    let json = report_path("exec");
-    let run = run_tool(
-        &[
-            "-p",
-            &target.pid().to_string(),
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        LIMIT,
-    );
-    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
+    let (_, report) = trace("exec", &["-p", &target.pid().to_string()]);
     assert_eq!(report["target"]["exited"], true);
     let notes = report["notes"].to_string();
     assert!(notes.contains("exec 1 time"), "notes: {notes}");
@@ -537,20 +477,7 @@ fn short_lived_threads_keep_their_names() {
     // Five threads of ~50 ms each, one after another: gone from /proc long
     // before the loader drains their samples.
     let spin = build_workload("spin", Variant::Debug).unwrap();
-    let json = report_path("burst");
-    let run = run_tool(
-        &[
-            "--json",
-            json.to_str().unwrap(),
-            "--",
-            spin.to_str().unwrap(),
-            "burst",
-            "5",
-        ],
-        LIMIT,
-    );
-    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
+    let (_, report) = trace("burst", &["--", spin.to_str().unwrap(), "burst", "5"]);
     let threads = report["threads"].as_array().unwrap();
     for i in 0..5 {
         let name = format!("burst-{i}");
@@ -576,20 +503,7 @@ fn a_thread_id_attaches_to_its_whole_process() {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .find(|&t| t != pid)
         .expect("a second thread");
-    let json = report_path("tid");
-    let run = run_tool(
-        &[
-            "-p",
-            &tid.to_string(),
-            "--duration",
-            "2s",
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        LIMIT,
-    );
-    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
+    let (_, report) = trace("tid", &["-p", &tid.to_string(), "--duration", "2s"]);
     assert_eq!(
         report["target"]["pid"], pid,
         "traces the process of the thread"
