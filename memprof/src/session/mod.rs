@@ -225,20 +225,14 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
     };
     let pid = target.pid();
 
-    let attached = Probes::attach(
+    // On any error from here on, dropping `target` kills a launched command
+    // (kill_on_drop), so it never runs on untraced.
+    let mut probes = Probes::attach(
         pid,
         &tracefs_dir,
         opts.frequency_hz,
         preflight::has_hardware_pmu(root),
-    );
-    let mut probes = match attached {
-        Ok(p) => p,
-        Err(e) => {
-            // Dropping a launched command's handle kills it.
-            drop(target);
-            return Err(e);
-        }
-    };
+    )?;
     let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
     let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
     let mut collector = Collector::new(pid);
