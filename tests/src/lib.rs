@@ -61,6 +61,13 @@ pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
         Variant::Static => "-static",
     };
     let out = workload_dir().join(format!("{name}{suffix}"));
+    // Build beside it and rename over it: the old file may be running
+    // (writing to a running executable fails with ETXTBSY; renaming works).
+    let tmp = workload_dir().join(format!(
+        ".{name}{suffix}.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     let mut cc = Command::new("gcc");
     cc.args([
         "-g",
@@ -70,15 +77,16 @@ pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
         "-Wall",
         "-o",
     ])
-    .arg(&out)
+    .arg(&tmp)
     .arg(&src);
     if variant == Variant::Static {
         cc.arg("-static");
     }
     run_ok(&mut cc)?;
     if variant == Variant::Stripped {
-        run_ok(Command::new("strip").arg(&out))?;
+        run_ok(Command::new("strip").arg(&tmp))?;
     }
+    std::fs::rename(&tmp, &out)?;
     Ok(out)
 }
 
@@ -161,8 +169,14 @@ pub struct TestProcess {
 impl TestProcess {
     /// Starts `program args` with stdout piped.
     pub fn spawn(program: &Path, args: &[&str]) -> Self {
+        Self::spawn_env(program, args, &[])
+    }
+
+    /// Starts `program args` with extra environment variables.
+    pub fn spawn_env(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

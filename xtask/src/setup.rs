@@ -23,6 +23,9 @@ const PACKAGES: &[&str] = &[
     "binutils",        // strip, for the stripped-binary test
     "tmux",            // drives the dashboard in its test
     "util-linux",      // setpriv, for the unprivileged-run test
+    "libjemalloc2",    // allocators the allocator tests preload
+    "libtcmalloc-minimal4",
+    "libmimalloc2.0",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const TOOLCHAIN: &str = "memprof-bpf";

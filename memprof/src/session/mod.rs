@@ -3,6 +3,7 @@
 //! Data flows one way: probes → [`crate::collect`] → [`crate::analysis`] →
 //! [`crate::report`] → (dashboard | summary | JSON).
 
+pub mod allocator;
 pub mod launch;
 pub mod preflight;
 pub mod probes;
