@@ -4,6 +4,7 @@
 //! [`crate::report`] → (dashboard | summary | JSON).
 
 pub mod allocator;
+pub mod budget;
 pub mod launch;
 pub mod preflight;
 pub mod probes;
