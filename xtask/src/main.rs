@@ -218,3 +218,25 @@ fn demo() -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::count_before;
+
+    #[test]
+    fn reads_libtest_result_lines() {
+        let ok =
+            "ok. 8 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 17.55s";
+        assert_eq!(
+            (count_before(ok, " passed"), count_before(ok, " failed")),
+            (8, 0)
+        );
+        let bad =
+            "FAILED. 43 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.38s";
+        assert_eq!(
+            (count_before(bad, " passed"), count_before(bad, " failed")),
+            (43, 1)
+        );
+        assert_eq!(count_before("garbage", " passed"), 0);
+    }
+}
