@@ -214,9 +214,17 @@ impl Collector {
         self.profile.add_thread_event(event);
     }
 
+    /// Reads a thread's name. A thread already gone keeps an empty name
+    /// (or the one it had), so its later samples do not retry the read:
+    /// on_sample only reads names it has no entry for.
     fn learn_name(&mut self, tid: u32) {
-        if let Some(name) = thread_name(self.pid, tid) {
-            self.names.insert(tid, name);
+        match thread_name(self.pid, tid) {
+            Some(name) => {
+                self.names.insert(tid, name);
+            }
+            None => {
+                self.names.entry(tid).or_default();
+            }
         }
     }
 
@@ -420,6 +428,39 @@ mod tests {
             paths.iter().any(|p| p != "/old/program"),
             "sample after the exec: current image"
         );
+    }
+
+    #[test]
+    fn a_thread_gone_before_its_samples_is_looked_up_once() {
+        let me = std::process::id();
+        let mut c = Collector::new(me);
+        let gone = u32::MAX - 7;
+        let ip = a_thread_gone_before_its_samples_is_looked_up_once as *const () as u64;
+        c.on_sample(&SampleEvent {
+            time_ns: 1,
+            ip,
+            tid: gone,
+            cpu: 0,
+            stack_id: -1,
+            flags: 0,
+        });
+        assert_eq!(
+            c.names.get(&gone).map(String::as_str),
+            Some(""),
+            "remembered as unknown"
+        );
+        // Its exit event brings the real name from the kernel.
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"late");
+        c.on_task(&TaskEvent {
+            time_ns: 2,
+            kind: TASK_EXIT,
+            tid: gone,
+            tgid: me,
+            parent_tid: 0,
+            comm,
+        });
+        assert_eq!(c.names.get(&gone).map(String::as_str), Some("late"));
     }
 
     #[test]
