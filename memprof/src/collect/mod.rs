@@ -96,10 +96,6 @@ impl Collector {
         place
     }
 
-    pub fn maps(&self) -> &ProcMaps {
-        &self.maps
-    }
-
     /// Counts only samples from the next `exec` on (a launched command,
     /// whose process runs our gate until then).
     pub fn start_at_exec(&mut self) {

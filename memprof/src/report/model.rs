@@ -236,6 +236,18 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn source_labels() {
+        let mut h = sample_report().hot_functions[0].clone();
+        h.file = None;
+        h.line = None;
+        assert_eq!(h.source_label(), "(work)");
+        h.file = Some("/src/app/main.c".into());
+        assert_eq!(h.source_label(), "main.c");
+        h.line = Some(42);
+        assert_eq!(h.source_label(), "main.c:42");
+    }
+
+    #[test]
     fn loader_measures_itself() {
         let l = Loader::measure(1.0);
         assert!(l.peak_rss_bytes > 0);

@@ -426,7 +426,7 @@ impl Live {
             notes.push(format!("the target exited after {duration_s:.1} s"));
         }
         let lost_samples = counters.samples_lost + self.collector.dropped;
-        if lost_samples + counters.task_events_lost > 0 {
+        if counters.lost() + self.collector.dropped > 0 {
             notes.push(format!(
                 "{lost_samples} samples and {} thread events were lost (ring buffer full or busy)",
                 counters.task_events_lost

@@ -57,16 +57,6 @@ impl Frame {
             line: None,
         }
     }
-
-    /// `file:line` with the file's last component only, for display.
-    pub fn short_source(&self) -> Option<String> {
-        let file = self.file.as_deref()?;
-        let name = short_name(file);
-        Some(match self.line {
-            Some(line) => format!("{name}:{line}"),
-            None => name.to_string(),
-        })
-    }
 }
 
 /// A data address inside a global or static variable.
@@ -216,16 +206,6 @@ mod tests {
             Frame::unknown(&Place::Unmapped { address: 1 }).function,
             "[unmapped]"
         );
-    }
-
-    #[test]
-    fn short_source() {
-        let mut f = Frame::kernel();
-        assert_eq!(f.short_source(), None);
-        f.file = Some("/src/app/main.c".into());
-        assert_eq!(f.short_source().as_deref(), Some("main.c"));
-        f.line = Some(42);
-        assert_eq!(f.short_source().as_deref(), Some("main.c:42"));
     }
 
     #[test]
