@@ -22,8 +22,65 @@ pub mod programs {
     /// `sched:sched_process_exec`: the target called `execve`.
     pub const TASK_EXEC: &str = "mp_task_exec";
 
+    /// uprobe at an allocator entry point; the operation is the attach
+    /// cookie ([`crate::alloc_op`]).
+    pub const ALLOC_ENTER: &str = "mp_alloc_enter";
+    /// uretprobe at the same entry points.
+    pub const ALLOC_EXIT: &str = "mp_alloc_exit";
+    /// Programs that do nothing, attached like the two above to measure
+    /// the cost of the traps alone (`--alloc-mode floor`, for benchmarks).
+    pub const ALLOC_FLOOR_ENTER: &str = "mp_alloc_floor";
+    pub const ALLOC_FLOOR_EXIT: &str = "mp_alloc_flret";
+    /// Syscall tracepoints (`syscalls:sys_{enter,exit}_NAME`), in
+    /// [`crate::syscall`] order.
+    pub const SYSCALL_ENTER: [&str; 6] = [
+        "mp_sc_mmap_in",
+        "mp_sc_unmap_in",
+        "mp_sc_remap_in",
+        "mp_sc_madv_in",
+        "mp_sc_brk_in",
+        "mp_sc_mprot_in",
+    ];
+    pub const SYSCALL_EXIT: [&str; 6] = [
+        "mp_sc_mmap_out",
+        "mp_sc_unmap_out",
+        "mp_sc_remap_out",
+        "mp_sc_madv_out",
+        "mp_sc_brk_out",
+        "mp_sc_mprot_out",
+    ];
+    /// `exceptions:page_fault_user`.
+    pub const PAGE_FAULT: &str = "mp_page_fault";
+    /// `mmap_lock:mmap_lock_start_locking` / `mmap_lock_acquire_returned`.
+    pub const MMAP_LOCK_START: &str = "mp_mmlock_start";
+    pub const MMAP_LOCK_DONE: &str = "mp_mmlock_done";
+
     /// All of them, for checks that nothing is left loaded.
-    pub const ALL: [&str; 4] = [CPU_SAMPLE, TASK_NEW, TASK_EXIT, TASK_EXEC];
+    pub const ALL: [&str; 23] = [
+        CPU_SAMPLE,
+        TASK_NEW,
+        TASK_EXIT,
+        TASK_EXEC,
+        ALLOC_ENTER,
+        ALLOC_EXIT,
+        ALLOC_FLOOR_ENTER,
+        ALLOC_FLOOR_EXIT,
+        SYSCALL_ENTER[0],
+        SYSCALL_ENTER[1],
+        SYSCALL_ENTER[2],
+        SYSCALL_ENTER[3],
+        SYSCALL_ENTER[4],
+        SYSCALL_ENTER[5],
+        SYSCALL_EXIT[0],
+        SYSCALL_EXIT[1],
+        SYSCALL_EXIT[2],
+        SYSCALL_EXIT[3],
+        SYSCALL_EXIT[4],
+        SYSCALL_EXIT[5],
+        PAGE_FAULT,
+        MMAP_LOCK_START,
+        MMAP_LOCK_DONE,
+    ];
 }
 
 /// Map names.
@@ -36,6 +93,14 @@ pub mod maps {
     pub const STACKS: &str = "STACKS";
     /// Per-CPU `u64` counters indexed by [`crate::counter`].
     pub const COUNTERS: &str = "COUNTERS";
+    /// Ring buffer of [`crate::AllocEvent`] and [`crate::SyscallEvent`]
+    /// (one ring, so a block's allocation is always read before its free).
+    pub const ALLOC_EVENTS: &str = "ALLOC_EVENTS";
+    /// `u64` array: [`crate::ALLOC_CTL_GENERATION`] (bumped by the loader
+    /// per window).
+    pub const ALLOC_CTL: &str = "ALLOC_CTL";
+    /// Per-thread kernel-side statistics ([`crate::KernelStats`]).
+    pub const KERNEL_STATS: &str = "KERNEL_STATS";
 }
 
 /// Names of the load-time globals (`EbpfLoader::set_global`).
@@ -46,6 +111,14 @@ pub mod globals {
     pub const NEWTASK_PID_OFFSET: &str = "NEWTASK_PID_OFFSET";
     /// `u32`: offset of `clone_flags` in the `task:task_newtask` record.
     pub const NEWTASK_FLAGS_OFFSET: &str = "NEWTASK_FLAGS_OFFSET";
+    /// `u32`: 1 when the allocator keeps glibc's chunk header at `ptr - 8`
+    /// (then the programs read it for the usable size and class).
+    pub const ALLOC_GLIBC_HEADER: &str = "ALLOC_GLIBC_HEADER";
+    /// `u32`: offset of the first argument in `syscalls:sys_enter_*`
+    /// records (arguments follow, 8 bytes each).
+    pub const SYSCALL_ARGS_OFFSET: &str = "SYSCALL_ARGS_OFFSET";
+    /// `u32`: offset of `ret` in `syscalls:sys_exit_*` records.
+    pub const SYSCALL_RET_OFFSET: &str = "SYSCALL_RET_OFFSET";
 }
 
 /// Byte size of the sample ring buffer (a power of two, page multiple).
@@ -81,8 +154,154 @@ pub mod counter {
     /// Samples whose user stack was lost to a full or colliding stack map
     /// (not those with no caller frames to walk).
     pub const STACK_ERRORS: u32 = 3;
+    /// Allocator and syscall events dropped (ring buffer full).
+    pub const ALLOC_EVENTS_LOST: u32 = 4;
+    /// Allocator calls whose per-thread state could not be stored.
+    pub const ALLOC_STATE_ERRORS: u32 = 5;
+    /// Allocator calls seen at entry (whether or not their event made it),
+    /// per operation: `ALLOC_OP_CALLS + op`.
+    pub const ALLOC_OP_CALLS: u32 = 6;
     /// Number of counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = ALLOC_OP_CALLS + crate::alloc_op::COUNT;
+}
+
+/// Allocator operations, passed as the uprobe attach cookie.
+pub mod alloc_op {
+    pub const MALLOC: u32 = 0;
+    pub const CALLOC: u32 = 1;
+    pub const REALLOC: u32 = 2;
+    pub const REALLOCARRAY: u32 = 3;
+    pub const FREE: u32 = 4;
+    pub const POSIX_MEMALIGN: u32 = 5;
+    pub const ALIGNED_ALLOC: u32 = 6;
+    pub const MEMALIGN: u32 = 7;
+    pub const VALLOC: u32 = 8;
+    pub const PVALLOC: u32 = 9;
+    /// C++ `operator new(size_t)` / `new[]`, probed when the allocator
+    /// defines them itself (they do not call `malloc` then).
+    pub const NEW: u32 = 10;
+    pub const NEW_ARRAY: u32 = 11;
+    pub const DELETE: u32 = 12;
+    pub const DELETE_ARRAY: u32 = 13;
+    /// Number of operations.
+    pub const COUNT: u32 = 14;
+
+    /// The C symbol of each operation, indexed by its code.
+    pub const SYMBOLS: [&str; COUNT as usize] = [
+        "malloc",
+        "calloc",
+        "realloc",
+        "reallocarray",
+        "free",
+        "posix_memalign",
+        "aligned_alloc",
+        "memalign",
+        "valloc",
+        "pvalloc",
+        "_Znwm",
+        "_Znam",
+        "_ZdlPv",
+        "_ZdaPv",
+    ];
+
+    /// Whether the operation gives a block back (its pointer is arg 0).
+    pub const fn is_free(op: u32) -> bool {
+        matches!(op, FREE | DELETE | DELETE_ARRAY)
+    }
+}
+
+/// Syscalls the allocator makes, by our code (index into
+/// [`programs::SYSCALL_ENTER`]).
+pub mod syscall {
+    pub const MMAP: u32 = 0;
+    pub const MUNMAP: u32 = 1;
+    pub const MREMAP: u32 = 2;
+    pub const MADVISE: u32 = 3;
+    pub const BRK: u32 = 4;
+    pub const MPROTECT: u32 = 5;
+    pub const COUNT: u32 = 6;
+    /// Tracepoint names (`syscalls:sys_enter_NAME`).
+    pub const NAMES: [&str; COUNT as usize] =
+        ["mmap", "munmap", "mremap", "madvise", "brk", "mprotect"];
+}
+
+/// Index in [`maps::ALLOC_CTL`] of the window generation: per-thread call
+/// state from an earlier window (whose return probe was detached) is stale.
+pub const ALLOC_CTL_GENERATION: u32 = 0;
+
+/// Byte size of the allocator event ring buffer. At 72 bytes an event,
+/// 16 MiB holds about 230k calls: more than a second of the fastest traced
+/// allocator (each call traps twice, ~3 µs) on every CPU of a small machine.
+pub const ALLOC_RING_BYTES: u32 = 16 << 20;
+/// As [`SAMPLES_WAKEUP_BYTES`], for the allocator ring.
+pub const ALLOC_WAKEUP_BYTES: u64 = (ALLOC_RING_BYTES / 4) as u64;
+/// Threads whose in-progress allocator call or syscall can be remembered.
+pub const ALLOC_THREADS_CAPACITY: u32 = 16 * 1024;
+
+/// [`AllocEvent::kind`] / [`SyscallEvent::kind`].
+pub const EVENT_ALLOC: u32 = 1;
+pub const EVENT_SYSCALL: u32 = 2;
+
+/// One allocator call, from entry to return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocEvent {
+    /// [`EVENT_ALLOC`].
+    pub kind: u32,
+    /// [`alloc_op`] code.
+    pub op: u32,
+    pub tid: u32,
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns()` at entry.
+    pub start_ns: u64,
+    /// Entry to return.
+    pub duration_ns: u64,
+    /// The block returned (allocations; 0 on failure) or given back (frees).
+    pub ptr: u64,
+    /// `realloc`'s old block.
+    pub old_ptr: u64,
+    /// Bytes requested (0 for frees).
+    pub size: u64,
+    /// glibc only: the chunk header at `ptr - 8` (size | flag bits) of a
+    /// block handed out; 0 when unknown, and for frees (not read: it costs
+    /// as much as the rest of the program, and the loader knows the block).
+    pub chunk: u64,
+    /// Return address: the instruction after the call in the caller (0
+    /// for frees).
+    pub caller: u64,
+}
+
+/// One syscall of the allocator's kind, from entry to exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallEvent {
+    /// [`EVENT_SYSCALL`].
+    pub kind: u32,
+    /// [`syscall`] code.
+    pub nr: u32,
+    pub tid: u32,
+    /// `alloc_op + 1` of the allocator call in progress on the thread, or 0.
+    pub inside: u32,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// The first four arguments.
+    pub args: [u64; 4],
+    /// Return value.
+    pub ret: i64,
+}
+
+/// Per-thread kernel-side statistics (values of [`maps::KERNEL_STATS`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    pub page_faults: u64,
+    /// Page faults while an allocator call was in progress on the thread.
+    pub page_faults_in_alloc: u64,
+    /// `mmap_lock` acquisitions that did not succeed at once.
+    pub mmap_lock_waits: u64,
+    pub mmap_lock_wait_ns: u64,
+    /// Start of the acquisition in progress (0: none).
+    pub mmap_lock_start_ns: u64,
 }
 
 /// The CPU was executing kernel code when the sample was taken; `ip` is then
@@ -137,10 +356,16 @@ pub struct TaskEvent {
 // size is a layout change both sides must see.
 const _: () = assert!(core::mem::size_of::<SampleEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<TaskEvent>() == 40);
+const _: () = assert!(core::mem::size_of::<AllocEvent>() == 72);
+const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
+const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
+
+#[cfg(feature = "user")]
+pub use user::record_kind;
 
 #[cfg(feature = "user")]
 mod user {
-    use super::{SampleEvent, TaskEvent};
+    use super::{AllocEvent, KernelStats, SampleEvent, SyscallEvent, TaskEvent};
 
     // SAFETY: `SampleEvent` is `#[repr(C)]`, `Copy`, made only of integers,
     // and has no padding (8+8+4+4+4+4 = 32, asserted above); every bit
@@ -149,6 +374,33 @@ mod user {
     // SAFETY: as above: `#[repr(C)]`, integers and a byte array only,
     // 8+4*4+16 = 40 bytes, no padding, any bit pattern is valid.
     unsafe impl aya::Pod for TaskEvent {}
+    // SAFETY: `#[repr(C)]`, 4 u32 then 7 u64 = 72 bytes (asserted above),
+    // naturally aligned so no padding; any bit pattern is valid.
+    unsafe impl aya::Pod for AllocEvent {}
+    // SAFETY: `#[repr(C)]`, 4 u32, 2 u64, [u64; 4], i64 = 72 bytes, no
+    // padding; any bit pattern is valid.
+    unsafe impl aya::Pod for SyscallEvent {}
+    // SAFETY: `#[repr(C)]`, five u64, no padding; any bit pattern is valid.
+    unsafe impl aya::Pod for KernelStats {}
+
+    impl AllocEvent {
+        /// Decodes a ring-buffer record; `None` if it is too short.
+        pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+            read_pod(bytes)
+        }
+    }
+
+    impl SyscallEvent {
+        /// Decodes a ring-buffer record; `None` if it is too short.
+        pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+            read_pod(bytes)
+        }
+    }
+
+    /// The `kind` field every allocator-ring record starts with.
+    pub fn record_kind(bytes: &[u8]) -> Option<u32> {
+        Some(u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?))
+    }
 
     impl SampleEvent {
         /// Decodes a ring-buffer record; `None` if it is too short.

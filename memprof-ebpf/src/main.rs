@@ -6,6 +6,7 @@
 #![no_std]
 #![no_main]
 
+mod alloc;
 mod maps;
 mod sampler;
 mod threads;
