@@ -10,6 +10,7 @@ use ratatui::{
     Frame,
 };
 
+use super::allocator::AllocatorState;
 use crate::report::Report;
 
 /// What a key asks for.
@@ -61,6 +62,9 @@ pub struct App {
     pub report: Option<Report>,
     /// First row shown in scrollable tables.
     pub scroll: usize,
+    /// The Allocator tab's selection (↑/↓ there move it instead of
+    /// scrolling).
+    pub allocator: AllocatorState,
     rate: Option<Rate>,
 }
 
@@ -71,6 +75,7 @@ impl App {
             tab: 0,
             report: None,
             scroll: 0,
+            allocator: AllocatorState::default(),
             rate: None,
         }
     }
@@ -116,10 +121,19 @@ impl App {
             Action::NextTab => self.tab = (self.tab + 1) % n,
             Action::PrevTab => self.tab = (self.tab + n - 1) % n,
             Action::Tab(i) if i < n => self.tab = i,
+            Action::Down if self.current_tab() == Tab::Allocator => {
+                self.allocator.down(self.allocator_rows());
+            }
+            Action::Up if self.current_tab() == Tab::Allocator => self.allocator.up(),
             Action::Down => self.scroll = self.scroll.saturating_add(1),
             Action::Up => self.scroll = self.scroll.saturating_sub(1),
             Action::Tab(_) | Action::Quit | Action::Redraw => {}
         }
+    }
+
+    /// Rows of the Allocator tab's latency table.
+    fn allocator_rows(&self) -> usize {
+        self.report.as_ref().map_or(0, |r| r.allocator.ops.len())
     }
 
     pub fn current_tab(&self) -> Tab {
@@ -140,10 +154,19 @@ impl App {
         frame.render_widget(tabs, tabs_area);
         match self.current_tab() {
             Tab::Overview => super::overview::render(self, frame, body),
+            Tab::Allocator => super::allocator::render(self, frame, body),
             other => super::pending::render(other, frame, body),
         }
+        let arrows = if self.current_tab() == Tab::Allocator {
+            "select"
+        } else {
+            "scroll"
+        };
         frame.render_widget(
-            Line::from(" q quit · Tab/←/→ or 1-4 switch tab · ↑/↓ scroll ").dim(),
+            Line::from(format!(
+                " q quit · Tab/←/→ or 1-4 switch tab · ↑/↓ {arrows} "
+            ))
+            .dim(),
             help,
         );
     }
@@ -154,7 +177,7 @@ mod tests {
     use ratatui::{backend::TestBackend, Terminal};
 
     use super::*;
-    use crate::report::model::tests::sample_report;
+    use crate::report::{model::tests::sample_report, text::tests::report_with_allocator};
 
     fn screen(app: &App) -> String {
         let mut terminal = Terminal::new(TestBackend::new(100, 30)).unwrap();
@@ -195,10 +218,13 @@ mod tests {
     fn tiny_terminal_does_not_panic() {
         let mut app = App::new("pid 42".into());
         app.set_report(sample_report());
-        for tab in 0..4 {
-            app.tab = tab;
-            let mut terminal = Terminal::new(TestBackend::new(10, 3)).unwrap();
-            terminal.draw(|f| app.render(f)).unwrap();
+        for report in [sample_report(), report_with_allocator()] {
+            app.set_report(report);
+            for tab in 0..4 {
+                app.tab = tab;
+                let mut terminal = Terminal::new(TestBackend::new(10, 3)).unwrap();
+                terminal.draw(|f| app.render(f)).unwrap();
+            }
         }
     }
 
@@ -214,11 +240,31 @@ mod tests {
         assert_eq!(app.current_tab(), Tab::Allocator);
         app.handle(Action::Tab(9));
         assert_eq!(app.current_tab(), Tab::Allocator);
+        app.handle(Action::Tab(1));
         app.handle(Action::Up);
         assert_eq!(app.scroll, 0);
         app.handle(Action::Down);
         assert_eq!(app.scroll, 1);
         let text = screen(&app);
         assert!(text.contains("not analysed by this version"));
+    }
+
+    #[test]
+    fn arrows_select_allocator_rows_on_its_tab() {
+        let mut app = App::new(String::new());
+        app.set_report(report_with_allocator());
+        let rows = app.allocator_rows();
+        assert!(rows > 1);
+        app.handle(Action::Tab(2));
+        app.handle(Action::Down);
+        assert_eq!(app.scroll, 0, "the selection moves, not the scroll");
+        assert_eq!(app.allocator.selected(rows), Some(1));
+        for _ in 0..rows + 3 {
+            app.handle(Action::Down);
+        }
+        assert_eq!(app.allocator.selected(rows), Some(rows - 1));
+        app.handle(Action::Up);
+        assert_eq!(app.allocator.selected(rows), Some(rows - 2));
+        assert!(screen(&app).contains("↑/↓ select"));
     }
 }

@@ -5,6 +5,7 @@
 //! same. Keys are read on a plain thread (crossterm's reads block) and come
 //! to the session as [`Action`]s; rendering is a pure function of [`App`].
 
+mod allocator;
 mod app;
 mod overview;
 mod pending;

@@ -8,12 +8,13 @@ use ratatui::{
 
 use super::Tab;
 
+/// Says what `tab` will show. Overview and Allocator have their own
+/// modules and never come here.
 pub fn render(tab: Tab, frame: &mut Frame, area: Rect) {
     let what = match tab {
         Tab::FalseSharing => "cache lines written by several threads, by object and field",
-        Tab::Allocator => "allocator latency, memory overhead and allocation sites",
         Tab::Locks => "contended locks, wait and hold times, waiters and holders",
-        Tab::Overview => "",
+        Tab::Overview | Tab::Allocator => "",
     };
     let text = format!(
         "This tab will show {what}.\n\nIt is not analysed by this version of memprof-ebpf."
