@@ -65,6 +65,30 @@ pub struct Cli {
     )]
     pub sample_freq: u64,
 
+    /// How to trace the allocator's calls: `sampled` attaches its probes in
+    /// windows sized to keep the target's slowdown within --budget (counts
+    /// are then scaled estimates); `full` traces every call (exact, but each
+    /// call costs a few microseconds); `off` leaves the allocator alone.
+    /// Syscalls and page faults are always traced unless `off`.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = AllocMode::Sampled)]
+    pub alloc_mode: AllocMode,
+
+    /// Blocks larger than BYTES are "large" (default: the allocator's own
+    /// rule: glibc's mmap threshold, read per block; jemalloc 14 KiB;
+    /// tcmalloc 256 KiB; mimalloc and others 128 KiB).
+    #[arg(long, value_name = "BYTES")]
+    pub alloc_large_threshold: Option<u64>,
+
+    /// Overhead budget for sampled allocator tracing, in percent of the
+    /// target's time.
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        default_value_t = 5.0,
+        value_parser = parse_budget,
+    )]
+    pub budget: f64,
+
     /// Never show the live dashboard, even on a terminal.
     #[arg(long)]
     pub no_tui: bool,
@@ -81,6 +105,41 @@ pub struct Cli {
     /// The command to launch and trace from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// `--alloc-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AllocMode {
+    Full,
+    Sampled,
+    Off,
+    /// Benchmarks only: probes that do nothing, at the same places as
+    /// `full`, to measure the cost of the traps alone.
+    #[value(hide = true)]
+    Floor,
+}
+
+impl AllocMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocMode::Full => "full",
+            AllocMode::Sampled => "sampled",
+            AllocMode::Off => "off",
+            AllocMode::Floor => "floor",
+        }
+    }
+}
+
+fn parse_budget(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("not a number: {s}"))?;
+    if (0.1..=100.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("the budget must be between 0.1 and 100 (percent)".into())
+    }
 }
 
 impl Cli {

@@ -48,6 +48,11 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
         duration: cli.duration,
         frequency_hz: cli.sample_freq,
         command_output,
+        alloc: session::alloc::AllocSettings {
+            mode: cli.alloc_mode,
+            large_threshold: cli.alloc_large_threshold,
+            budget: cli.budget / 100.0,
+        },
     };
 
     let mut dashboard = if live {

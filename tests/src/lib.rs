@@ -357,3 +357,110 @@ pub fn hot_function<'a>(
         .iter()
         .find(|h| h["function"] == function)
 }
+
+/// Builds `workloads/NAME.c` as a shared library (`-g -O1 -fPIC -shared`)
+/// and returns its path, `libNAME.so` in the workload directory.
+pub fn build_shared_lib(name: &str) -> anyhow::Result<PathBuf> {
+    let src = workload_source(name);
+    let out = workload_dir().join(format!("lib{name}.so"));
+    // As in build_workload: the old file may be mapped by a running process.
+    let tmp = workload_dir().join(format!(
+        ".lib{name}.so.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    run_ok(
+        Command::new("gcc")
+            .args([
+                "-g",
+                "-O1",
+                "-fno-omit-frame-pointer",
+                "-fPIC",
+                "-shared",
+                "-Wall",
+                "-o",
+            ])
+            .arg(&tmp)
+            .arg(&src),
+    )?;
+    std::fs::rename(&tmp, &out)?;
+    Ok(out)
+}
+
+/// One of our BPF programs attached to something, as seen from outside by
+/// `bpftool`: through a BPF link (`bpftool link`) or a perf event that
+/// carries it (`bpftool perf`, attachments made without links).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attached {
+    /// Program name (one of [`PROGRAM_NAMES`]).
+    pub name: String,
+    /// Program type as bpftool names it: "kprobe" (also uprobes),
+    /// "tracepoint", "perf_event", ...
+    pub prog_type: String,
+    /// "link perf_event", "perf uprobe", ...
+    pub how: String,
+}
+
+/// Our programs attached now by process `holder` (the tool). When bpftool
+/// cannot tell which process holds an attachment, all of ours are listed.
+pub fn attached_programs(holder: u32) -> Vec<Attached> {
+    let bpftool = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new("bpftool")
+            .arg("-j")
+            .args(args)
+            .output()
+            .expect("bpftool is installed by `cargo xtask setup`");
+        assert!(out.status.success(), "bpftool {args:?} failed");
+        if out.stdout.iter().all(u8::is_ascii_whitespace) {
+            return serde_json::Value::Array(Vec::new());
+        }
+        serde_json::from_slice(&out.stdout).expect("bpftool JSON")
+    };
+    let list = |v: &serde_json::Value| v.as_array().cloned().unwrap_or_default();
+    let programs: std::collections::HashMap<u64, (String, String)> =
+        list(&bpftool(&["prog", "show"]))
+            .iter()
+            .filter_map(|p| {
+                let name = p["name"].as_str()?;
+                PROGRAM_NAMES.contains(&name).then(|| {
+                    (
+                        p["id"].as_u64().unwrap_or(0),
+                        (
+                            name.to_string(),
+                            p["type"].as_str().unwrap_or("?").to_string(),
+                        ),
+                    )
+                })
+            })
+            .collect();
+    let held = |entry: &serde_json::Value| match (&entry["pids"], &entry["pid"]) {
+        (serde_json::Value::Array(pids), _) => pids.iter().any(|p| p["pid"] == holder),
+        (_, pid) if pid.is_u64() => *pid == holder,
+        _ => true,
+    };
+    let mut found = Vec::new();
+    let mut add = |entry: &serde_json::Value, how: String| {
+        if let Some((name, prog_type)) = entry["prog_id"].as_u64().and_then(|id| programs.get(&id))
+        {
+            if held(entry) {
+                found.push(Attached {
+                    name: name.clone(),
+                    prog_type: prog_type.clone(),
+                    how,
+                });
+            }
+        }
+    };
+    for link in list(&bpftool(&["link", "show"])) {
+        let how = format!("link {}", link["type"].as_str().unwrap_or("?"));
+        add(&link, how);
+    }
+    for perf in list(&bpftool(&["perf", "show"])) {
+        let kind = perf["fd_type"]
+            .as_str()
+            .or_else(|| perf["prog_info"].as_str())
+            .unwrap_or("?");
+        add(&perf, format!("perf {kind}"));
+    }
+    found
+}

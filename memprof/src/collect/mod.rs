@@ -6,6 +6,7 @@
 //! analyses.
 
 pub mod procmaps;
+pub mod threads;
 
 use std::{
     collections::HashMap,
@@ -13,11 +14,16 @@ use std::{
 };
 
 use memprof_common::{
-    SampleEvent, TaskEvent, SAMPLE_FLAG_KERNEL, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD,
+    record_kind, AllocEvent, SampleEvent, SyscallEvent, TaskEvent, EVENT_ALLOC, EVENT_SYSCALL,
+    SAMPLE_FLAG_KERNEL, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD,
 };
 
-use crate::analysis::profile::{Profile, Sample, SampleAt, ThreadEvent};
+use crate::analysis::{
+    alloc::{AllocCall, AllocProfile, SyscallCall},
+    profile::{Profile, Sample, SampleAt, ThreadEvent},
+};
 use procmaps::{Place, ProcMaps};
+use threads::LiveThreads;
 
 /// How often an unknown address may trigger a re-read of the memory map.
 const MAPS_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -42,6 +48,11 @@ pub struct Collector {
     /// Samples dropped here because the hold buffer was full.
     pub dropped: u64,
     pub profile: Profile,
+    /// The allocator profile, when the allocator is traced.
+    pub alloc: Option<AllocProfile>,
+    live: LiveThreads,
+    /// Allocator probe windows, as ktime ranges (the last may be open).
+    alloc_windows: Vec<(u64, Option<u64>)>,
 }
 
 impl Collector {
@@ -57,9 +68,14 @@ impl Collector {
             launch_exec_ns: None,
             dropped: 0,
             profile: Profile::new(),
+            alloc: None,
+            live: LiveThreads::default(),
+            alloc_windows: Vec::new(),
         };
         collector.refresh_maps();
-        for tid in list_threads(pid) {
+        let tids = list_threads(pid);
+        collector.live = LiveThreads::new(tids.len());
+        for tid in tids {
             collector
                 .profile
                 .add_thread_event(ThreadEvent::Existing { tid });
@@ -166,12 +182,16 @@ impl Collector {
 
     pub fn on_task(&mut self, ev: &TaskEvent) {
         let event = match ev.kind {
-            TASK_NEW_THREAD => ThreadEvent::Created {
-                tid: ev.tid,
-                parent: ev.parent_tid,
-                time_ns: ev.time_ns,
-            },
+            TASK_NEW_THREAD => {
+                self.live.change(ev.time_ns, 1);
+                ThreadEvent::Created {
+                    tid: ev.tid,
+                    parent: ev.parent_tid,
+                    time_ns: ev.time_ns,
+                }
+            }
             TASK_EXIT => {
+                self.live.change(ev.time_ns, -1);
                 // The kernel sends the final name: short-lived threads may
                 // already be gone from /proc.
                 let comm = ev.comm_str();
@@ -208,6 +228,89 @@ impl Collector {
             }
         };
         self.profile.add_thread_event(event);
+    }
+
+    /// Starts the allocator profile.
+    pub fn enable_alloc(&mut self, profile: AllocProfile) {
+        self.alloc = Some(profile);
+    }
+
+    /// The allocator probes were attached (`open`) or detached at `ktime`.
+    pub fn alloc_window(&mut self, open: bool, ktime: u64) {
+        if open {
+            self.alloc_windows.push((ktime, None));
+        } else if let Some(last) = self.alloc_windows.last_mut() {
+            last.1.get_or_insert(ktime);
+        }
+    }
+
+    /// Whether the allocator probes were attached at `ktime`.
+    fn alloc_traced_at(&self, ktime: u64) -> bool {
+        self.alloc_windows
+            .iter()
+            .rev()
+            .any(|&(start, end)| start <= ktime && end.is_none_or(|e| ktime < e))
+    }
+
+    /// One record of the allocator ring buffer.
+    pub fn on_alloc_record(&mut self, bytes: &[u8]) {
+        // A launched command's process runs our gate until its exec.
+        if self.held.is_some() || self.alloc.is_none() {
+            return;
+        }
+        match record_kind(bytes) {
+            Some(EVENT_ALLOC) => {
+                if let Some(ev) = AllocEvent::from_bytes(bytes) {
+                    self.on_alloc(&ev);
+                }
+            }
+            Some(EVENT_SYSCALL) => {
+                if let Some(ev) = SyscallEvent::from_bytes(bytes) {
+                    self.on_syscall(&ev);
+                }
+            }
+            other => tracing::warn!("unknown allocator record kind {other:?}"),
+        }
+    }
+
+    fn on_alloc(&mut self, ev: &AllocEvent) {
+        if self.launch_exec_ns.is_some_and(|t| ev.start_ns < t) {
+            return;
+        }
+        // The return address follows the call: resolve the call itself.
+        let site = self.place(ev.caller.saturating_sub(1));
+        let live_threads = self.live.at(ev.start_ns);
+        if let Some(alloc) = &mut self.alloc {
+            alloc.add_call(AllocCall {
+                op: ev.op,
+                tid: ev.tid,
+                start_ns: ev.start_ns,
+                duration_ns: ev.duration_ns,
+                ptr: ev.ptr,
+                old_ptr: ev.old_ptr,
+                size: ev.size,
+                chunk: ev.chunk,
+                site,
+                live_threads,
+            });
+        }
+    }
+
+    fn on_syscall(&mut self, ev: &SyscallEvent) {
+        if self.launch_exec_ns.is_some_and(|t| ev.start_ns < t) {
+            return;
+        }
+        let traced = self.alloc_traced_at(ev.start_ns);
+        if let Some(alloc) = &mut self.alloc {
+            alloc.add_syscall(SyscallCall {
+                nr: ev.nr,
+                inside: ev.inside.checked_sub(1),
+                traced,
+                duration_ns: ev.duration_ns,
+                args: ev.args,
+                ret: ev.ret,
+            });
+        }
     }
 
     /// Reads a thread's name. A thread already gone keeps an empty name

@@ -26,22 +26,8 @@ use crate::collect::procmaps::{self, ProcMaps};
 
 /// Allocation functions we look for, by their C names (and the C++
 /// operators, which preloaded allocators define themselves).
-pub const ENTRY_POINTS: [&str; 14] = [
-    "malloc",
-    "calloc",
-    "realloc",
-    "reallocarray",
-    "free",
-    "posix_memalign",
-    "aligned_alloc",
-    "memalign",
-    "valloc",
-    "pvalloc",
-    "_Znwm",  // operator new(size_t)
-    "_Znam",  // operator new[](size_t)
-    "_ZdlPv", // operator delete(void*)
-    "_ZdaPv", // operator delete[](void*)
-];
+/// Indexed by operation code (`memprof_common::alloc_op`).
+pub const ENTRY_POINTS: [&str; 14] = memprof_common::alloc_op::SYMBOLS;
 
 /// The allocator implementations we recognize.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +104,57 @@ pub fn find(pid: u32) -> anyhow::Result<Option<Allocator>> {
         }
     }
     Ok(None)
+}
+
+/// Finds the allocator a command will use before it runs (for a launched
+/// command, whose process is still our launch gate): the executable itself
+/// (static binaries, programs with their own malloc), then `LD_PRELOAD`
+/// libraries, then the libc we use ourselves.
+pub fn find_for_command(exe: &Path) -> anyhow::Result<Option<Allocator>> {
+    let mut candidates: Vec<String> = vec![exe.to_string_lossy().into_owned()];
+    if let Some(preload) = std::env::var_os("LD_PRELOAD") {
+        candidates.extend(
+            preload
+                .to_string_lossy()
+                .split([':', ' '])
+                .filter(|s| !s.is_empty())
+                .filter_map(resolve_library),
+        );
+    }
+    if let Ok(maps) = ProcMaps::read(std::process::id()) {
+        candidates.extend(
+            maps.code_files()
+                .into_iter()
+                .filter(|f| is_libc(f))
+                .map(|f| f.to_string()),
+        );
+    }
+    let inspector = Inspector::new();
+    for path in candidates {
+        if let Some(allocator) = inspect(&inspector, &path)? {
+            return Ok(Some(allocator));
+        }
+    }
+    Ok(None)
+}
+
+/// A preloaded library named without a directory is looked up where the
+/// dynamic linker looks by default.
+fn resolve_library(name: &str) -> Option<String> {
+    if name.contains('/') {
+        return Some(name.to_string());
+    }
+    [
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib64",
+        "/lib",
+        "/usr/lib",
+    ]
+    .iter()
+    .map(|dir| Path::new(dir).join(name))
+    .find(|p| p.exists())
+    .map(|p| p.to_string_lossy().into_owned())
 }
 
 /// Mapped code objects in the order the dynamic linker would search them

@@ -133,6 +133,23 @@ impl DutyCycle {
         Plan { window, gap }
     }
 
+    /// The gap to leave after probes were attached for `attached` (which
+    /// may be longer than a window: detaching takes time, during which the
+    /// target still traps), so that the cycle keeps the budget.
+    pub fn gap_after(&self, attached: Duration) -> Duration {
+        let Some(rate) = self.rate else {
+            return Duration::ZERO;
+        };
+        let duty = self.duty(rate);
+        if duty >= 1.0 {
+            Duration::ZERO
+        } else if duty <= 0.0 {
+            self.config.max_gap
+        } else {
+            attached.mul_f64(1.0 / duty - 1.0).min(self.config.max_gap)
+        }
+    }
+
     /// Fraction of the elapsed time the probes were attached (1 before
     /// anything happened): counts seen are scaled by its inverse.
     pub fn traced_fraction(&self) -> f64 {
@@ -141,6 +158,20 @@ impl DutyCycle {
         } else {
             self.traced.as_secs_f64() / self.elapsed.as_secs_f64()
         }
+    }
+
+    /// Updates the cost of one traced call from a measurement (the
+    /// target's system time per traced call in the last window). The model
+    /// cost stays the floor: a measurement can only make tracing rarer.
+    pub fn measured_trap_cost(&mut self, seconds_per_call: f64, model: f64) {
+        if seconds_per_call.is_finite() {
+            self.config.trap_cost_s = seconds_per_call.max(model);
+        }
+    }
+
+    /// The cost of one traced call in use.
+    pub fn trap_cost(&self) -> f64 {
+        self.config.trap_cost_s
     }
 
     /// The smoothed call rate while attached, if measured.
@@ -213,6 +244,32 @@ mod tests {
         // An empty window (no time) does not change the rate.
         d.observe(0, Duration::ZERO, 100 * MS);
         assert_eq!(d.rate(), Some(20_000.0));
+    }
+
+    #[test]
+    fn a_measured_trap_cost_only_ever_raises_the_model() {
+        let mut d = cycle();
+        d.measured_trap_cost(6e-6, 2.5e-6);
+        assert_eq!(d.trap_cost(), 6e-6);
+        d.observe(20_000, 200 * MS, Duration::ZERO); // 100k/s
+                                                     // 100k/s × 6 µs = 0.6 (+0.04) → duty 0.05/0.64.
+        assert!((d.duty(1e5) - 0.05 / 0.64).abs() < 1e-9);
+        d.measured_trap_cost(1e-6, 2.5e-6);
+        assert_eq!(d.trap_cost(), 2.5e-6);
+        d.measured_trap_cost(f64::NAN, 2.5e-6);
+        assert_eq!(d.trap_cost(), 2.5e-6);
+    }
+
+    #[test]
+    fn a_long_detach_lengthens_the_gap() {
+        let mut d = cycle();
+        // 20k/s: 0.05 + 0.04 lost per second attached, duty 0.05/0.09.
+        d.observe(4_000, 200 * MS, Duration::ZERO);
+        let short = d.gap_after(200 * MS);
+        let long = d.gap_after(400 * MS);
+        assert_eq!(short, d.next().gap);
+        assert!((long.as_secs_f64() - 2.0 * short.as_secs_f64()).abs() < 1e-6);
+        assert_eq!(cycle().gap_after(400 * MS), Duration::ZERO);
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! Data flows one way: probes → [`crate::collect`] → [`crate::analysis`] →
 //! [`crate::report`] → (dashboard | summary | JSON).
 
+pub mod alloc;
 pub mod allocator;
 pub mod budget;
 pub mod launch;
 pub mod preflight;
 pub mod probes;
+pub mod prologue;
 pub mod tracefs;
 
 use std::{
@@ -18,10 +20,12 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use memprof_common::{maps, SampleEvent, TaskEvent};
+use memprof_common::{maps, KernelStats, SampleEvent, TaskEvent};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
+    analysis::alloc::AllocProfile,
+    cli::AllocMode,
     collect::{command_line, Collector},
     error::{Error, Result},
     report::{
@@ -31,8 +35,10 @@ use crate::{
     symbolize::Symbolizer,
     tui::{Action, Dashboard},
 };
+use alloc::AllocTracer;
+use allocator::{Allocator, AllocatorKind};
 use launch::Launched;
-use probes::{Counters, Probes, SamplingSource};
+use probes::{AllocLoad, Counters, Probes, SamplingSource};
 
 /// Hot functions kept in a report.
 const HOT_FUNCTIONS: usize = 50;
@@ -56,6 +62,8 @@ pub struct Options {
     pub frequency_hz: u64,
     /// Where a launched command's output goes.
     pub command_output: launch::Output,
+    /// Allocator tracing.
+    pub alloc: alloc::AllocSettings,
 }
 
 /// Why tracing stopped.
@@ -167,6 +175,12 @@ struct Live {
     symbolizer: Symbolizer,
     samples: AsyncFd<RingBuf<MapData>>,
     tasks: AsyncFd<RingBuf<MapData>>,
+    alloc_events: AsyncFd<RingBuf<MapData>>,
+    /// The allocator probes (None when off or no allocator was found).
+    tracer: Option<AllocTracer>,
+    alloc_mode: AllocMode,
+    /// Kernel-side statistics as read when the probes were detached.
+    final_kernel: Vec<(u32, KernelStats)>,
     target: TargetHandle,
     command: String,
     frequency_hz: u64,
@@ -226,6 +240,8 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
         }
     };
     let pid = target.pid();
+    let launched = matches!(target, TargetHandle::Launched(_));
+    let allocator = find_allocator(&opts, pid, &mut notes);
 
     // On any error from here on, dropping `target` kills a launched command
     // (kill_on_drop), so it never runs on untraced.
@@ -234,13 +250,32 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
         &tracefs_dir,
         opts.frequency_hz,
         preflight::has_hardware_pmu(root),
+        allocator.as_ref().map(|a| AllocLoad {
+            glibc_header: a.kind == AllocatorKind::Glibc,
+        }),
     )?;
     let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
     let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
+    let alloc_events = readable(
+        probes.take_ring(maps::ALLOC_EVENTS)?,
+        "the allocator ring buffer",
+    )?;
     let mut collector = Collector::new(pid);
-    if matches!(target, TargetHandle::Launched(_)) {
+    if launched {
         collector.start_at_exec();
     }
+    let tracer = match allocator {
+        Some(allocator) => {
+            let rule = alloc::large_rule(allocator.kind, opts.alloc.large_threshold);
+            let glibc = allocator.kind == AllocatorKind::Glibc;
+            collector.enable_alloc(AllocProfile::new(rule, launched, glibc));
+            let mut tracer = AllocTracer::new(allocator, opts.alloc, pid);
+            let started = tracer.open(&mut probes)?;
+            collector.alloc_window(true, started);
+            Some(tracer)
+        }
+        None => None,
+    };
 
     let mut live = Live {
         signals,
@@ -251,6 +286,10 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
         symbolizer: Symbolizer::new(),
         samples,
         tasks,
+        alloc_events,
+        tracer,
+        alloc_mode: opts.alloc.mode,
+        final_kernel: Vec::new(),
         target,
         command,
         frequency_hz: opts.frequency_hz,
@@ -307,10 +346,20 @@ impl Live {
                     drain_tasks(guard.get_inner_mut(), &mut self.collector);
                     guard.clear_ready();
                 }
+                guard = self.alloc_events.readable_mut() => {
+                    let mut guard = guard.map_err(|e| anyhow::anyhow!("polling allocator events: {e}"))?;
+                    drain_tasks(self.tasks.get_mut(), &mut self.collector);
+                    drain_alloc(guard.get_inner_mut(), &mut self.collector);
+                    guard.clear_ready();
+                }
+                _ = sleep_until_instant(self.tracer.as_ref().and_then(AllocTracer::deadline)) => {
+                    self.alloc_switch()?;
+                }
                 _ = drain.tick() => {
                     // Thread and exec events first: they decide how the
                     // samples taken after them are read.
                     drain_tasks(self.tasks.get_mut(), &mut self.collector);
+                    drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
                     drain_samples(self.samples.get_mut(), &mut self.collector);
                     // Soon after sampling, so the stack is read against the
                     // memory map it was taken in.
@@ -343,14 +392,47 @@ impl Live {
         }
     }
 
+    /// Ends or starts an allocator window when the controller says so.
+    fn alloc_switch(&mut self) -> Result<()> {
+        let (Some(tracer), Some(probes)) = (&mut self.tracer, &mut self.probes) else {
+            return Ok(());
+        };
+        match tracer.on_deadline(probes) {
+            Ok(Some(opened)) => self.collector.alloc_window(opened, alloc::ktime_ns()),
+            Ok(None) => {}
+            Err(e) => {
+                // The allocator's file may be gone (e.g. upgraded): keep
+                // tracing the rest rather than fail the session.
+                tracing::warn!("cannot re-attach the allocator probes: {e}");
+                self.notes
+                    .push(format!("allocator probes could not be re-attached: {e}"));
+                self.collector.alloc_window(false, alloc::ktime_ns());
+                if let Some(probes) = &self.probes {
+                    tracer.finish(probes);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Stops tracing: drains what the kernel still holds, detaches, and
     /// ends a launched command that is still running.
     async fn finish(&mut self, reason: StopReason) {
         self.traced = Some(self.started.elapsed());
         drain_tasks(self.tasks.get_mut(), &mut self.collector);
+        drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
         drain_samples(self.samples.get_mut(), &mut self.collector);
+        if let (Some(tracer), Some(probes)) = (&mut self.tracer, &self.probes) {
+            if tracer.attached() {
+                self.collector.alloc_window(false, alloc::ktime_ns());
+            }
+            tracer.finish(probes);
+            // Calls that returned while the probes were being removed.
+            drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
+        }
         self.collector.settle();
         if let Some(mut probes) = self.probes.take() {
+            self.final_kernel = probes.kernel_stats();
             self.collector.read_stacks(|id| probes.stack(id));
             self.final_counters = probes.counters();
             probes.flush_logs();
@@ -432,6 +514,23 @@ impl Live {
                 counters.task_events_lost
             ));
         }
+        if counters.alloc_events_lost > 0 {
+            notes.push(format!(
+                "{} allocator events were lost (ring buffer full): allocator counts are low",
+                counters.alloc_events_lost
+            ));
+        }
+        if let Some(tracer) = &self.tracer {
+            if self.alloc_mode == AllocMode::Sampled && tracer.traced_fraction() < 0.999 {
+                notes.push(format!(
+                    "allocator calls were traced {:.1}% of the time ({} windows) to stay within \
+                     the {:.0}% overhead budget; allocator counts are scaled estimates",
+                    tracer.traced_fraction() * 100.0,
+                    tracer.windows,
+                    tracer.settings.budget * 100.0
+                ));
+            }
+        }
         if counters.stack_errors * 100 > profile.samples() {
             notes.push(format!(
                 "{} samples lost their user stack (stack map full): total times are low",
@@ -446,6 +545,19 @@ impl Live {
                 "the target called exec {execs} time(s) while traced"
             ));
         }
+        let kernel = match &self.probes {
+            Some(p) => p.kernel_stats(),
+            None => self.final_kernel.clone(),
+        };
+        let symbolizer = &mut self.symbolizer;
+        let allocator = alloc::report(
+            self.tracer.as_ref(),
+            self.collector.alloc.as_ref(),
+            self.alloc_mode,
+            counters.alloc_events_lost,
+            &kernel,
+            |place| symbolizer.code(place),
+        );
         Report {
             schema: SCHEMA,
             target: Target {
@@ -467,7 +579,7 @@ impl Live {
             hot_functions,
             threads,
             false_sharing: Vec::new(),
-            allocator: Default::default(),
+            allocator,
             locks: Vec::new(),
             loader: Loader::measure(duration_s),
             notes,
@@ -484,6 +596,44 @@ fn drain_samples(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
     }
 }
 
+fn drain_alloc(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
+    while let Some(item) = ring.next() {
+        collector.on_alloc_record(&item);
+    }
+}
+
+/// The target's allocator, unless allocator tracing is off. Not finding
+/// one is not an error: the rest of the profile still works.
+fn find_allocator(opts: &Options, pid: u32, notes: &mut Vec<String>) -> Option<Allocator> {
+    if opts.alloc.mode == AllocMode::Off {
+        return None;
+    }
+    let found = match &opts.target {
+        TargetSpec::Pid(_) => allocator::find(pid),
+        TargetSpec::Command(cmd) => {
+            match cmd
+                .first()
+                .and_then(|p| launch::resolve(p, std::env::var_os("PATH")))
+            {
+                Some(exe) => allocator::find_for_command(&exe),
+                None => Ok(None),
+            }
+        }
+    };
+    match found {
+        Ok(Some(a)) => Some(a),
+        Ok(None) => {
+            notes
+                .push("no object in the target defines malloc: the allocator is not traced".into());
+            None
+        }
+        Err(e) => {
+            notes.push(format!("cannot find the target's allocator: {e:#}"));
+            None
+        }
+    }
+}
+
 fn drain_tasks(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
     while let Some(item) = ring.next() {
         match TaskEvent::from_bytes(&item) {
@@ -496,6 +646,13 @@ fn drain_tasks(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_instant(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
     }
 }

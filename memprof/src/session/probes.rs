@@ -5,15 +5,20 @@
 
 use std::path::Path;
 
+use std::num::NonZeroU32;
+
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent, ProgramError, TracePoint,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
+        PerfEvent, ProgramError, TracePoint, UProbe,
     },
     Ebpf, EbpfLoader,
 };
-use memprof_common::{counter, globals, maps, programs};
+use memprof_common::{
+    counter, globals, maps, programs, syscall, KernelStats, ALLOC_CTL_GENERATION,
+};
 
 use super::tracefs;
 use crate::error::{Error, Result};
@@ -46,12 +51,32 @@ pub struct Counters {
     pub samples_lost: u64,
     pub task_events_lost: u64,
     pub stack_errors: u64,
+    pub alloc_events_lost: u64,
+    pub alloc_state_errors: u64,
+    /// Allocator calls that hit an entry probe.
+    pub alloc_calls: u64,
 }
 
 impl Counters {
     pub fn lost(&self) -> u64 {
         self.samples_lost + self.task_events_lost
     }
+}
+
+/// One allocator entry point to probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbePoint {
+    /// `memprof_common::alloc_op` code (the attach cookie).
+    pub op: u32,
+    /// File offset of the probed instruction.
+    pub file_offset: u64,
+}
+
+/// What the allocator programs need to know at load time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocLoad {
+    /// The allocator keeps glibc chunk headers.
+    pub glibc_header: bool,
 }
 
 /// The loaded and attached programs.
@@ -64,19 +89,35 @@ pub struct Probes {
 
 impl Probes {
     /// Loads the object for process `tgid` and attaches all programs.
+    /// With `alloc`, also loads the allocator programs and attaches the
+    /// allocator's syscall and kernel tracepoints (the uprobes are attached
+    /// later, in windows, by [`Probes::attach_alloc`]).
     pub fn attach(
         tgid: u32,
         tracefs_dir: &Path,
         frequency_hz: u64,
         try_hardware: bool,
+        alloc: Option<AllocLoad>,
     ) -> Result<Self> {
         let pid_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "pid", 4)?;
         let flags_off =
             tracefs::field_offset(tracefs_dir, "task", "task_newtask", "clone_flags", 8)?;
+        let glibc_header = u32::from(alloc.is_some_and(|a| a.glibc_header));
+        let (args_off, ret_off) = if alloc.is_some() {
+            (
+                tracefs::field_offset(tracefs_dir, "syscalls", "sys_enter_mmap", "addr", 8)?,
+                tracefs::field_offset(tracefs_dir, "syscalls", "sys_exit_mmap", "ret", 8)?,
+            )
+        } else {
+            (16, 16)
+        };
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::TARGET_TGID, &tgid, true)
             .override_global(globals::NEWTASK_PID_OFFSET, &pid_off, true)
             .override_global(globals::NEWTASK_FLAGS_OFFSET, &flags_off, true)
+            .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
+            .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)
+            .override_global(globals::SYSCALL_RET_OFFSET, &ret_off, true)
             .load(OBJECT)
             .map_err(|e| classify(anyhow::Error::new(e).context("loading the eBPF object")))?;
         // Must exist before the programs load (they reference its map).
@@ -101,6 +142,20 @@ impl Probes {
             "sched",
             "sched_process_exec",
         )?;
+        if alloc.is_some() {
+            attach_alloc_tracepoints(&mut ebpf)?;
+            for name in [
+                programs::ALLOC_ENTER,
+                programs::ALLOC_EXIT,
+                programs::ALLOC_FLOOR_ENTER,
+                programs::ALLOC_FLOOR_EXIT,
+            ] {
+                let prog: &mut UProbe = program(&mut ebpf, name)?;
+                prog.load().map_err(|e| {
+                    classify(anyhow::Error::new(e).context(format!("loading {name}")))
+                })?;
+            }
+        }
         let source = attach_sampler(&mut ebpf, frequency_hz, try_hardware)?;
         Ok(Self {
             ebpf,
@@ -139,7 +194,98 @@ impl Probes {
             samples_lost: sum(counter::SAMPLES_LOST),
             task_events_lost: sum(counter::TASK_EVENTS_LOST),
             stack_errors: sum(counter::STACK_ERRORS),
+            alloc_events_lost: sum(counter::ALLOC_EVENTS_LOST),
+            alloc_state_errors: sum(counter::ALLOC_STATE_ERRORS),
+            alloc_calls: (0..memprof_common::alloc_op::COUNT)
+                .map(|op| sum(counter::ALLOC_OP_CALLS + op))
+                .sum(),
         }
+    }
+
+    /// Allocator calls seen so far, per operation code.
+    pub fn op_calls(&self) -> Vec<u64> {
+        let Some(array) = self
+            .ebpf
+            .map(maps::COUNTERS)
+            .and_then(|m| PerCpuArray::<_, u64>::try_from(m).ok())
+        else {
+            return Vec::new();
+        };
+        (0..memprof_common::alloc_op::COUNT)
+            .map(|op| {
+                array
+                    .get(&(counter::ALLOC_OP_CALLS + op), 0)
+                    .map(|v| v.iter().sum())
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    /// Attaches the allocator's entry and return probes at `points` of
+    /// `path`, for process `pid` only. The caller owns the links: dropping
+    /// one detaches it (which blocks for a while: see `session::alloc`).
+    /// With `floor`, programs that do nothing are attached instead (the
+    /// benchmark's measure of the trap cost alone).
+    pub fn attach_alloc(
+        &mut self,
+        path: &str,
+        points: &[ProbePoint],
+        pid: u32,
+        floor: bool,
+    ) -> Result<Vec<UProbeLink>> {
+        // Return probes first: a return without a recorded entry is
+        // ignored, but entries recorded before their return probe exists
+        // would wait for returns that never come.
+        let names = if floor {
+            [programs::ALLOC_FLOOR_EXIT, programs::ALLOC_FLOOR_ENTER]
+        } else {
+            [programs::ALLOC_EXIT, programs::ALLOC_ENTER]
+        };
+        let scope = UProbeScope::OneProcess(
+            NonZeroU32::new(pid).ok_or_else(|| anyhow::anyhow!("pid 0 cannot be probed"))?,
+        );
+        let mut links = Vec::with_capacity(points.len() * 2);
+        for name in names {
+            let prog: &mut UProbe = program(&mut self.ebpf, name)?;
+            for point in points {
+                let at = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(point.file_offset),
+                    cookie: Some(u64::from(point.op)),
+                };
+                let id = prog.attach(at, path, scope).map_err(|e| {
+                    classify(anyhow::Error::new(e).context(format!(
+                        "attaching {name} to {path} at {:#x}",
+                        point.file_offset
+                    )))
+                })?;
+                links.push(prog.take_link(id).map_err(anyhow::Error::new)?);
+            }
+        }
+        Ok(links)
+    }
+
+    /// Starts a new tracing window: per-thread call state left from the
+    /// previous one (a return probe detached mid-call) becomes stale.
+    pub fn set_alloc_generation(&mut self, generation: u64) {
+        let Some(map) = self.ebpf.map_mut(maps::ALLOC_CTL) else {
+            return;
+        };
+        if let Ok(mut array) = Array::<_, u64>::try_from(map) {
+            if let Err(e) = array.set(ALLOC_CTL_GENERATION, generation, 0) {
+                tracing::warn!("cannot start an allocator window: {e}");
+            }
+        }
+    }
+
+    /// Page faults and `mmap_lock` waits per thread of the target.
+    pub fn kernel_stats(&self) -> Vec<(u32, KernelStats)> {
+        let Some(map) = self.ebpf.map(maps::KERNEL_STATS) else {
+            return Vec::new();
+        };
+        let Ok(stats) = BpfHashMap::<_, u32, KernelStats>::try_from(map) else {
+            return Vec::new();
+        };
+        stats.iter().filter_map(|r| r.ok()).collect()
     }
 
     /// The user stack recorded under `id` (innermost frame first).
@@ -175,6 +321,43 @@ fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -
             other => other,
         }
     })?;
+    Ok(())
+}
+
+/// The allocator's syscalls (required), and page faults and `mmap_lock`
+/// (optional: not every kernel has these tracepoints).
+fn attach_alloc_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
+    for (i, name) in syscall::NAMES.iter().enumerate() {
+        attach_tracepoint(
+            ebpf,
+            programs::SYSCALL_ENTER[i],
+            "syscalls",
+            &format!("sys_enter_{name}"),
+        )?;
+        attach_tracepoint(
+            ebpf,
+            programs::SYSCALL_EXIT[i],
+            "syscalls",
+            &format!("sys_exit_{name}"),
+        )?;
+    }
+    for (prog, category, event) in [
+        (programs::PAGE_FAULT, "exceptions", "page_fault_user"),
+        (
+            programs::MMAP_LOCK_START,
+            "mmap_lock",
+            "mmap_lock_start_locking",
+        ),
+        (
+            programs::MMAP_LOCK_DONE,
+            "mmap_lock",
+            "mmap_lock_acquire_returned",
+        ),
+    ] {
+        if let Err(e) = attach_tracepoint(ebpf, prog, category, event) {
+            tracing::warn!("{category}:{event} unavailable, its statistics are left out: {e}");
+        }
+    }
     Ok(())
 }
 

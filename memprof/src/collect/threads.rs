@@ -1,0 +1,64 @@
+//! How many threads the target had alive at a given moment (the
+//! allocator's serial and parallel phases).
+
+/// Live-thread count over time, from thread creation and exit events.
+#[derive(Debug, Clone, Default)]
+pub struct LiveThreads {
+    /// Threads alive before the first change.
+    initial: i64,
+    /// (time, count from then on), sorted by time.
+    changes: Vec<(u64, i64)>,
+}
+
+impl LiveThreads {
+    pub fn new(initial: usize) -> Self {
+        Self {
+            initial: initial as i64,
+            changes: Vec::new(),
+        }
+    }
+
+    /// A thread was created (+1) or exited (-1) at `time_ns`. Events may
+    /// arrive slightly out of order (they come from several CPUs).
+    pub fn change(&mut self, time_ns: u64, delta: i64) {
+        let at = self.changes.partition_point(|(t, _)| *t <= time_ns);
+        let before = if at == 0 {
+            self.initial
+        } else {
+            self.changes[at - 1].1
+        };
+        self.changes.insert(at, (time_ns, before + delta));
+        for later in &mut self.changes[at + 1..] {
+            later.1 += delta;
+        }
+    }
+
+    /// Threads alive at `time_ns` (at least 1: the caller is one).
+    pub fn at(&self, time_ns: u64) -> u32 {
+        let at = self.changes.partition_point(|(t, _)| *t <= time_ns);
+        let n = if at == 0 {
+            self.initial
+        } else {
+            self.changes[at - 1].1
+        };
+        n.clamp(1, i64::from(u32::MAX)) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_creation_and_exit_even_out_of_order() {
+        let mut l = LiveThreads::new(1);
+        l.change(100, 1);
+        l.change(300, -1);
+        l.change(200, 1); // arrives late
+        assert_eq!(l.at(50), 1);
+        assert_eq!(l.at(100), 2);
+        assert_eq!(l.at(250), 3);
+        assert_eq!(l.at(300), 2);
+        assert_eq!(LiveThreads::new(0).at(5), 1);
+    }
+}

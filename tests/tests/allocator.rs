@@ -1,0 +1,623 @@
+//! The allocator profiler: per-call latency split by size class, address
+//! origin and serial/parallel phase; the syscalls made inside the
+//! allocator; memory composition; allocation sites and leaks; which
+//! allocator is in use; and the overhead budget of sampled mode.
+//!
+//! Each test runs the real tool against the `alloc` workload (whose exact
+//! allocator calls are known: see tests/workloads/alloc.c) and asserts on
+//! the `allocator` object of the JSON report, then checks that nothing is
+//! left loaded. They share kernel state, so `cargo xtask test` runs them
+//! one at a time.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use memprof_tests::*;
+
+/// Allocator calls a launched process may make besides the workload's own:
+/// glibc's internal allocations (stdio, thread start-up, the dynamic
+/// loader). The workload avoids all of them it can (see alloc.c), so in
+/// practice this is 0–10; the spec allows 50.
+const LIBC_EXTRA_CALLS: u64 = 50;
+
+/// Share of the address-origin split that must be right: phase 1 of
+/// `reuse` hands out new addresses, phase 2 gets them back. A few blocks
+/// may land elsewhere (tcache/fastbin ordering, the warm-up block), so 95%.
+const ORIGIN_SHARE: f64 = 0.95;
+
+/// Share of the parallel phase's mallocs that must be labelled parallel:
+/// the first calls of a thread may be seen before the tool knows it is
+/// running (thread-creation events and calls race on other CPUs).
+const PARALLEL_SHARE: f64 = 0.95;
+
+/// In sampled mode, counts are the traced counts scaled by
+/// 1 / traced_fraction; rounding per row and the last, partly traced window
+/// make the sums differ slightly.
+const SCALE_TOLERANCE: f64 = 0.10;
+
+/// In sampled mode the budget (5%) must force gaps: traced all the time,
+/// the `hold` loop would spend ~85% of its time in uprobe traps. The
+/// controller's first window (200 ms) is fully traced, so the traced
+/// fraction of a 4 s session is ~0.05–0.15; half is a safe upper bound.
+const SAMPLED_MAX_FRACTION: f64 = 0.5;
+
+/// The CPU the `hold` target may use while attached in sampled mode, as a
+/// share of wall time. Untraced it uses ~2% (it sleeps 1 ms per 1000
+/// pairs); traced all the time ~85%; within a 5% budget plus the fully
+/// traced first window, ~5–10%.
+const SAMPLED_MAX_TARGET_CPU: f64 = 0.25;
+
+/// Preloaded allocators: (test label, library file, expected `library`
+/// prefix).
+const PRELOADED: [(&str, &str, &str); 3] = [
+    (
+        "jemalloc",
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "jemalloc",
+    ),
+    (
+        "tcmalloc",
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "tcmalloc",
+    ),
+    (
+        "mimalloc",
+        "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
+        "mimalloc",
+    ),
+];
+
+const MIB: u64 = 1 << 20;
+
+fn alloc_workload() -> PathBuf {
+    build_workload("alloc", Variant::Debug).expect("building alloc")
+}
+
+/// Launches `program args` under the tool in `mode` and returns the report.
+fn launch(name: &str, mode: &str, program: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec![
+        "--alloc-mode",
+        mode,
+        "--no-tui",
+        "--",
+        program.to_str().expect("UTF-8 path"),
+    ];
+    all.extend_from_slice(args);
+    trace(name, &all).1
+}
+
+/// The report's `ops` rows.
+fn ops(report: &serde_json::Value) -> &[serde_json::Value] {
+    report["allocator"]["ops"]
+        .as_array()
+        .unwrap_or_else(|| panic!("allocator.ops is not an array: {report:#}"))
+}
+
+/// Sum of `field` ("count" or "traced") over the `ops` rows of `op` that
+/// pass `filter`.
+fn sum_ops(
+    report: &serde_json::Value,
+    op: &str,
+    field: &str,
+    filter: impl Fn(&serde_json::Value) -> bool,
+) -> u64 {
+    ops(report)
+        .iter()
+        .filter(|row| row["op"] == op && filter(row))
+        .map(|row| {
+            row[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{field} of {row}"))
+        })
+        .sum()
+}
+
+/// Calls of `op` (all splits).
+fn op_count(report: &serde_json::Value, op: &str) -> u64 {
+    sum_ops(report, op, "count", |_| true)
+}
+
+/// Calls of `op` in the splits whose `key` is `value`.
+fn op_count_where(report: &serde_json::Value, op: &str, key: &str, value: &str) -> u64 {
+    sum_ops(report, op, "count", |row| row[key] == value)
+}
+
+/// (count, bytes) of syscall `name` made inside allocator operation
+/// `inside`, over all its rows.
+fn syscall(report: &serde_json::Value, name: &str, inside: &str) -> (u64, u64) {
+    report["allocator"]["syscalls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("allocator.syscalls is not an array: {report:#}"))
+        .iter()
+        .filter(|s| s["name"] == name && s["inside"] == inside)
+        .fold((0, 0), |(count, bytes), s| {
+            (
+                count + s["count"].as_u64().unwrap(),
+                bytes + s["bytes"].as_u64().unwrap(),
+            )
+        })
+}
+
+/// The site at `line` of a file whose name ends with `file`.
+fn site_at<'a>(
+    report: &'a serde_json::Value,
+    file: &str,
+    line: u32,
+) -> Option<&'a serde_json::Value> {
+    report["allocator"]["sites"]
+        .as_array()
+        .unwrap_or_else(|| panic!("allocator.sites is not an array: {report:#}"))
+        .iter()
+        .find(|s| s["file"].as_str().is_some_and(|f| f.ends_with(file)) && s["line"] == line)
+}
+
+/// Every latency row is ordered: p50 ≤ p99 ≤ max, mean ≤ max, and the
+/// histogram holds the traced calls.
+fn check_latency_rows(report: &serde_json::Value) {
+    for row in ops(report) {
+        let get = |k: &str| row[k].as_u64().unwrap_or_else(|| panic!("{k} of {row}"));
+        assert!(
+            get("p50_ns") <= get("p99_ns") && get("p99_ns") <= get("max_ns"),
+            "percentiles out of order: {row}"
+        );
+        assert!(get("mean_ns") <= get("max_ns"), "mean above max: {row}");
+        assert!(get("traced") <= get("count"), "traced above count: {row}");
+        let in_histogram: u64 = row["histogram"]
+            .as_array()
+            .unwrap_or_else(|| panic!("histogram of {row}"))
+            .iter()
+            .map(|bucket| bucket[1].as_u64().unwrap())
+            .sum();
+        assert_eq!(in_histogram, get("traced"), "histogram total: {row}");
+    }
+}
+
+/// Asserts full mode: every call traced, nothing scaled.
+fn assert_full(report: &serde_json::Value) {
+    let a = &report["allocator"];
+    assert_eq!(a["mode"], "full", "{a:#}");
+    assert_eq!(a["traced_fraction"].as_f64(), Some(1.0), "{a:#}");
+    assert_eq!(a["sampled"], false, "{a:#}");
+}
+
+fn assert_glibc(report: &serde_json::Value) {
+    let library = report["allocator"]["library"].as_str().unwrap_or_default();
+    assert!(library.starts_with("glibc"), "library: {library:?}");
+}
+
+fn in_range(value: u64, low: u64, what: &str, report: &serde_json::Value) {
+    assert!(
+        (low..=low + LIBC_EXTRA_CALLS).contains(&value),
+        "{what}: {value}, expected {low}..={} (lost: {}); ops: {:#}",
+        low + LIBC_EXTRA_CALLS,
+        report["allocator"]["lost"],
+        report["allocator"]["ops"]
+    );
+}
+
+/// Proves the latency split by address origin: `reuse 20000` makes 20000
+/// malloc(64) on fresh addresses, frees them, then 20000 more that glibc
+/// serves from the freed blocks. In full mode every call is counted (the
+/// process's first allocation, the workload's warm-up, is left out of the
+/// latencies), the two phases come out as "new" and "reused", all small
+/// and serial, and the memory composition saw the 1.28 MB peak.
+#[test]
+fn reuse_split_in_full_mode() {
+    if !require_root("reuse_split_in_full_mode") {
+        return;
+    }
+    const N: u64 = 20_000;
+    let report = launch(
+        "alloc-reuse",
+        "full",
+        &alloc_workload(),
+        &["reuse", "20000"],
+    );
+    assert_glibc(&report);
+    assert_full(&report);
+    in_range(op_count(&report, "malloc"), 2 * N, "malloc calls", &report);
+    in_range(op_count(&report, "free"), 2 * N, "free calls", &report);
+    let least = (N as f64 * ORIGIN_SHARE) as u64;
+    let new = op_count_where(&report, "malloc", "origin", "new");
+    let reused = op_count_where(&report, "malloc", "origin", "reused");
+    assert!(
+        new >= least && reused >= least,
+        "new {new}, reused {reused} (expected ≥ {least} each): {:#}",
+        report["allocator"]["ops"]
+    );
+    for row in ops(&report).iter().filter(|r| r["op"] == "malloc") {
+        assert_eq!(row["class"], "small", "{row}");
+        assert_eq!(row["phase"], "serial", "one thread: {row}");
+    }
+    check_latency_rows(&report);
+    let memory = &report["allocator"]["memory"];
+    assert!(memory.is_object(), "full mode measures memory: {memory}");
+    let get = |k: &str| {
+        memory[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k}: {memory}"))
+    };
+    assert!(
+        get("requested_peak") >= N * 64,
+        "20000 blocks of 64 bytes live at once: {memory}"
+    );
+    assert!(
+        get("usable_peak") >= get("requested_at_peak"),
+        "a block is at least what was asked: {memory}"
+    );
+    assert_no_programs_left();
+}
+
+/// Proves that large blocks are classed as such and that the syscalls the
+/// allocator makes are put inside the call that made them: with a fixed
+/// 64 KiB mmap threshold, each malloc(1 MiB) of `large 50 1048576` mmaps
+/// its block and each free munmaps it (strace: 50 + 50).
+#[test]
+fn large_blocks_show_their_mmap_and_munmap() {
+    if !require_root("large_blocks_show_their_mmap_and_munmap") {
+        return;
+    }
+    const N: u64 = 50;
+    let report = launch(
+        "alloc-large",
+        "full",
+        &alloc_workload(),
+        &["large", "50", "1048576"],
+    );
+    assert_glibc(&report);
+    assert_full(&report);
+    let large = op_count_where(&report, "malloc", "class", "large");
+    assert!(
+        large >= N,
+        "large mallocs: {large}; {:#}",
+        report["allocator"]
+    );
+    let small = op_count_where(&report, "malloc", "class", "small");
+    assert!(
+        small < 20,
+        "small mallocs: {small}; {:#}",
+        report["allocator"]
+    );
+    for (name, inside) in [("mmap", "malloc"), ("munmap", "free")] {
+        let (count, bytes) = syscall(&report, name, inside);
+        assert!(
+            count >= N && bytes >= N * MIB,
+            "{name} inside {inside}: {count} calls, {bytes} bytes; syscalls: {:#}",
+            report["allocator"]["syscalls"]
+        );
+    }
+    check_latency_rows(&report);
+    let memory = &report["allocator"]["memory"];
+    assert!(
+        memory["mapped_peak"].as_u64().unwrap_or(0) >= MIB,
+        "a 1 MiB block was mapped at the peak: {memory}"
+    );
+    assert_no_programs_left();
+}
+
+/// Proves the serial/parallel split: `mixed 2 20000` makes 2000 small
+/// malloc/free pairs on its main thread alone, then two threads make 20000
+/// pairs each at once (every 100th of 1 MiB, large).
+#[test]
+fn mixed_threads_split_serial_and_parallel() {
+    if !require_root("mixed_threads_split_serial_and_parallel") {
+        return;
+    }
+    const THREADS: u64 = 2;
+    const N: u64 = 20_000;
+    let report = launch(
+        "alloc-mixed",
+        "full",
+        &alloc_workload(),
+        &["mixed", "2", "20000"],
+    );
+    assert_full(&report);
+    let serial = op_count_where(&report, "malloc", "phase", "serial");
+    let parallel = op_count_where(&report, "malloc", "phase", "parallel");
+    let serial_least = (N as f64 / 10.0 * PARALLEL_SHARE) as u64;
+    let parallel_least = (THREADS as f64 * N as f64 * PARALLEL_SHARE) as u64;
+    assert!(
+        serial >= serial_least && parallel >= parallel_least,
+        "serial {serial} (≥ {serial_least}), parallel {parallel} (≥ {parallel_least}): {:#}",
+        report["allocator"]["ops"]
+    );
+    assert!(
+        ops(&report)
+            .iter()
+            .any(|r| r["op"] == "malloc" && r["class"] == "large"),
+        "the 1 MiB blocks make a large split: {:#}",
+        report["allocator"]["ops"]
+    );
+    check_latency_rows(&report);
+    assert_no_programs_left();
+}
+
+/// Proves leak reporting by source line: `leak 500` calls leak_some() 500
+/// times, which keeps a malloc(100) block at the line marked LEAK, and
+/// between those calls churn() mallocs and frees 200 bytes (line NOLEAK).
+/// The leaking line tops the live bytes; the churning one leaks nothing.
+#[test]
+fn leak_site_is_named_by_file_and_line() {
+    if !require_root("leak_site_is_named_by_file_and_line") {
+        return;
+    }
+    const N: u64 = 500;
+    let report = launch("alloc-leak", "full", &alloc_workload(), &["leak", "500"]);
+    let sites = report["allocator"]["sites"].as_array().unwrap();
+    let top = sites
+        .iter()
+        .max_by_key(|s| s["live_bytes"].as_u64().unwrap())
+        .unwrap_or_else(|| panic!("no sites: {:#}", report["allocator"]));
+    let file = top["file"].as_str().unwrap_or_default();
+    assert!(file.ends_with("alloc.c"), "leaking site: {top}");
+    assert_eq!(top["line"], marked_line("alloc", "// LEAK"), "{top}");
+    assert_eq!(top["function"], "leak_some", "{top}");
+    assert!(
+        top["live_bytes"].as_u64().unwrap() >= N * 100 && top["live_blocks"].as_u64().unwrap() >= N,
+        "{top}"
+    );
+    let churn = site_at(&report, "alloc.c", marked_line("alloc", "// NOLEAK"))
+        .unwrap_or_else(|| panic!("the malloc(200) site is listed: {sites:#?}"));
+    assert_eq!(churn["live_bytes"], 0, "freed blocks are no leak: {churn}");
+    assert_eq!(churn["live_blocks"], 0, "{churn}");
+    assert_eq!(churn["count"], N, "full mode counts every call: {churn}");
+    assert_eq!(churn["bytes"], N * 200, "{churn}");
+    assert_no_programs_left();
+}
+
+/// Proves that allocations from a library loaded with dlopen() after the
+/// session started are attributed to its source: `dlopen LIB 300` calls
+/// lib_leak(300), which leaks 48-byte blocks at the line marked LIBLEAK of
+/// allocator_lib.c.
+#[test]
+fn dlopened_library_allocations_are_attributed() {
+    if !require_root("dlopened_library_allocations_are_attributed") {
+        return;
+    }
+    let lib = build_shared_lib("allocator_lib").expect("building liballocator_lib.so");
+    let report = launch(
+        "alloc-dlopen",
+        "full",
+        &alloc_workload(),
+        &["dlopen", lib.to_str().unwrap(), "300"],
+    );
+    let line = marked_line("allocator_lib", "// LIBLEAK");
+    let site = site_at(&report, "allocator_lib.c", line).unwrap_or_else(|| {
+        panic!(
+            "no site at allocator_lib.c:{line}: {:#}",
+            report["allocator"]["sites"]
+        )
+    });
+    assert_eq!(site["function"], "lib_leak", "{site}");
+    assert_eq!(site["module"], "liballocator_lib.so", "{site}");
+    assert!(site["live_blocks"].as_u64().unwrap() >= 300, "{site}");
+    assert!(site["live_bytes"].as_u64().unwrap() >= 300 * 48, "{site}");
+    assert_no_programs_left();
+}
+
+/// Proves that a preloaded allocator is the one traced and named (not
+/// libc's unused malloc): attached to `alloc hold` running with jemalloc,
+/// tcmalloc or mimalloc in LD_PRELOAD, the report names it and counts the
+/// workload's calls. A library that is not installed is skipped loudly.
+#[test]
+fn preloaded_allocators_are_named() {
+    if !require_root("preloaded_allocators_are_named") {
+        return;
+    }
+    let alloc = alloc_workload();
+    for (label, path, prefix) in PRELOADED {
+        if !std::path::Path::new(path).exists() {
+            skip(
+                &format!("preloaded_allocators_are_named ({label})"),
+                &format!("{path} is not installed (cargo xtask setup installs it)"),
+            );
+            continue;
+        }
+        // Runs well past the session (attach + 1.5 s); killed at the end.
+        let mut target = TestProcess::spawn_env(&alloc, &["hold", "10"], &[("LD_PRELOAD", path)]);
+        target.wait_ready();
+        let pid = target.pid().to_string();
+        let (_, report) = trace(
+            &format!("alloc-preload-{label}"),
+            &[
+                "-p",
+                &pid,
+                "--duration",
+                "1500ms",
+                "--alloc-mode",
+                "full",
+                "--no-tui",
+            ],
+        );
+        let a = &report["allocator"];
+        let library = a["library"].as_str().unwrap_or_default();
+        assert!(library.starts_with(prefix), "{label}: library {library:?}");
+        let file = std::path::Path::new(path)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        assert!(
+            a["path"].as_str().unwrap_or_default().contains(file),
+            "{label}: path {} should name {file}",
+            a["path"]
+        );
+        let (mallocs, frees) = (op_count(&report, "malloc"), op_count(&report, "free"));
+        assert!(
+            mallocs > 100 && frees > 100,
+            "{label}: {mallocs} mallocs, {frees} frees: {:#}",
+            a["ops"]
+        );
+        check_latency_rows(&report);
+        assert!(
+            target.child.try_wait().unwrap().is_none(),
+            "{label}: the target must survive the session"
+        );
+        drop(target); // kills it
+        assert_no_programs_left();
+    }
+}
+
+/// Proves that in a static executable the allocator is found in the
+/// executable itself (glibc linked in) and traced there.
+#[test]
+fn static_binary_allocator_is_the_executable() {
+    if !require_root("static_binary_allocator_is_the_executable") {
+        return;
+    }
+    let alloc = build_workload("alloc", Variant::Static).expect("building alloc statically");
+    let report = launch("alloc-static", "full", &alloc, &["reuse", "5000"]);
+    assert_glibc(&report);
+    let path = report["allocator"]["path"].as_str().unwrap_or_default();
+    assert!(path.ends_with("alloc-static"), "path: {path:?}");
+    let mallocs = op_count(&report, "malloc");
+    assert!(mallocs >= 10_000, "malloc calls: {mallocs}");
+    assert_no_programs_left();
+}
+
+/// CPU seconds (user + system) process `pid` has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("reading /proc/PID/stat");
+    // Fields after the command (which may hold spaces) start at state (3);
+    // utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks as f64 / hz
+}
+
+/// Proves the default sampled mode: on a hot allocator loop the probes are
+/// attached only part of the time (the target's CPU stays near its own,
+/// far from what full tracing costs), and the report says so: counts are
+/// labelled sampled and scaled from the traced ones, and the memory
+/// composition, which needs every call, is absent.
+#[test]
+fn sampled_mode_stays_within_budget_and_labels_counts() {
+    if !require_root("sampled_mode_stays_within_budget_and_labels_counts") {
+        return;
+    }
+    // Runs well past the session (attach + 4 s + report); killed at the end.
+    let mut target = TestProcess::spawn(&alloc_workload(), &["hold", "15"]);
+    target.wait_ready();
+    let pid = target.pid();
+    let (cpu_before, wall_before) = (cpu_seconds(pid), Instant::now());
+    let (_, report) = trace(
+        "alloc-sampled",
+        &["-p", &pid.to_string(), "--duration", "4s", "--no-tui"],
+    );
+    let (cpu, wall) = (
+        cpu_seconds(pid) - cpu_before,
+        wall_before.elapsed().as_secs_f64(),
+    );
+    assert!(
+        target.child.try_wait().unwrap().is_none(),
+        "the target must survive the session"
+    );
+    let a = &report["allocator"];
+    assert_eq!(a["mode"], "sampled", "the default: {a:#}");
+    assert_eq!(a["sampled"], true, "{a:#}");
+    let fraction = a["traced_fraction"].as_f64().unwrap();
+    assert!(
+        fraction > 0.0 && fraction <= SAMPLED_MAX_FRACTION,
+        "traced_fraction {fraction}: the budget must force gaps"
+    );
+    assert!(
+        a["memory"].is_null(),
+        "no memory composition from a sample: {}",
+        a["memory"]
+    );
+    assert!(
+        cpu / wall <= SAMPLED_MAX_TARGET_CPU,
+        "the target used {cpu:.2} s of CPU in {wall:.2} s while traced"
+    );
+    let (count, traced) = (
+        sum_ops(&report, "malloc", "count", |_| true),
+        sum_ops(&report, "malloc", "traced", |_| true),
+    );
+    assert!(traced > 0, "mallocs traced in the windows: {:#}", a["ops"]);
+    assert!(count >= traced, "count {count} < traced {traced}");
+    let expected = traced as f64 / fraction;
+    assert!(
+        (count as f64 - expected).abs() <= expected * SCALE_TOLERANCE,
+        "count {count} should be traced {traced} / fraction {fraction} = {expected:.0}"
+    );
+    check_latency_rows(&report);
+    drop(target);
+    assert_no_programs_left();
+}
+
+/// Proves `--alloc-mode off`: the report has no allocator data, and while
+/// the session runs no uprobe of ours is attached (seen with bpftool; the
+/// CPU sampler being seen attached shows the check can see attachments).
+#[test]
+fn off_mode_attaches_no_allocator_probes() {
+    if !require_root("off_mode_attaches_no_allocator_probes") {
+        return;
+    }
+    let alloc = alloc_workload();
+    let report = launch("alloc-off", "off", &alloc, &["small", "1000"]);
+    let a = &report["allocator"];
+    assert_eq!(a["mode"], "off", "{a:#}");
+    for key in ["ops", "syscalls", "sites"] {
+        assert_eq!(
+            a[key].as_array().map(Vec::len),
+            Some(0),
+            "{key} must be empty: {a:#}"
+        );
+    }
+    assert_eq!(a["calls_traced"], 0, "{a:#}");
+    assert!(a["memory"].is_null(), "{a:#}");
+    assert_no_programs_left();
+
+    // The same on a process that allocates all the time, watched from
+    // outside while the tool runs.
+    let json = report_path("alloc-off-watched");
+    let tool = std::process::Command::new(tool())
+        .args([
+            "--alloc-mode",
+            "off",
+            "--no-tui",
+            "--duration",
+            "2s",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--")
+        .arg(&alloc)
+        .args(["hold", "10"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting memprof-ebpf");
+    let (start, tool_pid) = (Instant::now(), tool.id());
+    let mut seen = Vec::new();
+    // Poll until the tool exits (its pid is unreaped, so /proc shows a
+    // zombie: stop at state Z).
+    while start.elapsed() < Duration::from_secs(30) {
+        let state = std::fs::read_to_string(format!("/proc/{tool_pid}/stat")).unwrap_or_default();
+        if state.is_empty() || state[state.rfind(')').unwrap_or(0)..].starts_with(") Z") {
+            break;
+        }
+        seen.extend(attached_programs(tool_pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let run = finish(tool, start, Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    assert_eq!(read_report(&json)["allocator"]["mode"], "off");
+    assert!(
+        seen.iter().any(|p| p.prog_type == "perf_event"),
+        "the CPU sampler was never seen attached, so this check sees nothing: {seen:?}"
+    );
+    let uprobes: Vec<_> = seen.iter().filter(|p| p.prog_type == "kprobe").collect();
+    assert!(
+        uprobes.is_empty(),
+        "uprobes attached in off mode: {uprobes:?}"
+    );
+    assert_no_programs_left();
+}

@@ -1,0 +1,309 @@
+/*
+ * alloc: allocator workloads with known behaviour, for memprof-ebpf's
+ * allocator tests and benchmarks.
+ *
+ *   alloc reuse N            N x malloc(64), free them all; again: phase 2
+ *                            gets the addresses of phase 1 back (glibc)
+ *   alloc large N SIZE       mallopt(M_MMAP_THRESHOLD, 64 KiB), then N x
+ *                            (malloc(SIZE), touch every page, free): one mmap
+ *                            in each malloc, one munmap in each free
+ *   alloc small N            N x (malloc(16..1024, cycling), free)
+ *   alloc mixed THREADS N    N/10 malloc/free pairs on the main thread alone
+ *                            (serial, small sizes), then THREADS threads of N
+ *                            pairs each, started together (parallel), mixed
+ *                            sizes, every 100th 1 MiB (glibc mmaps only the
+ *                            first: freeing it raises its dynamic threshold)
+ *   alloc leak N             N x leak_some() (malloc(100), never freed, at
+ *                            the line marked LEAK), each followed by a
+ *                            malloc(200)+free (line marked NOLEAK); then
+ *                            sleeps 200 ms
+ *   alloc dlopen LIB N       dlopen LIB, call its lib_leak(N) (N x 48 bytes
+ *                            leaked in the library); then sleeps 200 ms
+ *   alloc hold SECONDS       malloc(64)/free pairs for SECONDS, sleeping
+ *                            1 ms every 1000 pairs (a process to attach to)
+ *   alloc loop N             N x malloc(64)/free as fast as possible; prints
+ *                            "ns_per_pair X" on stderr
+ *   alloc work N             a moderate, more realistic load: N iterations
+ *                            of (malloc 32..512 bytes, fill it, a few
+ *                            microseconds of hashing, free the block made
+ *                            1024 iterations ago); prints "ns_per_iter X"
+ *
+ * Every mode prints "ready" (unbuffered) once started, then exits 0.
+ *
+ * Exact call counts matter to the tests, so:
+ * - every pointer goes through a volatile sink, so the compiler can neither
+ *   delete a malloc/free pair nor merge calls;
+ * - stdout is unbuffered (stdio allocates no buffer) and nothing but
+ *   "ready" is printed until the work is done; block arrays are static;
+ * - start() makes one malloc(1)+free before "ready": the profiler excludes
+ *   the first allocation of a launched process from its latencies
+ *   (allocator initialisation), so that one is this warm-up, and the
+ *   counted mallocs of each mode are exactly those of its own work.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_BLOCKS 100000
+
+static void *blocks[MAX_BLOCKS];
+static void *leaked[MAX_BLOCKS];
+static unsigned long leaked_count;
+/* Stores and loads through this cannot be optimised away. */
+static void *volatile sink;
+/* The same, per thread (threads must not share the sink's cache line). */
+static __thread void *volatile thread_sink;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: alloc reuse N | large N SIZE | small N | mixed THREADS N"
+			" | leak N | dlopen LIB N | hold SECONDS | loop N | work N\n");
+	exit(2);
+}
+
+static long count_arg(const char *s, long max)
+{
+	char *end;
+	long n = strtol(s, &end, 10);
+	if (*end || n < 1 || n > max)
+		usage();
+	return n;
+}
+
+/* Unbuffered stdout, the allocator warmed up, then "ready". */
+static void start(void)
+{
+	setvbuf(stdout, NULL, _IONBF, 0);
+	sink = malloc(1);
+	free(sink);
+	fputs("ready\n", stdout);
+}
+
+static void alloc_reuse(long n)
+{
+	for (int phase = 0; phase < 2; phase++) {
+		for (long i = 0; i < n; i++) {
+			sink = malloc(64);
+			blocks[i] = sink;
+		}
+		for (long i = 0; i < n; i++) {
+			sink = blocks[i];
+			free(sink);
+		}
+	}
+}
+
+static void alloc_large(long n, long size)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	for (long i = 0; i < n; i++) {
+		sink = malloc(size);
+		volatile char *p = sink;
+		if (!p)
+			exit(1);
+		for (long off = 0; off < size; off += page)
+			p[off] = 1;
+		free(sink);
+	}
+}
+
+static void alloc_small(long n)
+{
+	for (long i = 0; i < n; i++) {
+		sink = malloc(16 + (i % 64) * 16); /* 16, 32, ..., 1024, 16, ... */
+		free(sink);
+	}
+}
+
+/* One malloc/free pair of the mixed mode: mostly small, every 100th 1 MiB. */
+static void mixed_pair(long i)
+{
+	size_t size = i % 100 == 99 ? 1 << 20 : 16 + (size_t)(i % 32) * 24;
+	thread_sink = malloc(size);
+	char *p = thread_sink;
+	if (!p)
+		exit(1);
+	*(volatile char *)p = 1;
+	free(thread_sink);
+}
+
+static long mixed_iterations;
+static pthread_barrier_t mixed_start;
+
+static void *mixed_thread(void *arg)
+{
+	(void)arg;
+	pthread_barrier_wait(&mixed_start); /* all start together */
+	for (long i = 0; i < mixed_iterations; i++)
+		mixed_pair(i);
+	return NULL;
+}
+
+static void alloc_mixed(long threads, long n)
+{
+	for (long i = 0; i < n / 10; i++)
+		mixed_pair(i % 99); /* serial phase: small blocks only */
+	mixed_iterations = n;
+	if (pthread_barrier_init(&mixed_start, NULL, threads) != 0)
+		exit(1);
+	pthread_t tids[64];
+	for (long t = 0; t < threads; t++)
+		if (pthread_create(&tids[t], NULL, mixed_thread, NULL) != 0)
+			exit(1);
+	for (long t = 0; t < threads; t++)
+		pthread_join(tids[t], NULL);
+}
+
+__attribute__((noinline)) void leak_some(void)
+{
+	sink = malloc(100); // LEAK
+	leaked[leaked_count++] = sink;
+}
+
+__attribute__((noinline)) void churn(void)
+{
+	sink = malloc(200); // NOLEAK
+	free(sink);
+}
+
+static void alloc_leak(long n)
+{
+	for (long i = 0; i < n; i++) {
+		leak_some();
+		churn();
+	}
+	usleep(200 * 1000);
+}
+
+static void alloc_dlopen(const char *lib, long n)
+{
+	void *handle = dlopen(lib, RTLD_NOW);
+	if (!handle) {
+		fprintf(stderr, "dlopen: %s\n", dlerror());
+		exit(1);
+	}
+	void (*lib_leak)(int) = (void (*)(int))dlsym(handle, "lib_leak");
+	if (!lib_leak) {
+		fprintf(stderr, "dlsym: %s\n", dlerror());
+		exit(1);
+	}
+	lib_leak((int)n);
+	/* Left open: the library stays mapped until exit. */
+	usleep(200 * 1000);
+}
+
+static void alloc_hold(double seconds)
+{
+	double until = now() + seconds;
+	struct timespec ms = {.tv_nsec = 1000 * 1000};
+	while (now() < until) {
+		for (int i = 0; i < 1000; i++) {
+			sink = malloc(64);
+			free(sink);
+		}
+		nanosleep(&ms, NULL);
+	}
+}
+
+static void alloc_loop(long n)
+{
+	double started = now();
+	for (long i = 0; i < n; i++) {
+		sink = malloc(64);
+		free(sink);
+	}
+	double elapsed = now() - started;
+	fprintf(stderr, "ns_per_pair %.1f\n", elapsed * 1e9 / n);
+}
+
+static void alloc_work(long n)
+{
+	enum { LIVE = 1024 };
+	static void *ring[LIVE];
+	static unsigned char table[4096];
+	unsigned long hash = 5381;
+	double started = now();
+	for (long i = 0; i < n; i++) {
+		size_t size = 32 + (size_t)(i * 37) % 480;
+		unsigned char *p = malloc(size);
+		memset(p, (int)i, size);
+		for (int j = 0; j < 4096; j++)
+			hash = hash * 33 + table[(hash + j) & 4095] + p[j % size];
+		table[i & 4095] = (unsigned char)hash;
+		free(ring[i % LIVE]);
+		ring[i % LIVE] = p;
+	}
+	for (int i = 0; i < LIVE; i++)
+		free(ring[i]);
+	sink = (void *)hash;
+	double elapsed = now() - started;
+	fprintf(stderr, "ns_per_iter %.1f\n", elapsed * 1e9 / n);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3)
+		usage();
+	const char *mode = argv[1];
+	if (strcmp(mode, "reuse") == 0 && argc == 3) {
+		long n = count_arg(argv[2], MAX_BLOCKS);
+		start();
+		alloc_reuse(n);
+	} else if (strcmp(mode, "large") == 0 && argc == 4) {
+		long n = count_arg(argv[2], 1L << 30);
+		long size = count_arg(argv[3], 1L << 34);
+		/* A fixed threshold: glibc's dynamic one would stop mmapping
+		 * these after the first free. */
+		if (mallopt(M_MMAP_THRESHOLD, 64 * 1024) != 1)
+			return 1;
+		start();
+		alloc_large(n, size);
+	} else if (strcmp(mode, "small") == 0 && argc == 3) {
+		long n = count_arg(argv[2], 1L << 40);
+		start();
+		alloc_small(n);
+	} else if (strcmp(mode, "mixed") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], 64);
+		long n = count_arg(argv[3], 1L << 40);
+		start();
+		alloc_mixed(threads, n);
+	} else if (strcmp(mode, "leak") == 0 && argc == 3) {
+		long n = count_arg(argv[2], MAX_BLOCKS);
+		start();
+		alloc_leak(n);
+	} else if (strcmp(mode, "dlopen") == 0 && argc == 4) {
+		long n = count_arg(argv[3], 1L << 30);
+		start();
+		alloc_dlopen(argv[2], n);
+	} else if (strcmp(mode, "hold") == 0 && argc == 3) {
+		double seconds = atof(argv[2]);
+		if (seconds <= 0)
+			usage();
+		start();
+		alloc_hold(seconds);
+	} else if (strcmp(mode, "loop") == 0 && argc == 3) {
+		long n = count_arg(argv[2], 1L << 40);
+		start();
+		alloc_loop(n);
+	} else if (strcmp(mode, "work") == 0 && argc == 3) {
+		long n = count_arg(argv[2], 1L << 40);
+		start();
+		alloc_work(n);
+	} else {
+		usage();
+	}
+	return 0;
+}
