@@ -23,12 +23,33 @@ const TARGET_LOADER_RSS: u64 = 100 << 20;
 /// Untraced run time the workload is calibrated to.
 const RUN_SECONDS: f64 = 4.0;
 
-pub fn run(runs: usize) -> Result<()> {
+pub fn run(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
     if !is_root() {
         bail!("benchmarks load eBPF programs: run them as root (sudo -E cargo xtask bench)");
     }
-    let runs = runs.max(1);
     cargo(&["build", "--release", "--package", "memprof"])?;
+    match only {
+        Some("foundation") => foundation(runs),
+        Some("allocator") => allocator(alloc_rounds),
+        Some(other) => bail!("--only takes foundation or allocator, not {other}"),
+        None => {
+            foundation(runs)?;
+            allocator(alloc_rounds)
+        }
+    }
+}
+
+fn allocator(rounds: usize) -> Result<()> {
+    let summary = crate::bench_alloc::run(rounds)?;
+    let out = root().join("target/bench/allocator.json");
+    std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
+    println!("  (written to {})", out.display());
+    Ok(())
+}
+
+fn foundation(runs: usize) -> Result<()> {
+    let runs = runs.max(1);
     let spin = memprof_tests::build_workload("spin", memprof_tests::Variant::Debug)?;
     let tool = root().join("target/release/memprof-ebpf");
 

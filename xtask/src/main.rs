@@ -4,6 +4,7 @@
 //! task runs it first, so a bare machine needs nothing installed by hand.
 
 mod bench;
+mod bench_alloc;
 mod setup;
 
 use std::{
@@ -45,6 +46,13 @@ enum Task {
         /// Repetitions of each measurement (the median is reported).
         #[arg(long, default_value_t = 7)]
         runs: usize,
+        /// Rounds of the allocator benchmark (each runs every
+        /// configuration once; about a minute per round).
+        #[arg(long, default_value_t = 3)]
+        alloc_rounds: usize,
+        /// Run only this part: "foundation" or "allocator".
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -66,7 +74,11 @@ fn run(args: Args) -> Result<()> {
         Task::Test { args } => test(&args),
         Task::Lint => lint(),
         Task::Demo => demo(),
-        Task::Bench { runs } => bench::run(runs),
+        Task::Bench {
+            runs,
+            alloc_rounds,
+            only,
+        } => bench::run(runs, alloc_rounds, only.as_deref()),
     }
 }
 

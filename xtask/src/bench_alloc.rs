@@ -1,0 +1,307 @@
+//! `cargo xtask bench`, allocator part: what tracing the allocator costs
+//! the target, side by side in one run.
+//!
+//! Two workloads from `tests/workloads/alloc.c`, each timing itself:
+//! - *malloc-heavy*: `alloc loop N`, malloc(64)+free pairs back to back;
+//! - *moderate*: `alloc work N`, one malloc+free per few microseconds of
+//!   real work.
+//!
+//! Each is run untraced, under the default (sampled, 5% budget) mode, under
+//! `--alloc-mode full`, under the hidden `--alloc-mode floor` (the same
+//! probes with programs that do nothing: the cost of the traps alone), and
+//! under bpftrace's usual latency script (uprobe+uretprobe on malloc with a
+//! histogram, uprobe on free). Rounds alternate the configurations, and the
+//! headline numbers are medians of per-round ratios, so drift in the VM's
+//! speed cancels. Results also go to target/bench/allocator.json.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::root;
+
+/// Targets from the allocator issue.
+const TARGET_DEFAULT_MODERATE: f64 = 1.05;
+const TARGET_DEFAULT_HEAVY: f64 = 1.10;
+const TARGET_FULL_OVER_FLOOR: f64 = 1.3;
+const TARGET_BPFTRACE_OVER_FULL: f64 = 5.0;
+const TARGET_LOADER_CPU: f64 = 0.10;
+
+/// Untraced and sampled runs last about this long: the sampled mode's
+/// first window and its gaps (up to 10 s) need time to average out.
+const LONG_RUN_S: f64 = 12.0;
+/// Runs under full tracing (1000x slower per call) last about this long.
+const SHORT_RUN_S: f64 = 2.0;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Config {
+    Untraced,
+    Sampled,
+    Full,
+    Floor,
+    Bpftrace,
+}
+
+impl Config {
+    const ALL: [Config; 5] = [
+        Config::Untraced,
+        Config::Sampled,
+        Config::Full,
+        Config::Floor,
+        Config::Bpftrace,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Config::Untraced => "untraced",
+            Config::Sampled => "default (sampled)",
+            Config::Full => "--alloc-mode full",
+            Config::Floor => "bare uprobe floor",
+            Config::Bpftrace => "bpftrace script",
+        }
+    }
+
+    fn slow(self) -> bool {
+        matches!(self, Config::Full | Config::Floor | Config::Bpftrace)
+    }
+}
+
+struct Workload {
+    title: &'static str,
+    mode: &'static str,
+    /// What the workload prints: `KEY value` (ns per unit of work).
+    key: &'static str,
+    /// Allocator calls per unit of work.
+    calls_per_unit: f64,
+}
+
+const WORKLOADS: [Workload; 2] = [
+    Workload {
+        title: "malloc-heavy loop",
+        mode: "loop",
+        key: "ns_per_pair",
+        calls_per_unit: 2.0,
+    },
+    Workload {
+        title: "moderate workload",
+        mode: "work",
+        key: "ns_per_iter",
+        calls_per_unit: 2.0,
+    },
+];
+
+/// One measurement: ns per unit, and the profiler's CPU share if traced.
+struct Sample {
+    ns: f64,
+    loader_cpu: Option<f64>,
+}
+
+pub fn run(rounds: usize) -> Result<serde_json::Value> {
+    let rounds = rounds.clamp(1, 5);
+    let alloc = memprof_tests::build_workload("alloc", memprof_tests::Variant::Debug)?;
+    let tool = root().join("target/release/memprof-ebpf");
+    let libc = libc_path()?;
+    let json = root().join("target/bench/allocator-report.json");
+    let mut results = serde_json::Map::new();
+    for w in &WORKLOADS {
+        // Calibrate: units for LONG_RUN_S untraced; for SHORT_RUN_S traced
+        // (a traced call costs microseconds: use a full run to see).
+        let probe = measure(Config::Untraced, &alloc, w, 200_000, &tool, &libc, &json)?;
+        let long_n = ((LONG_RUN_S * 1e9 / probe.ns) as u64).max(10_000);
+        let traced = measure(Config::Full, &alloc, w, 20_000, &tool, &libc, &json)?;
+        let short_n = ((SHORT_RUN_S * 1e9 / traced.ns) as u64).max(10_000);
+        eprintln!(
+            "bench: {}: {long_n} units untraced/sampled, {short_n} traced, {rounds} rounds",
+            w.title
+        );
+        let mut per_config: Vec<Vec<Sample>> = Config::ALL.iter().map(|_| Vec::new()).collect();
+        for round in 0..rounds {
+            for (i, &config) in Config::ALL.iter().enumerate() {
+                let n = if config.slow() { short_n } else { long_n };
+                let s = measure(config, &alloc, w, n, &tool, &libc, &json)?;
+                eprintln!(
+                    "bench: {} round {}/{rounds}: {:<18} {:>10.1} ns per unit",
+                    w.title,
+                    round + 1,
+                    config.name(),
+                    s.ns
+                );
+                per_config[i].push(s);
+            }
+        }
+        results.insert(w.mode.into(), summarize(w, &per_config));
+    }
+    Ok(serde_json::Value::Object(results))
+}
+
+/// Prints one workload's table and returns its JSON summary.
+fn summarize(w: &Workload, per: &[Vec<Sample>]) -> serde_json::Value {
+    let ns = |c: Config| -> Vec<f64> {
+        per[Config::ALL.iter().position(|&x| x == c).unwrap_or(0)]
+            .iter()
+            .map(|s| s.ns)
+            .collect()
+    };
+    let ratio = |a: Config, b: Config| -> f64 {
+        let mut r: Vec<f64> = ns(a).iter().zip(ns(b)).map(|(x, y)| x / y).collect();
+        median(&mut r)
+    };
+    // Added cost per allocator call (ns), per round, then the median.
+    let added = |c: Config| -> f64 {
+        let mut r: Vec<f64> = ns(c)
+            .iter()
+            .zip(ns(Config::Untraced))
+            .map(|(x, u)| (x - u) / w.calls_per_unit)
+            .collect();
+        median(&mut r)
+    };
+    let default_ratio = ratio(Config::Sampled, Config::Untraced);
+    let full_over_floor = added(Config::Full) / added(Config::Floor);
+    let bpftrace_over_full = added(Config::Bpftrace) / added(Config::Full);
+    let mut cpu: Vec<f64> = per.iter().flatten().filter_map(|s| s.loader_cpu).collect();
+    let loader_cpu = cpu
+        .iter_mut()
+        .fold(0.0f64, |m, v| if *v > m { *v } else { m });
+    let target_default = if w.mode == "loop" {
+        TARGET_DEFAULT_HEAVY
+    } else {
+        TARGET_DEFAULT_MODERATE
+    };
+    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
+    println!("allocator benchmark: {} (medians, one run)", w.title);
+    for c in Config::ALL {
+        let mut v = ns(c);
+        println!("  {:<22} {:>10.1} ns per unit", c.name(), median(&mut v));
+    }
+    println!(
+        "  default / untraced     {default_ratio:>10.3}   target ≤ {target_default}  {}",
+        verdict(default_ratio <= target_default)
+    );
+    println!(
+        "  full: +{:.0} ns per call; floor: +{:.0} ns; bpftrace: +{:.0} ns",
+        added(Config::Full),
+        added(Config::Floor),
+        added(Config::Bpftrace)
+    );
+    println!(
+        "  full / floor (added)   {full_over_floor:>10.2}   target ≤ {TARGET_FULL_OVER_FLOOR}  {}",
+        verdict(full_over_floor <= TARGET_FULL_OVER_FLOOR)
+    );
+    println!(
+        "  bpftrace / full (added){bpftrace_over_full:>10.2}   target ≥ {TARGET_BPFTRACE_OVER_FULL}  {}",
+        verdict(bpftrace_over_full >= TARGET_BPFTRACE_OVER_FULL)
+    );
+    println!(
+        "  profiler CPU (max run) {:>9.1}%   target < {:.0}%  {}",
+        loader_cpu * 100.0,
+        TARGET_LOADER_CPU * 100.0,
+        verdict(loader_cpu < TARGET_LOADER_CPU)
+    );
+    serde_json::json!({
+        "workload": w.title,
+        "ns_per_unit": Config::ALL.iter().map(|&c| (c.name(), ns(c))).collect::<Vec<_>>(),
+        "default_over_untraced": default_ratio,
+        "added_ns_per_call": {
+            "full": added(Config::Full),
+            "floor": added(Config::Floor),
+            "bpftrace": added(Config::Bpftrace),
+        },
+        "full_over_floor": full_over_floor,
+        "bpftrace_over_full": bpftrace_over_full,
+        "loader_cpu_share_max": loader_cpu,
+    })
+}
+
+/// Runs the workload once under `config`; returns its self-timed cost.
+fn measure(
+    config: Config,
+    alloc: &Path,
+    w: &Workload,
+    n: u64,
+    tool: &Path,
+    libc: &Path,
+    json: &Path,
+) -> Result<Sample> {
+    let n = n.to_string();
+    let mut cmd = match config {
+        Config::Untraced => {
+            let mut c = Command::new(alloc);
+            c.args([w.mode, &n]);
+            c
+        }
+        Config::Sampled | Config::Full | Config::Floor => {
+            let mut c = Command::new(tool);
+            c.arg("--json").arg(json).arg("--no-tui");
+            match config {
+                Config::Full => c.args(["--alloc-mode", "full"]),
+                Config::Floor => c.args(["--alloc-mode", "floor"]),
+                _ => &mut c,
+            };
+            c.arg("--").arg(alloc).args([w.mode, &n]);
+            c
+        }
+        Config::Bpftrace => {
+            let lib = libc.display();
+            let script = format!(
+                "uprobe:{lib}:malloc /pid == cpid/ {{ @start[tid] = nsecs; }} \
+                 uretprobe:{lib}:malloc /@start[tid]/ {{ @ns = hist(nsecs - @start[tid]); \
+                 delete(@start[tid]); }} \
+                 uprobe:{lib}:free /pid == cpid/ {{ @frees = count(); }}"
+            );
+            let mut c = Command::new("bpftrace");
+            c.arg("-e")
+                .arg(script)
+                .arg("-c")
+                .arg(format!("{} {} {n}", alloc.display(), w.mode));
+            c
+        }
+    };
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", config.name()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            config.name(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let ns = text
+        .lines()
+        .find_map(|l| l.strip_prefix(w.key)?.trim().parse().ok())
+        .with_context(|| format!("{} printed no {}: {text}", config.name(), w.key))?;
+    let loader_cpu = match config {
+        Config::Sampled | Config::Full | Config::Floor => {
+            let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+            report["loader"]["cpu_share"].as_f64()
+        }
+        _ => None,
+    };
+    Ok(Sample { ns, loader_cpu })
+}
+
+/// The libc the workload links (bpftrace needs its path).
+fn libc_path() -> Result<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        "/lib/x86_64-linux-gnu/libc.so.6",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+    .context("libc.so.6 not found")
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
