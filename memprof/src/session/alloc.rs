@@ -124,6 +124,11 @@ pub fn ktime_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The controller aims below the budget: its cost of a call is an estimate
+/// (the benchmark measured the default mode 6% slower with a 5% budget
+/// before this margin).
+const AIM_AT_SHARE_OF_BUDGET: f64 = 0.8;
+
 /// Traced calls in a window below which its system time says too little
 /// about the cost of a call.
 const MIN_CALLS_TO_MEASURE: u64 = 1000;
@@ -218,7 +223,7 @@ impl AllocTracer {
             trap_cost_s * 1e6
         );
         let cycle = DutyCycle::new(BudgetConfig {
-            budget: settings.budget,
+            budget: settings.budget * AIM_AT_SHARE_OF_BUDGET,
             trap_cost_s,
             ..Default::default()
         });
@@ -654,7 +659,7 @@ fn sites(
     chosen
         .into_iter()
         .map(|i| {
-            let (place, s) = all[i];
+            let (place, s) = &all[i];
             let frame = symbolize(place);
             SiteEntry {
                 function: frame.function,
