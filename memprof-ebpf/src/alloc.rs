@@ -251,8 +251,13 @@ fn submit<T: 'static>(event: T) {
         return;
     };
     entry.write(event);
+    // Wake the loader once, as the waiting data crosses the threshold (not
+    // at every record after it: at a million calls a second that is a
+    // storm of wake-ups). The loader drains every 100 ms anyway, and the
+    // ring holds several times what comes in meanwhile.
     let waiting = ALLOC_EVENTS.query(BPF_RB_AVAIL_DATA as u64);
-    entry.submit(if waiting >= ALLOC_WAKEUP_BYTES {
+    let crossing = waiting >= ALLOC_WAKEUP_BYTES && waiting < ALLOC_WAKEUP_BYTES + 4096;
+    entry.submit(if crossing {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
