@@ -5,12 +5,15 @@
 //! collector resolves addresses and threads first), so every rule here is
 //! unit-tested without root.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 use memprof_common::{alloc_op, syscall};
 
-use super::memory::{Composition, MemEvent, MemoryAccount};
+use super::{
+    memory::{Composition, MemEvent, MemoryAccount},
+    FastMap, FastSet,
+};
 use crate::collect::procmaps::Place;
 
 /// How a block is classified as large.
@@ -119,8 +122,9 @@ pub struct AllocCall {
     pub size: u64,
     /// glibc chunk header, 0 when unknown.
     pub chunk: u64,
-    /// The call site (the call instruction in the caller).
-    pub site: Place,
+    /// The call site: the address of the call instruction in the caller
+    /// (its place is given once, with [`AllocProfile::set_site_place`]).
+    pub site: u64,
     /// Live threads in the target when the call started.
     pub live_threads: u32,
 }
@@ -145,7 +149,8 @@ pub struct Block {
     pub usable: u64,
     pub class: Class,
     pub origin: Origin,
-    pub site: Place,
+    /// Address of the allocating call ([`AllocProfile::site_place`]).
+    pub site: u64,
     pub tid: u32,
     pub time_ns: u64,
 }
@@ -209,11 +214,14 @@ pub struct AllocProfile {
     skip_first: bool,
     seen_alloc: bool,
     usable_known: bool,
-    splits: HashMap<SplitKey, SplitStats>,
-    handed_out: HashSet<u64>,
-    live: BTreeMap<u64, Block>,
-    sites: HashMap<Place, SiteStats>,
-    syscalls: HashMap<SyscallKey, SyscallStats>,
+    splits: FastMap<SplitKey, SplitStats>,
+    handed_out: FastSet<u64>,
+    /// Live blocks by start address (hashed: the per-call path; ordered
+    /// lookups go through a [`BlockIndex`]).
+    live: FastMap<u64, Block>,
+    sites: FastMap<u64, SiteStats>,
+    site_places: FastMap<u64, Place>,
+    syscalls: FastMap<SyscallKey, SyscallStats>,
     memory: MemoryAccount,
     /// Memory the allocator has from the kernel, as address ranges.
     committed: RangeSet,
@@ -232,11 +240,12 @@ impl AllocProfile {
             skip_first,
             seen_alloc: false,
             usable_known,
-            splits: HashMap::new(),
-            handed_out: HashSet::new(),
-            live: BTreeMap::new(),
-            sites: HashMap::new(),
-            syscalls: HashMap::new(),
+            splits: FastMap::default(),
+            handed_out: FastSet::default(),
+            live: FastMap::default(),
+            sites: FastMap::default(),
+            site_places: FastMap::default(),
+            syscalls: FastMap::default(),
             memory: MemoryAccount::new(),
             committed: RangeSet::default(),
             reserved: RangeSet::default(),
@@ -354,7 +363,7 @@ impl AllocProfile {
     }
 
     fn hold(&mut self, ptr: u64, call: &AllocCall, class: Class, usable: u64, origin: Origin) {
-        let site = self.sites.entry(call.site.clone()).or_default();
+        let site = self.sites.entry(call.site).or_default();
         site.count += 1;
         site.bytes += call.size;
         site.live_bytes += call.size;
@@ -369,7 +378,7 @@ impl AllocProfile {
             usable,
             class,
             origin,
-            site: call.site.clone(),
+            site: call.site,
             tid: call.tid,
             time_ns: call.start_ns,
         };
@@ -482,15 +491,25 @@ impl AllocProfile {
         change
     }
 
-    /// The live block containing `addr`, if the tracker knows one (for the
-    /// false-sharing analysis to name heap objects). Returns the block's
-    /// start address with it.
-    pub fn block_containing(&self, addr: u64) -> Option<(u64, &Block)> {
-        let (&start, block) = self.live.range(..=addr).next_back()?;
-        (addr < start + block.size.max(1)).then_some((start, block))
+    /// An index of the live blocks by address, for many
+    /// [`BlockIndex::containing`] queries (the false-sharing analysis
+    /// names heap objects with it). Building it sorts the live blocks.
+    pub fn block_index(&self) -> BlockIndex<'_> {
+        let mut starts: Vec<u64> = self.live.keys().copied().collect();
+        starts.sort_unstable();
+        BlockIndex {
+            profile: self,
+            starts,
+        }
     }
 
-    /// Live blocks by start address.
+    /// The live block containing `addr`, with its start address. For one
+    /// query; use [`AllocProfile::block_index`] for many.
+    pub fn block_containing(&self, addr: u64) -> Option<(u64, &Block)> {
+        self.block_index().containing(addr)
+    }
+
+    /// Live blocks by start address, in no particular order.
     pub fn live_blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
         self.live.iter().map(|(a, b)| (*a, b))
     }
@@ -514,9 +533,37 @@ impl AllocProfile {
         v
     }
 
-    /// Sites, in no particular order.
-    pub fn sites(&self) -> impl Iterator<Item = (&Place, &SiteStats)> {
-        self.sites.iter()
+    /// Whether the place of call site `addr` is known.
+    pub fn knows_site(&self, addr: u64) -> bool {
+        self.site_places.contains_key(&addr)
+    }
+
+    /// Records where call site `addr` is (once per site: resolving an
+    /// address per call would cost more than the rest of the analysis).
+    pub fn set_site_place(&mut self, addr: u64, place: Place) {
+        self.site_places.insert(addr, place);
+    }
+
+    /// Sites whose place was never given.
+    pub fn unplaced_sites(&self) -> Vec<u64> {
+        self.sites
+            .keys()
+            .filter(|a| !self.site_places.contains_key(a))
+            .copied()
+            .collect()
+    }
+
+    /// The place of call site `addr` (unmapped if never given).
+    pub fn site_place(&self, addr: u64) -> Place {
+        self.site_places
+            .get(&addr)
+            .cloned()
+            .unwrap_or(Place::Unmapped { address: addr })
+    }
+
+    /// Sites with their places, in no particular order.
+    pub fn sites(&self) -> impl Iterator<Item = (Place, &SiteStats)> {
+        self.sites.iter().map(|(&a, s)| (self.site_place(a), s))
     }
 
     /// Memory at the peak of mapped memory.
@@ -530,6 +577,22 @@ impl AllocProfile {
 
     pub fn memory_now(&self) -> Composition {
         self.memory.now()
+    }
+}
+
+/// Live blocks sorted by address: which block holds an address.
+pub struct BlockIndex<'a> {
+    profile: &'a AllocProfile,
+    starts: Vec<u64>,
+}
+
+impl<'a> BlockIndex<'a> {
+    /// The live block containing `addr`, with its start address.
+    pub fn containing(&self, addr: u64) -> Option<(u64, &'a Block)> {
+        let at = self.starts.partition_point(|&s| s <= addr);
+        let start = *self.starts.get(at.checked_sub(1)?)?;
+        let block = self.profile.live.get(&start)?;
+        (addr < start + block.size.max(1)).then_some((start, block))
     }
 }
 
@@ -613,7 +676,7 @@ mod tests {
     use super::*;
     use alloc_op::*;
 
-    fn site(offset: u64) -> Place {
+    fn place(offset: u64) -> Place {
         Place::File {
             path: Arc::from("/bin/prog"),
             file_offset: offset,
@@ -630,7 +693,7 @@ mod tests {
             old_ptr: 0,
             size,
             chunk: 0,
-            site: site(0x10),
+            site: 0x10,
             live_threads: 1,
         }
     }
@@ -731,14 +794,18 @@ mod tests {
     #[test]
     fn sites_keep_live_bytes_for_leaks() {
         let mut p = AllocProfile::new(LargeRule::Above(1000), false, false);
+        p.set_site_place(0x40, place(0x40));
+        p.set_site_place(0x10, place(0x10));
+        assert!(p.knows_site(0x40) && !p.knows_site(0x50));
+        assert_eq!(p.site_place(0x50), Place::Unmapped { address: 0x50 });
         let mut leak = call(MALLOC, 0x1000, 100);
-        leak.site = site(0x40);
+        leak.site = 0x40;
         p.add_call(leak);
         p.add_call(call(MALLOC, 0x2000, 200));
         p.add_call(call(FREE, 0x2000, 0));
-        let leaky = p.sites().find(|(s, _)| **s == site(0x40)).unwrap().1;
+        let leaky = p.sites().find(|(s, _)| *s == place(0x40)).unwrap().1;
         assert_eq!((leaky.live_bytes, leaky.live_blocks), (100, 1));
-        let other = p.sites().find(|(s, _)| **s == site(0x10)).unwrap().1;
+        let other = p.sites().find(|(s, _)| *s == place(0x10)).unwrap().1;
         assert_eq!((other.count, other.bytes, other.live_bytes), (1, 200, 0));
     }
 

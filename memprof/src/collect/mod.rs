@@ -121,6 +121,20 @@ impl Collector {
     /// Resolves samples that fell outside the memory map when they came
     /// (e.g. a library mapped less than a refresh interval earlier).
     pub fn settle(&mut self) {
+        let unplaced = self
+            .alloc
+            .as_ref()
+            .map(AllocProfile::unplaced_sites)
+            .unwrap_or_default();
+        if !unplaced.is_empty() {
+            self.refresh_maps();
+            for addr in unplaced {
+                let place = self.maps.place(addr);
+                if let Some(alloc) = &mut self.alloc {
+                    alloc.set_site_place(addr, place);
+                }
+            }
+        }
         if self.profile.has_unmapped() {
             self.refresh_maps();
             let maps = &self.maps;
@@ -277,8 +291,20 @@ impl Collector {
         if self.launch_exec_ns.is_some_and(|t| ev.start_ns < t) {
             return;
         }
-        // The return address follows the call: resolve the call itself.
-        let site = self.place(ev.caller.saturating_sub(1));
+        // The return address follows the call: resolve the call itself,
+        // once per site.
+        // (Frees carry no caller: their site is their block's.)
+        let site = ev.caller.saturating_sub(1);
+        if ev.caller != 0 && self.alloc.as_ref().is_some_and(|a| !a.knows_site(site)) {
+            let place = self.place(site);
+            // Not mapped in our snapshot yet (a library loaded a moment
+            // ago): tried again at the next call, or when settling.
+            if !matches!(place, Place::Unmapped { .. }) {
+                if let Some(alloc) = &mut self.alloc {
+                    alloc.set_site_place(site, place);
+                }
+            }
+        }
         let live_threads = self.live.at(ev.start_ns);
         if let Some(alloc) = &mut self.alloc {
             alloc.add_call(AllocCall {
