@@ -30,8 +30,10 @@ const TARGET_FULL_OVER_FLOOR: f64 = 1.3;
 const TARGET_BPFTRACE_OVER_FULL: f64 = 5.0;
 const TARGET_LOADER_CPU: f64 = 0.10;
 
-/// Untraced and sampled runs last about this long: the sampled mode's
-/// first window and its gaps (up to 10 s) need time to average out.
+/// Untraced and sampled runs last about this long. A hot allocator's first
+/// window (about 0.45 s of trapping, detach included) is followed by a gap
+/// of 10-30 s, so a run this long measures the costliest part of a
+/// session: the first window, which no budget can make free.
 const LONG_RUN_S: f64 = 12.0;
 /// Runs under full tracing (1000x slower per call) last about this long.
 const SHORT_RUN_S: f64 = 2.0;

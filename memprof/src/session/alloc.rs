@@ -129,6 +129,16 @@ pub fn ktime_ns() -> u64 {
 /// before this margin).
 const AIM_AT_SHARE_OF_BUDGET: f64 = 0.8;
 
+/// How long the probes stay attached per window. Detaching adds about
+/// 0.35 s of tracing (the kernel's grace periods), so longer windows would
+/// buy little precision at a high price.
+const WINDOW: Duration = Duration::from_millis(100);
+/// Longest gap between windows. A window of a hot allocator costs about
+/// 0.45 s of the target's time (window + detach), so keeping a 5% budget
+/// needs gaps of about 10 s, and up to 30 s for the hottest loops; a
+/// shorter cap would break the budget.
+const MAX_GAP: Duration = Duration::from_secs(30);
+
 /// Traced calls in a window below which its system time says too little
 /// about the cost of a call.
 const MIN_CALLS_TO_MEASURE: u64 = 1000;
@@ -225,6 +235,8 @@ impl AllocTracer {
         let cycle = DutyCycle::new(BudgetConfig {
             budget: settings.budget * AIM_AT_SHARE_OF_BUDGET,
             trap_cost_s,
+            window: WINDOW,
+            max_gap: MAX_GAP,
             ..Default::default()
         });
         Self {
