@@ -459,19 +459,15 @@ impl AllocTracer {
     pub fn finish(&mut self, probes: &Probes) {
         let calls = probes.counters().alloc_calls;
         let mut handles = detach(std::mem::take(&mut self.resident_links));
-        match std::mem::replace(&mut self.state, State::Idle) {
+        let window = match std::mem::replace(&mut self.state, State::Idle) {
             State::Attached {
                 links,
                 opened,
                 calls_at_open,
                 ..
             } => {
-                self.cycle.observe(
-                    calls.saturating_sub(calls_at_open),
-                    opened.elapsed(),
-                    Duration::ZERO,
-                );
                 handles.extend(detach(links));
+                Some((opened, calls_at_open))
             }
             State::Detaching {
                 handles: h,
@@ -479,15 +475,21 @@ impl AllocTracer {
                 calls_at_open,
                 ..
             } => {
-                self.cycle.observe(
-                    calls.saturating_sub(calls_at_open),
-                    opened.elapsed(),
-                    Duration::ZERO,
-                );
                 handles.extend(h);
+                Some((opened, calls_at_open))
             }
-            State::Gap { since, .. } => self.cycle.observe(0, Duration::ZERO, since.elapsed()),
-            State::Idle => {}
+            State::Gap { since, .. } => {
+                self.cycle.observe(0, Duration::ZERO, since.elapsed());
+                None
+            }
+            State::Idle => None,
+        };
+        if let Some((opened, calls_at_open)) = window {
+            self.cycle.observe(
+                calls.saturating_sub(calls_at_open),
+                opened.elapsed(),
+                Duration::ZERO,
+            );
         }
         handles.append(&mut self.detaching);
         for h in handles {

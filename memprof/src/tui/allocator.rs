@@ -745,20 +745,7 @@ mod tests {
         app
     }
 
-    /// The screen as text, one line per row.
-    fn screen(app: &App, width: u16, height: u16) -> String {
-        let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
-        terminal.draw(|f| app.render(f)).unwrap();
-        let buffer = terminal.backend().buffer();
-        let mut text = String::new();
-        for y in 0..buffer.area.height {
-            for x in 0..buffer.area.width {
-                text.push_str(buffer[(x, y)].symbol());
-            }
-            text.push('\n');
-        }
-        text
-    }
+    use crate::tui::app::tests::screen_at as screen;
 
     #[test]
     fn shows_latency_memory_syscalls_and_sites() {

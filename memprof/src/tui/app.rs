@@ -173,14 +173,19 @@ impl App {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use ratatui::{backend::TestBackend, Terminal};
 
     use super::*;
     use crate::report::{model::tests::sample_report, text::tests::report_with_allocator};
 
     fn screen(app: &App) -> String {
-        let mut terminal = Terminal::new(TestBackend::new(100, 30)).unwrap();
+        screen_at(app, 100, 30)
+    }
+
+    /// The app rendered on a `width`×`height` test terminal, as text.
+    pub(crate) fn screen_at(app: &App, width: u16, height: u16) -> String {
+        let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
         terminal.draw(|f| app.render(f)).unwrap();
         let buffer = terminal.backend().buffer();
         let mut text = String::new();
