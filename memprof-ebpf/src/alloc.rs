@@ -256,7 +256,7 @@ fn submit<T: 'static>(event: T) {
     // storm of wake-ups). The loader drains every 100 ms anyway, and the
     // ring holds several times what comes in meanwhile.
     let waiting = ALLOC_EVENTS.query(BPF_RB_AVAIL_DATA as u64);
-    let crossing = waiting >= ALLOC_WAKEUP_BYTES && waiting < ALLOC_WAKEUP_BYTES + 4096;
+    let crossing = (ALLOC_WAKEUP_BYTES..ALLOC_WAKEUP_BYTES + 4096).contains(&waiting);
     entry.submit(if crossing {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
