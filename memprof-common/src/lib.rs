@@ -55,8 +55,18 @@ pub mod programs {
     pub const MMAP_LOCK_START: &str = "mp_mmlock_start";
     pub const MMAP_LOCK_DONE: &str = "mp_mmlock_done";
 
+    /// `syscalls:sys_{enter,exit}_futex`, `_futex_wait`, `_futex_wake`.
+    pub const FUTEX_ENTER: &str = "mp_futex_in";
+    pub const FUTEX_EXIT: &str = "mp_futex_out";
+    pub const FUTEX_WAIT_ENTER: &str = "mp_futexw_in";
+    pub const FUTEX_WAKE_ENTER: &str = "mp_futexk_in";
+    pub const FUTEX2_EXIT: &str = "mp_futex2_out";
+    /// `lock:contention_begin` / `contention_end` (kernel locks).
+    pub const KLOCK_BEGIN: &str = "mp_klock_begin";
+    pub const KLOCK_END: &str = "mp_klock_end";
+
     /// All of them, for checks that nothing is left loaded.
-    pub const ALL: [&str; 23] = [
+    pub const ALL: [&str; 30] = [
         CPU_SAMPLE,
         TASK_NEW,
         TASK_EXIT,
@@ -80,6 +90,13 @@ pub mod programs {
         PAGE_FAULT,
         MMAP_LOCK_START,
         MMAP_LOCK_DONE,
+        FUTEX_ENTER,
+        FUTEX_EXIT,
+        FUTEX_WAIT_ENTER,
+        FUTEX_WAKE_ENTER,
+        FUTEX2_EXIT,
+        KLOCK_BEGIN,
+        KLOCK_END,
     ];
 }
 
@@ -101,6 +118,8 @@ pub mod maps {
     pub const ALLOC_CTL: &str = "ALLOC_CTL";
     /// Per-thread kernel-side statistics ([`crate::KernelStats`]).
     pub const KERNEL_STATS: &str = "KERNEL_STATS";
+    /// Ring buffer of [`crate::LockEvent`].
+    pub const LOCK_EVENTS: &str = "LOCK_EVENTS";
 }
 
 /// Names of the load-time globals (`EbpfLoader::set_global`).
@@ -119,6 +138,9 @@ pub mod globals {
     pub const SYSCALL_ARGS_OFFSET: &str = "SYSCALL_ARGS_OFFSET";
     /// `u32`: offset of `ret` in `syscalls:sys_exit_*` records.
     pub const SYSCALL_RET_OFFSET: &str = "SYSCALL_RET_OFFSET";
+    /// `u32`: offsets of `lock_addr` and `flags` in `lock:contention_begin`.
+    pub const KLOCK_ADDR_OFFSET: &str = "KLOCK_ADDR_OFFSET";
+    pub const KLOCK_FLAGS_OFFSET: &str = "KLOCK_FLAGS_OFFSET";
 }
 
 /// Byte size of the sample ring buffer (a power of two, page multiple).
@@ -161,8 +183,10 @@ pub mod counter {
     /// Allocator calls seen at entry (whether or not their event made it),
     /// per operation: `ALLOC_OP_CALLS + op`.
     pub const ALLOC_OP_CALLS: u32 = 6;
+    /// Lock events dropped (ring buffer full).
+    pub const LOCK_EVENTS_LOST: u32 = ALLOC_OP_CALLS + crate::alloc_op::COUNT;
     /// Number of counters.
-    pub const COUNT: u32 = ALLOC_OP_CALLS + crate::alloc_op::COUNT;
+    pub const COUNT: u32 = LOCK_EVENTS_LOST + 1;
 }
 
 /// Allocator operations, passed as the uprobe attach cookie.
@@ -237,6 +261,52 @@ pub const ALLOC_RING_BYTES: u32 = 16 << 20;
 pub const ALLOC_WAKEUP_BYTES: u64 = (ALLOC_RING_BYTES / 4) as u64;
 /// Threads whose in-progress allocator call or syscall can be remembered.
 pub const ALLOC_THREADS_CAPACITY: u32 = 16 * 1024;
+
+/// Byte size of the lock event ring buffer (only contended locks and
+/// kernel lock contention produce events).
+pub const LOCK_RING_BYTES: u32 = 4 << 20;
+/// User stack words copied with a futex call, from the stack pointer: the
+/// loader finds the return addresses among them (the lock implementation
+/// in libc has no frame pointers to walk).
+pub const LOCK_STACK_WORDS: usize = 48;
+
+/// [`LockEvent::kind`].
+pub mod lock_event {
+    /// A thread enters a futex wait (`LockEvent::stack` is filled).
+    pub const WAIT_BEGIN: u32 = 1;
+    /// A thread enters a futex wake.
+    pub const WAKE_BEGIN: u32 = 2;
+    /// The futex call of `tid` returned (`ret`, `duration_ns`).
+    pub const END: u32 = 3;
+    /// A kernel lock the thread waited for (`lock:contention_*`); `op` is
+    /// the lock's flags, `uaddr` the lock's kernel address.
+    pub const KERNEL: u32 = 4;
+}
+
+/// A futex call or kernel lock wait of one of the target's threads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockEvent {
+    /// [`lock_event`] kind.
+    pub kind: u32,
+    pub tid: u32,
+    /// Futex command (`op & FUTEX_CMD_MASK`), or kernel lock flags.
+    pub op: u32,
+    /// The u32 8 bytes after the futex word when it waited: a glibc
+    /// mutex's owner thread (`__owner`).
+    pub owner: u32,
+    pub uaddr: u64,
+    pub time_ns: u64,
+    /// For `END` and `KERNEL`: how long the call or wait took.
+    pub duration_ns: u64,
+    /// For `END`: the return value (woken threads for a wake).
+    pub ret: i64,
+    /// User instruction pointer and stack pointer at the call.
+    pub ip: u64,
+    pub sp: u64,
+    /// For `WAIT_BEGIN` and `WAKE_BEGIN`: the top of the user stack.
+    pub stack: [u64; LOCK_STACK_WORDS],
+}
 
 /// [`AllocEvent::kind`] / [`SyscallEvent::kind`].
 pub const EVENT_ALLOC: u32 = 1;
@@ -359,6 +429,7 @@ const _: () = assert!(core::mem::size_of::<TaskEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<AllocEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
+const _: () = assert!(core::mem::size_of::<LockEvent>() == 64 + 8 * LOCK_STACK_WORDS);
 
 #[cfg(feature = "user")]
 pub use user::record_kind;
@@ -382,6 +453,16 @@ mod user {
     unsafe impl aya::Pod for SyscallEvent {}
     // SAFETY: `#[repr(C)]`, five u64, no padding; any bit pattern is valid.
     unsafe impl aya::Pod for KernelStats {}
+    // SAFETY: `#[repr(C)]`, 4 u32 then u64s and a u64 array (size asserted
+    // above), no padding; any bit pattern is valid.
+    unsafe impl aya::Pod for super::LockEvent {}
+
+    impl super::LockEvent {
+        /// Decodes a ring-buffer record; `None` if it is too short.
+        pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+            read_pod(bytes)
+        }
+    }
 
     impl AllocEvent {
         /// Decodes a ring-buffer record; `None` if it is too short.

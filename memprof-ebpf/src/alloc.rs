@@ -31,6 +31,18 @@ static SYSCALL_ARGS_OFFSET: Global<u32> = Global::new(16);
 #[unsafe(no_mangle)]
 static SYSCALL_RET_OFFSET: Global<u32> = Global::new(16);
 
+/// Offset of the first argument in `syscalls:sys_enter_*` records.
+#[inline(always)]
+pub fn syscall_args_offset() -> usize {
+    SYSCALL_ARGS_OFFSET.load() as usize
+}
+
+/// Offset of `ret` in `syscalls:sys_exit_*` records.
+#[inline(always)]
+pub fn syscall_ret_offset() -> usize {
+    SYSCALL_RET_OFFSET.load() as usize
+}
+
 #[map(name = "ALLOC_EVENTS")]
 static ALLOC_EVENTS: RingBuf = RingBuf::with_byte_size(ALLOC_RING_BYTES, 0);
 
@@ -286,7 +298,7 @@ fn syscall_enter(ctx: &TracePointContext, nr: u32) {
     if tgid != target_tgid() {
         return;
     }
-    let base = SYSCALL_ARGS_OFFSET.load() as usize;
+    let base = syscall_args_offset();
     // SAFETY: the offset comes from this kernel's tracefs format file;
     // `read_at` uses bpf_probe_read on the tracepoint record.
     let arg = |n: usize| unsafe { ctx.read_at::<u64>(base + 8 * n) }.unwrap_or(0);
@@ -320,7 +332,7 @@ fn syscall_exit(ctx: &TracePointContext, nr: u32) {
         return;
     }
     // SAFETY: as in `syscall_enter`.
-    let ret = unsafe { ctx.read_at::<i64>(SYSCALL_RET_OFFSET.load() as usize) }.unwrap_or(0);
+    let ret = unsafe { ctx.read_at::<i64>(syscall_ret_offset()) }.unwrap_or(0);
     submit(SyscallEvent {
         kind: EVENT_SYSCALL,
         nr,

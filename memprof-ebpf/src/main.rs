@@ -7,6 +7,7 @@
 #![no_main]
 
 mod alloc;
+mod locks;
 mod maps;
 mod sampler;
 mod threads;

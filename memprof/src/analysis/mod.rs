@@ -64,3 +64,4 @@ mod tests {
         assert!(low_bits.len() > 600, "{} distinct of 1024", low_bits.len());
     }
 }
+pub mod locks;

@@ -5,6 +5,7 @@
 //! memory map at once (while the process is alive) and feeds the pure
 //! analyses.
 
+pub mod code;
 pub mod procmaps;
 pub mod threads;
 
@@ -14,14 +15,17 @@ use std::{
 };
 
 use memprof_common::{
-    record_kind, AllocEvent, SampleEvent, SyscallEvent, TaskEvent, EVENT_ALLOC, EVENT_SYSCALL,
-    SAMPLE_FLAG_KERNEL, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD,
+    lock_event, record_kind, AllocEvent, LockEvent, SampleEvent, SyscallEvent, TaskEvent,
+    EVENT_ALLOC, EVENT_SYSCALL, SAMPLE_FLAG_KERNEL, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD,
 };
 
 use crate::analysis::{
     alloc::{AllocCall, AllocProfile, SyscallCall},
+    locks::{Chain, FutexWait, FutexWake, KernelWait, LockProfile},
     profile::{Profile, Sample, SampleAt, ThreadEvent},
+    FastMap,
 };
+use code::CodeCache;
 use procmaps::{Place, ProcMaps};
 use threads::LiveThreads;
 
@@ -53,7 +57,28 @@ pub struct Collector {
     live: LiveThreads,
     /// Allocator probe windows, as ktime ranges (the last may be open).
     alloc_windows: Vec<(u64, Option<u64>)>,
+    /// Lock contention seen from the kernel.
+    pub locks: LockProfile,
+    /// Futex calls begun and not yet ended, per thread.
+    futex_calls: FastMap<u32, PendingFutex>,
+    code: CodeCache,
 }
+
+/// A futex call whose end has not come yet.
+#[derive(Debug)]
+struct PendingFutex {
+    wait: bool,
+    uaddr: u64,
+    owner: u32,
+    chain: Chain,
+}
+
+/// How often a lock event whose code is not in our memory map may
+/// trigger a re-read of the map.
+const LOCK_MAPS_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Return addresses kept per futex call chain.
+const CHAIN_FRAMES: usize = 8;
 
 impl Collector {
     /// Starts collecting for `pid`: reads its memory map and its threads.
@@ -71,6 +96,9 @@ impl Collector {
             alloc: None,
             live: LiveThreads::default(),
             alloc_windows: Vec::new(),
+            locks: LockProfile::new(),
+            futex_calls: FastMap::default(),
+            code: CodeCache::default(),
         };
         collector.refresh_maps();
         let tids = list_threads(pid);
@@ -337,6 +365,106 @@ impl Collector {
                 ret: ev.ret,
             });
         }
+    }
+
+    /// One record of the lock ring buffer.
+    pub fn on_lock_record(&mut self, bytes: &[u8]) {
+        if self.held.is_some() {
+            return; // our launch gate, before the command's exec
+        }
+        let Some(ev) = LockEvent::from_bytes(bytes) else {
+            return;
+        };
+        if self.launch_exec_ns.is_some_and(|t| ev.time_ns < t) {
+            return;
+        }
+        match ev.kind {
+            lock_event::WAIT_BEGIN | lock_event::WAKE_BEGIN => {
+                let chain = self.chain(&ev);
+                self.futex_calls.insert(
+                    ev.tid,
+                    PendingFutex {
+                        wait: ev.kind == lock_event::WAIT_BEGIN,
+                        uaddr: ev.uaddr,
+                        owner: ev.owner,
+                        chain,
+                    },
+                );
+            }
+            lock_event::END => {
+                let Some(call) = self.futex_calls.remove(&ev.tid) else {
+                    return;
+                };
+                if call.wait {
+                    self.locks.add_wait(FutexWait {
+                        uaddr: call.uaddr,
+                        tid: ev.tid,
+                        owner: call.owner,
+                        duration_ns: ev.duration_ns,
+                        chain: call.chain,
+                    });
+                } else {
+                    self.locks.add_wake(FutexWake {
+                        uaddr: call.uaddr,
+                        tid: ev.tid,
+                        woken: u64::try_from(ev.ret).unwrap_or(0),
+                        chain: call.chain,
+                    });
+                }
+            }
+            lock_event::KERNEL => {
+                let ip = self.place(ev.ip.saturating_sub(1));
+                self.locks.add_kernel_wait(KernelWait {
+                    flags: ev.op,
+                    duration_ns: ev.duration_ns,
+                    ip,
+                });
+            }
+            other => tracing::warn!("unknown lock record kind {other}"),
+        }
+    }
+
+    /// The call chain of a futex call: the syscall's place and the return
+    /// addresses found among the stack words (each resolved at its call).
+    fn chain(&mut self, ev: &LockEvent) -> Chain {
+        // The futex call is in code that must be mapped: if our snapshot
+        // does not have it (e.g. libc, just loaded after an exec), the
+        // stack words would not be found either. Lock events are few, so
+        // re-read the map at a shorter interval than for samples.
+        if self.maps.find(ev.ip).is_none()
+            && self
+                .maps_read_at
+                .is_none_or(|t| t.elapsed() >= LOCK_MAPS_REFRESH_MIN_INTERVAL)
+        {
+            self.refresh_maps();
+        }
+        let ip = self.place(ev.ip);
+        let mut frames = Vec::new();
+        for &word in &ev.stack {
+            if frames.len() >= CHAIN_FRAMES {
+                break;
+            }
+            let Some(m) = self.maps.find(word) else {
+                continue;
+            };
+            if !m.executable || !m.is_file() {
+                continue;
+            }
+            let offset = word - m.start + m.offset;
+            let path = m.name.clone();
+            if self.code.follows_call(&path, offset) {
+                frames.push(Place::File {
+                    path,
+                    file_offset: offset - 1,
+                });
+            }
+        }
+        Chain { ip, frames }
+    }
+
+    /// The memory map as last read (for naming data addresses).
+    pub fn maps(&self) -> &ProcMaps {
+        &self.maps
     }
 
     /// Reads a thread's name. A thread already gone keeps an empty name

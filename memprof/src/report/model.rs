@@ -22,8 +22,8 @@ pub struct Report {
     pub false_sharing: Vec<serde_json::Value>,
     /// The allocator profile (`mode: "off"` when not traced).
     pub allocator: AllocatorReport,
-    /// Filled by the lock analysis (not in this version).
-    pub locks: Vec<serde_json::Value>,
+    /// Contended locks, most wait time first.
+    pub locks: Vec<LockEntry>,
     /// The profiler's own cost.
     pub loader: Loader,
     /// Things the reader should know (target exited, events lost, ...).
@@ -242,6 +242,68 @@ impl SiteEntry {
     pub fn source_label(&self) -> String {
         source_label(self.file.as_deref(), self.line, &self.module)
     }
+}
+
+/// One lock (or futex word, or kind of kernel lock) threads waited for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LockEntry {
+    /// Address of the (first) futex word, hex; for kernel locks, "kernel".
+    pub address: String,
+    /// Global symbol, heap block ("heap block from file:line"), kernel
+    /// lock kind, or null.
+    pub name: Option<String>,
+    /// "mutex", "rwlock", "condvar", "futex" or "kernel".
+    pub kind: String,
+    /// Acquisitions (needs the lock uprobes: null when not traced).
+    pub acquisitions: Option<u64>,
+    /// Waits: futex waits (blocking or not) or kernel lock waits.
+    pub contentions: u64,
+    pub wait_total_ns: u64,
+    pub wait_mean_ns: u64,
+    pub wait_p99_ns: u64,
+    pub wait_max_ns: u64,
+    /// Hold time (needs the lock uprobes: null when not traced).
+    pub hold_p99_ns: Option<u64>,
+    /// Threads that waited.
+    pub threads: usize,
+    /// Whether the owner thread was read from the lock at wait time (glibc
+    /// mutexes keep it next to the futex word).
+    pub owner_seen: bool,
+    /// Owner threads seen at wait time, most often first.
+    pub owners: Vec<OwnerEntry>,
+    /// Where threads waited (the code that took the lock), most time first.
+    pub waiters: Vec<WaiterSite>,
+    /// Where waiters were woken from: the releasing code (usually the
+    /// holder's unlock), most often first.
+    pub holders: Vec<HolderSite>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OwnerEntry {
+    pub tid: u32,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaiterSite {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    pub count: u64,
+    pub wait_ns: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HolderSite {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    /// Wake calls from here.
+    pub count: u64,
+    /// Threads they woke.
+    pub woken: u64,
 }
 
 /// What one thread suffered in the kernel.

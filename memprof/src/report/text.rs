@@ -3,7 +3,10 @@
 
 use std::fmt::Write as _;
 
-use super::model::{AllocatorReport, MemoryReport, OpStats, Report, SiteEntry, SyscallStats};
+use super::model::{
+    source_label, AllocatorReport, LockEntry, MemoryReport, OpStats, Report, SiteEntry,
+    SyscallStats,
+};
 
 /// Width the summary is laid out for.
 pub const WIDTH: usize = 80;
@@ -89,8 +92,61 @@ fn render_wide(report: &Report) -> String {
     write_allocator(&mut out, &report.allocator);
     out.push('\n');
     let _ = writeln!(out, "False sharing: not analysed by this version");
-    let _ = writeln!(out, "Locks:         not analysed by this version");
+    write_locks(&mut out, &report.locks);
     out
+}
+
+/// Lock entries shown in the summary.
+const TOP_LOCKS: usize = 6;
+
+/// The "Locks" section: the contended locks (then other waits), with the
+/// code that waited and the code that released.
+fn write_locks(out: &mut String, locks: &[LockEntry]) {
+    if locks.is_empty() {
+        let _ = writeln!(out, "Locks: no thread waited for a lock");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Locks (waits seen from the kernel; lock contention first, then other waits)"
+    );
+    let _ = writeln!(
+        out,
+        "    {:<20} {:<9} {:>8} {:>9} {:>9} {:>9}",
+        "lock", "kind", "waits", "total", "p99", "max"
+    );
+    for l in locks.iter().take(TOP_LOCKS) {
+        let name = l.name.clone().unwrap_or_else(|| l.address.clone());
+        let _ = writeln!(
+            out,
+            "    {:<20} {:<9} {:>8} {:>9} {:>9} {:>9}",
+            ellipsize(&name, 20),
+            ellipsize(&l.kind, 9),
+            group(l.contentions),
+            format_ns(l.wait_total_ns),
+            format_ns(l.wait_p99_ns),
+            format_ns(l.wait_max_ns)
+        );
+        if let Some(w) = l.waiters.first() {
+            let at = source_label(w.file.as_deref(), w.line, &w.module);
+            let line = format!("      waited in {} {at}", w.function);
+            let _ = writeln!(out, "{line}");
+        }
+        if let Some(h) = l.holders.first() {
+            let at = source_label(h.file.as_deref(), h.line, &h.module);
+            let line = format!(
+                "      released by {} {at} ({} wakes)",
+                h.function,
+                group(h.count)
+            );
+            let _ = writeln!(out, "{line}");
+        }
+        if l.owner_seen {
+            let owners: Vec<String> = l.owners.iter().map(|o| o.tid.to_string()).collect();
+            let line = format!("      held by thread(s) {}", owners.join(", "));
+            let _ = writeln!(out, "{line}");
+        }
+    }
 }
 
 /// The "Allocator" section: library and mode, latency per split,
@@ -666,6 +722,58 @@ pub(crate) mod tests {
         for line in render(&report_with_allocator()).lines() {
             assert!(line.chars().count() <= WIDTH, "too wide: {line}");
         }
+    }
+
+    #[test]
+    fn locks_section_names_the_lock_its_waiters_releasers_and_owners() {
+        use crate::report::model::{HolderSite, LockEntry, OwnerEntry, WaiterSite};
+        let mut r = sample_report();
+        assert!(render(&r).contains("Locks: no thread waited for a lock"));
+        r.locks = vec![LockEntry {
+            address: "0x5555aaaa0040".into(),
+            name: Some("g_hot_lock".into()),
+            kind: "mutex".into(),
+            acquisitions: None,
+            contentions: 43_683,
+            wait_total_ns: 1_810_000_000,
+            wait_mean_ns: 41_000,
+            wait_p99_ns: 35_500,
+            wait_max_ns: 5_370_000,
+            hold_p99_ns: None,
+            threads: 2,
+            owner_seen: true,
+            owners: vec![OwnerEntry {
+                tid: 24692,
+                count: 9,
+            }],
+            waiters: vec![WaiterSite {
+                function: "contend_hot".into(),
+                file: Some("/src/locks.c".into()),
+                line: Some(166),
+                module: "locks".into(),
+                count: 43_683,
+                wait_ns: 1_810_000_000,
+            }],
+            holders: vec![HolderSite {
+                function: "contend_hot".into(),
+                file: Some("/src/locks.c".into()),
+                line: Some(169),
+                module: "locks".into(),
+                count: 43_693,
+                woken: 43_690,
+            }],
+        }];
+        let text = render(&r);
+        let section: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Locks"))
+            .collect();
+        assert!(section[2].contains("g_hot_lock") && section[2].contains("43,683"));
+        assert!(section[2].contains("1.81 s"), "{}", section[2]);
+        assert!(section[3].contains("waited in contend_hot locks.c:166"));
+        assert!(section[4].contains("released by contend_hot locks.c:169"));
+        assert!(section[5].contains("24692"));
+        assert!(text.lines().all(|l| l.chars().count() <= WIDTH));
     }
 
     #[test]

@@ -454,8 +454,10 @@ impl AllocTracer {
         matches!(self.state, State::Attached { .. } | State::Detaching { .. })
     }
 
-    /// Ends tracing: accounts for the last window or gap, detaches, and
-    /// waits until every probe is gone.
+    /// Ends tracing: accounts for the last window or gap and starts
+    /// detaching everything; [`AllocTracer::wait_detached`] waits for it
+    /// (about a second and a half for glibc's 18 links: the kernel takes a
+    /// grace period per link, one after the other).
     pub fn finish(&mut self, probes: &Probes) {
         let calls = probes.counters().alloc_calls;
         let mut handles = detach(std::mem::take(&mut self.resident_links));
@@ -491,8 +493,12 @@ impl AllocTracer {
                 Duration::ZERO,
             );
         }
-        handles.append(&mut self.detaching);
-        for h in handles {
+        self.detaching.append(&mut handles);
+    }
+
+    /// Waits until every probe [`AllocTracer::finish`] detached is gone.
+    pub fn wait_detached(&mut self) {
+        for h in self.detaching.drain(..) {
             let _ = h.join();
         }
     }

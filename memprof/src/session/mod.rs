@@ -7,6 +7,7 @@ pub mod alloc;
 pub mod allocator;
 pub mod budget;
 pub mod launch;
+pub mod locks;
 pub mod preflight;
 pub mod probes;
 pub mod prologue;
@@ -176,6 +177,7 @@ struct Live {
     samples: AsyncFd<RingBuf<MapData>>,
     tasks: AsyncFd<RingBuf<MapData>>,
     alloc_events: AsyncFd<RingBuf<MapData>>,
+    lock_events: AsyncFd<RingBuf<MapData>>,
     /// The allocator probes (None when off or no allocator was found).
     tracer: Option<AllocTracer>,
     alloc_mode: AllocMode,
@@ -260,6 +262,7 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
         probes.take_ring(maps::ALLOC_EVENTS)?,
         "the allocator ring buffer",
     )?;
+    let lock_events = readable(probes.take_ring(maps::LOCK_EVENTS)?, "the lock ring buffer")?;
     let mut collector = Collector::new(pid);
     if launched {
         collector.start_at_exec();
@@ -287,6 +290,7 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
         samples,
         tasks,
         alloc_events,
+        lock_events,
         tracer,
         alloc_mode: opts.alloc.mode,
         final_kernel: Vec::new(),
@@ -308,6 +312,9 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
     live.finish(reason).await;
     if let TargetHandle::Launched(l) = &live.target {
         if live.collector.awaiting_exec() {
+            if let Some(tracer) = &mut live.tracer {
+                tracer.wait_detached();
+            }
             let status = l.status.map_or("unknown status".into(), |s| s.to_string());
             return Err(Error::LaunchFailed {
                 command: live.command.clone(),
@@ -318,6 +325,9 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
         }
     }
     let report = live.report();
+    if let Some(tracer) = &mut live.tracer {
+        tracer.wait_detached();
+    }
     Ok((report, reason))
 }
 
@@ -346,6 +356,12 @@ impl Live {
                     drain_tasks(guard.get_inner_mut(), &mut self.collector);
                     guard.clear_ready();
                 }
+                guard = self.lock_events.readable_mut() => {
+                    let mut guard = guard.map_err(|e| anyhow::anyhow!("polling lock events: {e}"))?;
+                    drain_tasks(self.tasks.get_mut(), &mut self.collector);
+                    drain_locks(guard.get_inner_mut(), &mut self.collector);
+                    guard.clear_ready();
+                }
                 guard = self.alloc_events.readable_mut() => {
                     let mut guard = guard.map_err(|e| anyhow::anyhow!("polling allocator events: {e}"))?;
                     drain_tasks(self.tasks.get_mut(), &mut self.collector);
@@ -360,6 +376,7 @@ impl Live {
                     // samples taken after them are read.
                     drain_tasks(self.tasks.get_mut(), &mut self.collector);
                     drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
+                    drain_locks(self.lock_events.get_mut(), &mut self.collector);
                     drain_samples(self.samples.get_mut(), &mut self.collector);
                     // Soon after sampling, so the stack is read against the
                     // memory map it was taken in.
@@ -409,6 +426,7 @@ impl Live {
                 self.collector.alloc_window(false, alloc::ktime_ns());
                 if let Some(probes) = &self.probes {
                     tracer.finish(probes);
+                    tracer.wait_detached();
                 }
             }
         }
@@ -421,14 +439,15 @@ impl Live {
         self.traced = Some(self.started.elapsed());
         drain_tasks(self.tasks.get_mut(), &mut self.collector);
         drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
+        drain_locks(self.lock_events.get_mut(), &mut self.collector);
         drain_samples(self.samples.get_mut(), &mut self.collector);
         if let (Some(tracer), Some(probes)) = (&mut self.tracer, &self.probes) {
             if tracer.attached() {
                 self.collector.alloc_window(false, alloc::ktime_ns());
             }
+            // Starts detaching; the report is built meanwhile (the kernel
+            // takes a while), and `run` waits for it to end before returning.
             tracer.finish(probes);
-            // Calls that returned while the probes were being removed.
-            drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
         }
         self.collector.settle();
         if let Some(mut probes) = self.probes.take() {
@@ -514,6 +533,12 @@ impl Live {
                 counters.task_events_lost
             ));
         }
+        if counters.lock_events_lost > 0 {
+            notes.push(format!(
+                "{} lock events were lost (ring buffer full): lock counts are low",
+                counters.lock_events_lost
+            ));
+        }
         if counters.alloc_events_lost > 0 {
             notes.push(format!(
                 "{} allocator events were lost (ring buffer full): allocator counts are low",
@@ -558,6 +583,12 @@ impl Live {
             &kernel,
             |place| symbolizer.code(place),
         );
+        let locks = locks::report(
+            &self.collector.locks,
+            self.collector.maps(),
+            self.collector.alloc.as_ref(),
+            &mut self.symbolizer,
+        );
         Report {
             schema: SCHEMA,
             target: Target {
@@ -580,7 +611,7 @@ impl Live {
             threads,
             false_sharing: Vec::new(),
             allocator,
-            locks: Vec::new(),
+            locks,
             loader: Loader::measure(duration_s),
             notes,
         }
@@ -593,6 +624,12 @@ fn drain_samples(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
             Some(ev) => collector.on_sample(&ev),
             None => tracing::warn!("short sample record ({} bytes)", item.len()),
         }
+    }
+}
+
+fn drain_locks(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
+    while let Some(item) = ring.next() {
+        collector.on_lock_record(&item);
     }
 }
 

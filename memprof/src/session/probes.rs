@@ -55,6 +55,7 @@ pub struct Counters {
     pub alloc_state_errors: u64,
     /// Allocator calls that hit an entry probe.
     pub alloc_calls: u64,
+    pub lock_events_lost: u64,
 }
 
 impl Counters {
@@ -103,14 +104,16 @@ impl Probes {
         let flags_off =
             tracefs::field_offset(tracefs_dir, "task", "task_newtask", "clone_flags", 8)?;
         let glibc_header = u32::from(alloc.is_some_and(|a| a.glibc_header));
-        let (args_off, ret_off) = if alloc.is_some() {
-            (
-                tracefs::field_offset(tracefs_dir, "syscalls", "sys_enter_mmap", "addr", 8)?,
-                tracefs::field_offset(tracefs_dir, "syscalls", "sys_exit_mmap", "ret", 8)?,
-            )
-        } else {
-            (16, 16)
-        };
+        // The allocator's and the futex syscalls' arguments.
+        let args_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_enter_mmap", "addr", 8)?;
+        let ret_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_exit_mmap", "ret", 8)?;
+        // Optional: kernels without lock:contention_* just miss that part.
+        let klock_addr =
+            tracefs::field_offset(tracefs_dir, "lock", "contention_begin", "lock_addr", 8)
+                .unwrap_or(8);
+        let klock_flags =
+            tracefs::field_offset(tracefs_dir, "lock", "contention_begin", "flags", 4)
+                .unwrap_or(16);
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::TARGET_TGID, &tgid, true)
             .override_global(globals::NEWTASK_PID_OFFSET, &pid_off, true)
@@ -118,6 +121,8 @@ impl Probes {
             .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
             .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)
             .override_global(globals::SYSCALL_RET_OFFSET, &ret_off, true)
+            .override_global(globals::KLOCK_ADDR_OFFSET, &klock_addr, true)
+            .override_global(globals::KLOCK_FLAGS_OFFSET, &klock_flags, true)
             .load(OBJECT)
             .map_err(|e| classify(anyhow::Error::new(e).context("loading the eBPF object")))?;
         // Must exist before the programs load (they reference its map).
@@ -156,6 +161,7 @@ impl Probes {
                 })?;
             }
         }
+        attach_lock_tracepoints(&mut ebpf)?;
         let source = attach_sampler(&mut ebpf, frequency_hz, try_hardware)?;
         Ok(Self {
             ebpf,
@@ -199,6 +205,7 @@ impl Probes {
             alloc_calls: (0..memprof_common::alloc_op::COUNT)
                 .map(|op| sum(counter::ALLOC_OP_CALLS + op))
                 .sum(),
+            lock_events_lost: sum(counter::LOCK_EVENTS_LOST),
         }
     }
 
@@ -321,6 +328,57 @@ fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -
             other => other,
         }
     })?;
+    Ok(())
+}
+
+/// Futex calls (required: every contended user lock ends in one), the
+/// futex2 calls and kernel lock contention (optional: newer kernels).
+fn attach_lock_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
+    attach_tracepoint(ebpf, programs::FUTEX_ENTER, "syscalls", "sys_enter_futex")?;
+    attach_tracepoint(ebpf, programs::FUTEX_EXIT, "syscalls", "sys_exit_futex")?;
+    let optional: [(&str, &str, &[&str]); 4] = [
+        (
+            programs::FUTEX_WAIT_ENTER,
+            "syscalls",
+            &["sys_enter_futex_wait"],
+        ),
+        (
+            programs::FUTEX_WAKE_ENTER,
+            "syscalls",
+            &["sys_enter_futex_wake"],
+        ),
+        (
+            programs::FUTEX2_EXIT,
+            "syscalls",
+            &["sys_exit_futex_wait", "sys_exit_futex_wake"],
+        ),
+        (programs::KLOCK_BEGIN, "lock", &["contention_begin"]),
+    ];
+    for (prog, category, events) in optional {
+        if let Err(e) = attach_tracepoint_to(ebpf, prog, category, events) {
+            tracing::info!("{category}:{events:?} unavailable, left out: {e}");
+        }
+    }
+    if let Err(e) = attach_tracepoint(ebpf, programs::KLOCK_END, "lock", "contention_end") {
+        tracing::info!("lock:contention_end unavailable, left out: {e}");
+    }
+    Ok(())
+}
+
+/// Loads `name` once and attaches it to each of `events`.
+fn attach_tracepoint_to(
+    ebpf: &mut Ebpf,
+    name: &str,
+    category: &str,
+    events: &[&str],
+) -> Result<()> {
+    let prog: &mut TracePoint = program(ebpf, name)?;
+    prog.load()
+        .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
+    for event in events {
+        prog.attach(category, event)
+            .map_err(|e| anyhow::anyhow!("attaching {name} to {category}:{event}: {e}"))?;
+    }
     Ok(())
 }
 
