@@ -301,9 +301,10 @@ pub struct LockEvent {
     pub duration_ns: u64,
     /// For `END`: the return value (woken threads for a wake).
     pub ret: i64,
-    /// User instruction pointer and stack pointer at the call.
+    /// User instruction, stack and frame pointers at the call.
     pub ip: u64,
     pub sp: u64,
+    pub bp: u64,
     /// For `WAIT_BEGIN` and `WAKE_BEGIN`: the top of the user stack.
     pub stack: [u64; LOCK_STACK_WORDS],
 }
@@ -429,7 +430,7 @@ const _: () = assert!(core::mem::size_of::<TaskEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<AllocEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
-const _: () = assert!(core::mem::size_of::<LockEvent>() == 64 + 8 * LOCK_STACK_WORDS);
+const _: () = assert!(core::mem::size_of::<LockEvent>() == 72 + 8 * LOCK_STACK_WORDS);
 
 #[cfg(feature = "user")]
 pub use user::record_kind;

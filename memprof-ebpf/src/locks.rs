@@ -75,18 +75,20 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// The thread's user-mode instruction and stack pointers.
+/// The thread's user-mode instruction, stack and frame pointers.
 #[inline(always)]
-fn user_ip_sp() -> (u64, u64) {
+fn user_regs() -> (u64, u64, u64) {
     // SAFETY: the current task is valid while the program runs, and
     // bpf_task_pt_regs returns its saved user registers; the reads use
-    // bpf_probe_read_kernel, which fails cleanly. 128 and 152 are the
-    // offsets of `ip` and `sp` in x86-64's `struct pt_regs` (a user ABI).
+    // bpf_probe_read_kernel, which fails cleanly. 128, 152 and 32 are the
+    // offsets of `ip`, `sp` and `bp` in x86-64's `struct pt_regs` (a user
+    // ABI: ptrace exposes the same layout).
     unsafe {
         let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
         let ip = bpf_probe_read_kernel(regs.add(128) as *const u64).unwrap_or(0);
         let sp = bpf_probe_read_kernel(regs.add(152) as *const u64).unwrap_or(0);
-        (ip, sp)
+        let bp = bpf_probe_read_kernel(regs.add(32) as *const u64).unwrap_or(0);
+        (ip, sp, bp)
     }
 }
 
@@ -101,7 +103,7 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
         count(counter::LOCK_EVENTS_LOST);
         return;
     };
-    let (ip, sp) = user_ip_sp();
+    let (ip, sp, bp) = user_regs();
     let owner = if kind == lock_event::WAIT_BEGIN {
         // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
         unsafe { bpf_probe_read_user((uaddr + 8) as *const u32) }.unwrap_or(0)
@@ -121,6 +123,7 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
         (*e).ret = 0;
         (*e).ip = ip;
         (*e).sp = sp;
+        (*e).bp = bp;
         let stack = (*e).stack.as_mut_ptr() as *mut core::ffi::c_void;
         let size = (LOCK_STACK_WORDS * 8) as u32;
         if aya_ebpf::helpers::generated::bpf_probe_read_user(
@@ -192,6 +195,7 @@ fn futex_end(ctx: &TracePointContext) {
         (*e).ret = ret;
         (*e).ip = 0;
         (*e).sp = 0;
+        (*e).bp = 0;
     }
     submit_entry(entry);
 }
@@ -280,7 +284,7 @@ pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
         count(counter::LOCK_EVENTS_LOST);
         return 0;
     };
-    let (ip, sp) = user_ip_sp();
+    let (ip, sp, bp) = user_regs();
     let e = entry.as_mut_ptr();
     // SAFETY: as in `futex_begin`; no stack for kernel waits.
     unsafe {
@@ -294,6 +298,7 @@ pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
         (*e).ret = 0;
         (*e).ip = ip;
         (*e).sp = sp;
+        (*e).bp = bp;
     }
     submit_entry(entry);
     0

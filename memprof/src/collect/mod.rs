@@ -8,6 +8,7 @@
 pub mod code;
 pub mod procmaps;
 pub mod threads;
+pub mod unwind;
 
 use std::{
     collections::HashMap,
@@ -62,6 +63,7 @@ pub struct Collector {
     /// Futex calls begun and not yet ended, per thread.
     futex_calls: FastMap<u32, PendingFutex>,
     code: CodeCache,
+    unwinder: unwind::Unwinder,
 }
 
 /// A futex call whose end has not come yet.
@@ -99,6 +101,7 @@ impl Collector {
             locks: LockProfile::new(),
             futex_calls: FastMap::default(),
             code: CodeCache::default(),
+            unwinder: unwind::Unwinder::default(),
         };
         collector.refresh_maps();
         let tids = list_threads(pid);
@@ -439,8 +442,8 @@ impl Collector {
             self.refresh_maps();
         }
         let ip = self.place(ev.ip);
-        let mut frames = Vec::new();
-        for &word in &ev.stack {
+        let (mut frames, scan_from) = self.unwind(ev);
+        for &word in ev.stack.iter().skip(scan_from) {
             if frames.len() >= CHAIN_FRAMES {
                 break;
             }
@@ -460,6 +463,56 @@ impl Collector {
             }
         }
         Chain { ip, frames }
+    }
+
+    /// Walks the futex call's stack with the objects' call-frame
+    /// information, as far as the copied stack words go. Returns the return
+    /// addresses' places and the index of the first stack word above the
+    /// last frame found (where scanning may continue).
+    fn unwind(&mut self, ev: &LockEvent) -> (Vec<Place>, usize) {
+        let word = |addr: u64| -> Option<u64> {
+            let i = usize::try_from(addr.checked_sub(ev.sp)? / 8).ok()?;
+            (addr % 8 == ev.sp % 8).then_some(())?;
+            ev.stack.get(i).copied()
+        };
+        let (mut ip, mut sp, mut bp) = (ev.ip, ev.sp, ev.bp);
+        let mut frames = Vec::new();
+        for depth in 0..CHAIN_FRAMES {
+            // A return address is resolved at its call instruction.
+            let at = if depth == 0 { ip } else { ip - 1 };
+            let Some(m) = self.maps.find(at) else { break };
+            if !m.executable || !m.is_file() {
+                break;
+            }
+            let path = m.name.clone();
+            let offset = at - m.start + m.offset;
+            if depth > 0 {
+                frames.push(Place::File {
+                    path: path.clone(),
+                    file_offset: offset,
+                });
+            }
+            let Some(rule) = self.unwinder.rule(&path, offset) else {
+                break;
+            };
+            let base = match rule.base {
+                unwind::Base::Sp => sp,
+                unwind::Base::Bp => bp,
+            };
+            let cfa = base.wrapping_add_signed(rule.cfa_offset);
+            let Some(ra) = word(cfa.wrapping_add_signed(rule.ra_offset)).filter(|&a| a != 0) else {
+                break;
+            };
+            if let Some(o) = rule.bp_offset {
+                match word(cfa.wrapping_add_signed(o)) {
+                    Some(saved) => bp = saved,
+                    None => break,
+                }
+            }
+            (ip, sp) = (ra, cfa);
+        }
+        let scan_from = usize::try_from(sp.saturating_sub(ev.sp) / 8).unwrap_or(usize::MAX);
+        (frames, scan_from)
     }
 
     /// The memory map as last read (for naming data addresses).
