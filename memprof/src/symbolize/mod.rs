@@ -89,7 +89,7 @@ impl Symbolizer {
     pub fn new() -> Self {
         let blazesym = Blazesym::builder()
             .enable_code_info(true)
-            .enable_inlined_fns(false)
+            .enable_inlined_fns(true)
             .enable_demangling(true)
             .build();
         Self {
