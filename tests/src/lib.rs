@@ -464,3 +464,51 @@ pub fn attached_programs(holder: u32) -> Vec<Attached> {
     }
     found
 }
+
+/// Source file of a bundled single-file Rust workload.
+pub fn rust_workload_source(name: &str) -> PathBuf {
+    workspace()
+        .join("tests/workloads")
+        .join(format!("{name}.rs"))
+}
+
+/// The version line of the `rustc` on PATH, or None when there is none.
+pub fn rustc_version() -> Option<String> {
+    let out = Command::new("rustc").arg("--version").output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Builds `workloads/NAME.rs` (a single-file program) with the `rustc` on
+/// PATH (`-g -C force-frame-pointers=yes -O`) and returns the executable's
+/// path.
+pub fn build_rust_workload(name: &str) -> anyhow::Result<PathBuf> {
+    let src = rust_workload_source(name);
+    let out = workload_dir().join(name);
+    // As in build_workload: the old file may be running.
+    let tmp = workload_dir().join(format!(
+        ".{name}.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    run_ok(
+        Command::new("rustc")
+            .args(["-g", "-C", "force-frame-pointers=yes", "-O", "-o"])
+            .arg(&tmp)
+            .arg(&src),
+    )?;
+    std::fs::rename(&tmp, &out)?;
+    Ok(out)
+}
+
+/// The 1-based line of the file at `path` that carries `marker`.
+pub fn marked_line_in(path: &Path, marker: &str) -> u32 {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let idx = text
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no line marked {marker:?} in {}", path.display()));
+    idx as u32 + 1
+}

@@ -22,6 +22,7 @@ const PACKAGES: &[&str] = &[
     "libc6-dev",       // including libc.a for the static-binary test
     "binutils",        // strip, for the stripped-binary test
     "tmux",            // drives the dashboard in its test
+    "pbzip2",          // a real multithreaded program for the lock tests
     "util-linux",      // setpriv, for the unprivileged-run test
     "libjemalloc2",    // allocators the allocator tests preload
     "libtcmalloc-minimal4",

@@ -32,6 +32,7 @@ struct Merged {
     kind: &'static str,
     waits: Histogram<u64>,
     total_ns: u64,
+    max_ns: u64,
     threads: usize,
     owners: HashMap<u32, u64>,
     waiters: HashMap<SiteKey, (u64, u64)>,
@@ -58,6 +59,11 @@ pub fn report(
             .max_by_key(|(_, (count, _))| *count)
             .map(|(chain, _)| chain);
         let kind = top.map_or("futex", |c| kind_of(c, symbolizer));
+        // Only a glibc mutex keeps its owner 8 bytes after the futex word.
+        let glibc = top.is_some_and(|c| {
+            let module = symbolizer.code(&c.ip).module;
+            module.starts_with("libc.so") || module.starts_with("libc-")
+        });
         let name = name_of(uaddr, maps, blocks.as_ref(), symbolizer);
         let slot = match &name {
             Some(n) => *by_name.entry((n.clone(), kind)).or_insert_with(|| {
@@ -72,9 +78,9 @@ pub fn report(
         let m = &mut merged[slot];
         let _ = m.waits.add(&f.waits);
         m.total_ns += f.total_ns;
+        m.max_ns = m.max_ns.max(f.max_ns);
         m.threads = m.threads.max(f.threads.len());
-        // Only a glibc mutex keeps its owner 8 bytes after the futex word.
-        if kind == "mutex" {
+        if kind == "mutex" && glibc {
             for (tid, n) in &f.owners {
                 *m.owners.entry(*tid).or_default() += n;
             }
@@ -117,8 +123,9 @@ pub fn report(
             contentions: k.waits.len(),
             wait_total_ns: k.total_ns,
             wait_mean_ns: k.waits.mean().round() as u64,
-            wait_p99_ns: k.waits.value_at_quantile(0.99),
-            wait_max_ns: k.waits.max(),
+            // The histogram rounds to 3 digits: never above the exact max.
+            wait_p99_ns: k.waits.value_at_quantile(0.99).min(k.max_ns),
+            wait_max_ns: k.max_ns,
             hold_p99_ns: None,
             threads: 0,
             owner_seen: false,
@@ -145,6 +152,7 @@ impl Merged {
             kind,
             waits: Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid"),
             total_ns: 0,
+            max_ns: 0,
             threads: 0,
             owners: HashMap::new(),
             waiters: HashMap::new(),
@@ -200,8 +208,8 @@ impl Merged {
             contentions: self.waits.len(),
             wait_total_ns: self.total_ns,
             wait_mean_ns: self.waits.mean().round() as u64,
-            wait_p99_ns: self.waits.value_at_quantile(0.99),
-            wait_max_ns: self.waits.max(),
+            wait_p99_ns: self.waits.value_at_quantile(0.99).min(self.max_ns),
+            wait_max_ns: self.max_ns,
             hold_p99_ns: None,
             threads: self.threads,
             owner_seen: !owners.is_empty(),

@@ -1,0 +1,383 @@
+/*
+ * locks: lock workloads with known contention, for memprof-ebpf's lock
+ * tests and benchmarks.
+ *
+ *   locks contended THREADS SECONDS   THREADS threads (started together)
+ *                                      loop for SECONDS: lock g_hot_lock
+ *                                      (line marked WAIT), ~20 us of busy
+ *                                      work inside (HOLD), unlock (RELEASE),
+ *                                      ~5 us of work outside. The first
+ *                                      thread also takes g_quiet_lock every
+ *                                      1000 iterations: never contended.
+ *                                      Prints "acquisitions N" on stderr at
+ *                                      the end (g_hot_lock acquisitions).
+ *   locks condvar SECONDS              producer/consumer on g_queue_lock +
+ *                                      g_queue_cond: the producer pushes an
+ *                                      item every 1 ms (nanosleep between),
+ *                                      the consumer waits on the condvar
+ *                                      (CONDWAIT). The producer signals after
+ *                                      unlocking, so the mutex is essentially
+ *                                      uncontended: the waiting is condvar
+ *                                      waiting. Prints "consumed N" on stderr.
+ *   locks rwlock SECONDS               g_table_lock: one writer takes the
+ *                                      write lock for ~2 ms every ~10 ms
+ *                                      (WRLOCK); two readers take the read
+ *                                      lock briefly (RDLOCK), sleeping
+ *                                      ~100 us between, and are blocked by
+ *                                      the writer. Prints "reads N writes N"
+ *                                      on stderr.
+ *   locks uncontended N                one thread, N x (lock g_solo_lock,
+ *                                      tiny work, unlock); prints
+ *                                      "ns_per_cs X" on stderr
+ *   locks contended_bench THREADS N    as contended, but N acquisitions per
+ *                                      thread, ~1 us inside and ~0.25 us
+ *                                      outside; prints "ns_per_cs X" (wall
+ *                                      time per acquisition, all threads) on
+ *                                      stderr
+ *
+ * Every mode prints "ready" (unbuffered) once started, then exits 0.
+ * The locks are globals with distinctive names: the profiler names a lock
+ * by the symbol that contains its address. They are non-static (global
+ * symbols) and each on its own cache line. Lines marked with comments are
+ * the ones the tests expect as waiter and holder sites; the lock and
+ * unlock calls stand alone on them.
+ *
+ * Busy work spins on clock_gettime (vDSO: no syscall) so its duration holds
+ * on any CPU; the only futex calls are those of the locks themselves (and
+ * thread start and join).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_THREADS 64
+#define ALIGNED __attribute__((aligned(64)))
+
+pthread_mutex_t g_hot_lock ALIGNED = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t g_quiet_lock ALIGNED = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t g_queue_lock ALIGNED = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t g_queue_cond ALIGNED = PTHREAD_COND_INITIALIZER;
+pthread_rwlock_t g_table_lock ALIGNED = PTHREAD_RWLOCK_INITIALIZER;
+pthread_mutex_t g_solo_lock ALIGNED = PTHREAD_MUTEX_INITIALIZER;
+
+/* What the locks protect. */
+static unsigned long hot_counter ALIGNED;
+static unsigned long quiet_counter ALIGNED;
+static long queue_items ALIGNED;
+static int queue_done;
+static unsigned long table[64] ALIGNED;
+static volatile unsigned long solo_counter ALIGNED;
+/* Stores to this cannot be optimised away. */
+static volatile unsigned long sink;
+
+/* Results of the threads, added at the end. */
+static unsigned long total_acquisitions;
+static unsigned long total_reads;
+
+static pthread_barrier_t start_line;
+
+static long now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Busy work for about `ns` nanoseconds. */
+__attribute__((noinline)) void busy_ns(long ns)
+{
+	volatile unsigned long acc = 0;
+	long until = now_ns() + ns;
+	while (now_ns() < until)
+		for (int i = 0; i < 16; i++)
+			acc += i;
+}
+
+static void sleep_ns(long ns)
+{
+	struct timespec ts = {.tv_sec = ns / 1000000000L, .tv_nsec = ns % 1000000000L};
+	nanosleep(&ts, NULL);
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: locks contended THREADS SECONDS | condvar SECONDS | rwlock SECONDS"
+			" | uncontended N | contended_bench THREADS N\n");
+	exit(2);
+}
+
+static long count_arg(const char *s, long max)
+{
+	char *end;
+	long n = strtol(s, &end, 10);
+	if (*end || n < 1 || n > max)
+		usage();
+	return n;
+}
+
+static double seconds_arg(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+	if (*end || !(v > 0) || v > 3600)
+		usage();
+	return v;
+}
+
+/* Unbuffered stdout, then "ready". */
+static void start(void)
+{
+	setvbuf(stdout, NULL, _IONBF, 0);
+	fputs("ready\n", stdout);
+}
+
+/* Starts `threads` threads running `fn(arg)` and waits for them. */
+static void run_threads(long threads, void *(*fn)(void *), void *args, size_t arg_size)
+{
+	pthread_t tids[MAX_THREADS];
+	if (pthread_barrier_init(&start_line, NULL, threads) != 0)
+		exit(1);
+	for (long t = 0; t < threads; t++)
+		if (pthread_create(&tids[t], NULL, fn, (char *)args + t * arg_size) != 0)
+			exit(1);
+	for (long t = 0; t < threads; t++)
+		pthread_join(tids[t], NULL);
+	pthread_barrier_destroy(&start_line);
+}
+
+/* ---- contended, contended_bench ---- */
+
+struct worker {
+	long until_ns;   /* stop at this time (contended) ... */
+	long count;      /* ... or after this many acquisitions (bench) */
+	long hold_ns;    /* busy work inside the critical section */
+	long outside_ns; /* busy work between critical sections */
+	int quiet;       /* also take g_quiet_lock every 1000 iterations */
+} ALIGNED;
+
+__attribute__((noinline)) long contend_hot(const struct worker *w)
+{
+	long done = 0;
+	while (w->count ? done < w->count : now_ns() < w->until_ns) {
+		pthread_mutex_lock(&g_hot_lock); // WAIT
+		busy_ns(w->hold_ns); // HOLD
+		hot_counter++;
+		pthread_mutex_unlock(&g_hot_lock); // RELEASE
+		done++;
+		if (w->quiet && done % 1000 == 0) {
+			pthread_mutex_lock(&g_quiet_lock); // QUIET
+			quiet_counter++;
+			pthread_mutex_unlock(&g_quiet_lock);
+		}
+		busy_ns(w->outside_ns); // OUTSIDE
+	}
+	return done;
+}
+
+static void *contend_thread(void *arg)
+{
+	pthread_barrier_wait(&start_line);
+	long done = contend_hot(arg);
+	__atomic_fetch_add(&total_acquisitions, done, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+static void locks_contended(long threads, long until_ns, long count, long hold_ns, long outside_ns)
+{
+	struct worker workers[MAX_THREADS];
+	for (long t = 0; t < threads; t++)
+		workers[t] = (struct worker){
+			.until_ns = until_ns,
+			.count = count,
+			.hold_ns = hold_ns,
+			.outside_ns = outside_ns,
+			.quiet = t == 0,
+		};
+	run_threads(threads, contend_thread, workers, sizeof workers[0]);
+	if (hot_counter != total_acquisitions) {
+		fprintf(stderr, "counter %lu != acquisitions %lu\n", hot_counter, total_acquisitions);
+		exit(1);
+	}
+}
+
+/* ---- condvar ---- */
+
+static long condvar_until_ns;
+
+__attribute__((noinline)) long produce(void)
+{
+	long produced = 0;
+	while (now_ns() < condvar_until_ns) {
+		pthread_mutex_lock(&g_queue_lock); // PRODUCE
+		queue_items++;
+		pthread_mutex_unlock(&g_queue_lock);
+		/* Signalled after unlocking: the woken consumer finds the mutex
+		 * free. */
+		pthread_cond_signal(&g_queue_cond); // SIGNAL
+		produced++;
+		sleep_ns(1000 * 1000);
+	}
+	pthread_mutex_lock(&g_queue_lock);
+	queue_done = 1;
+	pthread_mutex_unlock(&g_queue_lock);
+	pthread_cond_broadcast(&g_queue_cond);
+	return produced;
+}
+
+__attribute__((noinline)) long consume(void)
+{
+	long consumed = 0;
+	pthread_mutex_lock(&g_queue_lock); // CONSUME
+	for (;;) {
+		while (queue_items == 0 && !queue_done)
+			pthread_cond_wait(&g_queue_cond, &g_queue_lock); // CONDWAIT
+		if (queue_items == 0)
+			break; /* done, and drained */
+		queue_items--;
+		consumed++;
+		pthread_mutex_unlock(&g_queue_lock);
+		busy_ns(2000); /* handle the item */
+		pthread_mutex_lock(&g_queue_lock);
+	}
+	pthread_mutex_unlock(&g_queue_lock);
+	return consumed;
+}
+
+static void *consumer_thread(void *arg)
+{
+	*(long *)arg = consume();
+	return NULL;
+}
+
+static void locks_condvar(double seconds)
+{
+	condvar_until_ns = now_ns() + (long)(seconds * 1e9);
+	long consumed = 0;
+	pthread_t consumer;
+	if (pthread_create(&consumer, NULL, consumer_thread, &consumed) != 0)
+		exit(1);
+	long produced = produce();
+	pthread_join(consumer, NULL);
+	if (consumed != produced) {
+		fprintf(stderr, "produced %ld, consumed %ld\n", produced, consumed);
+		exit(1);
+	}
+	fprintf(stderr, "consumed %ld\n", consumed);
+}
+
+/* ---- rwlock ---- */
+
+static long rwlock_until_ns;
+
+__attribute__((noinline)) long write_table(void)
+{
+	long writes = 0;
+	while (now_ns() < rwlock_until_ns) {
+		pthread_rwlock_wrlock(&g_table_lock); // WRLOCK
+		for (int i = 0; i < 64; i++)
+			table[i]++;
+		busy_ns(2 * 1000 * 1000);
+		pthread_rwlock_unlock(&g_table_lock); // WRUNLOCK
+		writes++;
+		sleep_ns(8 * 1000 * 1000);
+	}
+	return writes;
+}
+
+__attribute__((noinline)) long read_table(void)
+{
+	long reads = 0;
+	unsigned long sum = 0;
+	while (now_ns() < rwlock_until_ns) {
+		pthread_rwlock_rdlock(&g_table_lock); // RDLOCK
+		for (int i = 0; i < 64; i++)
+			sum += table[i];
+		busy_ns(1000);
+		pthread_rwlock_unlock(&g_table_lock); // RDUNLOCK
+		reads++;
+		sleep_ns(100 * 1000);
+	}
+	sink = sum; /* the reads are used */
+	return reads;
+}
+
+static void *rwlock_thread(void *arg)
+{
+	long writer = *(long *)arg;
+	pthread_barrier_wait(&start_line);
+	if (writer) {
+		*(long *)arg = write_table();
+	} else {
+		long reads = read_table();
+		__atomic_fetch_add(&total_reads, reads, __ATOMIC_RELAXED);
+	}
+	return NULL;
+}
+
+static void locks_rwlock(double seconds)
+{
+	rwlock_until_ns = now_ns() + (long)(seconds * 1e9);
+	/* One slot per thread; cache-line apart. */
+	long roles[3 * 8] = {[0] = 1, [8] = 0, [16] = 0};
+	run_threads(3, rwlock_thread, roles, 8 * sizeof roles[0]);
+	fprintf(stderr, "reads %lu writes %ld\n", total_reads, roles[0]);
+}
+
+/* ---- uncontended ---- */
+
+__attribute__((noinline)) void solo(long n)
+{
+	for (long i = 0; i < n; i++) {
+		pthread_mutex_lock(&g_solo_lock); // SOLO
+		solo_counter++;
+		pthread_mutex_unlock(&g_solo_lock);
+	}
+}
+
+static void locks_uncontended(long n)
+{
+	long started = now_ns();
+	solo(n);
+	fprintf(stderr, "ns_per_cs %.1f\n", (double)(now_ns() - started) / n);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3)
+		usage();
+	const char *mode = argv[1];
+	if (strcmp(mode, "contended") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], MAX_THREADS);
+		double seconds = seconds_arg(argv[3]);
+		start();
+		locks_contended(threads, now_ns() + (long)(seconds * 1e9), 0, 20 * 1000, 5 * 1000);
+		fprintf(stderr, "acquisitions %lu\n", total_acquisitions);
+	} else if (strcmp(mode, "condvar") == 0 && argc == 3) {
+		double seconds = seconds_arg(argv[2]);
+		start();
+		locks_condvar(seconds);
+	} else if (strcmp(mode, "rwlock") == 0 && argc == 3) {
+		double seconds = seconds_arg(argv[2]);
+		start();
+		locks_rwlock(seconds);
+	} else if (strcmp(mode, "uncontended") == 0 && argc == 3) {
+		long n = count_arg(argv[2], 1L << 40);
+		start();
+		locks_uncontended(n);
+	} else if (strcmp(mode, "contended_bench") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], MAX_THREADS);
+		long n = count_arg(argv[3], 1L << 40);
+		start();
+		long started = now_ns();
+		locks_contended(threads, 0, n, 1000, 250);
+		fprintf(stderr, "ns_per_cs %.1f\n",
+			(double)(now_ns() - started) / (double)total_acquisitions);
+	} else {
+		usage();
+	}
+	return 0;
+}
