@@ -72,7 +72,7 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
     };
     let result = session::run(opts, dashboard.as_mut()).await;
     drop(dashboard); // restore the terminal before printing anything
-    let (report, reason) = result?;
+    let (report, reason, detaching) = result?;
     tracing::info!("session ended: {reason:?}");
 
     if json_to_stdout {
@@ -93,6 +93,15 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
             eprintln!("memprof-ebpf: report written to {}", path.display());
         }
     }
+    // No probe may outlive the tool: wait for the kernel to remove the last
+    // ones (it takes about 0.2 s per allocator probe).
+    if !detaching.is_empty() && std::io::stderr().is_terminal() {
+        eprintln!(
+            "memprof-ebpf: waiting for the kernel to remove {} probes…",
+            detaching.len()
+        );
+    }
+    detaching.wait();
     Ok(())
 }
 

@@ -498,9 +498,12 @@ impl AllocTracer {
 
     /// Waits until every probe [`AllocTracer::finish`] detached is gone.
     pub fn wait_detached(&mut self) {
-        for h in self.detaching.drain(..) {
-            let _ = h.join();
-        }
+        self.take_detaching().wait();
+    }
+
+    /// The detaches still running, to be waited for later.
+    pub fn take_detaching(&mut self) -> Detaching {
+        Detaching(std::mem::take(&mut self.detaching))
     }
 
     /// Fraction of the session the hot (windowed) probes were attached.
@@ -522,6 +525,30 @@ impl AllocTracer {
             1.0
         } else {
             self.traced_fraction()
+        }
+    }
+}
+
+/// Probes being removed by the kernel (about 0.2 s each, one after the
+/// other: the kernel serialises their grace periods). The process must not
+/// end before they are gone, but the report need not wait for them.
+#[derive(Default)]
+pub struct Detaching(Vec<JoinHandle<()>>);
+
+impl Detaching {
+    /// Links still being detached.
+    pub fn len(&self) -> usize {
+        self.0.iter().filter(|h| !h.is_finished()).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until all are gone.
+    pub fn wait(self) {
+        for h in self.0 {
+            let _ = h.join();
         }
     }
 }

@@ -198,7 +198,12 @@ struct Live {
 
 /// Runs a whole session and returns its report. With a dashboard, it is
 /// refreshed every second and its quit key ends the session.
-pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Report, StopReason)> {
+/// The probes the kernel is still removing are returned with it: the
+/// caller shows the report first, then waits for them before exiting.
+pub async fn run(
+    opts: Options,
+    dashboard: Option<&mut Dashboard>,
+) -> Result<(Report, StopReason, alloc::Detaching)> {
     // Registered first, so a Ctrl-C or SIGTERM during start-up still ends
     // the session through the normal path (detach, summary).
     let signals = Signals::new()?;
@@ -325,10 +330,12 @@ pub async fn run(opts: Options, dashboard: Option<&mut Dashboard>) -> Result<(Re
         }
     }
     let report = live.report();
-    if let Some(tracer) = &mut live.tracer {
-        tracer.wait_detached();
-    }
-    Ok((report, reason))
+    let detaching = live
+        .tracer
+        .as_mut()
+        .map(AllocTracer::take_detaching)
+        .unwrap_or_default();
+    Ok((report, reason, detaching))
 }
 
 impl Live {
@@ -445,8 +452,9 @@ impl Live {
             if tracer.attached() {
                 self.collector.alloc_window(false, alloc::ktime_ns());
             }
-            // Starts detaching; the report is built meanwhile (the kernel
-            // takes a while), and `run` waits for it to end before returning.
+            // Starts detaching; the report is built and shown meanwhile
+            // (the kernel takes a while), and the caller waits for the
+            // detach before the process ends.
             tracer.finish(probes);
         }
         self.collector.settle();
