@@ -31,12 +31,23 @@ pub fn run(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
     match only {
         Some("foundation") => foundation(runs),
         Some("allocator") => allocator(alloc_rounds),
-        Some(other) => bail!("--only takes foundation or allocator, not {other}"),
+        Some("locks") => locks(alloc_rounds),
+        Some(other) => bail!("--only takes foundation, allocator or locks, not {other}"),
         None => {
             foundation(runs)?;
-            allocator(alloc_rounds)
+            allocator(alloc_rounds)?;
+            locks(alloc_rounds)
         }
     }
+}
+
+fn locks(rounds: usize) -> Result<()> {
+    let summary = crate::bench_locks::run(rounds)?;
+    let out = root().join("target/bench/locks.json");
+    std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
+    println!("  (written to {})", out.display());
+    Ok(())
 }
 
 fn allocator(rounds: usize) -> Result<()> {
@@ -177,7 +188,11 @@ fn elapsed(stdout: &str) -> Result<f64> {
         .context("the workload printed no elapsed time")
 }
 
-fn median(values: &mut [f64]) -> f64 {
+/// The median (NaN for no values).
+pub(crate) fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
 }

@@ -21,7 +21,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::root;
+use crate::{bench::median, root};
 
 /// Targets from the allocator issue.
 const TARGET_DEFAULT_MODERATE: f64 = 1.05;
@@ -298,12 +298,4 @@ fn libc_path() -> Result<PathBuf> {
     .map(PathBuf::from)
     .find(|p| p.exists())
     .context("libc.so.6 not found")
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
 }

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_alloc;
+mod bench_locks;
 mod setup;
 
 use std::{
@@ -46,11 +47,11 @@ enum Task {
         /// Repetitions of each measurement (the median is reported).
         #[arg(long, default_value_t = 7)]
         runs: usize,
-        /// Rounds of the allocator benchmark (each runs every
+        /// Rounds of the allocator and lock benchmarks (each runs every
         /// configuration once; about a minute per round).
         #[arg(long, default_value_t = 3)]
         alloc_rounds: usize,
-        /// Run only this part: "foundation" or "allocator".
+        /// Run only this part: "foundation", "allocator" or "locks".
         #[arg(long)]
         only: Option<String>,
     },

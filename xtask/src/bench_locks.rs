@@ -1,0 +1,198 @@
+//! `cargo xtask bench`, lock part: what the lock-contention tracing costs
+//! the target, side by side in one run.
+//!
+//! Two workloads from `tests/workloads/locks.c`, each timing itself in ns
+//! per critical section: many short *uncontended* critical sections
+//! (`locks uncontended N`, one thread) and a *contended* lock
+//! (`locks contended_bench 2 N`). Each runs untraced, under the default
+//! mode, and under the usual bpftrace script (uprobe+uretprobe on
+//! pthread_mutex_lock with a latency histogram), in alternating rounds;
+//! the headline ratios are medians of per-round ratios. Results also go to
+//! target/bench/locks.json.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{bench::median, root};
+
+/// Targets from the lock issue (default mode).
+const TARGET_UNCONTENDED: f64 = 1.02;
+const TARGET_CONTENDED: f64 = 1.05;
+/// Untraced and default runs last about this long.
+const RUN_S: f64 = 4.0;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Config {
+    Untraced,
+    Default,
+    Bpftrace,
+}
+
+const CONFIGS: [Config; 3] = [Config::Untraced, Config::Default, Config::Bpftrace];
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::Untraced => "untraced",
+            Config::Default => "default",
+            Config::Bpftrace => "bpftrace script",
+        }
+    }
+}
+
+struct Workload {
+    title: &'static str,
+    args: &'static [&'static str],
+    target: f64,
+}
+
+const WORKLOADS: [Workload; 2] = [
+    Workload {
+        title: "uncontended",
+        args: &["uncontended"],
+        target: TARGET_UNCONTENDED,
+    },
+    Workload {
+        title: "contended",
+        args: &["contended_bench", "2"],
+        target: TARGET_CONTENDED,
+    },
+];
+
+pub fn run(rounds: usize) -> Result<serde_json::Value> {
+    let rounds = rounds.clamp(1, 7);
+    let locks = memprof_tests::build_workload("locks", memprof_tests::Variant::Debug)?;
+    let tool = root().join("target/release/memprof-ebpf");
+    let json = root().join("target/bench/locks-report.json");
+    let mut results = serde_json::Map::new();
+    for w in &WORKLOADS {
+        let probe = measure(Config::Untraced, &locks, w, 100_000, &tool, &json)?;
+        let n = ((RUN_S * 1e9 / probe) as u64).max(10_000);
+        // bpftrace traps on every lock call: a shorter run says as much.
+        let slow = measure(Config::Bpftrace, &locks, w, 20_000, &tool, &json)?;
+        let slow_n = ((RUN_S * 1e9 / slow) as u64).clamp(10_000, n);
+        eprintln!(
+            "bench: locks {}: {n} critical sections ({slow_n} under bpftrace), {rounds} rounds",
+            w.title
+        );
+        let mut per: Vec<Vec<f64>> = vec![Vec::new(); CONFIGS.len()];
+        for round in 0..rounds {
+            for (i, &c) in CONFIGS.iter().enumerate() {
+                let count = if c == Config::Bpftrace { slow_n } else { n };
+                let ns = measure(c, &locks, w, count, &tool, &json)?;
+                eprintln!(
+                    "bench: locks {} round {}/{rounds}: {:<16} {ns:>9.1} ns per critical section",
+                    w.title,
+                    round + 1,
+                    c.name()
+                );
+                per[i].push(ns);
+            }
+        }
+        let ratio = |i: usize| {
+            let mut r: Vec<f64> = per[i].iter().zip(&per[0]).map(|(t, u)| t / u).collect();
+            median(&mut r)
+        };
+        let (default_ratio, bpftrace_ratio) = (ratio(1), ratio(2));
+        let verdict = if default_ratio <= w.target {
+            "ok"
+        } else {
+            "MISSED"
+        };
+        println!(
+            "lock benchmark: {} (medians of {rounds} rounds, one run)",
+            w.title
+        );
+        for (i, c) in CONFIGS.iter().enumerate() {
+            let mut v = per[i].clone();
+            println!(
+                "  {:<18} {:>10.1} ns per critical section",
+                c.name(),
+                median(&mut v)
+            );
+        }
+        println!(
+            "  default / untraced {default_ratio:>10.3}   target ≤ {}  {verdict}",
+            w.target
+        );
+        println!("  bpftrace / untraced{bpftrace_ratio:>10.2}   (for reference)");
+        results.insert(
+            w.title.into(),
+            serde_json::json!({
+                "ns_per_cs": CONFIGS.iter().zip(&per).map(|(c, v)| (c.name(), v.clone())).collect::<Vec<_>>(),
+                "default_over_untraced": default_ratio,
+                "bpftrace_over_untraced": bpftrace_ratio,
+            }),
+        );
+    }
+    Ok(serde_json::Value::Object(results))
+}
+
+/// Runs the workload once under `config`; returns ns per critical section.
+fn measure(
+    config: Config,
+    locks: &Path,
+    w: &Workload,
+    n: u64,
+    tool: &Path,
+    json: &Path,
+) -> Result<f64> {
+    let n = n.to_string();
+    let mut args: Vec<String> = w.args.iter().map(|s| s.to_string()).collect();
+    args.push(n);
+    let mut cmd = match config {
+        Config::Untraced => {
+            let mut c = Command::new(locks);
+            c.args(&args);
+            c
+        }
+        Config::Default => {
+            let mut c = Command::new(tool);
+            c.arg("--json")
+                .arg(json)
+                .arg("--no-tui")
+                .arg("--")
+                .arg(locks)
+                .args(&args);
+            c
+        }
+        Config::Bpftrace => {
+            let libc = [
+                "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+            ]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .context("libc.so.6 not found")?;
+            let script = format!(
+                "uprobe:{libc}:pthread_mutex_lock /pid == cpid/ {{ @start[tid] = nsecs; }} \
+                 uretprobe:{libc}:pthread_mutex_lock /@start[tid]/ {{ \
+                 @ns = hist(nsecs - @start[tid]); delete(@start[tid]); }}"
+            );
+            let mut c = Command::new("bpftrace");
+            c.arg("-e").arg(script).arg("-c").arg(format!(
+                "{} {}",
+                locks.display(),
+                args.join(" ")
+            ));
+            c
+        }
+    };
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", config.name()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            config.name(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("ns_per_cs ")?.trim().parse().ok())
+        .with_context(|| format!("{} printed no ns_per_cs: {text}", config.name()))
+}
