@@ -188,6 +188,36 @@ fn elapsed(stdout: &str) -> Result<f64> {
         .context("the workload printed no elapsed time")
 }
 
+/// Runs a self-timing workload command and returns the number it prints
+/// after `key` (on stderr or stdout).
+pub(crate) fn run_for_metric(cmd: &mut Command, what: &str, key: &str) -> Result<f64> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .with_context(|| format!("{what} printed no {key}: {text}"))
+}
+
+/// The libc the workloads link (bpftrace needs its path).
+pub(crate) fn libc_path() -> Result<std::path::PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        "/lib/x86_64-linux-gnu/libc.so.6",
+    ]
+    .iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.exists())
+    .context("libc.so.6 not found")
+}
+
 /// The median (NaN for no values).
 pub(crate) fn median(values: &mut [f64]) -> f64 {
     if values.is_empty() {

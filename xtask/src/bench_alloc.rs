@@ -14,14 +14,14 @@
 //! headline numbers are medians of per-round ratios, so drift in the VM's
 //! speed cancels. Results also go to target/bench/allocator.json.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
+use std::{path::Path, process::Command};
+
+use anyhow::Result;
+
+use crate::{
+    bench::{libc_path, median, run_for_metric},
+    root,
 };
-
-use anyhow::{bail, Context, Result};
-
-use crate::{bench::median, root};
 
 /// Targets from the allocator issue.
 const TARGET_DEFAULT_MODERATE: f64 = 1.05;
@@ -261,23 +261,7 @@ fn measure(
             c
         }
     };
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", config.name()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            config.name(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    let ns = text
-        .lines()
-        .find_map(|l| l.strip_prefix(w.key)?.trim().parse().ok())
-        .with_context(|| format!("{} printed no {}: {text}", config.name(), w.key))?;
+    let ns = run_for_metric(&mut cmd, config.name(), w.key)?;
     let loader_cpu = match config {
         Config::Sampled | Config::Full | Config::Floor => {
             let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
@@ -286,16 +270,4 @@ fn measure(
         _ => None,
     };
     Ok(Sample { ns, loader_cpu })
-}
-
-/// The libc the workload links (bpftrace needs its path).
-fn libc_path() -> Result<PathBuf> {
-    [
-        "/usr/lib/x86_64-linux-gnu/libc.so.6",
-        "/lib/x86_64-linux-gnu/libc.so.6",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists())
-    .context("libc.so.6 not found")
 }

@@ -12,9 +12,12 @@
 
 use std::{path::Path, process::Command};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 
-use crate::{bench::median, root};
+use crate::{
+    bench::{libc_path, median, run_for_metric},
+    root,
+};
 
 /// Targets from the lock issue (default mode).
 const TARGET_UNCONTENDED: f64 = 1.02;
@@ -158,13 +161,8 @@ fn measure(
             c
         }
         Config::Bpftrace => {
-            let libc = [
-                "/usr/lib/x86_64-linux-gnu/libc.so.6",
-                "/lib/x86_64-linux-gnu/libc.so.6",
-            ]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .context("libc.so.6 not found")?;
+            let libc = libc_path()?;
+            let libc = libc.display();
             let script = format!(
                 "uprobe:{libc}:pthread_mutex_lock /pid == cpid/ {{ @start[tid] = nsecs; }} \
                  uretprobe:{libc}:pthread_mutex_lock /@start[tid]/ {{ \
@@ -179,20 +177,5 @@ fn measure(
             c
         }
     };
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", config.name()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            config.name(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("ns_per_cs ")?.trim().parse().ok())
-        .with_context(|| format!("{} printed no ns_per_cs: {text}", config.name()))
+    run_for_metric(&mut cmd, config.name(), "ns_per_cs ")
 }
