@@ -492,7 +492,9 @@ pub fn ellipsize(s: &str, max: usize) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::report::model::{tests::sample_report, KernelThreadEntry};
+    use crate::report::model::{
+        tests::sample_report, HolderSite, KernelThreadEntry, OwnerEntry, WaiterSite,
+    };
 
     /// One split of the latency table.
     fn op(op: &str, class: &str, origin: Option<&str>, count: u64, mean_ns: u64) -> OpStats {
@@ -617,6 +619,102 @@ pub(crate) mod tests {
         r
     }
 
+    /// A waiting site in locks.c (no source file without a line).
+    fn waiter(function: &str, line: Option<u32>, count: u64, wait_ns: u64) -> WaiterSite {
+        WaiterSite {
+            function: function.into(),
+            file: line.map(|_| "/src/locks.c".into()),
+            line,
+            module: "locks".into(),
+            count,
+            wait_ns,
+        }
+    }
+
+    /// A releasing site in locks.c that woke all but 3 of its `count`.
+    fn holder(function: &str, line: u32, count: u64) -> HolderSite {
+        HolderSite {
+            function: function.into(),
+            file: Some("/src/locks.c".into()),
+            line: Some(line),
+            module: "locks".into(),
+            count,
+            woken: count - 3,
+        }
+    }
+
+    /// A glibc mutex with its owners, a kernel lock, then a condvar, in
+    /// report order.
+    pub(crate) fn report_with_locks() -> Report {
+        let mut r = sample_report();
+        let mutex = LockEntry {
+            address: "0x5555aaaa0040".into(),
+            name: Some("g_hot_lock".into()),
+            kind: "mutex".into(),
+            acquisitions: None,
+            contentions: 43_683,
+            wait_total_ns: 1_810_000_000,
+            wait_mean_ns: 41_000,
+            wait_p99_ns: 35_500,
+            wait_max_ns: 5_370_000,
+            hold_p99_ns: None,
+            threads: 2,
+            owner_seen: true,
+            owners: vec![
+                OwnerEntry {
+                    tid: 24692,
+                    count: 9,
+                },
+                OwnerEntry {
+                    tid: 24700,
+                    count: 3,
+                },
+            ],
+            waiters: vec![
+                waiter("contend_hot", Some(166), 43_000, 1_800_000_000),
+                waiter("contend_cold", Some(180), 683, 10_000_000),
+            ],
+            holders: vec![holder("release_hot", 169, 43_693)],
+        };
+        let kernel = LockEntry {
+            address: "kernel".into(),
+            name: Some("kernel rwsem (read)".into()),
+            kind: "kernel".into(),
+            contentions: 12,
+            wait_total_ns: 3_400_000,
+            wait_mean_ns: 283_000,
+            wait_p99_ns: 900_000,
+            wait_max_ns: 1_000_000,
+            threads: 0,
+            owner_seen: false,
+            owners: vec![],
+            waiters: vec![WaiterSite {
+                module: "[kernel]".into(),
+                ..waiter("do_user_addr_fault", None, 12, 3_400_000)
+            }],
+            holders: vec![],
+            ..mutex.clone()
+        };
+        let condvar = LockEntry {
+            address: "0x7f00deadbe00".into(),
+            name: None,
+            kind: "condvar".into(),
+            contentions: 40,
+            wait_total_ns: 9_000_000_000,
+            wait_mean_ns: 225_000_000,
+            wait_p99_ns: 800_000_000,
+            wait_max_ns: 900_000_000,
+            threads: 4,
+            owner_seen: false,
+            owners: vec![],
+            waiters: vec![waiter("wait_for_work", Some(210), 40, 9_000_000_000)],
+            holders: vec![holder("post_work", 230, 41)],
+            ..mutex.clone()
+        };
+        r.locks = vec![mutex, kernel, condvar];
+        r
+    }
+
     /// The lines of the summary's Allocator section.
     fn allocator_section(r: &Report) -> Vec<String> {
         render(r)
@@ -726,43 +824,9 @@ pub(crate) mod tests {
 
     #[test]
     fn locks_section_names_the_lock_its_waiters_releasers_and_owners() {
-        use crate::report::model::{HolderSite, LockEntry, OwnerEntry, WaiterSite};
         let mut r = sample_report();
         assert!(render(&r).contains("Locks: no thread waited for a lock"));
-        r.locks = vec![LockEntry {
-            address: "0x5555aaaa0040".into(),
-            name: Some("g_hot_lock".into()),
-            kind: "mutex".into(),
-            acquisitions: None,
-            contentions: 43_683,
-            wait_total_ns: 1_810_000_000,
-            wait_mean_ns: 41_000,
-            wait_p99_ns: 35_500,
-            wait_max_ns: 5_370_000,
-            hold_p99_ns: None,
-            threads: 2,
-            owner_seen: true,
-            owners: vec![OwnerEntry {
-                tid: 24692,
-                count: 9,
-            }],
-            waiters: vec![WaiterSite {
-                function: "contend_hot".into(),
-                file: Some("/src/locks.c".into()),
-                line: Some(166),
-                module: "locks".into(),
-                count: 43_683,
-                wait_ns: 1_810_000_000,
-            }],
-            holders: vec![HolderSite {
-                function: "contend_hot".into(),
-                file: Some("/src/locks.c".into()),
-                line: Some(169),
-                module: "locks".into(),
-                count: 43_693,
-                woken: 43_690,
-            }],
-        }];
+        r.locks = report_with_locks().locks;
         let text = render(&r);
         let section: Vec<&str> = text
             .lines()
@@ -771,7 +835,7 @@ pub(crate) mod tests {
         assert!(section[2].contains("g_hot_lock") && section[2].contains("43,683"));
         assert!(section[2].contains("1.81 s"), "{}", section[2]);
         assert!(section[3].contains("waited in contend_hot locks.c:166"));
-        assert!(section[4].contains("released by contend_hot locks.c:169"));
+        assert!(section[4].contains("released by release_hot locks.c:169"));
         assert!(section[5].contains("24692"));
         assert!(text.lines().all(|l| l.chars().count() <= WIDTH));
     }

@@ -9,11 +9,14 @@ use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Color, Style, Stylize},
     text::{Line, Span},
-    widgets::{Bar, BarChart, Block, Cell, Paragraph, Row, Table, TableState, Wrap},
+    widgets::{Bar, BarChart, Block, Paragraph, Table, TableState, Wrap},
     Frame,
 };
 
-use super::App;
+use super::{
+    widgets::{count_label, render_message, table, Column, Selection},
+    App,
+};
 use crate::report::{
     model::{AllocatorReport, MemoryReport, OpStats, SiteEntry, SyscallStats},
     text::{
@@ -22,6 +25,8 @@ use crate::report::{
     },
 };
 
+/// The tab's frame title, for its one-line messages.
+const TITLE: &str = " Allocator ";
 /// From this width, the histogram sits beside the latency table and
 /// syscalls beside sites.
 const WIDE: u16 = 120;
@@ -36,28 +41,7 @@ const SYSCALL_ROWS: usize = 6;
 const SITE_ROWS: usize = 8;
 
 /// The tab's own state: which latency row is selected.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AllocatorState {
-    selected: usize,
-}
-
-impl AllocatorState {
-    /// Selects the next row of a table of `rows` rows.
-    pub fn down(&mut self, rows: usize) {
-        self.selected = (self.selected + 1).min(rows.saturating_sub(1));
-    }
-
-    /// Selects the previous row.
-    pub fn up(&mut self) {
-        self.selected = self.selected.saturating_sub(1);
-    }
-
-    /// The selected row of a table of `rows` rows (the table may have
-    /// shrunk since the selection was made).
-    pub fn selected(&self, rows: usize) -> Option<usize> {
-        (rows > 0).then(|| self.selected.min(rows - 1))
-    }
-}
+pub type AllocatorState = Selection;
 
 /// The tab's panes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,16 +76,21 @@ struct Want {
 /// Draws the tab.
 pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     let Some(report) = &app.report else {
-        render_message(frame, area, "waiting for the first report…");
+        render_message(frame, area, TITLE, "waiting for the first report…");
         return;
     };
     let a = &report.allocator;
     if allocator_off(a) {
-        render_message(frame, area, "allocator tracing is off (--alloc-mode off)");
+        render_message(
+            frame,
+            area,
+            TITLE,
+            "allocator tracing is off (--alloc-mode off)",
+        );
         return;
     }
     if a.library.is_none() {
-        render_message(frame, area, "no allocator found in the target");
+        render_message(frame, area, TITLE, "no allocator found in the target");
         return;
     }
     let selected = app.allocator.selected(a.ops.len());
@@ -132,20 +121,6 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
             }
         }
     }
-}
-
-/// One centered line in the tab's frame.
-fn render_message(frame: &mut Frame, area: Rect, text: &str) {
-    let block = Block::bordered().title(" Allocator ");
-    let inner = block.inner(area);
-    frame.render_widget(block, area);
-    let [_, middle, _] = Layout::vertical([
-        Constraint::Fill(1),
-        Constraint::Length(1),
-        Constraint::Fill(1),
-    ])
-    .areas(inner);
-    frame.render_widget(Line::from(text).centered(), middle);
 }
 
 /// What each pane wants, in priority order (most important first). A
@@ -615,187 +590,69 @@ fn render_sites(sites: &[SiteEntry], frame: &mut Frame, area: Rect) {
     frame.render_widget(table(&SITE_COLUMNS, rows, width).block(block), area);
 }
 
-/// A table column: header, width (the least width for a `fill` column,
-/// which also takes the spare room), numbers (right-aligned) or text, and
-/// rank: when the columns do not fit, the highest rank goes first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Column {
-    header: &'static str,
-    width: u16,
-    fill: bool,
-    numeric: bool,
-    rank: u8,
-}
-
-impl Column {
-    const fn text(header: &'static str, width: u16, rank: u8) -> Self {
-        Self {
-            header,
-            width,
-            fill: false,
-            numeric: false,
-            rank,
-        }
-    }
-
-    const fn number(header: &'static str, width: u16, rank: u8) -> Self {
-        Self {
-            numeric: true,
-            ..Self::text(header, width, rank)
-        }
-    }
-
-    const fn fill(self) -> Self {
-        Self { fill: true, ..self }
-    }
-
-    fn cell(&self, text: String) -> Cell<'static> {
-        if self.numeric {
-            Cell::from(Line::from(text).right_aligned())
-        } else {
-            Cell::from(text)
-        }
-    }
-}
-
-/// Which of `columns` to show in `width`: all, or without the highest
-/// ranks, so that no number is cut. The first column always stays.
-fn shown(columns: &[Column], width: u16) -> Vec<bool> {
-    let mut keep = vec![true; columns.len()];
-    let need = |keep: &[bool]| -> u32 {
-        let kept = columns.iter().zip(keep).filter(|(_, k)| **k);
-        let (n, sum) = kept.fold((0u32, 0u32), |(n, sum), (c, _)| {
-            (n + 1, sum + u32::from(c.width))
-        });
-        sum + n.saturating_sub(1)
-    };
-    let mut by_rank: Vec<usize> = (1..columns.len()).collect();
-    by_rank.sort_by_key(|&i| std::cmp::Reverse(columns[i].rank));
-    for i in by_rank {
-        if need(&keep) <= u32::from(width) {
-            break;
-        }
-        keep[i] = false;
-    }
-    keep
-}
-
-/// A table of `rows` (one text per column) showing the columns that fit in
-/// `width`, with a bold header.
-fn table(columns: &[Column], rows: Vec<Vec<String>>, width: u16) -> Table<'static> {
-    let keep = shown(columns, width);
-    let kept = |i: &usize| keep.get(*i).copied().unwrap_or(false);
-    let rows = rows.into_iter().map(|row| {
-        row.into_iter()
-            .enumerate()
-            .filter(|(i, _)| kept(i))
-            .map(|(i, text)| columns[i].cell(text))
-            .collect::<Row>()
-    });
-    let header = columns
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| kept(i))
-        .map(|(_, c)| c.cell(c.header.to_string()))
-        .collect::<Row>()
-        .bold();
-    let widths: Vec<Constraint> = columns
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| kept(i))
-        .map(|(_, c)| {
-            if c.fill {
-                Constraint::Min(c.width)
-            } else {
-                Constraint::Length(c.width)
-            }
-        })
-        .collect();
-    Table::new(rows, widths).header(header)
-}
-
-/// A count in at most 9 characters: `1,234,567`, then `12.3M`, `4.56G`.
-fn count_label(n: u64) -> String {
-    match n {
-        0..10_000_000 => group(n),
-        10_000_000..1_000_000_000 => format!("{:.1}M", n as f64 / 1e6),
-        1_000_000_000..1_000_000_000_000 => format!("{:.2}G", n as f64 / 1e9),
-        _ => format!("{:.2}T", n as f64 / 1e12),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use ratatui::{backend::TestBackend, Terminal};
 
     use super::*;
     use crate::{
-        report::{text::tests::report_with_allocator, Report},
-        tui::Tab,
+        report::text::tests::report_with_allocator,
+        tui::{widgets::shown, Tab},
     };
 
-    /// The app on the Allocator tab showing `report`.
-    fn app_with(report: Report) -> App {
-        let mut app = App::new("pid 42".into());
-        app.set_report(report);
-        app.tab = Tab::ALL
-            .iter()
-            .position(|t| *t == Tab::Allocator)
-            .unwrap_or(2);
-        app
-    }
-
-    use crate::tui::app::tests::screen_at as screen;
+    use crate::tui::app::tests::{app_on, assert_centred, assert_shows, screen_at as screen};
 
     #[test]
     fn shows_latency_memory_syscalls_and_sites() {
-        let text = screen(&app_with(report_with_allocator()), 100, 40);
-        for expected in [
-            "glibc 2.36 (libc.so.6)",
-            "full: every call traced",
-            "123,456",
-            "malloc",
-            "reused",
-            "45 ns",
-            "p50",
-            "12.5 µs",
-            "histogram malloc small reused parallel",
-            "blowup",
-            "requested 46.9%",
-            "64.0 MiB mapped",
-            "Syscalls",
-            "mmap",
-            "outside",
-            "untraced",
-            "make_buffer",
-            "work.c:30",
-            "2.0 MiB",
-        ] {
-            assert!(text.contains(expected), "missing {expected}:\n{text}");
-        }
+        let text = screen(&app_on(Tab::Allocator, report_with_allocator()), 100, 40);
+        assert_shows(
+            &text,
+            &[
+                "glibc 2.36 (libc.so.6)",
+                "full: every call traced",
+                "123,456",
+                "malloc",
+                "reused",
+                "45 ns",
+                "p50",
+                "12.5 µs",
+                "histogram malloc small reused parallel",
+                "blowup",
+                "requested 46.9%",
+                "64.0 MiB mapped",
+                "Syscalls",
+                "mmap",
+                "outside",
+                "untraced",
+                "make_buffer",
+                "work.c:30",
+                "2.0 MiB",
+            ],
+        );
     }
 
     #[test]
     fn fits_80x24_keeping_the_important_panes() {
-        let text = screen(&app_with(report_with_allocator()), 80, 24);
-        for expected in [
-            "glibc 2.36",
-            "calls traced",
-            "malloc",
-            "free",
-            "histogram",
-            "blowup",
-            "make_buffer",
-        ] {
-            assert!(text.contains(expected), "missing {expected}:\n{text}");
-        }
+        let text = screen(&app_on(Tab::Allocator, report_with_allocator()), 80, 24);
+        assert_shows(
+            &text,
+            &[
+                "glibc 2.36",
+                "calls traced",
+                "malloc",
+                "free",
+                "histogram",
+                "blowup",
+                "make_buffer",
+            ],
+        );
         // No room for p50 at 80 columns; the other columns stay whole.
         assert!(!text.contains("p50") && text.contains("p99") && text.contains("max"));
     }
 
     #[test]
     fn wide_terminal_puts_the_histogram_beside_the_table() {
-        let mut app = app_with(report_with_allocator());
+        let mut app = app_on(Tab::Allocator, report_with_allocator());
         app.handle(crate::tui::Action::Down);
         let text = screen(&app, 160, 50);
         // The chart's title names the selected split (the second row).
@@ -813,14 +670,8 @@ mod tests {
             mode: "off".into(),
             ..Default::default()
         };
-        let text = screen(&app_with(r), 80, 24);
-        let line = text
-            .lines()
-            .find(|l| l.contains("allocator tracing is off (--alloc-mode off)"))
-            .unwrap_or_else(|| panic!("no off line:\n{text}"));
-        let left = line.find("allocator").unwrap_or(0);
-        let right = line.chars().count() - line.trim_end_matches(['│', ' ']).chars().count();
-        assert!(left.abs_diff(right) <= 4, "centered: {line:?}");
+        let text = screen(&app_on(Tab::Allocator, r), 80, 24);
+        assert_centred(&text, "allocator tracing is off (--alloc-mode off)");
         assert!(!text.contains("Latency"));
     }
 
@@ -828,7 +679,7 @@ mod tests {
     fn no_library_says_no_allocator_found() {
         let mut r = report_with_allocator();
         r.allocator.library = None;
-        let text = screen(&app_with(r), 80, 24);
+        let text = screen(&app_on(Tab::Allocator, r), 80, 24);
         assert!(text.contains("no allocator found in the target"), "{text}");
     }
 
@@ -840,7 +691,7 @@ mod tests {
         r.allocator.traced_fraction = 0.048;
         r.allocator.memory = None;
         r.allocator.lost = 5;
-        let text = screen(&app_with(r), 80, 24);
+        let text = screen(&app_on(Tab::Allocator, r), 80, 24);
         assert!(
             text.contains("sampled: probes attached 4.8% of the time, counts scaled"),
             "{text}"
@@ -852,7 +703,7 @@ mod tests {
     fn lost_events_are_red() {
         let mut r = report_with_allocator();
         r.allocator.lost = 5;
-        let app = app_with(r);
+        let app = app_on(Tab::Allocator, r);
         let mut terminal = Terminal::new(TestBackend::new(100, 30)).unwrap();
         terminal.draw(|f| app.render(f)).unwrap();
         let buffer = terminal.backend().buffer();
@@ -877,7 +728,7 @@ mod tests {
         a.sites.clear();
         a.memory = Some(MemoryReport::default());
         for report in [r, empty] {
-            let mut app = app_with(report);
+            let mut app = app_on(Tab::Allocator, report);
             for (w, h) in [
                 (1, 1),
                 (10, 3),
@@ -891,23 +742,6 @@ mod tests {
                 app.handle(crate::tui::Action::Down);
             }
         }
-    }
-
-    #[test]
-    fn selection_is_clamped_to_the_rows() {
-        let mut s = AllocatorState::default();
-        assert_eq!(s.selected(0), None);
-        s.down(3);
-        s.down(3);
-        s.down(3);
-        assert_eq!(s.selected(3), Some(2));
-        assert_eq!(s.selected(1), Some(0), "the table shrank");
-        s.up();
-        s.up();
-        s.up();
-        assert_eq!(s.selected(3), Some(0));
-        s.down(0);
-        assert_eq!(s.selected(3), Some(0));
     }
 
     #[test]
@@ -1004,14 +838,5 @@ mod tests {
             .map(|(c, _)| c.header)
             .collect();
         assert_eq!(kept, ["op", "count", "p99", "max"]);
-    }
-
-    #[test]
-    fn counts_stay_within_nine_characters() {
-        assert_eq!(count_label(0), "0");
-        assert_eq!(count_label(9_999_999), "9,999,999");
-        assert_eq!(count_label(12_345_678), "12.3M");
-        assert_eq!(count_label(4_560_000_000), "4.56G");
-        assert_eq!(count_label(7_000_000_000_000), "7.00T");
     }
 }

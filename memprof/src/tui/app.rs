@@ -10,7 +10,10 @@ use ratatui::{
     Frame,
 };
 
-use super::allocator::AllocatorState;
+use super::{
+    allocator::AllocatorState,
+    locks::{same_lock, LocksState},
+};
 use crate::report::Report;
 
 /// What a key asks for.
@@ -65,6 +68,8 @@ pub struct App {
     /// The Allocator tab's selection (↑/↓ there move it instead of
     /// scrolling).
     pub allocator: AllocatorState,
+    /// The Locks tab's selection (↑/↓ there move it too).
+    pub locks: LocksState,
     rate: Option<Rate>,
 }
 
@@ -76,6 +81,7 @@ impl App {
             report: None,
             scroll: 0,
             allocator: AllocatorState::default(),
+            locks: LocksState::default(),
             rate: None,
         }
     }
@@ -107,6 +113,9 @@ impl App {
                 },
             },
         });
+        if let Some(old) = &self.report {
+            self.locks.follow(&old.locks, &report.locks, same_lock);
+        }
         self.report = Some(report);
     }
 
@@ -125,6 +134,8 @@ impl App {
                 self.allocator.down(self.allocator_rows());
             }
             Action::Up if self.current_tab() == Tab::Allocator => self.allocator.up(),
+            Action::Down if self.current_tab() == Tab::Locks => self.locks.down(self.lock_rows()),
+            Action::Up if self.current_tab() == Tab::Locks => self.locks.up(),
             Action::Down => self.scroll = self.scroll.saturating_add(1),
             Action::Up => self.scroll = self.scroll.saturating_sub(1),
             Action::Tab(_) | Action::Quit | Action::Redraw => {}
@@ -134,6 +145,11 @@ impl App {
     /// Rows of the Allocator tab's latency table.
     fn allocator_rows(&self) -> usize {
         self.report.as_ref().map_or(0, |r| r.allocator.ops.len())
+    }
+
+    /// Rows of the Locks tab's table.
+    fn lock_rows(&self) -> usize {
+        self.report.as_ref().map_or(0, |r| r.locks.len())
     }
 
     pub fn current_tab(&self) -> Tab {
@@ -155,9 +171,10 @@ impl App {
         match self.current_tab() {
             Tab::Overview => super::overview::render(self, frame, body),
             Tab::Allocator => super::allocator::render(self, frame, body),
+            Tab::Locks => super::locks::render(self, frame, body),
             other => super::pending::render(other, frame, body),
         }
-        let arrows = if self.current_tab() == Tab::Allocator {
+        let arrows = if matches!(self.current_tab(), Tab::Allocator | Tab::Locks) {
             "select"
         } else {
             "scroll"
@@ -196,6 +213,34 @@ pub(crate) mod tests {
             text.push('\n');
         }
         text
+    }
+
+    /// The app showing `report` on `tab`.
+    pub(crate) fn app_on(tab: Tab, report: Report) -> App {
+        let mut app = App::new("pid 42".into());
+        app.set_report(report);
+        app.tab = Tab::ALL.iter().position(|t| *t == tab).unwrap_or(0);
+        app
+    }
+
+    /// Fails, showing the screen, unless `text` has each of `expected`.
+    pub(crate) fn assert_shows(text: &str, expected: &[&str]) {
+        for expected in expected {
+            assert!(text.contains(expected), "missing {expected}:\n{text}");
+        }
+    }
+
+    /// Fails unless `text` has `message` on a line of its own, centred
+    /// in the frame.
+    pub(crate) fn assert_centred(text: &str, message: &str) {
+        let line = text
+            .lines()
+            .find(|l| l.contains(message))
+            .unwrap_or_else(|| panic!("no {message}:\n{text}"));
+        let margin = |rest: &str| line.chars().count() - rest.chars().count();
+        let left = margin(line.trim_start_matches(['│', ' ']));
+        let right = margin(line.trim_end_matches(['│', ' ']));
+        assert!(left.abs_diff(right) <= 2, "centred: {line:?}");
     }
 
     #[test]

@@ -7,8 +7,10 @@
 
 mod allocator;
 mod app;
+mod locks;
 mod overview;
 mod pending;
+mod widgets;
 
 use std::{
     sync::{

@@ -8,13 +8,12 @@ use ratatui::{
 
 use super::Tab;
 
-/// Says what `tab` will show. Overview and Allocator have their own
-/// modules and never come here.
+/// Says what `tab` will show. Overview, Allocator and Locks have their
+/// own modules and never come here.
 pub fn render(tab: Tab, frame: &mut Frame, area: Rect) {
     let what = match tab {
         Tab::FalseSharing => "cache lines written by several threads, by object and field",
-        Tab::Locks => "contended locks, wait and hold times, waiters and holders",
-        Tab::Overview | Tab::Allocator => "",
+        Tab::Overview | Tab::Allocator | Tab::Locks => "",
     };
     let text = format!(
         "This tab will show {what}.\n\nIt is not analysed by this version of memprof-ebpf."
