@@ -15,27 +15,45 @@ const MAX_CALL_LEN: usize = 7;
 /// Files larger than this are not read (no lock implementation is).
 const MAX_FILE: u64 = 512 << 20;
 
-/// Code bytes of the files seen, and verdicts per (file, offset).
+/// The bytes of the object files seen, read once each and shared by the
+/// return-address checks and the unwinder.
+#[derive(Debug, Default)]
+pub struct FileCache {
+    files: HashMap<Arc<str>, Option<Arc<[u8]>>>,
+}
+
+impl FileCache {
+    /// The whole file, or None if it cannot be read or is too large.
+    pub fn get(&mut self, path: &Arc<str>) -> Option<Arc<[u8]>> {
+        self.files
+            .entry(path.clone())
+            .or_insert_with(|| {
+                let too_big = std::fs::metadata(&**path).map_or(true, |m| m.len() > MAX_FILE);
+                (!too_big)
+                    .then(|| std::fs::read(&**path).ok())
+                    .flatten()
+                    .map(Arc::from)
+            })
+            .clone()
+    }
+}
+
+/// Verdicts per (file, offset).
 #[derive(Debug, Default)]
 pub struct CodeCache {
-    files: HashMap<Arc<str>, Option<Vec<u8>>>,
     verdicts: HashMap<(Arc<str>, u64), bool>,
 }
 
 impl CodeCache {
     /// Whether the instruction ending right before `offset` in `path` is a
     /// call (so `offset` is where a call returns to).
-    pub fn follows_call(&mut self, path: &Arc<str>, offset: u64) -> bool {
+    pub fn follows_call(&mut self, files: &mut FileCache, path: &Arc<str>, offset: u64) -> bool {
         if let Some(&v) = self.verdicts.get(&(path.clone(), offset)) {
             return v;
         }
-        let bytes = self.files.entry(path.clone()).or_insert_with(|| {
-            let too_big = std::fs::metadata(&**path).map_or(true, |m| m.len() > MAX_FILE);
-            (!too_big).then(|| std::fs::read(&**path).ok()).flatten()
-        });
-        let verdict = bytes
-            .as_deref()
-            .is_some_and(|b| ends_with_call(b, offset as usize));
+        let verdict = files
+            .get(path)
+            .is_some_and(|b| ends_with_call(&b, offset as usize));
         self.verdicts.insert((path.clone(), offset), verdict);
         verdict
     }
@@ -80,10 +98,10 @@ mod tests {
 
     #[test]
     fn verdicts_are_cached_and_missing_files_say_no() {
-        let mut cache = CodeCache::default();
+        let (mut cache, mut files) = (CodeCache::default(), FileCache::default());
         let missing: Arc<str> = Arc::from("/nonexistent/lib.so");
-        assert!(!cache.follows_call(&missing, 100));
-        assert!(!cache.follows_call(&missing, 100));
+        assert!(!cache.follows_call(&mut files, &missing, 100));
+        assert!(!cache.follows_call(&mut files, &missing, 100));
         assert_eq!(cache.verdicts.len(), 1);
     }
 }

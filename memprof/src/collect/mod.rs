@@ -26,7 +26,7 @@ use crate::analysis::{
     profile::{Profile, Sample, SampleAt, ThreadEvent},
     FastMap,
 };
-use code::CodeCache;
+use code::{CodeCache, FileCache};
 use procmaps::{Place, ProcMaps};
 use threads::LiveThreads;
 
@@ -64,6 +64,8 @@ pub struct Collector {
     futex_calls: FastMap<u32, PendingFutex>,
     code: CodeCache,
     unwinder: unwind::Unwinder,
+    /// Object files' bytes, for both of the above.
+    files: FileCache,
 }
 
 /// A futex call whose end has not come yet.
@@ -102,6 +104,7 @@ impl Collector {
             futex_calls: FastMap::default(),
             code: CodeCache::default(),
             unwinder: unwind::Unwinder::default(),
+            files: FileCache::default(),
         };
         collector.refresh_maps();
         let tids = list_threads(pid);
@@ -455,7 +458,7 @@ impl Collector {
             }
             let offset = word - m.start + m.offset;
             let path = m.name.clone();
-            if self.code.follows_call(&path, offset) {
+            if self.code.follows_call(&mut self.files, &path, offset) {
                 frames.push(Place::File {
                     path,
                     file_offset: offset - 1,
@@ -492,7 +495,7 @@ impl Collector {
                     file_offset: offset,
                 });
             }
-            let Some(rule) = self.unwinder.rule(&path, offset) else {
+            let Some(rule) = self.unwinder.rule(&mut self.files, &path, offset) else {
                 break;
             };
             let base = match rule.base {

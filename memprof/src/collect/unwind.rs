@@ -35,7 +35,7 @@ pub struct FrameRule {
 
 /// One loaded object's unwind data.
 struct Object {
-    data: Vec<u8>,
+    data: Arc<[u8]>,
     /// (file offset, file size, vaddr) of each PT_LOAD segment.
     segments: Vec<(u64, u64, u64)>,
     /// `.eh_frame_hdr`: (file offset, size, vaddr).
@@ -58,19 +58,21 @@ impl std::fmt::Debug for Unwinder {
     }
 }
 
-/// Files larger than this are not read.
-const MAX_FILE: u64 = 512 << 20;
-
 impl Unwinder {
     /// The frame rule at file offset `offset` of `path`, if its CFI says.
-    pub fn rule(&mut self, path: &Arc<str>, offset: u64) -> Option<FrameRule> {
+    pub fn rule(
+        &mut self,
+        files: &mut super::code::FileCache,
+        path: &Arc<str>,
+        offset: u64,
+    ) -> Option<FrameRule> {
         if let Some(r) = self.rules.get(&(path.clone(), offset)) {
             return *r;
         }
         let object = self
             .objects
             .entry(path.clone())
-            .or_insert_with(|| Object::load(path));
+            .or_insert_with(|| Object::load(files.get(path)?));
         let rule = object.as_ref().and_then(|o| o.rule(offset));
         self.rules.insert((path.clone(), offset), rule);
         rule
@@ -78,11 +80,7 @@ impl Unwinder {
 }
 
 impl Object {
-    fn load(path: &str) -> Option<Self> {
-        if std::fs::metadata(path).ok()?.len() > MAX_FILE {
-            return None;
-        }
-        let data = std::fs::read(path).ok()?;
+    fn load(data: Arc<[u8]>) -> Option<Self> {
         let (segments, hdr) = program_headers(&data)?;
         Some(Self {
             data,
@@ -203,8 +201,13 @@ mod tests {
         let f = rules_at_function_entry_point_at_the_return_address as *const () as u64;
         let m = maps.find(f).unwrap();
         let offset = f - m.start + m.offset;
-        let mut u = Unwinder::default();
-        let rule = u.rule(&exe, offset).expect("CFI at this function");
+        let (mut u, mut files) = (
+            Unwinder::default(),
+            crate::collect::code::FileCache::default(),
+        );
+        let rule = u
+            .rule(&mut files, &exe, offset)
+            .expect("CFI at this function");
         assert_eq!(
             rule,
             FrameRule {
@@ -214,6 +217,6 @@ mod tests {
                 bp_offset: None,
             }
         );
-        assert_eq!(u.rule(&Arc::from("/nonexistent"), 0), None);
+        assert_eq!(u.rule(&mut files, &Arc::from("/nonexistent"), 0), None);
     }
 }
