@@ -7,6 +7,8 @@
 //! sides never spell them differently.
 #![no_std]
 
+pub mod sharing;
+
 /// Every program we load has a name starting with this prefix, so leftover
 /// programs are easy to spot with `bpftool prog show`.
 pub const PROGRAM_PREFIX: &str = "mp_";
@@ -120,6 +122,13 @@ pub mod maps {
     pub const KERNEL_STATS: &str = "KERNEL_STATS";
     /// Ring buffer of [`crate::LockEvent`].
     pub const LOCK_EVENTS: &str = "LOCK_EVENTS";
+    /// LRU hash: cache-line address → [`crate::sharing::LineState`].
+    pub const LINES: &str = "LINES";
+    /// LRU hash: cache-line address → [`crate::sharing::LineWords`].
+    pub const WORDS: &str = "WORDS";
+    /// Hash: instruction address → [`crate::sharing::AccessRecipe`],
+    /// written by the loader as it decodes newly sampled instructions.
+    pub const RECIPES: &str = "RECIPES";
 }
 
 /// Names of the load-time globals (`EbpfLoader::set_global`).
@@ -141,11 +150,16 @@ pub mod globals {
     /// `u32`: offsets of `lock_addr` and `flags` in `lock:contention_begin`.
     pub const KLOCK_ADDR_OFFSET: &str = "KLOCK_ADDR_OFFSET";
     pub const KLOCK_FLAGS_OFFSET: &str = "KLOCK_FLAGS_OFFSET";
+    /// `u32`: 1 when the sampling event is a precise memory event (PEBS,
+    /// IBS) whose sample carries the data address; 0 for timer sampling,
+    /// where the address is computed from the registers.
+    pub const SAMPLE_ADDR_PRECISE: &str = "SAMPLE_ADDR_PRECISE";
 }
 
 /// Byte size of the sample ring buffer (a power of two, page multiple).
-/// 4 MiB holds about 130k samples: several seconds at the highest rate
-/// even if userspace stalls.
+/// 4 MiB holds about 75k samples (48 bytes + 8 of header each): over 30 s
+/// of the default rate on two CPUs if userspace stalls, and the loader
+/// drains it ten times a second.
 pub const SAMPLES_RING_BYTES: u32 = 4 << 20;
 /// Samples are submitted without waking the loader (which drains on a timer,
 /// see `DRAIN_INTERVAL_MS`) until this much data is waiting; then every
@@ -185,8 +199,23 @@ pub mod counter {
     pub const ALLOC_OP_CALLS: u32 = 6;
     /// Lock events dropped (ring buffer full).
     pub const LOCK_EVENTS_LOST: u32 = ALLOC_OP_CALLS + crate::alloc_op::COUNT;
+    /// User-mode samples of the target (those that could yield an address).
+    pub const USER_SAMPLES: u32 = LOCK_EVENTS_LOST + 1;
+    /// User samples whose instruction had no recipe yet (sent to the
+    /// loader to decode).
+    pub const NO_RECIPE: u32 = USER_SAMPLES + 1;
+    /// User samples whose instruction has no usable memory operand.
+    pub const NO_OPERAND: u32 = USER_SAMPLES + 2;
+    /// User samples that yielded a data address.
+    pub const ADDRESSES: u32 = USER_SAMPLES + 3;
+    /// Lines and word tables created (minus those still in the maps at
+    /// the end: evicted by the LRU).
+    pub const LINES_NEW: u32 = USER_SAMPLES + 4;
+    pub const WORDS_NEW: u32 = USER_SAMPLES + 5;
+    /// Lines whose entry could not be created or found.
+    pub const LINE_ERRORS: u32 = USER_SAMPLES + 6;
     /// Number of counters.
-    pub const COUNT: u32 = LOCK_EVENTS_LOST + 1;
+    pub const COUNT: u32 = LINE_ERRORS + 1;
 }
 
 /// Allocator operations, passed as the uprobe attach cookie.
@@ -379,6 +408,11 @@ pub struct KernelStats {
 /// the user-mode instruction the thread will return to (or 0 if unknown).
 pub const SAMPLE_FLAG_KERNEL: u32 = 1;
 
+/// The sampled instruction has no recipe yet: the loader should decode it.
+pub const SAMPLE_FLAG_NO_RECIPE: u32 = 2;
+/// `addr`, `access` and `size` describe the memory access sampled.
+pub const SAMPLE_FLAG_ADDR: u32 = 4;
+
 /// One CPU sample of one of the target's threads.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -395,6 +429,13 @@ pub struct SampleEvent {
     pub stack_id: i32,
     /// `SAMPLE_FLAG_*` bits.
     pub flags: u32,
+    /// With [`SAMPLE_FLAG_ADDR`]: the data address accessed.
+    pub addr: u64,
+    /// With [`SAMPLE_FLAG_ADDR`]: the recipe's [`sharing::recipe`] bits
+    /// (read/write, previous instruction).
+    pub access: u32,
+    /// With [`SAMPLE_FLAG_ADDR`]: bytes accessed.
+    pub size: u32,
 }
 
 /// A new thread was created in the target.
@@ -425,7 +466,7 @@ pub struct TaskEvent {
 
 // The kernel writes these structs and userspace reads them; any change in
 // size is a layout change both sides must see.
-const _: () = assert!(core::mem::size_of::<SampleEvent>() == 32);
+const _: () = assert!(core::mem::size_of::<SampleEvent>() == 48);
 const _: () = assert!(core::mem::size_of::<TaskEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<AllocEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
@@ -440,8 +481,8 @@ mod user {
     use super::{AllocEvent, KernelStats, SampleEvent, SyscallEvent, TaskEvent};
 
     // SAFETY: `SampleEvent` is `#[repr(C)]`, `Copy`, made only of integers,
-    // and has no padding (8+8+4+4+4+4 = 32, asserted above); every bit
-    // pattern is a valid value.
+    // and has no padding (8+8+4+4+4+4+8+4+4 = 48, asserted above); every
+    // bit pattern is a valid value.
     unsafe impl aya::Pod for SampleEvent {}
     // SAFETY: as above: `#[repr(C)]`, integers and a byte array only,
     // 8+4*4+16 = 40 bytes, no padding, any bit pattern is valid.
@@ -457,6 +498,15 @@ mod user {
     // SAFETY: `#[repr(C)]`, 4 u32 then u64s and a u64 array (size asserted
     // above), no padding; any bit pattern is valid.
     unsafe impl aya::Pod for super::LockEvent {}
+    // SAFETY: `#[repr(C)]`: i64, four u8, u32 = 16 bytes (asserted in
+    // `sharing`), no padding; any bit pattern is valid.
+    unsafe impl aya::Pod for crate::sharing::AccessRecipe {}
+    // SAFETY: `#[repr(C)]`: two (u32, u32) entries, u64s and four u32 =
+    // 96 bytes (asserted), no padding; any bit pattern is valid.
+    unsafe impl aya::Pod for crate::sharing::LineState {}
+    // SAFETY: `#[repr(C)]`: an array of five-u32 structs (asserted size),
+    // no padding; any bit pattern is valid.
+    unsafe impl aya::Pod for crate::sharing::LineWords {}
 
     impl super::LockEvent {
         /// Decodes a ring-buffer record; `None` if it is too short.
@@ -532,6 +582,9 @@ mod tests {
             cpu: 1,
             stack_id: -14,
             flags: SAMPLE_FLAG_KERNEL,
+            addr: 0x7f00_0040,
+            access: sharing::recipe::WRITE,
+            size: 8,
         };
         // SAFETY: SampleEvent is Pod (see above); viewing it as bytes is sound.
         let bytes = unsafe {
@@ -541,7 +594,7 @@ mod tests {
             )
         };
         assert_eq!(SampleEvent::from_bytes(bytes), Some(s));
-        assert_eq!(SampleEvent::from_bytes(&bytes[..31]), None);
+        assert_eq!(SampleEvent::from_bytes(&bytes[..47]), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod alloc;
 mod locks;
 mod maps;
 mod sampler;
+mod sharing;
 mod threads;
 
 #[cfg(not(test))]

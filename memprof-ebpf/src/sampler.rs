@@ -8,7 +8,10 @@ use aya_ebpf::{
 };
 use memprof_common::{counter, SampleEvent, SAMPLES_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL};
 
-use crate::maps::{count, current_ids, target_tgid, SAMPLES, STACKS};
+use crate::{
+    maps::{count, current_ids, target_tgid, SAMPLES, STACKS},
+    sharing::{sample_access, Access},
+};
 
 /// `EFAULT` from `<errno.h>`.
 const EFAULT: i32 = 14;
@@ -51,19 +54,29 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         }
     };
 
+    // SAFETY: helper without preconditions.
+    let time_ns = unsafe { bpf_ktime_get_ns() };
+    let access = if in_kernel {
+        Access::default()
+    } else {
+        sample_access(ctx, ip, tid, time_ns)
+    };
+
     let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
         count(counter::SAMPLES_LOST);
         return;
     };
     entry.write(SampleEvent {
-        // SAFETY: helper without preconditions.
-        time_ns: unsafe { bpf_ktime_get_ns() },
+        time_ns,
         ip: if in_kernel { 0 } else { ip },
         tid,
         // SAFETY: helper without preconditions.
         cpu: unsafe { bpf_get_smp_processor_id() },
         stack_id,
-        flags: if in_kernel { SAMPLE_FLAG_KERNEL } else { 0 },
+        flags: access.flags | if in_kernel { SAMPLE_FLAG_KERNEL } else { 0 },
+        addr: access.addr,
+        access: access.bits,
+        size: access.size,
     });
     // Wake the loader only when a good part of the buffer is waiting; it
     // drains on a timer otherwise.

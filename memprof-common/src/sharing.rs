@@ -1,0 +1,423 @@
+//! False sharing: how a sampled instruction's data address is computed, and
+//! the per-cache-line table the sampler keeps in the kernel.
+//!
+//! The table logic lives here, in plain Rust, so that the very code the
+//! kernel runs is unit-tested on the host with hand-built access sequences.
+//! The kernel side cannot lock (no `bpf_spin_lock` in tracing programs), so
+//! two CPUs sampling the same line at the same instant may lose one update;
+//! at sampling rates that is noise, not bias.
+
+/// Cache-line size assumed for x86-64.
+pub const LINE_BYTES: u64 = 64;
+/// Granularity of the word-level detail: 4 bytes, so `int` fields are told
+/// apart (an 8-byte access covers two words).
+pub const WORD_BYTES: u32 = 4;
+/// Words per line.
+pub const WORDS_PER_LINE: usize = (LINE_BYTES as usize) / (WORD_BYTES as usize);
+
+/// Cache lines tracked at once (LRU: the least recently sampled go first).
+pub const LINES_CAPACITY: u32 = 32 * 1024;
+/// Lines with word-level detail tracked at once.
+pub const WORDS_CAPACITY: u32 = 4 * 1024;
+/// Instructions whose operand recipe is kept.
+pub const RECIPES_CAPACITY: u32 = 64 * 1024;
+/// A line gets word-level detail from its this-many-th sampled write on:
+/// most lines are touched by one thread and never need it.
+pub const WORD_DETAIL_WRITES: u64 = 2;
+
+/// General-purpose registers, numbered as x86 encodes them (the index into
+/// the register file the sampler builds from `pt_regs`).
+pub mod reg {
+    pub const RAX: u8 = 0;
+    pub const RCX: u8 = 1;
+    pub const RDX: u8 = 2;
+    pub const RBX: u8 = 3;
+    pub const RSP: u8 = 4;
+    pub const RBP: u8 = 5;
+    pub const RSI: u8 = 6;
+    pub const RDI: u8 = 7;
+    pub const R8: u8 = 8;
+    pub const R15: u8 = 15;
+    /// Number of registers in the file.
+    pub const COUNT: usize = 16;
+    /// No register (an absent base or index).
+    pub const NONE: u8 = 0xff;
+}
+
+/// [`AccessRecipe::flags`] bits.
+pub mod recipe {
+    /// The instruction reads its memory operand.
+    pub const READ: u32 = 1;
+    /// The instruction writes its memory operand.
+    pub const WRITE: u32 = 2;
+    /// No usable memory operand: nothing to compute (the IP is remembered
+    /// so it is not decoded again).
+    pub const NO_OPERAND: u32 = 4;
+    /// The recipe describes the instruction *before* the sampled IP (timer
+    /// samples land mostly right after the access that took the time).
+    pub const PREVIOUS: u32 = 8;
+}
+
+/// How to compute the data address of the instruction at (or right before)
+/// a sampled IP from the sampled registers:
+/// `base + index * scale + disp`. RIP-relative operands are resolved by the
+/// loader into an absolute `disp` with no base.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccessRecipe {
+    pub disp: i64,
+    /// [`reg`] number or [`reg::NONE`].
+    pub base: u8,
+    pub index: u8,
+    /// 1, 2, 4 or 8.
+    pub scale: u8,
+    /// Bytes accessed (capped at 64).
+    pub size: u8,
+    /// [`recipe`] bits.
+    pub flags: u32,
+}
+
+impl AccessRecipe {
+    /// A recipe that says "no memory operand here".
+    pub const fn none() -> Self {
+        Self {
+            disp: 0,
+            base: reg::NONE,
+            index: reg::NONE,
+            scale: 1,
+            size: 0,
+            flags: recipe::NO_OPERAND,
+        }
+    }
+
+    /// The data address for the register file `regs`, or None when the
+    /// recipe has no operand or names a register outside the file.
+    #[inline(always)]
+    pub fn address(&self, regs: &[u64; reg::COUNT]) -> Option<u64> {
+        if self.flags & recipe::NO_OPERAND != 0 {
+            return None;
+        }
+        let mut addr = self.disp as u64;
+        if self.base != reg::NONE {
+            addr = addr.wrapping_add(*regs.get(self.base as usize)?);
+        }
+        if self.index != reg::NONE {
+            let index = *regs.get(self.index as usize)?;
+            addr = addr.wrapping_add(index.wrapping_mul(self.scale as u64));
+        }
+        Some(addr)
+    }
+
+    pub fn is_write(&self) -> bool {
+        self.flags & recipe::WRITE != 0
+    }
+}
+
+/// One entry of a line's two-entry access history (`tid` 0: empty).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HistoryEntry {
+    pub tid: u32,
+    /// 1 for a write, 0 for a read.
+    pub write: u32,
+}
+
+/// What the kernel knows of one cache line (value of [`crate::maps::LINES`],
+/// keyed by the line's address).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineState {
+    /// The two-entry history (Cheetah's rule, see [`LineState::record`]).
+    pub history: [HistoryEntry; 2],
+    /// Writes that would have invalidated another core's copy.
+    pub invalidations: u64,
+    /// Sampled reads and writes of the line.
+    pub reads: u64,
+    pub writes: u64,
+    /// Inter-thread dependences between consecutive sampled accesses:
+    /// read-after-write, write-after-write, write-after-read.
+    pub raw: u64,
+    pub waw: u64,
+    pub war: u64,
+    /// Last thread that wrote the line (0: none yet).
+    pub last_writer: u32,
+    /// Last thread that accessed it, and whether that was a write.
+    pub last_tid: u32,
+    pub last_write: u32,
+    pub _pad: u32,
+    /// First and last sampled access (`bpf_ktime_get_ns`).
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+
+impl LineState {
+    /// Records one sampled access by thread `tid`; returns whether it
+    /// counts as an invalidation.
+    ///
+    /// The two-entry rule: a read from a thread not already in a non-full
+    /// table is recorded; a write causes an invalidation when the table is
+    /// full or when its existing entry is another thread's, and then the
+    /// table is flushed and holds the write alone; any other write leaves
+    /// (or puts) the writer's own entry, marked as a write.
+    #[inline(always)]
+    pub fn record(&mut self, tid: u32, write: bool, now_ns: u64) -> bool {
+        if write {
+            self.writes += 1;
+        } else {
+            self.reads += 1;
+        }
+        if self.first_ns == 0 {
+            self.first_ns = now_ns;
+        }
+        self.last_ns = now_ns;
+
+        if self.last_tid != 0 && self.last_tid != tid {
+            match (self.last_write != 0, write) {
+                (true, false) => self.raw += 1,
+                (true, true) => self.waw += 1,
+                (false, true) => self.war += 1,
+                (false, false) => {}
+            }
+        }
+        self.last_tid = tid;
+        self.last_write = write as u32;
+        if write {
+            self.last_writer = tid;
+        }
+
+        let [a, b] = self.history;
+        let full = a.tid != 0 && b.tid != 0;
+        if write {
+            let other = (a.tid != 0 && a.tid != tid) || (b.tid != 0 && b.tid != tid);
+            if full || other {
+                self.invalidations += 1;
+                self.history = [HistoryEntry { tid, write: 1 }, HistoryEntry::default()];
+                return true;
+            }
+            // Empty, or holding only this thread's entry.
+            self.history[0] = HistoryEntry { tid, write: 1 };
+        } else if !full && a.tid != tid && b.tid != tid {
+            let slot = if a.tid == 0 { 0 } else { 1 };
+            self.history[slot] = HistoryEntry { tid, write: 0 };
+        }
+        false
+    }
+}
+
+/// [`WordState::flags`]: more than one thread touched the word.
+pub const WORD_MANY_THREADS: u32 = 1;
+/// [`WordState::flags`]: more than one thread wrote the word.
+pub const WORD_MANY_WRITERS: u32 = 2;
+
+/// Sampled accesses to one 4-byte word of a line.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WordState {
+    pub reads: u32,
+    pub writes: u32,
+    /// First thread that touched the word, and first that wrote it.
+    pub tid: u32,
+    pub writer: u32,
+    /// `WORD_*` bits.
+    pub flags: u32,
+}
+
+/// Word-level detail of one line (value of [`crate::maps::WORDS`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineWords {
+    pub words: [WordState; WORDS_PER_LINE],
+}
+
+impl LineWords {
+    /// Records an access of `size` bytes at byte `offset` of the line by
+    /// `tid` (the part past the line's end belongs to the next line).
+    #[inline(always)]
+    pub fn record(&mut self, offset: u32, size: u32, tid: u32, write: bool) {
+        let first = offset / WORD_BYTES;
+        let last = (offset + size.max(1) - 1) / WORD_BYTES;
+        let mut i = 0u32;
+        for w in self.words.iter_mut() {
+            if i >= first && i <= last {
+                if write {
+                    w.writes += 1;
+                    if w.writer == 0 {
+                        w.writer = tid;
+                    } else if w.writer != tid {
+                        w.flags |= WORD_MANY_WRITERS;
+                    }
+                } else {
+                    w.reads += 1;
+                }
+                if w.tid == 0 {
+                    w.tid = tid;
+                } else if w.tid != tid {
+                    w.flags |= WORD_MANY_THREADS;
+                }
+            }
+            i += 1;
+        }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<AccessRecipe>() == 16);
+const _: () = assert!(core::mem::size_of::<LineState>() == 96);
+const _: () = assert!(core::mem::size_of::<LineWords>() == 20 * WORDS_PER_LINE);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T1: u32 = 101;
+    const T2: u32 = 102;
+    const T3: u32 = 103;
+
+    fn run(accesses: &[(u32, bool)]) -> (LineState, u64) {
+        let mut line = LineState::default();
+        let mut inv = 0;
+        for (i, &(tid, write)) in accesses.iter().enumerate() {
+            if line.record(tid, write, 1000 + i as u64) {
+                inv += 1;
+            }
+        }
+        assert_eq!(inv, line.invalidations);
+        (line, inv)
+    }
+
+    fn entry(tid: u32, write: bool) -> HistoryEntry {
+        HistoryEntry {
+            tid,
+            write: write as u32,
+        }
+    }
+
+    #[test]
+    fn a_read_from_a_new_thread_fills_a_non_full_table() {
+        let (line, inv) = run(&[(T1, false), (T2, false)]);
+        assert_eq!(inv, 0);
+        assert_eq!(line.history, [entry(T1, false), entry(T2, false)]);
+    }
+
+    #[test]
+    fn a_read_from_a_thread_already_there_is_not_recorded_again() {
+        let (line, _) = run(&[(T1, false), (T1, false)]);
+        assert_eq!(line.history, [entry(T1, false), HistoryEntry::default()]);
+        let (line, _) = run(&[(T1, true), (T1, false)]);
+        assert_eq!(line.history[0], entry(T1, true), "the write entry stays");
+        assert_eq!(line.history[1], HistoryEntry::default());
+    }
+
+    #[test]
+    fn a_read_into_a_full_table_changes_nothing() {
+        let (line, inv) = run(&[(T1, false), (T2, false), (T3, false)]);
+        assert_eq!(inv, 0);
+        assert_eq!(line.history, [entry(T1, false), entry(T2, false)]);
+    }
+
+    #[test]
+    fn a_write_into_an_empty_table_is_recorded_without_invalidation() {
+        let (line, inv) = run(&[(T1, true)]);
+        assert_eq!(inv, 0);
+        assert_eq!(line.history, [entry(T1, true), HistoryEntry::default()]);
+        assert_eq!(line.last_writer, T1);
+    }
+
+    #[test]
+    fn a_write_over_the_threads_own_entry_does_not_invalidate() {
+        let (line, inv) = run(&[(T1, false), (T1, true), (T1, true)]);
+        assert_eq!(inv, 0, "one thread initialising data is not sharing");
+        assert_eq!(line.history[0], entry(T1, true));
+    }
+
+    #[test]
+    fn a_write_over_another_threads_entry_invalidates_and_flushes() {
+        let (line, inv) = run(&[(T1, false), (T2, true)]);
+        assert_eq!(inv, 1);
+        assert_eq!(line.history, [entry(T2, true), HistoryEntry::default()]);
+        let (_, inv) = run(&[(T1, true), (T2, true)]);
+        assert_eq!(inv, 1);
+    }
+
+    #[test]
+    fn a_write_into_a_full_table_invalidates_even_from_a_thread_in_it() {
+        let (line, inv) = run(&[(T1, false), (T2, false), (T1, true)]);
+        assert_eq!(inv, 1);
+        assert_eq!(line.history, [entry(T1, true), HistoryEntry::default()]);
+    }
+
+    #[test]
+    fn ping_pong_writes_invalidate_every_time() {
+        let seq: [(u32, bool); 10] =
+            core::array::from_fn(|i| (if i % 2 == 0 { T1 } else { T2 }, true));
+        let (line, inv) = run(&seq);
+        assert_eq!(inv, 9);
+        assert_eq!(line.waw, 9);
+        assert_eq!(line.writes, 10);
+    }
+
+    #[test]
+    fn dependences_are_counted_between_threads_only() {
+        let (line, _) = run(&[
+            (T1, true),  // -
+            (T1, false), // same thread: nothing
+            (T2, false), // T1 read -> T2 read: nothing (last access was a read)
+            (T1, true),  // read -> write by another: WAR
+            (T2, false), // RAW
+            (T2, true),  // same thread
+            (T1, true),  // WAW
+        ]);
+        assert_eq!((line.raw, line.waw, line.war), (1, 1, 1));
+        assert_eq!(line.last_writer, T1);
+        assert_eq!((line.reads, line.writes), (3, 4));
+        assert_eq!((line.first_ns, line.last_ns), (1000, 1006));
+    }
+
+    #[test]
+    fn words_record_threads_and_writers() {
+        let mut w = LineWords::default();
+        w.record(0, 8, T1, true); // words 0 and 1
+        w.record(8, 8, T2, true); // words 2 and 3
+        w.record(4, 4, T2, false); // word 1 read by T2
+        w.record(60, 8, T1, true); // word 15 only: the rest is the next line
+        assert_eq!(
+            (w.words[0].writes, w.words[0].tid, w.words[0].flags),
+            (1, T1, 0)
+        );
+        assert_eq!(w.words[1].flags, WORD_MANY_THREADS);
+        assert_eq!(w.words[1].reads, 1);
+        assert_eq!((w.words[2].writer, w.words[3].writer), (T2, T2));
+        assert_eq!(w.words[15].writes, 1);
+        assert_eq!(w.words[14], WordState::default());
+        w.record(0, 4, T2, true);
+        assert_eq!(w.words[0].flags, WORD_MANY_THREADS | WORD_MANY_WRITERS);
+    }
+
+    #[test]
+    fn recipes_compute_addresses_from_registers() {
+        let mut regs = [0u64; reg::COUNT];
+        regs[reg::RDI as usize] = 0x1000;
+        regs[reg::RCX as usize] = 3;
+        let r = AccessRecipe {
+            disp: -8,
+            base: reg::RDI,
+            index: reg::RCX,
+            scale: 8,
+            size: 8,
+            flags: recipe::WRITE,
+        };
+        assert_eq!(r.address(&regs), Some(0x1000 + 24 - 8));
+        assert!(r.is_write());
+        let abs = AccessRecipe {
+            disp: 0x4040,
+            base: reg::NONE,
+            index: reg::NONE,
+            scale: 1,
+            size: 4,
+            flags: recipe::READ,
+        };
+        assert_eq!(abs.address(&regs), Some(0x4040));
+        assert_eq!(AccessRecipe::none().address(&regs), None);
+        let bad = AccessRecipe { base: 16, ..r };
+        assert_eq!(bad.address(&regs), None);
+    }
+}

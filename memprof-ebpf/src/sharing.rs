@@ -1,0 +1,157 @@
+//! Sampled memory accesses and the per-cache-line table (false sharing).
+//!
+//! For each user-mode sample the sampler looks its IP up in [`RECIPES`].
+//! No recipe yet: the sample goes to the loader flagged for decoding. A
+//! recipe: the data address is computed from the sampled registers (timer
+//! sampling) or taken from the sample (precise memory events), and the
+//! line's entry in [`LINES`] is updated in place, with word-level detail
+//! in [`WORDS`] once the line has been written a few times. The rule
+//! itself is `memprof_common::sharing`, shared with the unit tests.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    macros::map,
+    maps::{Array, HashMap, LruHashMap},
+    programs::PerfEventContext,
+    Global,
+};
+use memprof_common::{
+    counter,
+    sharing::{
+        reg, AccessRecipe, LineState, LineWords, LINES_CAPACITY, LINE_BYTES, RECIPES_CAPACITY,
+        WORDS_CAPACITY, WORD_DETAIL_WRITES,
+    },
+    SAMPLE_FLAG_ADDR, SAMPLE_FLAG_NO_RECIPE,
+};
+
+use crate::maps::count;
+
+/// 1: the sample carries the data address (PEBS/IBS); 0: compute it.
+// SAFETY (no_mangle): the loader finds the global by this exact name.
+#[unsafe(no_mangle)]
+static SAMPLE_ADDR_PRECISE: Global<u32> = Global::new(0);
+
+#[map(name = "RECIPES")]
+static RECIPES: HashMap<u64, AccessRecipe> = HashMap::with_max_entries(RECIPES_CAPACITY, 0);
+
+#[map(name = "LINES")]
+static LINES: LruHashMap<u64, LineState> = LruHashMap::with_max_entries(LINES_CAPACITY, 0);
+
+#[map(name = "WORDS")]
+static WORDS: LruHashMap<u64, LineWords> = LruHashMap::with_max_entries(WORDS_CAPACITY, 0);
+
+/// A zeroed [`LineWords`] to insert from: at 320 bytes it does not fit on
+/// the BPF stack beside the rest. Never written.
+#[map(name = "ZERO_WORDS")]
+static ZERO_WORDS: Array<LineWords> = Array::with_max_entries(1, 0);
+
+/// What a sample says about memory: `SAMPLE_FLAG_*` bits to add, and the
+/// address, recipe bits and size when it yielded an address.
+#[derive(Default)]
+pub struct Access {
+    pub flags: u32,
+    pub addr: u64,
+    pub bits: u32,
+    pub size: u32,
+}
+
+/// Computes the sampled access of a user-mode sample of `tid` at `ip`
+/// and records it in the line table.
+#[inline(always)]
+pub fn sample_access(ctx: &PerfEventContext, ip: u64, tid: u32, now_ns: u64) -> Access {
+    count(counter::USER_SAMPLES);
+    // SAFETY: a map lookup; the value is plain data and only read.
+    let Some(recipe) = (unsafe { RECIPES.get(&ip) }) else {
+        count(counter::NO_RECIPE);
+        return Access {
+            flags: SAMPLE_FLAG_NO_RECIPE,
+            ..Access::default()
+        };
+    };
+    let recipe = *recipe;
+    let addr = if SAMPLE_ADDR_PRECISE.load() != 0 {
+        // SAFETY: the kernel passes a valid `bpf_perf_event_data`; `addr`
+        // is one of its readable fields.
+        let addr = unsafe { (*ctx.ctx).addr };
+        (addr != 0 && recipe.flags & memprof_common::sharing::recipe::NO_OPERAND == 0)
+            .then_some(addr)
+    } else {
+        recipe.address(&registers(ctx))
+    };
+    let Some(addr) = addr else {
+        count(counter::NO_OPERAND);
+        return Access::default();
+    };
+    count(counter::ADDRESSES);
+    record_line(addr, &recipe, tid, now_ns);
+    Access {
+        flags: SAMPLE_FLAG_ADDR,
+        addr,
+        bits: recipe.flags,
+        size: recipe.size as u32,
+    }
+}
+
+/// The sampled user registers, in x86 encoding order ([`reg`]).
+#[inline(always)]
+fn registers(ctx: &PerfEventContext) -> [u64; reg::COUNT] {
+    // SAFETY: the kernel passes a valid `bpf_perf_event_data`; its `regs`
+    // are the interrupted (user) context's registers, readable fields.
+    let r = unsafe { &(*ctx.ctx).regs };
+    [
+        r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11, r.r12,
+        r.r13, r.r14, r.r15,
+    ]
+}
+
+#[inline(always)]
+fn record_line(addr: u64, recipe: &AccessRecipe, tid: u32, now_ns: u64) {
+    let line = addr & !(LINE_BYTES - 1);
+    let write = recipe.is_write();
+    let Some(state) = line_entry(line) else {
+        count(counter::LINE_ERRORS);
+        return;
+    };
+    // SAFETY: the pointer comes from the map lookup and stays valid for
+    // the program's run. Another CPU may update the same entry at the same
+    // time (tracing programs cannot take a bpf_spin_lock); a lost update
+    // of a sampled statistic is acceptable.
+    let state = unsafe { &mut *state };
+    state.record(tid, write, now_ns);
+    if state.writes < WORD_DETAIL_WRITES {
+        return;
+    }
+    let Some(words) = words_entry(line) else {
+        count(counter::LINE_ERRORS);
+        return;
+    };
+    // SAFETY: as above, a map value pointer valid for this run.
+    let words = unsafe { &mut *words };
+    words.record((addr - line) as u32, recipe.size as u32, tid, write);
+}
+
+#[inline(always)]
+fn line_entry(line: u64) -> Option<*mut LineState> {
+    if let Some(p) = LINES.get_ptr_mut(line) {
+        return Some(p);
+    }
+    if LINES
+        .insert(line, LineState::default(), BPF_NOEXIST as u64)
+        .is_ok()
+    {
+        count(counter::LINES_NEW);
+    }
+    LINES.get_ptr_mut(line)
+}
+
+#[inline(always)]
+fn words_entry(line: u64) -> Option<*mut LineWords> {
+    if let Some(p) = WORDS.get_ptr_mut(line) {
+        return Some(p);
+    }
+    let zero = ZERO_WORDS.get(0)?;
+    if WORDS.insert(line, zero, BPF_NOEXIST as u64).is_ok() {
+        count(counter::WORDS_NEW);
+    }
+    WORDS.get_ptr_mut(line)
+}
