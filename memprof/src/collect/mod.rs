@@ -5,6 +5,7 @@
 //! memory map at once (while the process is alive) and feeds the pure
 //! analyses.
 
+pub mod access;
 pub mod code;
 pub mod procmaps;
 pub mod threads;
@@ -599,6 +600,7 @@ mod tests {
             cpu: 0,
             stack_id: 3,
             flags: 0,
+            ..Default::default()
         });
         c.on_sample(&SampleEvent {
             time_ns: 2,
@@ -607,6 +609,7 @@ mod tests {
             cpu: 0,
             stack_id: -14,
             flags: SAMPLE_FLAG_KERNEL,
+            ..Default::default()
         });
         assert_eq!(c.profile.samples(), 2);
         assert_eq!(c.profile.kernel_samples(), 1);
@@ -666,6 +669,7 @@ mod tests {
             cpu: 0,
             stack_id: -1,
             flags: 0,
+            ..Default::default()
         };
         c.on_sample(&at(5)); // the gate, before exec
         c.on_sample(&at(20)); // the command, drained before the exec event
@@ -711,6 +715,7 @@ mod tests {
             cpu: 0,
             stack_id: -1,
             flags: 0,
+            ..Default::default()
         });
         c.on_sample(&SampleEvent {
             time_ns: 150,
@@ -719,6 +724,7 @@ mod tests {
             cpu: 0,
             stack_id: -1,
             flags: 0,
+            ..Default::default()
         });
         let paths: Vec<String> = c
             .profile
@@ -752,6 +758,7 @@ mod tests {
             cpu: 0,
             stack_id: -1,
             flags: 0,
+            ..Default::default()
         });
         assert_eq!(
             c.names.get(&gone).map(String::as_str),
