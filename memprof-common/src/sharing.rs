@@ -56,6 +56,12 @@ pub mod recipe {
     /// The recipe describes the instruction *before* the sampled IP (timer
     /// samples land mostly right after the access that took the time).
     pub const PREVIOUS: u32 = 8;
+    /// A read whose value is stored back to the same operand a few
+    /// instructions later with no branch between (`x++` on a plain or
+    /// volatile variable): the sample stands for a write too. Timer samples
+    /// land after the load, which takes the cache miss, far more often
+    /// than after the store, which retires into the store buffer.
+    pub const STORED_BACK: u32 = 16;
 }
 
 /// How to compute the data address of the instruction at (or right before)

@@ -553,6 +553,11 @@ impl AllocProfile {
             .collect()
     }
 
+    /// Whether `addr` lies in memory the allocator mapped while traced.
+    pub fn maps_address(&self, addr: u64) -> bool {
+        self.committed.contains(addr) || self.reserved.contains(addr)
+    }
+
     /// The place of call site `addr` (unmapped if never given).
     pub fn site_place(&self, addr: u64) -> Place {
         self.site_places
@@ -610,6 +615,14 @@ struct RangeSet {
 }
 
 impl RangeSet {
+    /// Whether `addr` is in one of the ranges.
+    fn contains(&self, addr: u64) -> bool {
+        self.ranges
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(_, &end)| addr < end)
+    }
+
     /// Adds `[start, start+len)`; returns the bytes that were not in yet.
     fn add(&mut self, start: u64, len: u64) -> u64 {
         let end = start.saturating_add(len);

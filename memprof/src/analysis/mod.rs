@@ -3,6 +3,7 @@
 pub mod alloc;
 pub mod memory;
 pub mod profile;
+pub mod sharing;
 
 /// A fast hasher for the per-event maps of the analyses (addresses and
 /// small keys): std's SipHash resists hash flooding, which the target's own

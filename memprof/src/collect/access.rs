@@ -25,6 +25,8 @@ use memprof_common::sharing::{recipe, reg, AccessRecipe};
 pub const LOOK_BEHIND: u64 = 64;
 /// Bytes after the IP decoded to find branches back to it (loop heads).
 pub const LOOK_AHEAD: u64 = 192;
+/// Instructions after a load searched for the store back to its operand.
+const STORE_BACK_WINDOW: usize = 6;
 
 /// A decoded recipe, with the address of the instruction it describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +69,7 @@ pub fn decode(code: &[u8], code_ip: u64, ip: u64, precise: bool) -> Decoded {
                 && !is_branch_target(code, code_ip, prev.ip(), ip)
                 && !writes_address_registers(&prev, &mut info);
             if let Some(r) = usable.then(|| operand(&prev, &mut info)).flatten() {
+                let r = stored_back(code, code_ip, &prev, r, &mut info);
                 return Decoded {
                     recipe: AccessRecipe {
                         flags: r.flags | recipe::PREVIOUS,
@@ -78,9 +81,56 @@ pub fn decode(code: &[u8], code_ip: u64, ip: u64, precise: bool) -> Decoded {
         }
     }
     match operand(&at, &mut info) {
-        Some(recipe) => Decoded { recipe, insn: ip },
+        Some(r) => Decoded {
+            recipe: stored_back(code, code_ip, &at, r, &mut info),
+            insn: ip,
+        },
         None => Decoded::none(ip),
     }
+}
+
+/// Marks a read as a write too ([`recipe::STORED_BACK`]) when a store to
+/// the very same operand follows within a few instructions, with no
+/// branch and no change to the address registers between.
+fn stored_back(
+    code: &[u8],
+    code_ip: u64,
+    load: &Instruction,
+    r: AccessRecipe,
+    info: &mut InstructionInfoFactory,
+) -> AccessRecipe {
+    if r.flags != recipe::READ {
+        return r;
+    }
+    let start = (load.next_ip() - code_ip) as usize;
+    let Some(bytes) = code.get(start..) else {
+        return r;
+    };
+    let mut d = Decoder::with_ip(64, bytes, load.next_ip(), DecoderOptions::NONE);
+    for _ in 0..STORE_BACK_WINDOW {
+        if !d.can_decode() {
+            break;
+        }
+        let insn = d.decode();
+        if insn.is_invalid() || insn.flow_control() != FlowControl::Next {
+            break;
+        }
+        if let Some(other) = operand(&insn, info) {
+            let same = (other.base, other.index, other.scale, other.disp)
+                == (r.base, r.index, r.scale, r.disp)
+                && insn.segment_prefix() == load.segment_prefix();
+            if same && other.is_write() {
+                return AccessRecipe {
+                    flags: r.flags | recipe::WRITE | recipe::STORED_BACK,
+                    ..r
+                };
+            }
+        }
+        if writes_registers(&insn, [load.memory_base(), load.memory_index()], info) {
+            break;
+        }
+    }
+    r
 }
 
 /// The instruction that ends exactly at `ip`, found by decoding from every
@@ -150,7 +200,15 @@ fn is_branch_target(code: &[u8], code_ip: u64, sync: u64, ip: u64) -> bool {
 
 /// Whether `insn` writes a register its memory operand is computed from.
 fn writes_address_registers(insn: &Instruction, info: &mut InstructionInfoFactory) -> bool {
-    let address = [insn.memory_base(), insn.memory_index()];
+    writes_registers(insn, [insn.memory_base(), insn.memory_index()], info)
+}
+
+/// Whether `insn` writes any of `regs` (or a part of one).
+fn writes_registers(
+    insn: &Instruction,
+    address: [Register; 2],
+    info: &mut InstructionInfoFactory,
+) -> bool {
     info.info(insn).used_registers().iter().any(|u| {
         matches!(
             u.access(),
@@ -347,6 +405,33 @@ mod tests {
             decode(&code, at, BASE + 3, false).recipe,
             AccessRecipe::none()
         );
+    }
+
+    #[test]
+    fn a_load_stored_back_counts_as_a_write() {
+        // mov rax, [rsi+rcx*8]; add rax, 1; mov [rsi+rcx*8], rax; sub edx, 1
+        let rmw = [
+            0x48, 0x8b, 0x04, 0xce, 0x48, 0x83, 0xc0, 0x01, 0x48, 0x89, 0x04, 0xce, 0x83, 0xea,
+            0x01,
+        ];
+        let (code, at) = with_padding(&rmw);
+        let d = decode(&code, at, BASE + 4, false);
+        assert_eq!(d.insn, BASE);
+        assert_eq!(
+            d.recipe.flags,
+            recipe::READ | recipe::WRITE | recipe::STORED_BACK | recipe::PREVIOUS
+        );
+        // The store itself, sampled after it.
+        let d = decode(&code, at, BASE + 12, false);
+        assert_eq!(d.insn, BASE + 8);
+        assert_eq!(d.recipe.flags, recipe::WRITE | recipe::PREVIOUS);
+        // A store elsewhere, or after the index changed, is not the same.
+        let other = [
+            0x48, 0x8b, 0x04, 0xce, 0x48, 0xff, 0xc1, 0x48, 0x89, 0x04, 0xce, 0x90,
+        ]; // mov rax,[rsi+rcx*8]; inc rcx; mov [rsi+rcx*8], rax
+        let (code, at) = with_padding(&other);
+        let d = decode(&code, at, BASE + 4, false);
+        assert_eq!(d.recipe.flags, recipe::READ | recipe::PREVIOUS);
     }
 
     #[test]

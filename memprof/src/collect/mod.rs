@@ -17,14 +17,18 @@ use std::{
 };
 
 use memprof_common::{
-    lock_event, record_kind, AllocEvent, LockEvent, SampleEvent, SyscallEvent, TaskEvent,
-    EVENT_ALLOC, EVENT_SYSCALL, SAMPLE_FLAG_KERNEL, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD,
+    lock_event, record_kind,
+    sharing::{recipe, AccessRecipe},
+    AllocEvent, LockEvent, SampleEvent, SyscallEvent, TaskEvent, EVENT_ALLOC, EVENT_SYSCALL,
+    SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_NO_RECIPE, TASK_EXEC, TASK_EXIT,
+    TASK_NEW_THREAD,
 };
 
 use crate::analysis::{
     alloc::{AllocCall, AllocProfile, SyscallCall},
     locks::{Chain, FutexWait, FutexWake, KernelWait, LockProfile},
     profile::{Profile, Sample, SampleAt, ThreadEvent},
+    sharing::{Access, SharingProfile},
     FastMap,
 };
 use code::{CodeCache, FileCache};
@@ -67,6 +71,26 @@ pub struct Collector {
     unwinder: unwind::Unwinder,
     /// Object files' bytes, for both of the above.
     files: FileCache,
+    /// Sampled data accesses, per cache line.
+    pub sharing: SharingProfile,
+    /// Decoded instructions: the recipe for each sampled IP and which
+    /// instruction it describes.
+    decoded: FastMap<u64, access::Decoded>,
+    /// Recipes decoded since the session last installed them.
+    new_recipes: Vec<(u64, AccessRecipe)>,
+    /// The sampling event gives the data address itself (no skid).
+    pub precise_addresses: bool,
+    /// The heap block under each shared line, looked up while it is live.
+    line_blocks: FastMap<u64, Option<LineBlock>>,
+}
+
+/// The heap block a shared line lies in, as it was when first seen shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineBlock {
+    pub start: u64,
+    pub size: u64,
+    /// The allocating call ([`AllocProfile::site_place`]).
+    pub site: u64,
 }
 
 /// A futex call whose end has not come yet.
@@ -106,6 +130,11 @@ impl Collector {
             code: CodeCache::default(),
             unwinder: unwind::Unwinder::default(),
             files: FileCache::default(),
+            sharing: SharingProfile::new(),
+            decoded: FastMap::default(),
+            new_recipes: Vec::new(),
+            precise_addresses: false,
+            line_blocks: FastMap::default(),
         };
         collector.refresh_maps();
         let tids = list_threads(pid);
@@ -156,6 +185,7 @@ impl Collector {
     /// Resolves samples that fell outside the memory map when they came
     /// (e.g. a library mapped less than a refresh interval earlier).
     pub fn settle(&mut self) {
+        self.name_shared_lines();
         let unplaced = self
             .alloc
             .as_ref()
@@ -221,12 +251,125 @@ impl Collector {
         if !self.names.contains_key(&ev.tid) {
             self.learn_name(ev.tid);
         }
+        if matches!(at, SampleAt::User(_)) {
+            self.on_user_access(ev);
+        }
         self.profile.add_sample(Sample {
             time_ns: ev.time_ns,
             tid: ev.tid,
             at,
             stack_id: u32::try_from(ev.stack_id).ok(),
         });
+    }
+
+    /// The memory side of a user-mode sample: its address, or a request
+    /// to decode its instruction.
+    fn on_user_access(&mut self, ev: &SampleEvent) {
+        if ev.flags & SAMPLE_FLAG_NO_RECIPE != 0 {
+            self.decode(ev.ip);
+            return;
+        }
+        if ev.flags & SAMPLE_FLAG_ADDR == 0 {
+            self.sharing.on_no_address();
+            return;
+        }
+        let insn = self.decoded.get(&ev.ip).map_or(ev.ip, |d| d.insn);
+        self.sharing.on_access(Access {
+            tid: ev.tid,
+            insn,
+            addr: ev.addr,
+            size: ev.size,
+            read: ev.access & recipe::READ != 0,
+            write: ev.access & recipe::WRITE != 0,
+        });
+    }
+
+    /// Decodes the instruction at `ip` once, for the session to install.
+    fn decode(&mut self, ip: u64) {
+        if self.decoded.contains_key(&ip) {
+            return; // decoded, not yet installed when this was sampled
+        }
+        let decoded = match self.code_around(ip) {
+            Some((code, code_ip)) => access::decode(&code, code_ip, ip, self.precise_addresses),
+            None => access::Decoded {
+                recipe: AccessRecipe::none(),
+                insn: ip,
+            },
+        };
+        self.decoded.insert(ip, decoded);
+        self.new_recipes.push((ip, decoded.recipe));
+    }
+
+    /// The code bytes around `ip` (see [`access::decode`]) and the address
+    /// of the first, from the object file or, for anonymous code, from the
+    /// process's memory.
+    fn code_around(&mut self, ip: u64) -> Option<(Vec<u8>, u64)> {
+        if self.maps.find(ip).is_none() {
+            self.place(ip); // re-reads the map
+        }
+        let m = self.maps.find(ip)?.clone();
+        let lo = ip.saturating_sub(access::LOOK_BEHIND).max(m.start);
+        let hi = (ip + access::LOOK_AHEAD).min(m.end);
+        if m.is_file() {
+            let bytes = self.files.get(&m.name)?;
+            let off = |a: u64| (a - m.start + m.offset) as usize;
+            let code = bytes.get(off(lo)..off(hi).min(bytes.len()))?;
+            return Some((code.to_vec(), lo));
+        }
+        let mut code = vec![0u8; (hi - lo) as usize];
+        let mem = std::fs::File::open(format!("/proc/{}/mem", self.pid)).ok()?;
+        std::os::unix::fs::FileExt::read_exact_at(&mem, &mut code, lo).ok()?;
+        Some((code, lo))
+    }
+
+    /// Recipes decoded since the last call, to install in the kernel.
+    pub fn take_new_recipes(&mut self) -> Vec<(u64, AccessRecipe)> {
+        std::mem::take(&mut self.new_recipes)
+    }
+
+    /// Instructions decoded, and how many of them access memory we can
+    /// place.
+    pub fn decoded_counts(&self) -> (usize, usize) {
+        let usable = self
+            .decoded
+            .values()
+            .filter(|d| d.recipe.flags & recipe::NO_OPERAND == 0)
+            .count();
+        (self.decoded.len(), usable)
+    }
+
+    /// The heap block under `line` (recorded by [`Collector::settle`] while
+    /// it was live).
+    pub fn line_block(&self, line: u64) -> Option<LineBlock> {
+        self.line_blocks.get(&line).copied().flatten()
+    }
+
+    /// Looks up the heap blocks under newly shared lines now, while they
+    /// are live: the report may come after the target freed them.
+    fn name_shared_lines(&mut self) {
+        let new: Vec<u64> = self
+            .sharing
+            .candidates()
+            .into_iter()
+            .filter(|l| !self.line_blocks.contains_key(l))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        let index = self.alloc.as_ref().map(AllocProfile::block_index);
+        for line in new {
+            let block = index.as_ref().and_then(|index| {
+                // Any byte of the line: a block may start inside it.
+                let first = line + u64::from(self.sharing.first_offset(line));
+                let (start, b) = index.containing(first)?;
+                Some(LineBlock {
+                    start,
+                    size: b.size,
+                    site: b.site,
+                })
+            });
+            self.line_blocks.insert(line, block);
+        }
     }
 
     pub fn on_task(&mut self, ev: &TaskEvent) {

@@ -18,8 +18,8 @@ pub struct Report {
     pub sampling: Sampling,
     pub hot_functions: Vec<HotFunctionEntry>,
     pub threads: Vec<ThreadEntry>,
-    /// Filled by the false-sharing analysis (not in this version).
-    pub false_sharing: Vec<serde_json::Value>,
+    /// Cache lines threads contend for, most costly first.
+    pub false_sharing: Vec<SharingEntry>,
     /// The allocator profile (`mode: "off"` when not traced).
     pub allocator: AllocatorReport,
     /// Contended locks, most wait time first.
@@ -56,6 +56,114 @@ pub struct Sampling {
     pub stack_errors: u64,
     /// Samples taken while the thread was in the kernel.
     pub kernel_samples: u64,
+    /// Where the data addresses of samples came from, and how many did.
+    pub addresses: AddressSampling,
+}
+
+/// Data addresses of samples (the false-sharing input).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AddressSampling {
+    /// "decoded": computed from the sampled registers and the decoded
+    /// instruction (timer sampling, no PMU); "precise": given by the CPU
+    /// (PEBS, IBS).
+    pub mode: String,
+    /// Samples of the target's threads in user mode.
+    pub user_samples: u64,
+    /// Of those: an address was computed.
+    pub with_address: u64,
+    /// The instruction had no usable memory operand (arithmetic, branch,
+    /// TLS, ...).
+    pub no_operand: u64,
+    /// The instruction was not decoded yet (its first samples).
+    pub not_decoded: u64,
+    /// `with_address / user_samples`.
+    pub address_share: f64,
+    /// Distinct instructions decoded, and how many access memory.
+    pub instructions_decoded: usize,
+    pub instructions_with_operand: usize,
+    /// Cache lines in the kernel's table at the end, and lines the table
+    /// dropped (least recently sampled) to make room.
+    pub lines_tracked: u64,
+    pub lines_evicted: u64,
+}
+
+/// A cache line several threads contend for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SharingEntry {
+    /// Address of the line, hex.
+    pub line: String,
+    /// "false" (threads write different words), "true" (a written word is
+    /// used by several threads) or "mixed".
+    pub kind: String,
+    /// Sampled writes that invalidated another thread's copy (two-entry
+    /// rule), and their share of the line's sampled accesses.
+    pub invalidations: u64,
+    pub invalidation_rate: f64,
+    /// Sampled accesses to the line.
+    pub samples: u64,
+    /// The line's share of all the target's samples: about this much of
+    /// the program's sampled time is spent on it.
+    pub cost_share: f64,
+    pub threads: Vec<u32>,
+    pub object: SharedObject,
+    /// Words (4 bytes) touched, by offset in the line.
+    pub words: Vec<WordEntry>,
+    /// Code touching the line, most accesses first.
+    pub code: Vec<SharingCode>,
+    /// Inter-thread dependences between consecutive sampled accesses.
+    pub dependences: Dependences,
+    pub advice: String,
+}
+
+/// What lies on a shared line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SharedObject {
+    /// "global", "heap", "stack", "tls", "mapped" or "unknown".
+    pub kind: String,
+    pub name: String,
+    /// Offset of the line in the object (negative: the object starts
+    /// inside the line).
+    pub offset: i64,
+    /// Size of the object, when known.
+    pub size: Option<u64>,
+    /// Where a heap object was allocated; null when not seen (allocated
+    /// before tracing, or while the allocator was not traced).
+    pub alloc_site: Option<CodeRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CodeRef {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WordEntry {
+    pub offset: u32,
+    pub reads: u64,
+    pub writes: u64,
+    pub threads: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SharingCode {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    pub reads: u64,
+    pub writes: u64,
+    pub threads: Vec<u32>,
+    /// Lowest byte offset in the line it touched.
+    pub offset: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Dependences {
+    pub read_after_write: u64,
+    pub write_after_write: u64,
+    pub write_after_read: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -382,6 +490,7 @@ pub(crate) mod tests {
                 lost_thread_events: 0,
                 stack_errors: 0,
                 kernel_samples: 10,
+                addresses: AddressSampling::default(),
             },
             hot_functions: vec![HotFunctionEntry {
                 function: "spin".into(),

@@ -11,6 +11,7 @@ pub mod locks;
 pub mod preflight;
 pub mod probes;
 pub mod prologue;
+pub mod sharing;
 pub mod tracefs;
 
 use std::{
@@ -30,7 +31,7 @@ use crate::{
     collect::{command_line, Collector},
     error::{Error, Result},
     report::{
-        model::{Loader, Sampling, Target, ThreadEntry, SCHEMA},
+        model::{AddressSampling, Loader, Sampling, Target, ThreadEntry, SCHEMA},
         Report,
     },
     symbolize::Symbolizer,
@@ -183,6 +184,12 @@ struct Live {
     alloc_mode: AllocMode,
     /// Kernel-side statistics as read when the probes were detached.
     final_kernel: Vec<(u32, KernelStats)>,
+    /// The kernel's shared-line state as read then, and the lines in its
+    /// table.
+    final_lines: sharing::KernelLines,
+    final_lines_tracked: u64,
+    /// Decoded recipes the kernel's map had no room for.
+    recipes_dropped: usize,
     target: TargetHandle,
     command: String,
     frequency_hz: u64,
@@ -299,6 +306,9 @@ pub async fn run(
         tracer,
         alloc_mode: opts.alloc.mode,
         final_kernel: Vec::new(),
+        final_lines: Default::default(),
+        final_lines_tracked: 0,
+        recipes_dropped: 0,
         target,
         command,
         frequency_hz: opts.frequency_hz,
@@ -357,6 +367,7 @@ impl Live {
                     let mut guard = guard.map_err(|e| anyhow::anyhow!("polling samples: {e}"))?;
                     drain_samples(guard.get_inner_mut(), &mut self.collector);
                     guard.clear_ready();
+                    self.install_recipes();
                 }
                 guard = self.tasks.readable_mut() => {
                     let mut guard = guard.map_err(|e| anyhow::anyhow!("polling task events: {e}"))?;
@@ -385,6 +396,7 @@ impl Live {
                     drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
                     drain_locks(self.lock_events.get_mut(), &mut self.collector);
                     drain_samples(self.samples.get_mut(), &mut self.collector);
+                    self.install_recipes();
                     // Soon after sampling, so the stack is read against the
                     // memory map it was taken in.
                     if let Some(probes) = &self.probes {
@@ -413,6 +425,57 @@ impl Live {
                     }
                 }
             }
+        }
+    }
+
+    /// How many samples yielded a data address, and what the line table
+    /// holds.
+    fn address_sampling(&self, counters: &Counters) -> AddressSampling {
+        let (decoded, usable) = self.collector.decoded_counts();
+        let lines_tracked = match &self.probes {
+            Some(_) => None, // walking the table is for the end
+            None => Some(self.final_lines_tracked),
+        };
+        AddressSampling {
+            mode: if self.collector.precise_addresses {
+                "precise"
+            } else {
+                "decoded"
+            }
+            .into(),
+            user_samples: counters.user_samples,
+            with_address: counters.addresses,
+            no_operand: counters.no_operand,
+            not_decoded: counters.no_recipe,
+            address_share: counters.addresses as f64 / counters.user_samples.max(1) as f64,
+            instructions_decoded: decoded,
+            instructions_with_operand: usable,
+            lines_tracked: lines_tracked.unwrap_or(0),
+            lines_evicted: lines_tracked.map_or(0, |t| counters.lines_new.saturating_sub(t)),
+        }
+    }
+
+    /// Gives the sampler the recipes of newly decoded instructions.
+    fn install_recipes(&mut self) {
+        let new = self.collector.take_new_recipes();
+        if let (false, Some(probes)) = (new.is_empty(), &mut self.probes) {
+            self.recipes_dropped += probes.install_recipes(&new);
+        }
+    }
+
+    /// The kernel's state of the lines the samples show shared.
+    fn kernel_lines(&self) -> sharing::KernelLines {
+        let Some(probes) = &self.probes else {
+            return self.final_lines.clone();
+        };
+        sharing::KernelLines {
+            lines: self
+                .collector
+                .sharing
+                .candidates()
+                .into_iter()
+                .map(|line| (line, probes.line_state(line), probes.line_words(line)))
+                .collect(),
         }
     }
 
@@ -458,7 +521,9 @@ impl Live {
             tracer.finish(probes);
         }
         self.collector.settle();
+        self.final_lines = self.kernel_lines();
         if let Some(mut probes) = self.probes.take() {
+            self.final_lines_tracked = probes.lines_tracked();
             self.final_kernel = probes.kernel_stats();
             self.collector.read_stacks(|id| probes.stack(id));
             self.final_counters = probes.counters();
@@ -597,6 +662,22 @@ impl Live {
             self.collector.alloc.as_ref(),
             &mut self.symbolizer,
         );
+        let lines = self.kernel_lines();
+        let profile_samples = self.collector.profile.samples();
+        let false_sharing = sharing::report(
+            &self.collector,
+            &lines,
+            profile_samples,
+            &mut self.symbolizer,
+        );
+        let addresses = self.address_sampling(&counters);
+        if self.recipes_dropped > 0 {
+            notes.push(format!(
+                "{} sampled instructions were not decoded (recipe map full)",
+                self.recipes_dropped
+            ));
+        }
+        let profile = &self.collector.profile;
         Report {
             schema: SCHEMA,
             target: Target {
@@ -614,10 +695,11 @@ impl Live {
                 lost_thread_events: counters.task_events_lost,
                 stack_errors: counters.stack_errors,
                 kernel_samples: profile.kernel_samples(),
+                addresses,
             },
             hot_functions,
             threads,
-            false_sharing: Vec::new(),
+            false_sharing,
             allocator,
             locks,
             loader: Loader::measure(duration_s),

@@ -17,7 +17,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memprof_common::{
-    counter, globals, maps, programs, syscall, KernelStats, ALLOC_CTL_GENERATION,
+    counter, globals, maps, programs,
+    sharing::{AccessRecipe, LineState, LineWords},
+    syscall, KernelStats, ALLOC_CTL_GENERATION,
 };
 
 use super::tracefs;
@@ -56,6 +58,16 @@ pub struct Counters {
     /// Allocator calls that hit an entry probe.
     pub alloc_calls: u64,
     pub lock_events_lost: u64,
+    /// User-mode samples, and of those: no recipe yet (sent to decode),
+    /// no usable memory operand, and an address computed.
+    pub user_samples: u64,
+    pub no_recipe: u64,
+    pub no_operand: u64,
+    pub addresses: u64,
+    /// Line and word-table entries created, and lines lost to errors.
+    pub lines_new: u64,
+    pub words_new: u64,
+    pub line_errors: u64,
 }
 
 impl Counters {
@@ -206,6 +218,13 @@ impl Probes {
                 .map(|op| sum(counter::ALLOC_OP_CALLS + op))
                 .sum(),
             lock_events_lost: sum(counter::LOCK_EVENTS_LOST),
+            user_samples: sum(counter::USER_SAMPLES),
+            no_recipe: sum(counter::NO_RECIPE),
+            no_operand: sum(counter::NO_OPERAND),
+            addresses: sum(counter::ADDRESSES),
+            lines_new: sum(counter::LINES_NEW),
+            words_new: sum(counter::WORDS_NEW),
+            line_errors: sum(counter::LINE_ERRORS),
         }
     }
 
@@ -293,6 +312,42 @@ impl Probes {
             return Vec::new();
         };
         stats.iter().filter_map(|r| r.ok()).collect()
+    }
+
+    /// Installs decoded operand recipes for the sampler; returns how many
+    /// did not fit (the map is full: those IPs stay undecoded).
+    pub fn install_recipes(&mut self, recipes: &[(u64, AccessRecipe)]) -> usize {
+        let Some(mut map) = self
+            .ebpf
+            .map_mut(maps::RECIPES)
+            .and_then(|m| BpfHashMap::<_, u64, AccessRecipe>::try_from(m).ok())
+        else {
+            return recipes.len();
+        };
+        recipes
+            .iter()
+            .filter(|(ip, r)| map.insert(ip, r, 0).is_err())
+            .count()
+    }
+
+    /// The kernel's state of `line`, if it is still in the table.
+    pub fn line_state(&self, line: u64) -> Option<LineState> {
+        let map = BpfHashMap::<_, u64, LineState>::try_from(self.ebpf.map(maps::LINES)?).ok()?;
+        map.get(&line, 0).ok()
+    }
+
+    /// The kernel's word detail of `line`, if it has any.
+    pub fn line_words(&self, line: u64) -> Option<LineWords> {
+        let map = BpfHashMap::<_, u64, LineWords>::try_from(self.ebpf.map(maps::WORDS)?).ok()?;
+        map.get(&line, 0).ok()
+    }
+
+    /// Lines in the kernel's table now (walks the keys: call it once).
+    pub fn lines_tracked(&self) -> u64 {
+        self.ebpf
+            .map(maps::LINES)
+            .and_then(|m| BpfHashMap::<_, u64, LineState>::try_from(m).ok())
+            .map_or(0, |map| map.keys().filter(|k| k.is_ok()).count() as u64)
     }
 
     /// The user stack recorded under `id` (innermost frame first).

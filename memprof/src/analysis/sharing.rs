@@ -1,0 +1,584 @@
+//! False and true sharing of cache lines, from sampled accesses.
+//!
+//! Two sources meet here. The kernel's per-line table
+//! ([`memprof_common::sharing::LineState`]) counts invalidations with
+//! Cheetah's two-entry rule and the inter-thread dependences; it sees every
+//! sample, even those the ring buffer later drops. The samples themselves
+//! (each with its address, size, read/write, thread and instruction) say
+//! exactly which words each thread touched and from which code, which is
+//! what classifies a line and tells the user what to change.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use memprof_common::sharing::{
+    LineState, LineWords, LINE_BYTES, WORDS_PER_LINE, WORD_BYTES, WORD_MANY_THREADS,
+};
+
+use super::FastMap;
+
+/// A line needs this many invalidations to be a finding...
+pub const MIN_INVALIDATIONS: u64 = 5;
+/// ...and this many of its sampled accesses must invalidate: a read-mostly
+/// line whose rare writes invalidate is not worth reporting.
+pub const MIN_INVALIDATION_RATE: f64 = 0.02;
+/// ...and at least this share of all the target's samples must hit it.
+pub const MIN_COST_SHARE: f64 = 0.005;
+/// A kind (false or true sharing) must carry this share of the line's
+/// accesses for a line with both to be "mixed".
+const MIXED_SHARE: f64 = 0.1;
+
+/// How the threads share a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SharingKind {
+    /// Threads write different words: the fix is layout.
+    False,
+    /// A written word is used by several threads: the data is shared.
+    True,
+    /// Both.
+    Mixed,
+}
+
+impl SharingKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SharingKind::False => "false",
+            SharingKind::True => "true",
+            SharingKind::Mixed => "mixed",
+        }
+    }
+}
+
+/// One sampled access, as the analysis needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    pub tid: u32,
+    /// The accessing instruction (after skid compensation).
+    pub insn: u64,
+    pub addr: u64,
+    pub size: u32,
+    /// Reads the word (a read-modify-write does both).
+    pub read: bool,
+    pub write: bool,
+}
+
+/// Key of the per-line aggregate: who touched which bytes from where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct AccessKey {
+    insn: u64,
+    tid: u32,
+    offset: u8,
+    size: u8,
+    read: bool,
+    write: bool,
+}
+
+/// The samples that hit one line.
+#[derive(Debug, Default, Clone)]
+struct LineSamples {
+    accesses: FastMap<AccessKey, u64>,
+    samples: u64,
+    writes: u64,
+    /// Up to 2 distinct threads (enough to know the line is shared).
+    threads: [u32; 2],
+}
+
+impl LineSamples {
+    fn shared(&self) -> bool {
+        self.threads[1] != 0 && self.writes > 0
+    }
+}
+
+/// Accesses of one word of a line, per thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WordUse {
+    /// Byte offset in the line.
+    pub offset: u32,
+    pub reads: u64,
+    pub writes: u64,
+    pub readers: BTreeSet<u32>,
+    pub writers: BTreeSet<u32>,
+}
+
+impl WordUse {
+    pub fn threads(&self) -> BTreeSet<u32> {
+        self.readers.union(&self.writers).copied().collect()
+    }
+}
+
+/// The accesses of one instruction to a line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeUse {
+    pub insn: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub threads: BTreeSet<u32>,
+    /// Lowest byte offset in the line it touched.
+    pub offset: u32,
+}
+
+/// A shared line worth reporting.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineFinding {
+    pub line: u64,
+    pub kind: SharingKind,
+    pub invalidations: u64,
+    /// Sampled accesses to the line (the kernel's count: all samples).
+    pub samples: u64,
+    /// The line's share of all the target's samples.
+    pub cost_share: f64,
+    /// Invalidations per sampled access.
+    pub invalidation_rate: f64,
+    pub threads: Vec<u32>,
+    /// Words touched (offset order).
+    pub words: Vec<WordUse>,
+    /// Instructions touching the line, most accesses first.
+    pub code: Vec<CodeUse>,
+    /// Inter-thread dependences (read-after-write, write-after-write,
+    /// write-after-read) between consecutive sampled accesses.
+    pub raw: u64,
+    pub waw: u64,
+    pub war: u64,
+    /// Lowest sampled address on the line (names the object).
+    pub first_addr: u64,
+    /// For false sharing: each writing thread's byte range in the line.
+    pub parts: Vec<(u32, u32, u32)>,
+}
+
+/// Accesses of the target, aggregated per cache line.
+#[derive(Debug, Default)]
+pub struct SharingProfile {
+    lines: FastMap<u64, LineSamples>,
+    /// Samples with an address, and user samples without one.
+    pub with_address: u64,
+    pub without_address: u64,
+}
+
+impl SharingProfile {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A user sample that yielded no address.
+    pub fn on_no_address(&mut self) {
+        self.without_address += 1;
+    }
+
+    pub fn on_access(&mut self, a: Access) {
+        self.with_address += 1;
+        let line = a.addr & !(LINE_BYTES - 1);
+        let entry = self.lines.entry(line).or_default();
+        entry.samples += 1;
+        if a.write {
+            entry.writes += 1;
+        }
+        if entry.threads[0] == 0 {
+            entry.threads[0] = a.tid;
+        } else if entry.threads[0] != a.tid && entry.threads[1] == 0 {
+            entry.threads[1] = a.tid;
+        }
+        let key = AccessKey {
+            insn: a.insn,
+            tid: a.tid,
+            offset: (a.addr - line) as u8,
+            size: a.size.min(64) as u8,
+            read: a.read,
+            write: a.write,
+        };
+        *entry.accesses.entry(key).or_default() += 1;
+    }
+
+    /// Lines touched by two threads or more, at least one writing: the
+    /// ones whose kernel state is worth reading.
+    pub fn candidates(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .lines
+            .iter()
+            .filter(|(_, l)| l.shared())
+            .map(|(&line, _)| line)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Lowest byte offset sampled on `line` (0 if none).
+    pub fn first_offset(&self, line: u64) -> u8 {
+        self.lines
+            .get(&line)
+            .and_then(|l| l.accesses.keys().map(|k| k.offset).min())
+            .unwrap_or(0)
+    }
+
+    /// Distinct lines sampled.
+    pub fn lines(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// Decides whether `line` is a finding, given the kernel's state of it
+    /// (`state`; None if evicted) and the kernel's word table (used when
+    /// the samples were lost on the way), and `total_samples` of the
+    /// target.
+    pub fn analyse(
+        &self,
+        line: u64,
+        state: Option<&LineState>,
+        kernel_words: Option<&LineWords>,
+        total_samples: u64,
+    ) -> Option<LineFinding> {
+        let state = state?;
+        let samples = (state.reads + state.writes).max(1);
+        let invalidation_rate = state.invalidations as f64 / samples as f64;
+        let cost_share = samples as f64 / total_samples.max(samples) as f64;
+        if state.invalidations < MIN_INVALIDATIONS
+            || invalidation_rate < MIN_INVALIDATION_RATE
+            || cost_share < MIN_COST_SHARE
+        {
+            return None;
+        }
+        let ours = self.lines.get(&line);
+        let words = match ours {
+            Some(l) if !l.accesses.is_empty() => words_from_samples(l),
+            _ => words_from_kernel(kernel_words?),
+        };
+        let kind = classify(&words)?;
+        let code = ours.map(code_uses).unwrap_or_default();
+        let threads: BTreeSet<u32> = words.iter().flat_map(WordUse::threads).collect();
+        let first_addr = line + words.first().map_or(0, |w| u64::from(w.offset));
+        let parts = if kind == SharingKind::True {
+            Vec::new()
+        } else {
+            thread_parts(&words)
+        };
+        Some(LineFinding {
+            line,
+            kind,
+            invalidations: state.invalidations,
+            samples,
+            cost_share,
+            invalidation_rate,
+            threads: threads.into_iter().collect(),
+            words,
+            code,
+            raw: state.raw,
+            waw: state.waw,
+            war: state.war,
+            first_addr,
+            parts,
+        })
+    }
+}
+
+fn words_from_samples(l: &LineSamples) -> Vec<WordUse> {
+    let mut words: BTreeMap<u32, WordUse> = BTreeMap::new();
+    for (k, &n) in &l.accesses {
+        let first = u32::from(k.offset) / WORD_BYTES;
+        let last = ((u32::from(k.offset) + u32::from(k.size.max(1)) - 1) / WORD_BYTES)
+            .min(WORDS_PER_LINE as u32 - 1);
+        for w in first..=last {
+            let e = words.entry(w).or_insert_with(|| WordUse {
+                offset: w * WORD_BYTES,
+                ..WordUse::default()
+            });
+            if k.write {
+                e.writes += n;
+                e.writers.insert(k.tid);
+            }
+            if k.read {
+                e.reads += n;
+                e.readers.insert(k.tid);
+            }
+        }
+    }
+    words.into_values().collect()
+}
+
+/// The kernel's word table keeps the first thread and a "many" flag; the
+/// other threads are unknown, which [`classify`] still reads correctly
+/// (a word touched by many threads) but names only one of them.
+fn words_from_kernel(k: &LineWords) -> Vec<WordUse> {
+    k.words
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.reads + w.writes > 0)
+        .map(|(i, w)| {
+            let mut readers = BTreeSet::new();
+            let mut writers = BTreeSet::new();
+            if w.writes > 0 {
+                writers.insert(w.writer);
+            }
+            if w.reads > 0 || w.tid != w.writer {
+                readers.insert(w.tid);
+            }
+            if w.flags & WORD_MANY_THREADS != 0 && readers.union(&writers).count() < 2 {
+                // Another thread, unnamed.
+                readers.insert(0);
+            }
+            WordUse {
+                offset: i as u32 * WORD_BYTES,
+                reads: u64::from(w.reads),
+                writes: u64::from(w.writes),
+                readers,
+                writers,
+            }
+        })
+        .collect()
+}
+
+/// False, true or mixed sharing, from who touched which word; None when
+/// nothing written is shared (read-only sharing costs nothing).
+pub fn classify(words: &[WordUse]) -> Option<SharingKind> {
+    let total: u64 = words.iter().map(|w| w.reads + w.writes).sum();
+    if total == 0 {
+        return None;
+    }
+    // True sharing: a written word that several threads use.
+    let true_weight: u64 = words
+        .iter()
+        .filter(|w| !w.writers.is_empty() && w.threads().len() >= 2)
+        .map(|w| w.reads + w.writes)
+        .sum();
+    // False sharing: a thread writes a word that another thread on the
+    // line never touches.
+    let all: BTreeSet<u32> = words.iter().flat_map(WordUse::threads).collect();
+    let false_words: Vec<&WordUse> = words
+        .iter()
+        .filter(|w| {
+            let t = w.threads();
+            !w.writers.is_empty() && all.iter().any(|u| !t.contains(u))
+        })
+        .collect();
+    let false_weight: u64 = false_words
+        .iter()
+        .filter(|w| w.threads().len() == 1)
+        .map(|w| w.reads + w.writes)
+        .sum();
+    let has_false = !false_words.is_empty() && false_weight > 0;
+    let share = |w: u64| w as f64 / total as f64;
+    match (has_false, true_weight > 0) {
+        (false, false) => None,
+        (true, false) => Some(SharingKind::False),
+        (false, true) => Some(SharingKind::True),
+        (true, true) => {
+            if share(true_weight) < MIXED_SHARE {
+                Some(SharingKind::False)
+            } else if share(false_weight) < MIXED_SHARE {
+                Some(SharingKind::True)
+            } else {
+                Some(SharingKind::Mixed)
+            }
+        }
+    }
+}
+
+/// Each thread's byte range `(tid, first, end)` among the words only it
+/// touches, for threads that write: what to separate.
+fn thread_parts(words: &[WordUse]) -> Vec<(u32, u32, u32)> {
+    let mut parts: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
+    for w in words {
+        let t = w.threads();
+        if t.len() != 1 || w.writers.is_empty() {
+            continue;
+        }
+        let tid = *t.first().expect("one thread");
+        let e = parts
+            .entry(tid)
+            .or_insert((w.offset, w.offset + WORD_BYTES));
+        e.0 = e.0.min(w.offset);
+        e.1 = e.1.max(w.offset + WORD_BYTES);
+    }
+    let mut v: Vec<_> = parts.into_iter().map(|(t, (a, b))| (t, a, b)).collect();
+    v.sort_by_key(|&(t, a, _)| (a, t));
+    v
+}
+
+fn code_uses(l: &LineSamples) -> Vec<CodeUse> {
+    let mut by_insn: BTreeMap<u64, CodeUse> = BTreeMap::new();
+    for (k, &n) in &l.accesses {
+        let e = by_insn.entry(k.insn).or_insert_with(|| CodeUse {
+            insn: k.insn,
+            reads: 0,
+            writes: 0,
+            threads: BTreeSet::new(),
+            offset: u32::from(k.offset),
+        });
+        if k.write {
+            e.writes += n;
+        }
+        if k.read {
+            e.reads += n;
+        }
+        e.threads.insert(k.tid);
+        e.offset = e.offset.min(u32::from(k.offset));
+    }
+    let mut v: Vec<CodeUse> = by_insn.into_values().collect();
+    v.sort_by(|a, b| {
+        (b.reads + b.writes)
+            .cmp(&(a.reads + a.writes))
+            .then(a.insn.cmp(&b.insn))
+    });
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memprof_common::sharing::WordState;
+
+    const LINE: u64 = 0x7000_0040;
+
+    fn access(tid: u32, offset: u64, write: bool) -> Access {
+        Access {
+            tid,
+            insn: 0x1000 + u64::from(tid),
+            addr: LINE + offset,
+            size: 8,
+            read: !write,
+            write,
+        }
+    }
+
+    /// Replays the accesses through the kernel's rule too.
+    fn profile(accesses: &[Access]) -> (SharingProfile, LineState) {
+        let mut p = SharingProfile::new();
+        let mut state = LineState::default();
+        for (i, &a) in accesses.iter().enumerate() {
+            p.on_access(a);
+            state.record(a.tid, a.write, i as u64 + 1);
+        }
+        (p, state)
+    }
+
+    fn ping_pong(n: usize, a: (u32, u64), b: (u32, u64)) -> Vec<Access> {
+        (0..n)
+            .map(|i| {
+                let (tid, off) = if i % 2 == 0 { a } else { b };
+                access(tid, off, true)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn threads_writing_different_words_are_false_sharing() {
+        let (p, state) = profile(&ping_pong(100, (1, 0), (2, 8)));
+        assert_eq!(p.candidates(), vec![LINE]);
+        let f = p.analyse(LINE, Some(&state), None, 200).expect("a finding");
+        assert_eq!(f.kind, SharingKind::False);
+        assert_eq!(f.threads, vec![1, 2]);
+        assert_eq!(f.invalidations, 99);
+        assert!((f.cost_share - 0.5).abs() < 1e-9);
+        assert_eq!(f.parts, vec![(1, 0, 8), (2, 8, 16)]);
+        assert_eq!(f.words.len(), 4, "two 8-byte fields = four words");
+        assert_eq!(f.code.len(), 2);
+        assert_eq!(f.first_addr, LINE);
+    }
+
+    #[test]
+    fn threads_writing_the_same_word_are_true_sharing() {
+        let (p, state) = profile(&ping_pong(100, (1, 16), (2, 16)));
+        let f = p.analyse(LINE, Some(&state), None, 100).expect("a finding");
+        assert_eq!(f.kind, SharingKind::True);
+        assert!(f.parts.is_empty());
+        assert_eq!(f.first_addr, LINE + 16);
+    }
+
+    #[test]
+    fn a_writer_and_a_reader_of_different_words_are_false_sharing() {
+        let mut seq = Vec::new();
+        for _ in 0..50 {
+            seq.push(access(1, 0, true));
+            seq.push(access(2, 32, false));
+        }
+        let (p, state) = profile(&seq);
+        let f = p.analyse(LINE, Some(&state), None, 100).expect("a finding");
+        assert_eq!(f.kind, SharingKind::False);
+        assert_eq!(f.parts, vec![(1, 0, 8)], "only the writer's part is named");
+    }
+
+    #[test]
+    fn both_kinds_on_one_line_are_mixed() {
+        let mut seq = ping_pong(60, (1, 0), (2, 8));
+        seq.extend(ping_pong(60, (1, 32), (2, 32)));
+        let (p, state) = profile(&seq);
+        let f = p.analyse(LINE, Some(&state), None, 120).expect("a finding");
+        assert_eq!(f.kind, SharingKind::Mixed);
+    }
+
+    #[test]
+    fn one_thread_initialising_then_others_reading_is_no_finding() {
+        let mut seq: Vec<Access> = (0..100).map(|i| access(1, (i % 8) * 8, true)).collect();
+        seq.extend((0..200).map(|i| access(2 + (i % 2) as u32, (i % 8) * 8, false)));
+        let (p, state) = profile(&seq);
+        assert!(state.invalidations <= 1);
+        assert_eq!(p.analyse(LINE, Some(&state), None, 300), None);
+    }
+
+    #[test]
+    fn read_mostly_lines_with_rare_writes_are_no_finding() {
+        let mut seq = Vec::new();
+        for i in 0..1000u64 {
+            seq.push(access(2 + (i % 3) as u32, (i % 8) * 8, false));
+            if i % 100 == 0 {
+                seq.push(access(1, 0, true));
+            }
+        }
+        let (p, state) = profile(&seq);
+        assert!(state.invalidations >= MIN_INVALIDATIONS, "{state:?}");
+        assert_eq!(
+            p.analyse(LINE, Some(&state), None, 1010),
+            None,
+            "rate {}",
+            state.invalidations as f64 / 1010.0
+        );
+    }
+
+    #[test]
+    fn a_line_that_costs_little_is_no_finding() {
+        let (p, state) = profile(&ping_pong(20, (1, 0), (2, 8)));
+        assert!(p.analyse(LINE, Some(&state), None, 20).is_some());
+        assert_eq!(p.analyse(LINE, Some(&state), None, 1_000_000), None);
+        assert_eq!(p.analyse(LINE, None, None, 20), None, "evicted: unknown");
+    }
+
+    #[test]
+    fn private_and_read_only_lines_are_not_candidates() {
+        let mut seq: Vec<Access> = (0..10).map(|_| access(1, 0, true)).collect();
+        seq.extend((0..10).map(|i| Access {
+            addr: LINE + 0x40 + (i % 2) * 8,
+            ..access(1 + (i % 2) as u32, 0, false)
+        }));
+        let (p, _) = profile(&seq);
+        assert!(p.candidates().is_empty());
+        assert_eq!(p.lines(), 2);
+        assert_eq!(classify(&[]), None);
+    }
+
+    #[test]
+    fn the_kernel_word_table_stands_in_for_lost_samples() {
+        let mut words = LineWords::default();
+        let mut state = LineState::default();
+        for i in 0..40 {
+            let (tid, off) = if i % 2 == 0 { (1, 0) } else { (2, 8) };
+            words.record(off, 8, tid, true);
+            state.record(tid, true, i);
+        }
+        let p = SharingProfile::new();
+        let f = p
+            .analyse(LINE, Some(&state), Some(&words), 40)
+            .expect("a finding");
+        assert_eq!(f.kind, SharingKind::False);
+        assert_eq!(f.threads, vec![1, 2]);
+        assert!(f.code.is_empty(), "no samples, no code");
+
+        let mut shared = LineWords::default();
+        shared.words[0] = WordState {
+            reads: 3,
+            writes: 5,
+            tid: 1,
+            writer: 1,
+            flags: WORD_MANY_THREADS,
+        };
+        assert_eq!(
+            classify(&words_from_kernel(&shared)),
+            Some(SharingKind::True)
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! The report's false-sharing section: which object each shared line is,
+//! which code touches it, and what to change.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use memprof_common::sharing::{LineState, LineWords};
+
+use crate::{
+    analysis::{
+        alloc::AllocProfile,
+        sharing::{LineFinding, SharingKind},
+    },
+    collect::{
+        procmaps::{short_name, Place, ProcMaps},
+        Collector, LineBlock,
+    },
+    report::model::{CodeRef, Dependences, SharedObject, SharingCode, SharingEntry, WordEntry},
+    symbolize::Symbolizer,
+};
+
+/// Code sites kept per line.
+const CODE_SITES: usize = 8;
+/// Lines reported at most.
+const MAX_LINES: usize = 20;
+
+/// The kernel's view of the candidate lines, read while the programs are
+/// loaded (and kept once they are gone).
+#[derive(Debug, Clone, Default)]
+pub struct KernelLines {
+    pub lines: Vec<(u64, Option<LineState>, Option<LineWords>)>,
+}
+
+/// The report's entries, most costly first.
+pub fn report(
+    collector: &Collector,
+    kernel: &KernelLines,
+    total_samples: u64,
+    symbolizer: &mut Symbolizer,
+) -> Vec<SharingEntry> {
+    let mut findings: Vec<LineFinding> = kernel
+        .lines
+        .iter()
+        .filter_map(|(line, state, words)| {
+            tracing::debug!("shared line {line:#x}: {state:?}");
+            collector
+                .sharing
+                .analyse(*line, state.as_ref(), words.as_ref(), total_samples)
+        })
+        .collect();
+    findings.sort_by(|a, b| {
+        b.cost_share
+            .total_cmp(&a.cost_share)
+            .then(b.invalidations.cmp(&a.invalidations))
+            .then(a.line.cmp(&b.line))
+    });
+    findings.truncate(MAX_LINES);
+    findings
+        .into_iter()
+        .map(|f| {
+            let object = object_of(
+                &f,
+                collector.maps(),
+                collector.line_block(f.line),
+                collector.alloc.as_ref(),
+                symbolizer,
+            );
+            entry(f, object, collector, symbolizer)
+        })
+        .collect()
+}
+
+fn entry(
+    f: LineFinding,
+    object: SharedObject,
+    collector: &Collector,
+    symbolizer: &mut Symbolizer,
+) -> SharingEntry {
+    let mut code: BTreeMap<(String, Option<String>, Option<u32>, String), SharingCode> =
+        BTreeMap::new();
+    for c in &f.code {
+        let frame = symbolizer.code(&collector.maps().place(c.insn));
+        let key = (
+            frame.function.clone(),
+            frame.file.clone(),
+            frame.line,
+            frame.module.clone(),
+        );
+        let e = code.entry(key).or_insert_with(|| SharingCode {
+            function: frame.function,
+            file: frame.file,
+            line: frame.line,
+            module: frame.module,
+            reads: 0,
+            writes: 0,
+            threads: Vec::new(),
+            offset: c.offset,
+        });
+        e.reads += c.reads;
+        e.writes += c.writes;
+        e.offset = e.offset.min(c.offset);
+        let threads: BTreeSet<u32> = e.threads.iter().chain(&c.threads).copied().collect();
+        e.threads = threads.into_iter().collect();
+    }
+    let mut code: Vec<SharingCode> = code.into_values().collect();
+    code.sort_by(|a, b| (b.reads + b.writes).cmp(&(a.reads + a.writes)));
+    code.truncate(CODE_SITES);
+    SharingEntry {
+        line: format!("{:#x}", f.line),
+        kind: f.kind.name().into(),
+        invalidations: f.invalidations,
+        invalidation_rate: f.invalidation_rate,
+        samples: f.samples,
+        cost_share: f.cost_share,
+        threads: f.threads.clone(),
+        advice: advice(&f, &object),
+        object,
+        words: f
+            .words
+            .iter()
+            .map(|w| WordEntry {
+                offset: w.offset,
+                reads: w.reads,
+                writes: w.writes,
+                threads: w.threads().into_iter().filter(|&t| t != 0).collect(),
+            })
+            .collect(),
+        code,
+        dependences: Dependences {
+            read_after_write: f.raw,
+            write_after_write: f.waw,
+            write_after_read: f.war,
+        },
+    }
+}
+
+/// Names what lies on the line: a global (ELF symbol), a heap block (its
+/// allocation site), a stack, or a mapping.
+fn object_of(
+    f: &LineFinding,
+    maps: &ProcMaps,
+    block: Option<LineBlock>,
+    alloc: Option<&AllocProfile>,
+    symbolizer: &mut Symbolizer,
+) -> SharedObject {
+    let addr = f.first_addr;
+    let line = f.line as i64;
+    if let Some((path, base)) = maps.data_owner(addr) {
+        let (name, offset, size) = match symbolizer.data(&path, base, addr) {
+            Some(sym) => (sym.name, line - (addr - sym.offset) as i64, sym.size),
+            // Stripped: the object file and offset are all there is.
+            None => (format!("{}+{:#x}", short_name(&path), addr - base), 0, None),
+        };
+        return SharedObject {
+            kind: "global".into(),
+            name,
+            offset,
+            size,
+            alloc_site: None,
+        };
+    }
+    if let (Some(b), Some(alloc)) = (block, alloc) {
+        let site = symbolizer.code(&alloc.site_place(b.site));
+        let label =
+            crate::report::model::source_label(site.file.as_deref(), site.line, &site.module);
+        return SharedObject {
+            kind: "heap".into(),
+            name: format!("{}-byte heap block from {label}", b.size),
+            offset: line - b.start as i64,
+            size: Some(b.size),
+            alloc_site: Some(CodeRef {
+                function: site.function,
+                file: site.file,
+                line: site.line,
+            }),
+        };
+    }
+    let (kind, name) = match maps.place(addr) {
+        Place::Region { name, .. } if &*name == "[heap]" => (
+            "heap",
+            "heap block allocated before tracing (or while the allocator was not traced)"
+                .to_string(),
+        ),
+        Place::Region { name, .. } if name.starts_with("[stack") => ("stack", name.to_string()),
+        Place::Region { name, .. } => ("mapped", name.to_string()),
+        Place::File { path, .. } => ("mapped", path.to_string()),
+        Place::Anonymous { .. } if alloc.is_some_and(|a| a.maps_address(addr)) => (
+            "heap",
+            "heap block allocated before tracing (or while the allocator was not traced)"
+                .to_string(),
+        ),
+        Place::Anonymous { .. } => ("mapped", "anonymous memory".to_string()),
+        Place::Unmapped { .. } => ("unknown", "unmapped at the end".to_string()),
+    };
+    SharedObject {
+        kind: kind.into(),
+        name,
+        offset: 0,
+        size: None,
+        alloc_site: None,
+    }
+}
+
+/// What to change, in words.
+fn advice(f: &LineFinding, object: &SharedObject) -> String {
+    let parts: Vec<String> = f
+        .parts
+        .iter()
+        .map(|&(tid, a, b)| format!("thread {tid} bytes {a}-{}", b - 1))
+        .collect();
+    let layout = format!(
+        "Threads write different parts of this line ({}). Give each thread's part its own \
+         cache line: align the per-thread element to 64 bytes (alignas(64) / \
+         __attribute__((aligned(64))), or #[repr(align(64))] in Rust) or pad it to a multiple \
+         of 64; use 128 on CPUs whose prefetcher fetches lines in pairs (recent Intel).",
+        parts.join(", ")
+    );
+    let shared: Vec<String> = f
+        .words
+        .iter()
+        .filter(|w| !w.writers.is_empty() && w.threads().len() >= 2)
+        .map(|w| w.offset.to_string())
+        .collect();
+    let data = format!(
+        "Several threads use the same written word (byte {}): the data itself is shared, \
+         and padding cannot help. Give each thread its own copy and combine them at the \
+         end, or update the shared value less often.",
+        shared.join(", ")
+    );
+    let what = match object.kind.as_str() {
+        "global" | "heap" => format!(" ({})", object.name),
+        _ => String::new(),
+    };
+    match f.kind {
+        SharingKind::False => format!("{layout}{what}"),
+        SharingKind::True => format!("{data}{what}"),
+        SharingKind::Mixed => format!("{layout} {data}{what}"),
+    }
+}
