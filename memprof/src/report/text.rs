@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::model::{
     source_label, AllocatorReport, LockEntry, MemoryReport, OpStats, Report, SiteEntry,
-    SyscallStats,
+    SyscallStats, WordEntry,
 };
 
 /// Width the summary is laid out for.
@@ -89,11 +89,136 @@ fn render_wide(report: &Report) -> String {
         }
     }
     out.push('\n');
+    write_false_sharing(&mut out, report);
+    out.push('\n');
     write_allocator(&mut out, &report.allocator);
     out.push('\n');
-    let _ = writeln!(out, "False sharing: not analysed by this version");
     write_locks(&mut out, &report.locks);
     out
+}
+
+/// Shared lines shown in the summary.
+const TOP_LINES: usize = 5;
+
+/// The "False sharing" section: contended lines, most costly first, with
+/// the object, who touches which bytes, the code, and the fix.
+fn write_false_sharing(out: &mut String, report: &Report) {
+    let a = &report.sampling.addresses;
+    let basis = format!(
+        "{} of {} user samples had a data address ({:.0}%, {})",
+        group(a.with_address),
+        group(a.user_samples),
+        a.address_share * 100.0,
+        a.mode
+    );
+    if report.false_sharing.is_empty() {
+        let _ = writeln!(
+            out,
+            "False sharing: no contended cache line found\n  {basis}"
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "False sharing (contended cache lines, most costly first)"
+    );
+    let _ = writeln!(out, "  {basis}");
+    for (i, e) in report.false_sharing.iter().take(TOP_LINES).enumerate() {
+        let o = &e.object;
+        let at = if o.offset != 0 {
+            format!("{}{:+}", o.name, o.offset)
+        } else {
+            o.name.clone()
+        };
+        let size = o.size.map(|s| format!(", {s} B")).unwrap_or_default();
+        let head = format!("  {}. {} sharing: {at} ({}{size})", i + 1, e.kind, o.kind);
+        let _ = writeln!(out, "{}", ellipsize(&head, WIDTH));
+        let _ = writeln!(
+            out,
+            "     line {}: ~{:.1}% of sampled time, {} invalidations ({:.0}%)",
+            e.line,
+            e.cost_share * 100.0,
+            group(e.invalidations),
+            e.invalidation_rate * 100.0,
+        );
+        if let Some(site) = &o.alloc_site {
+            let line = format!(
+                "     allocated in {} {}",
+                site.function,
+                source_label(site.file.as_deref(), site.line, "?")
+            );
+            let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+        }
+        let threads: Vec<String> = e.threads.iter().map(u32::to_string).collect();
+        wrap_into(out, "     threads: ", &threads.join(", "));
+        wrap_into(out, "     bytes: ", &word_ranges(&e.words));
+        for c in e.code.iter().take(3) {
+            let line = format!(
+                "     code: {} {} ({} reads, {} writes, {} threads)",
+                c.function,
+                source_label(c.file.as_deref(), c.line, &c.module),
+                group(c.reads),
+                group(c.writes),
+                c.threads.len()
+            );
+            let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+        }
+        wrap_into(out, "     fix: ", &e.advice);
+    }
+}
+
+/// Writes `text` after `lead`, wrapped at [`WIDTH`] with continuation
+/// lines indented like the text.
+fn wrap_into(out: &mut String, lead: &str, text: &str) {
+    let indent = " ".repeat(lead.chars().count());
+    let mut line = lead.to_string();
+    let mut empty = true;
+    for word in text.split_whitespace() {
+        let fits = line.chars().count() + 1 + word.chars().count() <= WIDTH;
+        if !empty && !fits {
+            let _ = writeln!(out, "{line}");
+            line = indent.clone();
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(&ellipsize(word, WIDTH - indent.len()));
+        empty = false;
+    }
+    let _ = writeln!(out, "{line}");
+}
+
+/// `0-7 thread 12 (W), 8-15 threads 12,13 (R)`: runs of words with the
+/// same threads and access.
+pub fn word_ranges(words: &[WordEntry]) -> String {
+    let mut runs: Vec<(u32, u32, &[u32], &str)> = Vec::new();
+    for w in words {
+        let written = match (w.reads > 0, w.writes > 0) {
+            (true, true) => "RW",
+            (false, true) => "W",
+            _ => "R",
+        };
+        match runs.last_mut() {
+            Some(r) if r.1 == w.offset && r.2 == w.threads.as_slice() && r.3 == written => {
+                r.1 = w.offset + 4;
+            }
+            _ => runs.push((w.offset, w.offset + 4, &w.threads, written)),
+        }
+    }
+    runs.iter()
+        .map(|(a, b, t, written)| {
+            let who: Vec<String> = t.iter().map(u32::to_string).collect();
+            format!(
+                "{a}-{} thread{} {} ({})",
+                b - 1,
+                if t.len() == 1 { "" } else { "s" },
+                who.join(","),
+                written
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Lock entries shown in the summary.
@@ -769,11 +894,11 @@ pub(crate) mod tests {
             "{section}"
         );
         assert!(section.contains("kernel: 12 mmap_lock waits, 3.40 ms waiting"));
-        // After hot functions, before the analyses still to come.
+        // In the dashboard's tab order.
         let hot = text.find("Hot functions").unwrap_or(usize::MAX);
         let alloc = text.find("Allocator:").unwrap_or(0);
-        let fs = text.find("False sharing").unwrap_or(0);
-        assert!(hot < alloc && alloc < fs, "{text}");
+        let fs = text.find("False sharing").unwrap_or(usize::MAX);
+        assert!(hot < fs && fs < alloc, "{text}");
     }
 
     #[test]
@@ -838,6 +963,97 @@ pub(crate) mod tests {
         assert!(section[4].contains("released by release_hot locks.c:169"));
         assert!(section[5].contains("24692"));
         assert!(text.lines().all(|l| l.chars().count() <= WIDTH));
+    }
+
+    pub fn report_with_sharing() -> Report {
+        use crate::report::model::{CodeRef, Dependences, SharedObject, SharingCode, SharingEntry};
+        let mut r = sample_report();
+        r.sampling.addresses.mode = "decoded".into();
+        r.sampling.addresses.user_samples = 1000;
+        r.sampling.addresses.with_address = 970;
+        r.sampling.addresses.address_share = 0.97;
+        let word = |offset, tid| WordEntry {
+            offset,
+            reads: 0,
+            writes: 90,
+            threads: vec![tid],
+        };
+        r.false_sharing = vec![SharingEntry {
+            line: "0x5555deadbe40".into(),
+            kind: "false".into(),
+            invalidations: 3753,
+            invalidation_rate: 0.99,
+            samples: 3779,
+            cost_share: 0.951,
+            threads: vec![15027, 15028],
+            object: SharedObject {
+                kind: "heap".into(),
+                name: "64-byte heap block from sharing.c:120".into(),
+                offset: 0,
+                size: Some(64),
+                alloc_site: Some(CodeRef {
+                    function: "main".into(),
+                    file: Some("/src/sharing.c".into()),
+                    line: Some(120),
+                }),
+            },
+            words: vec![
+                word(0, 15027),
+                word(4, 15027),
+                word(8, 15028),
+                word(12, 15028),
+            ],
+            code: vec![SharingCode {
+                function: "worker".into(),
+                file: Some("/src/sharing.c".into()),
+                line: Some(80),
+                module: "sharing".into(),
+                reads: 0,
+                writes: 3779,
+                threads: vec![15027, 15028],
+                offset: 0,
+            }],
+            dependences: Dependences::default(),
+            advice: "Threads write different parts of this line (thread 15027 bytes 0-7, \
+                     thread 15028 bytes 8-15). Give each thread's part its own cache line: \
+                     align the per-thread element to 64 bytes."
+                .into(),
+        }];
+        r
+    }
+
+    #[test]
+    fn false_sharing_section_names_object_bytes_code_and_fix() {
+        let r = sample_report();
+        assert!(render(&r).contains("False sharing: no contended cache line found"));
+        let text = render(&report_with_sharing());
+        let section: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("False sharing"))
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert!(
+            section[1].contains("970 of 1,000 user samples had a data address (97%, decoded)"),
+            "{}",
+            section[1]
+        );
+        assert!(section[2].contains("1. false sharing: 64-byte heap block from sharing.c:120"));
+        assert!(section[3].contains("~95.1% of sampled time, 3,753 invalidations (99%)"));
+        assert!(section[4].contains("allocated in main sharing.c:120"));
+        assert!(section[5].contains("15027, 15028"));
+        assert!(
+            section[6].contains("0-7 thread 15027 (W), 8-15 thread 15028 (W)"),
+            "{}",
+            section[6]
+        );
+        assert!(section[7].contains("code: worker sharing.c:80 (0 reads, 3,779 writes"));
+        assert!(section[8].starts_with("     fix: Threads write different parts"));
+        assert!(
+            section[9].starts_with("          "),
+            "wrapped: {}",
+            section[9]
+        );
+        assert!(text.lines().all(|l| l.chars().count() <= WIDTH), "{text}");
     }
 
     #[test]
