@@ -17,6 +17,8 @@ pub const PROGRAM_PREFIX: &str = "mp_";
 pub mod programs {
     /// `perf_event` program on `cpu-clock` (or hardware cycles), one per CPU.
     pub const CPU_SAMPLE: &str = "mp_cpu_sample";
+    /// `perf_event` program on precise memory events (PEBS, IBS).
+    pub const MEM_SAMPLE: &str = "mp_mem_sample";
     /// `task:task_newtask`: a thread of the target was created.
     pub const TASK_NEW: &str = "mp_task_new";
     /// `sched:sched_process_exit`: a thread of the target exited.
@@ -68,8 +70,9 @@ pub mod programs {
     pub const KLOCK_END: &str = "mp_klock_end";
 
     /// All of them, for checks that nothing is left loaded.
-    pub const ALL: [&str; 30] = [
+    pub const ALL: [&str; 31] = [
         CPU_SAMPLE,
+        MEM_SAMPLE,
         TASK_NEW,
         TASK_EXIT,
         TASK_EXEC,
@@ -126,6 +129,8 @@ pub mod maps {
     pub const LINES: &str = "LINES";
     /// LRU hash: cache-line address → [`crate::sharing::LineWords`].
     pub const WORDS: &str = "WORDS";
+    /// `u32` array: `[0]` = 1 when precise memory events are attached.
+    pub const SAMPLER_CTL: &str = "SAMPLER_CTL";
     /// Hash: instruction address → [`crate::sharing::AccessRecipe`],
     /// written by the loader as it decodes newly sampled instructions.
     pub const RECIPES: &str = "RECIPES";
@@ -150,10 +155,6 @@ pub mod globals {
     /// `u32`: offsets of `lock_addr` and `flags` in `lock:contention_begin`.
     pub const KLOCK_ADDR_OFFSET: &str = "KLOCK_ADDR_OFFSET";
     pub const KLOCK_FLAGS_OFFSET: &str = "KLOCK_FLAGS_OFFSET";
-    /// `u32`: 1 when the sampling event is a precise memory event (PEBS,
-    /// IBS) whose sample carries the data address; 0 for timer sampling,
-    /// where the address is computed from the registers.
-    pub const SAMPLE_ADDR_PRECISE: &str = "SAMPLE_ADDR_PRECISE";
 }
 
 /// Byte size of the sample ring buffer (a power of two, page multiple).
@@ -412,6 +413,8 @@ pub const SAMPLE_FLAG_KERNEL: u32 = 1;
 pub const SAMPLE_FLAG_NO_RECIPE: u32 = 2;
 /// `addr`, `access` and `size` describe the memory access sampled.
 pub const SAMPLE_FLAG_ADDR: u32 = 4;
+/// A precise memory event (PEBS, IBS), not a CPU sample.
+pub const SAMPLE_FLAG_MEMORY: u32 = 8;
 
 /// One CPU sample of one of the target's threads.
 #[repr(C)]

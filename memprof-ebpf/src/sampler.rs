@@ -6,11 +6,13 @@ use aya_ebpf::{
     macros::perf_event,
     programs::{tracing::StackIdContext, PerfEventContext},
 };
-use memprof_common::{counter, SampleEvent, SAMPLES_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL};
+use memprof_common::{
+    counter, SampleEvent, SAMPLES_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY,
+};
 
 use crate::{
     maps::{count, current_ids, target_tgid, SAMPLES, STACKS},
-    sharing::{sample_access, Access},
+    sharing::{precise_mode, sample_access, Access},
 };
 
 /// `EFAULT` from `<errno.h>`.
@@ -56,10 +58,10 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
 
     // SAFETY: helper without preconditions.
     let time_ns = unsafe { bpf_ktime_get_ns() };
-    let access = if in_kernel {
+    let access = if in_kernel || precise_mode() {
         Access::default()
     } else {
-        sample_access(ctx, ip, tid, time_ns)
+        sample_access(ctx, ip, tid, time_ns, false)
     };
 
     let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
@@ -86,4 +88,42 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     } else {
         BPF_RB_NO_WAKEUP as u64
     });
+}
+
+/// A precise memory event (PEBS, IBS) of any thread: records the access of
+/// the target's threads. Not a CPU sample: no stack, and flagged so the
+/// loader does not count it as CPU time.
+#[perf_event]
+pub fn mp_mem_sample(ctx: PerfEventContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if tgid != target_tgid() {
+        return 0;
+    }
+    // SAFETY: the kernel passes a valid `bpf_perf_event_data`; reading its
+    // registers is allowed.
+    let (ip, cs) = unsafe { ((*ctx.ctx).regs.rip, (*ctx.ctx).regs.cs) };
+    if cs & 3 != 3 {
+        return 0; // a kernel access (the events exclude them; be sure)
+    }
+    // SAFETY: helper without preconditions.
+    let time_ns = unsafe { bpf_ktime_get_ns() };
+    let access = sample_access(&ctx, ip, tid, time_ns, true);
+    let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
+        count(counter::SAMPLES_LOST);
+        return 0;
+    };
+    entry.write(SampleEvent {
+        time_ns,
+        ip,
+        tid,
+        // SAFETY: helper without preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        stack_id: -1,
+        flags: access.flags | SAMPLE_FLAG_MEMORY,
+        addr: access.addr,
+        access: access.bits,
+        size: access.size,
+    });
+    entry.submit(BPF_RB_NO_WAKEUP as u64);
+    0
 }

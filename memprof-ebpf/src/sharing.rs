@@ -13,7 +13,6 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap},
     programs::PerfEventContext,
-    Global,
 };
 use memprof_common::{
     counter,
@@ -26,10 +25,18 @@ use memprof_common::{
 
 use crate::maps::count;
 
-/// 1: the sample carries the data address (PEBS/IBS); 0: compute it.
-// SAFETY (no_mangle): the loader finds the global by this exact name.
-#[unsafe(no_mangle)]
-static SAMPLE_ADDR_PRECISE: Global<u32> = Global::new(0);
+/// `[0]`: 1 once the loader attached precise memory events (PEBS/IBS):
+/// their program records the accesses and the timer sampler stops
+/// computing addresses. A map, not a load-time global, because whether
+/// the events can be opened is only known after loading.
+#[map(name = "SAMPLER_CTL")]
+static SAMPLER_CTL: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Whether precise memory events feed the line table.
+#[inline(always)]
+pub fn precise_mode() -> bool {
+    SAMPLER_CTL.get(0).is_some_and(|v| *v != 0)
+}
 
 #[map(name = "RECIPES")]
 static RECIPES: HashMap<u64, AccessRecipe> = HashMap::with_max_entries(RECIPES_CAPACITY, 0);
@@ -56,9 +63,16 @@ pub struct Access {
 }
 
 /// Computes the sampled access of a user-mode sample of `tid` at `ip`
-/// and records it in the line table.
+/// and records it in the line table. With `precise`, the sample is a
+/// memory event's and carries the address.
 #[inline(always)]
-pub fn sample_access(ctx: &PerfEventContext, ip: u64, tid: u32, now_ns: u64) -> Access {
+pub fn sample_access(
+    ctx: &PerfEventContext,
+    ip: u64,
+    tid: u32,
+    now_ns: u64,
+    precise: bool,
+) -> Access {
     count(counter::USER_SAMPLES);
     // SAFETY: a map lookup; the value is plain data and only read.
     let Some(recipe) = (unsafe { RECIPES.get(&ip) }) else {
@@ -69,7 +83,7 @@ pub fn sample_access(ctx: &PerfEventContext, ip: u64, tid: u32, now_ns: u64) -> 
         };
     };
     let recipe = *recipe;
-    let addr = if SAMPLE_ADDR_PRECISE.load() != 0 {
+    let addr = if precise {
         // SAFETY: the kernel passes a valid `bpf_perf_event_data`; `addr`
         // is one of its readable fields.
         let addr = unsafe { (*ctx.ctx).addr };

@@ -20,8 +20,8 @@ use memprof_common::{
     lock_event, record_kind,
     sharing::{recipe, AccessRecipe},
     AllocEvent, LockEvent, SampleEvent, SyscallEvent, TaskEvent, EVENT_ALLOC, EVENT_SYSCALL,
-    SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_NO_RECIPE, TASK_EXEC, TASK_EXIT,
-    TASK_NEW_THREAD,
+    SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY, SAMPLE_FLAG_NO_RECIPE, TASK_EXEC,
+    TASK_EXIT, TASK_NEW_THREAD,
 };
 
 use crate::analysis::{
@@ -238,6 +238,13 @@ impl Collector {
             return;
         }
         if self.launch_exec_ns.is_some_and(|t| ev.time_ns < t) {
+            return;
+        }
+        if ev.flags & SAMPLE_FLAG_MEMORY != 0 {
+            // A precise memory event: an access, not CPU time.
+            if ev.flags & SAMPLE_FLAG_KERNEL == 0 && ev.ip != 0 {
+                self.on_user_access(ev);
+            }
             return;
         }
         let at = if ev.flags & SAMPLE_FLAG_KERNEL != 0 || ev.ip == 0 {

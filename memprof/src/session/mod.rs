@@ -8,6 +8,7 @@ pub mod allocator;
 pub mod budget;
 pub mod launch;
 pub mod locks;
+pub mod precise;
 pub mod preflight;
 pub mod probes;
 pub mod prologue;
@@ -173,6 +174,8 @@ struct Live {
     /// The attached programs; `None` once detached.
     probes: Option<Probes>,
     source: SamplingSource,
+    /// "pebs" or "ibs" when precise memory events give the addresses.
+    address_source: Option<&'static str>,
     collector: Collector,
     symbolizer: Symbolizer,
     samples: AsyncFd<RingBuf<MapData>>,
@@ -276,6 +279,12 @@ pub async fn run(
     )?;
     let lock_events = readable(probes.take_ring(maps::LOCK_EVENTS)?, "the lock ring buffer")?;
     let mut collector = Collector::new(pid);
+    collector.precise_addresses = probes.precise.is_some();
+    if let Some(why) = &probes.precise_error {
+        notes.push(format!(
+            "{why}: data addresses were computed by decoding timer samples instead"
+        ));
+    }
     if launched {
         collector.start_at_exec();
     }
@@ -296,6 +305,7 @@ pub async fn run(
         signals,
         notes,
         source: probes.source,
+        address_source: probes.precise,
         probes: Some(probes),
         collector,
         symbolizer: Symbolizer::new(),
@@ -688,7 +698,7 @@ impl Live {
             },
             duration_s,
             sampling: Sampling {
-                source: self.source.name().into(),
+                source: self.address_source.unwrap_or(self.source.name()).into(),
                 frequency_hz: self.frequency_hz,
                 samples: profile.samples(),
                 lost: lost_samples,

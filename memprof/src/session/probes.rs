@@ -22,7 +22,7 @@ use memprof_common::{
     syscall, KernelStats, ALLOC_CTL_GENERATION,
 };
 
-use super::tracefs;
+use super::{precise, tracefs};
 use crate::error::{Error, Result};
 
 /// The eBPF object built by `build.rs`.
@@ -98,6 +98,12 @@ pub struct Probes {
     /// Forwards the programs' `aya_log` messages to our logs.
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     pub source: SamplingSource,
+    /// The precise memory events ("pebs", "ibs") giving data addresses,
+    /// when the CPU has them; their descriptors keep them attached.
+    pub precise: Option<&'static str>,
+    precise_fds: Vec<std::os::fd::OwnedFd>,
+    /// Why precise events were not used although the CPU has them.
+    pub precise_error: Option<String>,
 }
 
 impl Probes {
@@ -175,11 +181,49 @@ impl Probes {
         }
         attach_lock_tracepoints(&mut ebpf)?;
         let source = attach_sampler(&mut ebpf, frequency_hz, try_hardware)?;
-        Ok(Self {
+        let mut probes = Self {
             ebpf,
             logger,
             source,
-        })
+            precise: None,
+            precise_fds: Vec::new(),
+            precise_error: None,
+        };
+        if let Some(events) = try_hardware
+            .then(|| precise::detect(Path::new("/")))
+            .flatten()
+        {
+            if let Err(e) = probes.attach_precise(&events) {
+                tracing::warn!("{} memory events unavailable: {e}", events.name);
+                probes.precise_error =
+                    Some(format!("{} events could not be opened ({e})", events.name));
+                probes.precise_fds.clear();
+            }
+        }
+        Ok(probes)
+    }
+
+    /// Attaches the memory-event program to the CPU's precise events and
+    /// tells the timer sampler to leave addresses to it.
+    fn attach_precise(&mut self, events: &precise::PreciseEvents) -> Result<()> {
+        let cpus =
+            aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
+        let prog: &mut PerfEvent = program(&mut self.ebpf, programs::MEM_SAMPLE)?;
+        prog.load()
+            .map_err(|e| classify(anyhow::Error::new(e).context("loading the memory sampler")))?;
+        let fd = {
+            use std::os::fd::{AsFd, AsRawFd};
+            prog.fd().map_err(anyhow::Error::new)?.as_fd().as_raw_fd()
+        };
+        self.precise_fds = precise::attach(events, &cpus, fd)?;
+        let mut ctl = self
+            .ebpf
+            .map_mut(maps::SAMPLER_CTL)
+            .and_then(|m| Array::<_, u32>::try_from(m).ok())
+            .ok_or_else(|| anyhow::anyhow!("map {} missing", maps::SAMPLER_CTL))?;
+        ctl.set(0, 1, 0).map_err(anyhow::Error::new)?;
+        self.precise = Some(events.name);
+        Ok(())
     }
 
     /// Moves messages the programs logged into our log.
