@@ -41,7 +41,6 @@ pub fn report(
         .lines
         .iter()
         .filter_map(|(line, state, words)| {
-            tracing::debug!("shared line {line:#x}: {state:?}");
             collector
                 .sharing
                 .analyse(*line, state.as_ref(), words.as_ref(), total_samples)
@@ -78,7 +77,7 @@ fn entry(
     let mut code: BTreeMap<(String, Option<String>, Option<u32>, String), SharingCode> =
         BTreeMap::new();
     for c in &f.code {
-        let frame = symbolizer.code(&collector.maps().place(c.insn));
+        let frame = symbolizer.code_innermost(&collector.maps().place(c.insn));
         let key = (
             frame.function.clone(),
             frame.file.clone(),

@@ -75,6 +75,7 @@ pub struct DataSymbol {
 pub struct Symbolizer {
     blazesym: Blazesym,
     code: HashMap<Place, Frame>,
+    innermost: HashMap<Place, Frame>,
     /// Per file: `p_vaddr - p_offset` of its first loadable segment.
     vaddr_bias: HashMap<Arc<str>, Option<u64>>,
 }
@@ -95,6 +96,7 @@ impl Symbolizer {
         Self {
             blazesym,
             code: HashMap::new(),
+            innermost: HashMap::new(),
             vaddr_bias: HashMap::new(),
         }
     }
@@ -114,7 +116,23 @@ impl Symbolizer {
         frame
     }
 
+    /// The innermost function at a code place and its own source line:
+    /// for code inlined into its caller, the inlined function, not the
+    /// caller's line that called it. What a data access is attributed to.
+    pub fn code_innermost(&mut self, place: &Place) -> Frame {
+        if let Some(frame) = self.innermost.get(place) {
+            return frame.clone();
+        }
+        let frame = self.resolve(place, true);
+        self.innermost.insert(place.clone(), frame.clone());
+        frame
+    }
+
     fn resolve_code(&self, place: &Place) -> Frame {
+        self.resolve(place, false)
+    }
+
+    fn resolve(&self, place: &Place, innermost: bool) -> Frame {
         let Place::File { path, file_offset } = place else {
             return Frame::unknown(place);
         };
@@ -124,7 +142,20 @@ impl Symbolizer {
             .symbolize_single(&src, Input::FileOffset(*file_offset))
         {
             Ok(Symbolized::Sym(sym)) => {
-                let file = sym.code_info.as_ref().map(|ci| {
+                // The innermost inlined function that is the program's own
+                // code: an access inlined from the standard library
+                // (`AtomicU64::store`) belongs to the line that called it.
+                let inner = sym
+                    .inlined
+                    .iter()
+                    .rev()
+                    .filter(|_| innermost)
+                    .find(|f| !f.code_info.as_ref().is_some_and(|ci| is_library_source(ci)));
+                let (name, code_info) = match inner {
+                    Some(f) => (f.name.to_string(), f.code_info.as_ref()),
+                    None => (sym.name.to_string(), sym.code_info.as_deref()),
+                };
+                let file = code_info.map(|ci| {
                     let file = std::path::Path::new(&ci.file);
                     match &ci.dir {
                         Some(dir) => dir.join(file).to_string_lossy().into_owned(),
@@ -132,10 +163,10 @@ impl Symbolizer {
                     }
                 });
                 Frame {
-                    function: sym.name.into_owned(),
+                    function: name,
                     module: short_name(path).to_string(),
                     file,
-                    line: sym.code_info.as_ref().and_then(|ci| ci.line),
+                    line: code_info.and_then(|ci| ci.line),
                 }
             }
             Ok(Symbolized::Unknown(reason)) => {
@@ -176,6 +207,24 @@ impl Symbolizer {
             Ok(Symbolized::Unknown(_)) | Err(_) => None,
         }
     }
+}
+
+/// Source of a language's standard library (Rust's core/std/alloc, C++
+/// headers), as recorded in debug info.
+fn is_library_source(ci: &blazesym::symbolize::CodeInfo<'_>) -> bool {
+    let dir = ci
+        .dir
+        .as_deref()
+        .map(|d| d.to_string_lossy())
+        .unwrap_or_default();
+    let file = ci.file.to_string_lossy();
+    let full = format!("{dir}/{file}");
+    full.starts_with("/rustc/")
+        || full.contains("/library/core/")
+        || full.contains("/library/std/")
+        || full.contains("/library/alloc/")
+        || full.starts_with("/usr/include/")
+        || full.contains("/rust-src/")
 }
 
 #[cfg(test)]
