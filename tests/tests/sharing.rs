@@ -1,0 +1,308 @@
+//! The false-sharing detector: sampled accesses, the kernel's per-line
+//! table, classification and naming, on workloads with known answers
+//! (tests/workloads/sharing.c and rustshare.rs). On these machines there is
+//! no PMU, so this is the timer-sampling path: the tool decodes sampled
+//! instructions and the kernel computes the addresses.
+//!
+//! Each test launches a workload under the real tool and asserts on the
+//! `false_sharing` array of the JSON report: the kind, the object's name or
+//! allocation line, the threads, the code line, and that the negative
+//! cases report nothing. They share kernel state, so `cargo xtask test`
+//! runs them one at a time.
+
+use std::path::PathBuf;
+
+use memprof_tests::*;
+
+/// Seconds each workload runs: at the default 999 Hz on two CPUs, a
+/// two-thread counter loop gives thousands of samples on its line a
+/// second (the benchmark finds it within a second of attaching).
+const SECONDS: &str = "3";
+
+fn sharing_workload() -> PathBuf {
+    build_workload("sharing", Variant::Debug).expect("building sharing")
+}
+
+/// Launches `sharing MODE THREADS SECONDS` under the tool.
+fn launch(test: &str, mode: &str, threads: &str) -> serde_json::Value {
+    let w = sharing_workload();
+    let (_, report) = trace(
+        test,
+        &[
+            "--no-tui",
+            "--",
+            w.to_str().expect("UTF-8"),
+            mode,
+            threads,
+            SECONDS,
+        ],
+    );
+    check_entries(&report);
+    assert_no_programs_left();
+    report
+}
+
+fn entries(report: &serde_json::Value) -> &[serde_json::Value] {
+    report["false_sharing"]
+        .as_array()
+        .unwrap_or_else(|| panic!("false_sharing is not an array: {report:#}"))
+}
+
+/// Every entry has the promised keys and the list is ranked by cost.
+fn check_entries(report: &serde_json::Value) {
+    let all = entries(report);
+    for e in all {
+        for key in [
+            "line",
+            "kind",
+            "invalidations",
+            "samples",
+            "cost_share",
+            "threads",
+            "object",
+            "words",
+            "code",
+            "advice",
+        ] {
+            assert!(e.get(key).is_some(), "missing false_sharing[].{key}: {e:#}");
+        }
+        for key in ["kind", "name", "offset", "size", "alloc_site"] {
+            assert!(
+                e["object"].get(key).is_some(),
+                "missing object.{key}: {e:#}"
+            );
+        }
+        assert!(["false", "true", "mixed"].contains(&e["kind"].as_str().unwrap_or("")));
+        assert!(e["line"].as_str().is_some_and(|l| l.starts_with("0x")));
+    }
+    let costs: Vec<f64> = all
+        .iter()
+        .map(|e| e["cost_share"].as_f64().unwrap_or(0.0))
+        .collect();
+    assert!(
+        costs.windows(2).all(|w| w[0] >= w[1]),
+        "not ranked: {costs:?}"
+    );
+    // The machinery ran: samples yielded addresses and lines were tracked
+    // (so the negative tests cannot pass with the feature absent).
+    let a = &report["sampling"]["addresses"];
+    assert_eq!(a["mode"], "decoded", "no PMU here: {a:#}");
+    assert!(
+        a["with_address"].as_u64().unwrap_or(0) > 100,
+        "few addresses: {a:#}"
+    );
+    assert!(a["lines_tracked"].as_u64().unwrap_or(0) > 0, "{a:#}");
+}
+
+/// The entry whose object is named `name`.
+fn entry_named<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    entries(report)
+        .iter()
+        .find(|e| e["object"]["name"] == name)
+        .unwrap_or_else(|| {
+            panic!(
+                "no false_sharing entry for {name}: {:#}",
+                report["false_sharing"]
+            )
+        })
+}
+
+/// The entry names two worker threads (not the main thread, which only
+/// sleeps), and each word is touched by one of them only.
+fn assert_two_workers_on_disjoint_words(report: &serde_json::Value, e: &serde_json::Value) {
+    let pid = report["target"]["pid"].as_u64().expect("pid");
+    let threads: Vec<u64> = e["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .filter_map(|t| t.as_u64())
+        .collect();
+    assert_eq!(threads.len(), 2, "{e:#}");
+    assert!(
+        !threads.contains(&pid),
+        "the main thread does not touch it: {e:#}"
+    );
+    for w in e["words"].as_array().expect("words") {
+        assert_eq!(
+            w["threads"].as_array().map(Vec::len),
+            Some(1),
+            "word shared: {w:#}"
+        );
+    }
+}
+
+/// One of the entry's code lines is `file:line`.
+fn assert_code_line(e: &serde_json::Value, file: &str, line: u32) {
+    let found = e["code"]
+        .as_array()
+        .expect("code")
+        .iter()
+        .any(|c| c["file"].as_str().is_some_and(|f| f.ends_with(file)) && c["line"] == line);
+    assert!(found, "no code at {file}:{line}: {:#}", e["code"]);
+}
+
+#[test]
+fn per_thread_counters_in_one_global_array_are_false_sharing() {
+    if !require_root("per_thread_counters_in_one_global_array_are_false_sharing") {
+        return;
+    }
+    let report = launch("sharing-array", "array", "2");
+    let e = entry_named(&report, "g_counters");
+    assert_eq!(e["kind"], "false", "{e:#}");
+    assert_eq!(e["object"]["kind"], "global");
+    assert_eq!(e["object"]["offset"], 0);
+    assert_eq!(e["object"]["size"], 512, "long g_counters[64]");
+    assert!(e["invalidations"].as_u64().unwrap_or(0) >= 5);
+    assert!(
+        e["cost_share"].as_f64().unwrap_or(0.0) > 0.2,
+        "the loop is all the program does: {e:#}"
+    );
+    assert_two_workers_on_disjoint_words(&report, e);
+    assert_code_line(e, "sharing.c", marked_line("sharing", "ARRAY_WRITE"));
+    assert!(e["advice"].as_str().unwrap_or("").contains("64 bytes"));
+    assert_eq!(
+        entries(&report).len(),
+        1,
+        "only that line: {:#}",
+        report["false_sharing"]
+    );
+}
+
+#[test]
+fn padded_per_thread_counters_are_no_finding() {
+    if !require_root("padded_per_thread_counters_are_no_finding") {
+        return;
+    }
+    let report = launch("sharing-padded", "padded", "2");
+    assert!(
+        entries(&report).is_empty(),
+        "each counter has its own line: {:#}",
+        report["false_sharing"]
+    );
+}
+
+#[test]
+fn per_thread_structs_in_one_heap_block_are_named_by_their_allocation() {
+    if !require_root("per_thread_structs_in_one_heap_block_are_named_by_their_allocation") {
+        return;
+    }
+    let report = launch("sharing-heap", "heap", "2");
+    let e = entries(&report)
+        .iter()
+        .find(|e| e["object"]["kind"] == "heap")
+        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
+    assert_eq!(e["kind"], "false", "{e:#}");
+    let site = &e["object"]["alloc_site"];
+    assert!(
+        site["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("sharing.c")),
+        "{site:#}"
+    );
+    assert_eq!(
+        site["line"],
+        marked_line("sharing", "HEAP_ALLOC"),
+        "{site:#}"
+    );
+    assert_eq!(
+        e["object"]["size"], 64,
+        "two 16-byte slots, rounded up to 64: {e:#}"
+    );
+    assert_two_workers_on_disjoint_words(&report, e);
+    assert_code_line(e, "sharing.c", marked_line("sharing", "HEAP_WRITE"));
+}
+
+#[test]
+fn an_atomic_counter_shared_by_all_threads_is_true_sharing() {
+    if !require_root("an_atomic_counter_shared_by_all_threads_is_true_sharing") {
+        return;
+    }
+    let report = launch("sharing-atomic", "atomic", "2");
+    let e = entry_named(&report, "g_shared_counter");
+    assert_eq!(e["kind"], "true", "one word, written by both: {e:#}");
+    assert_eq!(e["threads"].as_array().map(Vec::len), Some(2));
+    let words = e["words"].as_array().expect("words");
+    assert!(words
+        .iter()
+        .all(|w| w["threads"].as_array().map(Vec::len) == Some(2)));
+    assert_code_line(e, "sharing.c", marked_line("sharing", "ATOMIC_ADD"));
+    assert!(e["advice"].as_str().unwrap_or("").contains("own copy"));
+}
+
+#[test]
+fn a_read_mostly_table_with_one_writer_is_no_finding() {
+    if !require_root("a_read_mostly_table_with_one_writer_is_no_finding") {
+        return;
+    }
+    let report = launch("sharing-readmostly", "readmostly", "3");
+    assert!(
+        entries(&report)
+            .iter()
+            .all(|e| e["object"]["name"] != "g_table"),
+        "reads dominate, writes are rare: {:#}",
+        report["false_sharing"]
+    );
+}
+
+#[test]
+fn map_reduce_arguments_not_a_multiple_of_64_are_false_sharing_by_field() {
+    if !require_root("map_reduce_arguments_not_a_multiple_of_64_are_false_sharing_by_field") {
+        return;
+    }
+    let report = launch("sharing-mapreduce", "mapreduce", "2");
+    let e = entry_named(&report, "g_args");
+    assert_eq!(e["kind"], "false", "{e:#}");
+    assert_two_workers_on_disjoint_words(&report, e);
+    // struct thread_arg { int id; int flags; long sum; long count;
+    // char tag[16]; } is 40 bytes: thread 0 writes sum and count at
+    // 8..24, thread 1 at 48..64, both on the array's first line.
+    let written: Vec<u64> = e["words"]
+        .as_array()
+        .expect("words")
+        .iter()
+        .filter(|w| w["writes"].as_u64().unwrap_or(0) > 0)
+        .filter_map(|w| w["offset"].as_u64())
+        .collect();
+    assert!(
+        written
+            .iter()
+            .all(|o| (8..24).contains(o) || (48..64).contains(o)),
+        "only the sum and count fields: {written:?}"
+    );
+    assert!(written.iter().any(|o| *o < 24) && written.iter().any(|o| *o >= 48));
+    assert_code_line(e, "sharing.c", marked_line("sharing", "MAPREDUCE_SUM"));
+}
+
+#[test]
+fn a_rust_program_s_per_thread_atomics_are_false_sharing() {
+    if !require_root("a_rust_program_s_per_thread_atomics_are_false_sharing") {
+        return;
+    }
+    if rustc_version().is_none() {
+        skip(
+            "a_rust_program_s_per_thread_atomics_are_false_sharing",
+            "no rustc on PATH to build the workload",
+        );
+        return;
+    }
+    let w = build_rust_workload("rustshare").expect("building rustshare.rs");
+    let (_, report) = trace(
+        "sharing-rust",
+        &["--no-tui", "--", w.to_str().expect("UTF-8"), "2", SECONDS],
+    );
+    check_entries(&report);
+    assert_no_programs_left();
+    let e = entries(&report)
+        .iter()
+        .find(|e| {
+            e["object"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains("COUNTERS"))
+        })
+        .unwrap_or_else(|| panic!("COUNTERS not reported: {:#}", report["false_sharing"]));
+    assert_eq!(e["kind"], "false", "{e:#}");
+    assert_eq!(e["object"]["kind"], "global");
+    assert_two_workers_on_disjoint_words(&report, e);
+    let src = rust_workload_source("rustshare");
+    assert_code_line(e, "rustshare.rs", marked_line_in(&src, "RUST_WRITE"));
+}
