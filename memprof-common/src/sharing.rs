@@ -242,8 +242,7 @@ impl LineWords {
     pub fn record(&mut self, offset: u32, size: u32, tid: u32, write: bool) {
         let first = offset / WORD_BYTES;
         let last = (offset + size.max(1) - 1) / WORD_BYTES;
-        let mut i = 0u32;
-        for w in self.words.iter_mut() {
+        for (i, w) in (0u32..).zip(self.words.iter_mut()) {
             if i >= first && i <= last {
                 if write {
                     w.writes += 1;
@@ -261,7 +260,6 @@ impl LineWords {
                     w.flags |= WORD_MANY_THREADS;
                 }
             }
-            i += 1;
         }
     }
 }

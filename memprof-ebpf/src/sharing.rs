@@ -75,7 +75,7 @@ pub fn sample_access(
 ) -> Access {
     count(counter::USER_SAMPLES);
     // SAFETY: a map lookup; the value is plain data and only read.
-    let Some(recipe) = (unsafe { RECIPES.get(&ip) }) else {
+    let Some(recipe) = (unsafe { RECIPES.get(ip) }) else {
         count(counter::NO_RECIPE);
         return Access {
             flags: SAMPLE_FLAG_NO_RECIPE,

@@ -101,7 +101,7 @@ fn entry(
         e.threads = threads.into_iter().collect();
     }
     let mut code: Vec<SharingCode> = code.into_values().collect();
-    code.sort_by(|a, b| (b.reads + b.writes).cmp(&(a.reads + a.writes)));
+    code.sort_by_key(|c| std::cmp::Reverse(c.reads + c.writes));
     code.truncate(CODE_SITES);
     SharingEntry {
         line: format!("{:#x}", f.line),

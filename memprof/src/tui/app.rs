@@ -13,6 +13,7 @@ use ratatui::{
 use super::{
     allocator::AllocatorState,
     locks::{same_lock, LocksState},
+    sharing::{same_line, SharingState},
 };
 use crate::report::Report;
 
@@ -70,6 +71,8 @@ pub struct App {
     pub allocator: AllocatorState,
     /// The Locks tab's selection (↑/↓ there move it too).
     pub locks: LocksState,
+    /// The False sharing tab's selection (↑/↓ there move it too).
+    pub sharing: SharingState,
     rate: Option<Rate>,
 }
 
@@ -82,6 +85,7 @@ impl App {
             scroll: 0,
             allocator: AllocatorState::default(),
             locks: LocksState::default(),
+            sharing: SharingState::default(),
             rate: None,
         }
     }
@@ -115,6 +119,8 @@ impl App {
         });
         if let Some(old) = &self.report {
             self.locks.follow(&old.locks, &report.locks, same_lock);
+            self.sharing
+                .follow(&old.false_sharing, &report.false_sharing, same_line);
         }
         self.report = Some(report);
     }
@@ -136,6 +142,10 @@ impl App {
             Action::Up if self.current_tab() == Tab::Allocator => self.allocator.up(),
             Action::Down if self.current_tab() == Tab::Locks => self.locks.down(self.lock_rows()),
             Action::Up if self.current_tab() == Tab::Locks => self.locks.up(),
+            Action::Down if self.current_tab() == Tab::FalseSharing => {
+                self.sharing.down(self.sharing_rows());
+            }
+            Action::Up if self.current_tab() == Tab::FalseSharing => self.sharing.up(),
             Action::Down => self.scroll = self.scroll.saturating_add(1),
             Action::Up => self.scroll = self.scroll.saturating_sub(1),
             Action::Tab(_) | Action::Quit | Action::Redraw => {}
@@ -150,6 +160,11 @@ impl App {
     /// Rows of the Locks tab's table.
     fn lock_rows(&self) -> usize {
         self.report.as_ref().map_or(0, |r| r.locks.len())
+    }
+
+    /// Rows of the False sharing tab's table.
+    fn sharing_rows(&self) -> usize {
+        self.report.as_ref().map_or(0, |r| r.false_sharing.len())
     }
 
     pub fn current_tab(&self) -> Tab {
@@ -170,11 +185,11 @@ impl App {
         frame.render_widget(tabs, tabs_area);
         match self.current_tab() {
             Tab::Overview => super::overview::render(self, frame, body),
+            Tab::FalseSharing => super::sharing::render(self, frame, body),
             Tab::Allocator => super::allocator::render(self, frame, body),
             Tab::Locks => super::locks::render(self, frame, body),
-            other => super::pending::render(other, frame, body),
         }
-        let arrows = if matches!(self.current_tab(), Tab::Allocator | Tab::Locks) {
+        let arrows = if self.current_tab() != Tab::Overview {
             "select"
         } else {
             "scroll"
@@ -290,13 +305,16 @@ pub(crate) mod tests {
         assert_eq!(app.current_tab(), Tab::Allocator);
         app.handle(Action::Tab(9));
         assert_eq!(app.current_tab(), Tab::Allocator);
-        app.handle(Action::Tab(1));
+        app.handle(Action::Tab(0));
         app.handle(Action::Up);
         assert_eq!(app.scroll, 0);
         app.handle(Action::Down);
         assert_eq!(app.scroll, 1);
-        let text = screen(&app);
-        assert!(text.contains("not analysed by this version"));
+        assert!(screen(&app).contains("↑/↓ scroll"));
+        app.handle(Action::Tab(1));
+        app.handle(Action::Down);
+        assert_eq!(app.scroll, 1, "the False sharing tab selects instead");
+        assert!(screen(&app).contains("↑/↓ select"));
     }
 
     #[test]

@@ -17,7 +17,9 @@ use ratatui::{
 };
 
 use super::{
-    widgets::{count_label, first_width, render_message, styled_table, Column, Selection},
+    widgets::{
+        count_label, first_width, render_message, split_height, styled_table, Column, Selection,
+    },
     App,
 };
 use crate::{
@@ -30,8 +32,6 @@ use crate::{
 
 /// The tab's frame title, for its one-line messages.
 const TITLE: &str = " Locks ";
-/// Table rows kept on a small terminal before the detail gets any room.
-const MIN_TABLE_ROWS: usize = 3;
 /// Width of the tab's number columns: a count ("9,999,999"), a duration,
 /// or the header "wait time".
 const NUMBER: u16 = 9;
@@ -74,24 +74,6 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
             render_detail(lock, frame, detail_area);
         }
     }
-}
-
-/// Heights of the table and the detail in `height` rows: the table keeps
-/// a few rows, the detail then gets what it wants (`detail_want`, borders
-/// included), the table the rows left up to all its rows, and the detail
-/// whatever remains after that.
-fn split_height(height: u16, rows: usize, detail_want: u16) -> (u16, u16) {
-    let rows = u16::try_from(rows).unwrap_or(u16::MAX);
-    let table_min = 3 + rows.clamp(1, MIN_TABLE_ROWS as u16);
-    let table_full = rows.saturating_add(3);
-    let table = if height <= table_min {
-        height
-    } else {
-        height
-            .saturating_sub(detail_want)
-            .clamp(table_min, table_full.max(table_min))
-    };
-    (table, height - table)
 }
 
 /// The locks table's columns; on a narrow pane threads, p99, waits, kind
@@ -574,21 +556,6 @@ mod tests {
         assert_eq!(kernel.holders, Some(0));
         assert!(!kernel.owners && kernel.note);
         assert_eq!(kernel.lines(), 4);
-    }
-
-    #[test]
-    fn the_table_keeps_a_few_rows_and_the_detail_gets_the_rest() {
-        // 80x24 leaves 22 rows: all three locks, the detail the rest.
-        assert_eq!(split_height(22, 3, 9), (6, 16));
-        // Many locks: the table keeps three rows while the detail wants more.
-        assert_eq!(split_height(22, 40, 30), (6, 16));
-        // Tall: the detail gets what it wants, the table the rest.
-        assert_eq!(split_height(50, 40, 9), (41, 9));
-        // Taller than both want: the detail takes the spare rows.
-        assert_eq!(split_height(50, 3, 9), (6, 44));
-        // Too small for the detail.
-        assert_eq!(split_height(5, 3, 9), (5, 0));
-        assert_eq!(split_height(0, 0, 0), (0, 0));
     }
 
     #[test]

@@ -9,7 +9,7 @@ mod allocator;
 mod app;
 mod locks;
 mod overview;
-mod pending;
+mod sharing;
 mod widgets;
 
 use std::{

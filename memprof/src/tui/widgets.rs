@@ -1,16 +1,21 @@
-//! What the tabs share: the selected row of a table, a centred message in
-//! a tab's frame, tables that drop columns on a narrow pane rather than
-//! cut numbers, and counts short enough for their columns.
+//! What the tabs share: the selected row of a table, the heights of a
+//! table and the selected row's detail, a centred message in a tab's
+//! frame, tables that drop columns on a narrow pane rather than cut
+//! numbers, counts short enough for their columns, and text cut or
+//! wrapped to a width.
 
 use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Style, Stylize},
-    text::Line,
-    widgets::{Block, Cell, Row, Table},
+    text::{Line, Span},
+    widgets::{Block, Cell, Paragraph, Row, Table},
     Frame,
 };
 
-use crate::report::text::group;
+use crate::report::text::{ellipsize, group};
+
+/// Table rows kept on a small terminal before the detail gets any room.
+const MIN_TABLE_ROWS: usize = 3;
 
 /// A tab's selected row: ↑/↓ on the tab move it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,18 +53,99 @@ impl Selection {
     }
 }
 
+/// Heights of a table of `rows` rows (borders and header included) and of
+/// the selected row's detail below it in `height` rows: the table keeps a
+/// few rows, the detail then gets what it wants (`detail_want`, borders
+/// included), the table the rows left up to all its rows, and the detail
+/// whatever remains after that.
+pub fn split_height(height: u16, rows: usize, detail_want: u16) -> (u16, u16) {
+    let rows = u16::try_from(rows).unwrap_or(u16::MAX);
+    let table_min = 3 + rows.clamp(1, MIN_TABLE_ROWS as u16);
+    let table_full = rows.saturating_add(3);
+    let table = if height <= table_min {
+        height
+    } else {
+        height
+            .saturating_sub(detail_want)
+            .clamp(table_min, table_full.max(table_min))
+    };
+    (table, height - table)
+}
+
 /// One centred line in a tab's frame titled `title`.
 pub fn render_message(frame: &mut Frame, area: Rect, title: &str, text: &str) {
+    render_lines(frame, area, title, vec![Line::from(text.to_string())]);
+}
+
+/// Centred lines in a tab's frame titled `title`; the first ones when
+/// they do not all fit.
+pub fn render_lines(frame: &mut Frame, area: Rect, title: &str, lines: Vec<Line<'static>>) {
     let block = Block::bordered().title(title);
     let inner = block.inner(area);
     frame.render_widget(block, area);
+    let n = u16::try_from(lines.len()).unwrap_or(u16::MAX);
+    let width = usize::from(inner.width);
+    let lines: Vec<Line> = lines
+        .into_iter()
+        .map(|l| ellipsize_line(l, width))
+        .collect();
     let [_, middle, _] = Layout::vertical([
         Constraint::Fill(1),
-        Constraint::Length(1),
+        Constraint::Length(n),
         Constraint::Fill(1),
     ])
     .areas(inner);
-    frame.render_widget(Line::from(text).centered(), middle);
+    frame.render_widget(Paragraph::new(lines).centered(), middle);
+}
+
+/// `line` cut to `width` characters, ending with `…` (in the style of the
+/// span cut) when cut.
+pub fn ellipsize_line(line: Line<'static>, width: usize) -> Line<'static> {
+    let total: usize = line.spans.iter().map(|s| s.content.chars().count()).sum();
+    if total <= width {
+        return line;
+    }
+    let mut left = width;
+    let mut spans = Vec::new();
+    for span in line.spans {
+        let n = span.content.chars().count();
+        if n < left {
+            left -= n;
+            spans.push(span);
+            continue;
+        }
+        // Text follows (the line is too long), so this span is cut.
+        if left > 0 {
+            let mut cut: String = span.content.chars().take(left - 1).collect();
+            cut.push('…');
+            spans.push(Span::styled(cut, span.style));
+        }
+        break;
+    }
+    Line::from(spans).style(line.style)
+}
+
+/// `text` wrapped at word boundaries into lines of at most `width`
+/// characters; a word longer than a line is cut.
+pub fn wrap_words(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let word = ellipsize(word, width);
+        let used = line.chars().count();
+        if used > 0 && used + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(&word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
 }
 
 /// A table column: header, width (the least width for a `fill` column,
@@ -133,12 +219,18 @@ pub fn shown(columns: &[Column], width: u16) -> Vec<bool> {
 /// The room the first column has in `width`: what the other columns
 /// shown leave it.
 pub fn first_width(columns: &[Column], width: u16) -> u16 {
+    column_width(columns, 0, width)
+}
+
+/// The room column `index` (the one that fills) has in `width`: what the
+/// other columns shown leave it.
+pub fn column_width(columns: &[Column], index: usize, width: u16) -> u16 {
     let others: u16 = columns
         .iter()
         .zip(shown(columns, width))
-        .skip(1)
-        .filter(|(_, k)| *k)
-        .map(|(c, _)| c.width + 1)
+        .enumerate()
+        .filter(|(i, (_, k))| *i != index && *k)
+        .map(|(_, (c, _))| c.width + 1)
         .sum();
     width.saturating_sub(others)
 }
@@ -236,6 +328,46 @@ mod tests {
     }
 
     #[test]
+    fn the_table_keeps_a_few_rows_and_the_detail_gets_the_rest() {
+        // 80x24 leaves 22 rows: all three rows, the detail the rest.
+        assert_eq!(split_height(22, 3, 9), (6, 16));
+        // Many rows: the table keeps three while the detail wants more.
+        assert_eq!(split_height(22, 40, 30), (6, 16));
+        // Tall: the detail gets what it wants, the table the rest.
+        assert_eq!(split_height(50, 40, 9), (41, 9));
+        // Taller than both want: the detail takes the spare rows.
+        assert_eq!(split_height(50, 3, 9), (6, 44));
+        // Too small for the detail.
+        assert_eq!(split_height(5, 3, 9), (5, 0));
+        assert_eq!(split_height(0, 0, 0), (0, 0));
+    }
+
+    #[test]
+    fn lines_are_cut_with_an_ellipsis_in_their_style() {
+        let line = Line::from(vec!["ab".dim(), "cdef".bold()]);
+        assert_eq!(ellipsize_line(line.clone(), 6), line);
+        let cut = ellipsize_line(line.clone(), 4);
+        assert_eq!(cut.spans.len(), 2);
+        assert_eq!(cut.spans[1].content, "c…");
+        assert_eq!(cut.spans[1].style, Style::new().bold());
+        let cut = ellipsize_line(line.clone(), 2);
+        assert_eq!(cut.spans.len(), 1);
+        assert_eq!(cut.spans[0].content, "a…");
+        assert!(ellipsize_line(line, 0).spans.is_empty());
+    }
+
+    #[test]
+    fn words_wrap_within_the_width() {
+        assert_eq!(
+            wrap_words("Give each thread its own line.", 12),
+            ["Give each", "thread its", "own line."]
+        );
+        assert_eq!(wrap_words("  ", 10), Vec::<String>::new());
+        assert_eq!(wrap_words("abcdefgh ij", 4), ["abc…", "ij"]);
+        assert_eq!(wrap_words("a b", 0), ["a", "b"]);
+    }
+
+    #[test]
     fn first_column_gets_what_the_others_leave() {
         const COLUMNS: [Column; 3] = [
             Column::text("name", 4, 0).fill(),
@@ -246,6 +378,13 @@ mod tests {
         // "b" goes: 4 + 1 + 5 fit in 10.
         assert_eq!(first_width(&COLUMNS, 10), 4);
         assert_eq!(first_width(&COLUMNS, 3), 3);
+        const MIDDLE: [Column; 3] = [
+            Column::number("a", 5, 1),
+            Column::text("name", 4, 0).fill(),
+            Column::number("b", 5, 2),
+        ];
+        assert_eq!(column_width(&MIDDLE, 1, 30), 30 - 12);
+        assert_eq!(column_width(&MIDDLE, 1, 10), 4);
     }
 
     #[test]
