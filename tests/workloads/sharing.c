@@ -29,6 +29,9 @@
  * marker comment and hold the one access. Hot accesses go through
  * volatile pointers so each iteration really loads and stores memory at
  * -O1. Workers check g_stop (alone on its line) every 1024 iterations.
+ * Worker i is pinned to CPU i modulo the CPUs online, so two workers
+ * always run on different CPUs and the line really moves between caches
+ * (run to run, the cost of false sharing is then stable enough to time).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -37,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_THREADS 64
 #define ALIGNED __attribute__((aligned(64)))
@@ -181,6 +185,13 @@ static long run_mapreduce(int id)
 static void *worker(void *arg)
 {
     int id = (int)(intptr_t)arg;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus > 1) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(id % cpus, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
     pthread_barrier_wait(&g_start);
     long n;
     if (!strcmp(g_mode, "array"))

@@ -32,13 +32,26 @@ pub fn run(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
         Some("foundation") => foundation(runs),
         Some("allocator") => allocator(alloc_rounds),
         Some("locks") => locks(alloc_rounds),
-        Some(other) => bail!("--only takes foundation, allocator or locks, not {other}"),
+        Some("sharing") => sharing(alloc_rounds),
+        Some(other) => {
+            bail!("--only takes foundation, allocator, locks or sharing, not {other}")
+        }
         None => {
             foundation(runs)?;
             allocator(alloc_rounds)?;
-            locks(alloc_rounds)
+            locks(alloc_rounds)?;
+            sharing(alloc_rounds)
         }
     }
+}
+
+fn sharing(rounds: usize) -> Result<()> {
+    let summary = crate::bench_sharing::run(rounds)?;
+    let out = root().join("target/bench/sharing.json");
+    std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
+    println!("  (written to {})", out.display());
+    Ok(())
 }
 
 fn locks(rounds: usize) -> Result<()> {

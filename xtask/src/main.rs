@@ -6,6 +6,7 @@
 mod bench;
 mod bench_alloc;
 mod bench_locks;
+mod bench_sharing;
 mod setup;
 
 use std::{
@@ -51,7 +52,7 @@ enum Task {
         /// configuration once; about a minute per round).
         #[arg(long, default_value_t = 3)]
         alloc_rounds: usize,
-        /// Run only this part: "foundation", "allocator" or "locks".
+        /// Run only this part: "foundation", "allocator", "locks" or "sharing".
         #[arg(long)]
         only: Option<String>,
     },

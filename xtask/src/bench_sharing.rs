@@ -1,0 +1,296 @@
+//! `cargo xtask bench`, false-sharing part, side by side in one run:
+//!
+//! - *overhead*: each workload of `tests/workloads/sharing.c` doing a fixed
+//!   number of iterations (it prints `elapsed_ns`), untraced and under the
+//!   tool's default settings, in alternating rounds; the headline is the
+//!   median of per-round ratios (target ≤ 1.03);
+//! - *time to the first correct finding*: the tool attached (`-p`) to a
+//!   running two-thread `array` workload for growing `--duration`s; the
+//!   shortest that reports `g_counters` as false sharing (target < 5 s);
+//! - *address yield*: of the samples of the threads that touch the hot
+//!   line (the workers do nothing else), the share the line's entry
+//!   accounts for, each with an address (timer-decode mode; target ≥ 80%);
+//! - *loader CPU*: the tool's own CPU time per second of a 10 s session
+//!   attached to the running `array` workload (target < 10% of a core;
+//!   short launched runs would mostly measure start-up and symbolization).
+//!
+//! Results also go to target/bench/sharing.json.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    bench::{median, run_for_metric},
+    root,
+};
+
+const TARGET_OVERHEAD: f64 = 1.03;
+const TARGET_FIRST_FINDING_S: f64 = 5.0;
+const TARGET_ADDRESS_YIELD: f64 = 0.8;
+const TARGET_LOADER_CPU: f64 = 0.10;
+/// Untraced runs last about this long.
+const RUN_S: f64 = 3.0;
+/// Durations tried for the first finding, in seconds.
+const DURATIONS: [f64; 6] = [0.5, 1.0, 2.0, 3.0, 4.0, 6.0];
+/// Length of the session whose loader CPU is measured.
+const LOADER_SESSION: &str = "10s";
+/// Iterations of the calibration run: long enough that both workers
+/// overlap (a short run can end before the second starts).
+const PROBE_ITERS: u64 = 20_000_000;
+
+struct Workload {
+    mode: &'static str,
+    /// Object the report must name (None: no finding expected).
+    object: Option<&'static str>,
+}
+
+const WORKLOADS: [Workload; 4] = [
+    Workload {
+        mode: "array",
+        object: Some("g_counters"),
+    },
+    Workload {
+        mode: "heap",
+        object: None,
+    },
+    Workload {
+        mode: "atomic",
+        object: Some("g_shared_counter"),
+    },
+    Workload {
+        mode: "padded",
+        object: None,
+    },
+];
+
+pub fn run(rounds: usize) -> Result<serde_json::Value> {
+    let rounds = rounds.clamp(1, 7);
+    let sharing = memprof_tests::build_workload("sharing", memprof_tests::Variant::Debug)?;
+    let tool = root().join("target/release/memprof-ebpf");
+    let json = root().join("target/bench/sharing-report.json");
+    std::fs::create_dir_all(json.parent().unwrap_or(Path::new(".")))?;
+    let mut results = serde_json::Map::new();
+    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
+
+    println!("false-sharing benchmark (one run, side by side)");
+    let mut overheads = Vec::new();
+    for w in &WORKLOADS {
+        let probe = elapsed(&sharing, w.mode, PROBE_ITERS, None)?;
+        let iters = ((RUN_S * 1e9 / probe * PROBE_ITERS as f64) as u64).max(1_000_000);
+        let mut ratios = Vec::new();
+        let mut yields = Vec::new();
+        for round in 0..rounds {
+            let plain = elapsed(&sharing, w.mode, iters, None)?;
+            let traced = elapsed(&sharing, w.mode, iters, Some((&tool, &json)))?;
+            let report = read(&json)?;
+            ratios.push(traced / plain);
+            if let Some(y) = hot_line_yield(&report) {
+                yields.push(y);
+            }
+            if let Some(object) = w.object {
+                let found = report["false_sharing"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|e| e["object"]["name"] == object));
+                if !found {
+                    eprintln!(
+                        "bench: sharing {}: {object} not reported in round {}",
+                        w.mode,
+                        round + 1
+                    );
+                }
+            }
+            eprintln!(
+                "bench: sharing {} round {}/{rounds}: untraced {:.3} s, traced {:.3} s",
+                w.mode,
+                round + 1,
+                plain / 1e9,
+                traced / 1e9
+            );
+        }
+        let mut sorted = ratios.clone();
+        let ratio = median(&mut sorted);
+        println!(
+            "  {:<8} traced/untraced {ratio:6.3}  target ≤ {TARGET_OVERHEAD}  {}   (rounds {})",
+            w.mode,
+            verdict(ratio <= TARGET_OVERHEAD),
+            ratios
+                .iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let y = median(&mut yields);
+        if !yields.is_empty() {
+            println!(
+                "  {:<8} samples on the hot line's code with an address {:5.1}%  target ≥ {:.0}%  {}",
+                w.mode,
+                y * 100.0,
+                TARGET_ADDRESS_YIELD * 100.0,
+                verdict(y >= TARGET_ADDRESS_YIELD)
+            );
+        }
+        overheads.push(ratio);
+        results.insert(
+            w.mode.into(),
+            serde_json::json!({
+                "iterations": iters,
+                "traced_over_untraced": ratio,
+                "rounds": ratios,
+                "hot_line_address_yield": (!yields.is_empty()).then_some(y),
+            }),
+        );
+    }
+
+    let cpu = loader_share(&sharing, &tool, &json)?;
+    println!(
+        "  loader CPU attached to array for {LOADER_SESSION}: {:.1}% of a core  target < {:.0}%  {}",
+        cpu * 100.0,
+        TARGET_LOADER_CPU * 100.0,
+        verdict(cpu < TARGET_LOADER_CPU)
+    );
+    results.insert("loader_cpu_share".into(), serde_json::json!(cpu));
+
+    let first = first_finding(&sharing, &tool, &json)?;
+    match first {
+        Some(s) => println!(
+            "  time from attach to the first correct finding (array, 2 threads): ≤ {s} s  target < {TARGET_FIRST_FINDING_S} s  {}",
+            verdict(s < TARGET_FIRST_FINDING_S)
+        ),
+        None => println!(
+            "  time from attach to the first correct finding: not found within {} s  MISSED",
+            DURATIONS[DURATIONS.len() - 1]
+        ),
+    }
+    results.insert("first_finding_s".into(), serde_json::json!(first));
+    Ok(serde_json::Value::Object(results))
+}
+
+/// Runs `sharing MODE 2 0 ITERS` (untraced, or launched under the tool)
+/// and returns its own `elapsed_ns`.
+fn elapsed(sharing: &Path, mode: &str, iters: u64, tool: Option<(&Path, &Path)>) -> Result<f64> {
+    let args = [mode.to_string(), "2".into(), "0".into(), iters.to_string()];
+    let mut cmd = match tool {
+        None => {
+            let mut c = Command::new(sharing);
+            c.args(&args);
+            c
+        }
+        Some((tool, json)) => {
+            let mut c = Command::new(tool);
+            c.arg("--json")
+                .arg(json)
+                .arg("--no-tui")
+                .arg("--")
+                .arg(sharing)
+                .args(&args);
+            c
+        }
+    };
+    run_for_metric(&mut cmd, mode, "elapsed_ns ")
+}
+
+fn read(json: &Path) -> Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Of the samples of the threads touching the top line (the workers,
+/// which do nothing but the loop), the share the line's entry accounts
+/// for: each of those had an address.
+fn hot_line_yield(report: &serde_json::Value) -> Option<f64> {
+    let top = report["false_sharing"].as_array()?.first()?;
+    let tids: Vec<u64> = top["threads"]
+        .as_array()?
+        .iter()
+        .filter_map(|t| t.as_u64())
+        .collect();
+    let theirs: u64 = report["threads"]
+        .as_array()?
+        .iter()
+        .filter(|t| t["tid"].as_u64().is_some_and(|tid| tids.contains(&tid)))
+        .filter_map(|t| t["samples"].as_u64())
+        .sum();
+    let on_line = top["samples"].as_u64()?;
+    (theirs > 0).then(|| (on_line as f64 / theirs as f64).min(1.0))
+}
+
+/// The tool's CPU share over a steady session attached to `array`.
+fn loader_share(sharing: &Path, tool: &Path, json: &Path) -> Result<f64> {
+    let mut target = start_array(sharing)?;
+    let status = Command::new(tool)
+        .arg("-p")
+        .arg(target.id().to_string())
+        .args(["--duration", LOADER_SESSION, "--no-tui", "--json"])
+        .arg(json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    let _ = target.kill();
+    let _ = target.wait();
+    if !status.success() {
+        bail!("memprof-ebpf -p failed ({status})");
+    }
+    Ok(read(json)?["loader"]["cpu_share"]
+        .as_f64()
+        .unwrap_or(f64::NAN))
+}
+
+/// Starts `sharing array 2 60` and waits until its workers run.
+fn start_array(sharing: &Path) -> Result<std::process::Child> {
+    let mut target = Command::new(sharing)
+        .args(["array", "2", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting sharing array")?;
+    let stdout = target.stdout.take().context("no stdout")?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+    Ok(target)
+}
+
+/// The shortest `--duration` after which an attached session reports
+/// `g_counters` as false sharing.
+fn first_finding(sharing: &Path, tool: &Path, json: &Path) -> Result<Option<f64>> {
+    for &d in &DURATIONS {
+        let mut target = start_array(sharing)?;
+        let started = Instant::now();
+        let status = Command::new(tool)
+            .arg("-p")
+            .arg(target.id().to_string())
+            .arg("--duration")
+            .arg(format!("{}ms", (d * 1000.0) as u64))
+            .arg("--json")
+            .arg(json)
+            .arg("--no-tui")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        let _ = target.kill();
+        let _ = target.wait();
+        if !status.success() {
+            bail!("memprof-ebpf -p failed ({status})");
+        }
+        let report = read(json)?;
+        let found = report["false_sharing"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|e| e["object"]["name"] == "g_counters" && e["kind"] == "false")
+        });
+        eprintln!(
+            "bench: sharing first finding: --duration {d} s (session {:.1} s): {}",
+            started.elapsed().as_secs_f64(),
+            if found { "found" } else { "not yet" }
+        );
+        if found {
+            return Ok(Some(d));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(None)
+}
