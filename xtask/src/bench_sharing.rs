@@ -3,7 +3,10 @@
 //! - *overhead*: each workload of `tests/workloads/sharing.c` doing a fixed
 //!   number of iterations (it prints `elapsed_ns`), untraced and under the
 //!   tool's default settings, in alternating rounds; the headline is the
-//!   median of per-round ratios (target ≤ 1.03);
+//!   median of per-round ratios (target ≤ 1.03), judged only where the
+//!   untraced runs agree: the contended workloads swing with how the host
+//!   schedules the VM's CPUs, while `padded` runs the same loop without
+//!   contention and measures the tool's cost precisely;
 //! - *time to the first correct finding*: the tool attached (`-p`) to a
 //!   running two-thread `array` workload for growing `--duration`s; the
 //!   shortest that reports `g_counters` as false sharing (target < 5 s);
@@ -37,6 +40,9 @@ const TARGET_LOADER_CPU: f64 = 0.10;
 const RUN_S: f64 = 3.0;
 /// Durations tried for the first finding, in seconds.
 const DURATIONS: [f64; 6] = [0.5, 1.0, 2.0, 3.0, 4.0, 6.0];
+/// Untraced runs of a workload must agree within this factor for its
+/// overhead ratio to be judged.
+const MAX_UNTRACED_SPREAD: f64 = 1.2;
 /// Length of the session whose loader CPU is measured.
 const LOADER_SESSION: &str = "10s";
 /// Iterations of the calibration run: long enough that both workers
@@ -84,8 +90,10 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
         let iters = ((RUN_S * 1e9 / probe * PROBE_ITERS as f64) as u64).max(1_000_000);
         let mut ratios = Vec::new();
         let mut yields = Vec::new();
+        let mut untraced = Vec::new();
         for round in 0..rounds {
             let plain = elapsed(&sharing, w.mode, iters, None)?;
+            untraced.push(plain);
             let traced = elapsed(&sharing, w.mode, iters, Some((&tool, &json)))?;
             let report = read(&json)?;
             ratios.push(traced / plain);
@@ -114,10 +122,24 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
         }
         let mut sorted = ratios.clone();
         let ratio = median(&mut sorted);
+        // Contended workloads' speed depends on how the host schedules the
+        // VM's CPUs (measured: the same untraced run took 0.14 to 3.1 s);
+        // a ratio is only judged when untraced runs agree.
+        let lo = untraced.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = untraced.iter().copied().fold(0.0, f64::max);
+        let judged = hi <= lo * MAX_UNTRACED_SPREAD;
+        let judgement = if judged {
+            verdict(ratio <= TARGET_OVERHEAD).to_string()
+        } else {
+            format!(
+                "not judged: untraced runs took {:.2}..{:.2} s",
+                lo / 1e9,
+                hi / 1e9
+            )
+        };
         println!(
-            "  {:<8} traced/untraced {ratio:6.3}  target ≤ {TARGET_OVERHEAD}  {}   (rounds {})",
+            "  {:<8} traced/untraced {ratio:6.3}  target ≤ {TARGET_OVERHEAD}  {judgement}   (rounds {})",
             w.mode,
-            verdict(ratio <= TARGET_OVERHEAD),
             ratios
                 .iter()
                 .map(|r| format!("{r:.3}"))
@@ -140,6 +162,8 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
             serde_json::json!({
                 "iterations": iters,
                 "traced_over_untraced": ratio,
+                "judged": judged,
+                "untraced_ns": untraced,
                 "rounds": ratios,
                 "hot_line_address_yield": (!yields.is_empty()).then_some(y),
             }),
