@@ -442,8 +442,10 @@ impl Live {
     /// holds.
     fn address_sampling(&self, counters: &Counters) -> AddressSampling {
         let (decoded, usable) = self.collector.decoded_counts();
+        // Walking the table is for the end; live, the lines created are
+        // shown (evictions are known only then).
         let lines_tracked = match &self.probes {
-            Some(_) => None, // walking the table is for the end
+            Some(_) => None,
             None => Some(self.final_lines_tracked),
         };
         AddressSampling {
@@ -460,7 +462,7 @@ impl Live {
             address_share: counters.addresses as f64 / counters.user_samples.max(1) as f64,
             instructions_decoded: decoded,
             instructions_with_operand: usable,
-            lines_tracked: lines_tracked.unwrap_or(0),
+            lines_tracked: lines_tracked.unwrap_or(counters.lines_new),
             lines_evicted: lines_tracked.map_or(0, |t| counters.lines_new.saturating_sub(t)),
         }
     }
