@@ -246,11 +246,18 @@ fn hot_line_yield(report: &serde_json::Value) -> Option<f64> {
 
 /// The tool's CPU share over a steady session attached to `array`.
 fn loader_share(sharing: &Path, tool: &Path, json: &Path) -> Result<f64> {
+    let report = attached(sharing, tool, json, LOADER_SESSION)?;
+    Ok(report["loader"]["cpu_share"].as_f64().unwrap_or(f64::NAN))
+}
+
+/// Runs the tool attached (`-p`) to a running `sharing array 2` for
+/// `duration` and returns its report.
+fn attached(sharing: &Path, tool: &Path, json: &Path, duration: &str) -> Result<serde_json::Value> {
     let mut target = start_array(sharing)?;
     let status = Command::new(tool)
         .arg("-p")
         .arg(target.id().to_string())
-        .args(["--duration", LOADER_SESSION, "--no-tui", "--json"])
+        .args(["--duration", duration, "--no-tui", "--json"])
         .arg(json)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -260,9 +267,7 @@ fn loader_share(sharing: &Path, tool: &Path, json: &Path) -> Result<f64> {
     if !status.success() {
         bail!("memprof-ebpf -p failed ({status})");
     }
-    Ok(read(json)?["loader"]["cpu_share"]
-        .as_f64()
-        .unwrap_or(f64::NAN))
+    read(json)
 }
 
 /// Starts `sharing array 2 60` and waits until its workers run.
@@ -283,25 +288,8 @@ fn start_array(sharing: &Path) -> Result<std::process::Child> {
 /// `g_counters` as false sharing.
 fn first_finding(sharing: &Path, tool: &Path, json: &Path) -> Result<Option<f64>> {
     for &d in &DURATIONS {
-        let mut target = start_array(sharing)?;
         let started = Instant::now();
-        let status = Command::new(tool)
-            .arg("-p")
-            .arg(target.id().to_string())
-            .arg("--duration")
-            .arg(format!("{}ms", (d * 1000.0) as u64))
-            .arg("--json")
-            .arg(json)
-            .arg("--no-tui")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()?;
-        let _ = target.kill();
-        let _ = target.wait();
-        if !status.success() {
-            bail!("memprof-ebpf -p failed ({status})");
-        }
-        let report = read(json)?;
+        let report = attached(sharing, tool, json, &format!("{}ms", (d * 1000.0) as u64))?;
         let found = report["false_sharing"].as_array().is_some_and(|a| {
             a.iter()
                 .any(|e| e["object"]["name"] == "g_counters" && e["kind"] == "false")

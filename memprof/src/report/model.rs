@@ -144,6 +144,9 @@ pub struct WordEntry {
     pub reads: u64,
     pub writes: u64,
     pub threads: Vec<u32>,
+    /// The variable's field at this word (`g_args[1].sum`), from the
+    /// debug info of a global; null when unknown.
+    pub field: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -518,6 +521,71 @@ pub(crate) mod tests {
                 peak_rss_bytes: 20 << 20,
             },
             notes: vec![],
+        }
+    }
+
+    pub fn fixture_word(offset: u32, reads: u64, writes: u64, threads: &[u32]) -> WordEntry {
+        WordEntry {
+            offset,
+            reads,
+            writes,
+            threads: threads.to_vec(),
+            field: None,
+        }
+    }
+
+    pub fn fixture_code(
+        function: &str,
+        line: u32,
+        reads: u64,
+        writes: u64,
+        threads: &[u32],
+    ) -> SharingCode {
+        SharingCode {
+            function: function.into(),
+            file: Some("/src/sharing.c".into()),
+            line: Some(line),
+            module: "sharing".into(),
+            reads,
+            writes,
+            threads: threads.to_vec(),
+            offset: 0,
+        }
+    }
+
+    /// Threads 15027 and 15028 write bytes 0-7 and 8-15 of a heap block.
+    pub fn false_sharing_entry() -> SharingEntry {
+        SharingEntry {
+            line: "0x5555deadbe40".into(),
+            kind: "false".into(),
+            invalidations: 3753,
+            invalidation_rate: 0.99,
+            samples: 3779,
+            cost_share: 0.951,
+            threads: vec![15027, 15028],
+            object: SharedObject {
+                kind: "heap".into(),
+                name: "64-byte heap block from sharing.c:120".into(),
+                offset: 0,
+                size: Some(64),
+                alloc_site: Some(CodeRef {
+                    function: "main".into(),
+                    file: Some("/src/sharing.c".into()),
+                    line: Some(120),
+                }),
+            },
+            words: vec![
+                fixture_word(0, 0, 90, &[15027]),
+                fixture_word(4, 0, 90, &[15027]),
+                fixture_word(8, 0, 90, &[15028]),
+                fixture_word(12, 0, 90, &[15028]),
+            ],
+            code: vec![fixture_code("worker", 80, 0, 3779, &[15027, 15028])],
+            dependences: Dependences::default(),
+            advice: "Threads write different parts of this line (thread 15027 bytes 0-7, \
+                     thread 15028 bytes 8-15). Give each thread's part its own cache line: \
+                     align the per-thread element to 64 bytes."
+                .into(),
         }
     }
 

@@ -966,59 +966,12 @@ pub(crate) mod tests {
     }
 
     pub fn report_with_sharing() -> Report {
-        use crate::report::model::{CodeRef, Dependences, SharedObject, SharingCode, SharingEntry};
         let mut r = sample_report();
         r.sampling.addresses.mode = "decoded".into();
         r.sampling.addresses.user_samples = 1000;
         r.sampling.addresses.with_address = 970;
         r.sampling.addresses.address_share = 0.97;
-        let word = |offset, tid| WordEntry {
-            offset,
-            reads: 0,
-            writes: 90,
-            threads: vec![tid],
-        };
-        r.false_sharing = vec![SharingEntry {
-            line: "0x5555deadbe40".into(),
-            kind: "false".into(),
-            invalidations: 3753,
-            invalidation_rate: 0.99,
-            samples: 3779,
-            cost_share: 0.951,
-            threads: vec![15027, 15028],
-            object: SharedObject {
-                kind: "heap".into(),
-                name: "64-byte heap block from sharing.c:120".into(),
-                offset: 0,
-                size: Some(64),
-                alloc_site: Some(CodeRef {
-                    function: "main".into(),
-                    file: Some("/src/sharing.c".into()),
-                    line: Some(120),
-                }),
-            },
-            words: vec![
-                word(0, 15027),
-                word(4, 15027),
-                word(8, 15028),
-                word(12, 15028),
-            ],
-            code: vec![SharingCode {
-                function: "worker".into(),
-                file: Some("/src/sharing.c".into()),
-                line: Some(80),
-                module: "sharing".into(),
-                reads: 0,
-                writes: 3779,
-                threads: vec![15027, 15028],
-                offset: 0,
-            }],
-            dependences: Dependences::default(),
-            advice: "Threads write different parts of this line (thread 15027 bytes 0-7, \
-                     thread 15028 bytes 8-15). Give each thread's part its own cache line: \
-                     align the per-thread element to 64 bytes."
-                .into(),
-        }];
+        r.false_sharing = vec![crate::report::model::tests::false_sharing_entry()];
         r
     }
 
