@@ -66,6 +66,11 @@ fn check_entries(report: &serde_json::Value) {
         ] {
             assert!(e.get(key).is_some(), "missing false_sharing[].{key}: {e:#}");
         }
+        for w in e["words"].as_array().expect("words") {
+            for key in ["offset", "reads", "writes", "threads", "field"] {
+                assert!(w.get(key).is_some(), "missing words[].{key}: {w:#}");
+            }
+        }
         for key in ["kind", "name", "offset", "size", "alloc_site"] {
             assert!(
                 e["object"].get(key).is_some(),
@@ -152,6 +157,16 @@ fn per_thread_counters_in_one_global_array_are_false_sharing() {
     assert_eq!(e["object"]["kind"], "global");
     assert_eq!(e["object"]["offset"], 0);
     assert_eq!(e["object"]["size"], 512, "long g_counters[64]");
+    let fields: Vec<&str> = e["words"]
+        .as_array()
+        .expect("words")
+        .iter()
+        .filter_map(|w| w["field"].as_str())
+        .collect();
+    assert!(
+        fields.contains(&"g_counters[0]") && fields.contains(&"g_counters[1]"),
+        "{fields:?}"
+    );
     assert!(e["invalidations"].as_u64().unwrap_or(0) >= 5);
     assert!(
         e["cost_share"].as_f64().unwrap_or(0.0) > 0.2,
@@ -271,6 +286,24 @@ fn map_reduce_arguments_not_a_multiple_of_64_are_false_sharing_by_field() {
     );
     assert!(written.iter().any(|o| *o < 24) && written.iter().any(|o| *o >= 48));
     assert_code_line(e, "sharing.c", marked_line("sharing", "MAPREDUCE_SUM"));
+    // The fields are named from the debug info, and the fix says why.
+    let fields: Vec<&str> = e["words"]
+        .as_array()
+        .expect("words")
+        .iter()
+        .filter_map(|w| w["field"].as_str())
+        .collect();
+    for f in [
+        "g_args[0].sum",
+        "g_args[0].count",
+        "g_args[1].sum",
+        "g_args[1].count",
+    ] {
+        assert!(fields.contains(&f), "{f} not named: {fields:?}");
+    }
+    let advice = e["advice"].as_str().unwrap_or("");
+    assert!(advice.contains("struct thread_arg is 40 bytes"), "{advice}");
+    assert!(advice.contains("g_args[1].sum"), "{advice}");
 }
 
 #[test]

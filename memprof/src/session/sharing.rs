@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use memprof_common::sharing::{LineState, LineWords};
+use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
 
 use crate::{
     analysis::{
@@ -15,7 +15,7 @@ use crate::{
         Collector, LineBlock,
     },
     report::model::{CodeRef, Dependences, SharedObject, SharingCode, SharingEntry, WordEntry},
-    symbolize::Symbolizer,
+    symbolize::{dwarf::Layout, Symbolizer},
 };
 
 /// Code sites kept per line.
@@ -56,14 +56,14 @@ pub fn report(
     findings
         .into_iter()
         .map(|f| {
-            let object = object_of(
+            let (object, layout) = object_of(
                 &f,
                 collector.maps(),
                 collector.line_block(f.line),
                 collector.alloc.as_ref(),
                 symbolizer,
             );
-            entry(f, object, collector, symbolizer)
+            entry(f, object, layout, collector, symbolizer)
         })
         .collect()
 }
@@ -71,9 +71,16 @@ pub fn report(
 fn entry(
     f: LineFinding,
     object: SharedObject,
+    layout: Option<Layout>,
     collector: &Collector,
     symbolizer: &mut Symbolizer,
 ) -> SharingEntry {
+    // The field at a byte of the line, for a global with debug info.
+    let field = |offset: u32| {
+        let at = object.offset + i64::from(offset);
+        let layout = layout.as_ref()?;
+        layout.field_at(&object.name, u64::try_from(at).ok()?)
+    };
     let mut code: BTreeMap<(String, Option<String>, Option<u32>, String), SharingCode> =
         BTreeMap::new();
     for c in &f.code {
@@ -111,8 +118,7 @@ fn entry(
         samples: f.samples,
         cost_share: f.cost_share,
         threads: f.threads.clone(),
-        advice: advice(&f, &object),
-        object,
+        advice: advice(&f, &object, layout.as_ref(), &field),
         words: f
             .words
             .iter()
@@ -121,8 +127,10 @@ fn entry(
                 reads: w.reads,
                 writes: w.writes,
                 threads: w.threads().into_iter().filter(|&t| t != 0).collect(),
+                field: field(w.offset),
             })
             .collect(),
+        object,
         code,
         dependences: Dependences {
             read_after_write: f.raw,
@@ -132,36 +140,49 @@ fn entry(
     }
 }
 
-/// Names what lies on the line: a global (ELF symbol), a heap block (its
-/// allocation site), a stack, or a mapping.
+/// Names what lies on the line: a global (ELF symbol, with its DWARF
+/// layout when there is debug info), a heap block (its allocation site), a
+/// stack, or a mapping.
 fn object_of(
     f: &LineFinding,
     maps: &ProcMaps,
     block: Option<LineBlock>,
     alloc: Option<&AllocProfile>,
     symbolizer: &mut Symbolizer,
-) -> SharedObject {
+) -> (SharedObject, Option<Layout>) {
     let addr = f.first_addr;
     let line = f.line as i64;
     if let Some((path, base)) = maps.data_owner(addr) {
         let (name, offset, size) = match symbolizer.data(&path, base, addr) {
-            Some(sym) => (sym.name, line - (addr - sym.offset) as i64, sym.size),
+            Some(sym) => {
+                let offset = line - (addr - sym.offset) as i64;
+                let layout = symbolizer.data_layout(&path, &sym.name);
+                let object = SharedObject {
+                    kind: "global".into(),
+                    name: sym.name,
+                    offset,
+                    size: sym.size,
+                    alloc_site: None,
+                };
+                return (object, layout);
+            }
             // Stripped: the object file and offset are all there is.
             None => (format!("{}+{:#x}", short_name(&path), addr - base), 0, None),
         };
-        return SharedObject {
+        let object = SharedObject {
             kind: "global".into(),
             name,
             offset,
             size,
             alloc_site: None,
         };
+        return (object, None);
     }
     if let (Some(b), Some(alloc)) = (block, alloc) {
         let site = symbolizer.code(&alloc.site_place(b.site));
         let label =
             crate::report::model::source_label(site.file.as_deref(), site.line, &site.module);
-        return SharedObject {
+        let object = SharedObject {
             kind: "heap".into(),
             name: format!("{}-byte heap block from {label}", b.size),
             offset: line - b.start as i64,
@@ -172,6 +193,7 @@ fn object_of(
                 line: site.line,
             }),
         };
+        return (object, None);
     }
     let (kind, name) = match maps.place(addr) {
         Place::Region { name, .. } if &*name == "[heap]" => (
@@ -190,37 +212,68 @@ fn object_of(
         Place::Anonymous { .. } => ("mapped", "anonymous memory".to_string()),
         Place::Unmapped { .. } => ("unknown", "unmapped at the end".to_string()),
     };
-    SharedObject {
+    let object = SharedObject {
         kind: kind.into(),
         name,
         offset: 0,
         size: None,
         alloc_site: None,
-    }
+    };
+    (object, None)
 }
 
 /// What to change, in words.
-fn advice(f: &LineFinding, object: &SharedObject) -> String {
+fn advice(
+    f: &LineFinding,
+    object: &SharedObject,
+    layout: Option<&Layout>,
+    field: &dyn Fn(u32) -> Option<String>,
+) -> String {
     let parts: Vec<String> = f
         .parts
         .iter()
-        .map(|&(tid, a, b)| format!("thread {tid} bytes {a}-{}", b - 1))
+        .map(|&(tid, a, b)| {
+            let mut names: Vec<String> = (a..b)
+                .step_by(WORD_BYTES as usize)
+                .filter_map(field)
+                .collect();
+            names.dedup();
+            match names.is_empty() {
+                true => format!("thread {tid} bytes {a}-{}", b - 1),
+                false => format!("thread {tid} {}", names.join(", ")),
+            }
+        })
         .collect();
-    let layout = format!(
+    // An array of structs whose size is not a multiple of the line.
+    let element = layout.and_then(|l| {
+        let size = l.element?;
+        (size % 64 != 0).then(|| {
+            let ty = l.type_name.clone().unwrap_or_else(|| "the element".into());
+            format!(
+                " {ty} is {size} bytes, so neighbouring elements share lines: pad it to {} \
+                 bytes or align it to 64.",
+                size.div_ceil(64) * 64
+            )
+        })
+    });
+    let layout_fix = format!(
         "Threads write different parts of this line ({}). Give each thread's part its own \
          cache line: align the per-thread element to 64 bytes (alignas(64) / \
          __attribute__((aligned(64))), or #[repr(align(64))] in Rust) or pad it to a multiple \
-         of 64; use 128 on CPUs whose prefetcher fetches lines in pairs (recent Intel).",
-        parts.join(", ")
+         of 64; use 128 on CPUs whose prefetcher fetches lines in pairs (recent Intel).{}",
+        parts.join(", "),
+        element.unwrap_or_default()
     );
     let shared: Vec<String> = f
         .words
         .iter()
         .filter(|w| !w.writers.is_empty() && w.threads().len() >= 2)
-        .map(|w| w.offset.to_string())
-        .collect();
+        .map(|w| field(w.offset).unwrap_or_else(|| format!("byte {}", w.offset)))
+        .collect::<Vec<_>>();
+    let mut shared = shared;
+    shared.dedup();
     let data = format!(
-        "Several threads use the same written word (byte {}): the data itself is shared, \
+        "Several threads use the same written word ({}): the data itself is shared, \
          and padding cannot help. Give each thread its own copy and combine them at the \
          end, or update the shared value less often.",
         shared.join(", ")
@@ -230,8 +283,8 @@ fn advice(f: &LineFinding, object: &SharedObject) -> String {
         _ => String::new(),
     };
     match f.kind {
-        SharingKind::False => format!("{layout}{what}"),
+        SharingKind::False => format!("{layout_fix}{what}"),
         SharingKind::True => format!("{data}{what}"),
-        SharingKind::Mixed => format!("{layout} {data}{what}"),
+        SharingKind::Mixed => format!("{layout_fix} {data}{what}"),
     }
 }

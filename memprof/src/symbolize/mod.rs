@@ -5,6 +5,7 @@
 //! A failure to symbolize is data on the frame (`module+0xoffset`), never an
 //! error: stripped binaries, deleted files and JIT code all still show up.
 
+pub mod dwarf;
 mod elf;
 
 use std::{collections::HashMap, sync::Arc};
@@ -76,6 +77,8 @@ pub struct Symbolizer {
     blazesym: Blazesym,
     code: HashMap<Place, Frame>,
     innermost: HashMap<Place, Frame>,
+    /// Layouts of global variables, per (file, symbol).
+    layouts: HashMap<(Arc<str>, String), Option<dwarf::Layout>>,
     /// Per file: `p_vaddr - p_offset` of its first loadable segment.
     vaddr_bias: HashMap<Arc<str>, Option<u64>>,
 }
@@ -97,6 +100,7 @@ impl Symbolizer {
             blazesym,
             code: HashMap::new(),
             innermost: HashMap::new(),
+            layouts: HashMap::new(),
             vaddr_bias: HashMap::new(),
         }
     }
@@ -178,6 +182,15 @@ impl Symbolizer {
                 Frame::unknown(place)
             }
         }
+    }
+
+    /// The layout of global `name` (a symbol of `path`) from its DWARF:
+    /// array element size and struct members, to name the bytes of it.
+    pub fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<dwarf::Layout> {
+        self.layouts
+            .entry((path.clone(), name.to_string()))
+            .or_insert_with(|| dwarf::layout(std::path::Path::new(&**path), name))
+            .clone()
     }
 
     /// The global or static variable holding `addr`, in the object file

@@ -1,0 +1,274 @@
+//! The layout of a global variable from DWARF: its type, whether it is an
+//! array (and of what element size), and the members of its struct, so a
+//! byte offset in it can be named (`g_args[1].sum`).
+
+use std::{borrow::Cow, path::Path};
+
+use gimli::{AttributeValue, EndianSlice, RunTimeEndian, UnitOffset};
+use object::{Object, ObjectSection};
+
+type R<'a> = EndianSlice<'a, RunTimeEndian>;
+
+/// A struct member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub offset: u64,
+}
+
+/// What a global variable is made of.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Layout {
+    /// Element size when the variable is an array.
+    pub element: Option<u64>,
+    /// Name of the (element) type, e.g. `struct thread_arg`.
+    pub type_name: Option<String>,
+    /// Size of the (element) struct.
+    pub struct_size: Option<u64>,
+    /// Members of the (element) struct, by offset.
+    pub members: Vec<Member>,
+}
+
+impl Layout {
+    /// Names the byte at `offset` of the variable `var`: `var[2].count`,
+    /// `var.next`, `var[5]`, or None when the layout says nothing.
+    pub fn field_at(&self, var: &str, offset: u64) -> Option<String> {
+        let (index, inner) = match self.element {
+            Some(size) if size > 0 => (Some(offset / size), offset % size),
+            _ => (None, offset),
+        };
+        let member = self
+            .members
+            .iter()
+            .take_while(|m| m.offset <= inner)
+            .last()
+            .map(|m| format!(".{}", m.name));
+        if index.is_none() && member.is_none() {
+            return None;
+        }
+        let index = index.map(|i| format!("[{i}]")).unwrap_or_default();
+        Some(format!("{var}{index}{}", member.unwrap_or_default()))
+    }
+}
+
+/// Reads the layout of the global named `name` (a demangled symbol;
+/// for `a::b::VAR` the DWARF name is `VAR`) from the object file `path`.
+pub fn layout(path: &Path, name: &str) -> Option<Layout> {
+    let data = std::fs::read(path).ok()?;
+    let obj = object::File::parse(&*data).ok()?;
+    let endian = if obj.is_little_endian() {
+        RunTimeEndian::Little
+    } else {
+        RunTimeEndian::Big
+    };
+    let sections = gimli::DwarfSections::load(|id| -> Result<Cow<[u8]>, gimli::Error> {
+        Ok(obj
+            .section_by_name(id.name())
+            .and_then(|s| s.uncompressed_data().ok())
+            .unwrap_or(Cow::Borrowed(&[])))
+    })
+    .ok()?;
+    let dwarf = sections.borrow(|s| EndianSlice::new(s, endian));
+    let short = name.rsplit("::").next().unwrap_or(name);
+    let mut units = dwarf.units();
+    while let Ok(Some(header)) = units.next() {
+        let Ok(unit) = dwarf.unit(header) else {
+            continue;
+        };
+        let mut entries = unit.entries();
+        let mut rust = false;
+        while let Ok(Some(entry)) = entries.next_dfs() {
+            if entry.tag() == gimli::DW_TAG_compile_unit {
+                rust = matches!(
+                    entry.attr_value(gimli::DW_AT_language),
+                    Some(AttributeValue::Language(gimli::DW_LANG_Rust))
+                );
+            }
+            if entry.tag() != gimli::DW_TAG_variable {
+                continue;
+            }
+            let named = entry
+                .attr_value(gimli::DW_AT_name)
+                .and_then(|v| dwarf.attr_string(&unit, v).ok())
+                .is_some_and(|s| s.slice() == short.as_bytes());
+            if !named {
+                continue;
+            }
+            if let Some(AttributeValue::UnitRef(ty)) = entry.attr_value(gimli::DW_AT_type) {
+                return Some(layout_of_type(&dwarf, &unit, ty, rust));
+            }
+        }
+    }
+    None
+}
+
+fn layout_of_type(
+    dwarf: &gimli::Dwarf<R<'_>>,
+    unit: &gimli::Unit<R<'_>>,
+    ty: UnitOffset,
+    rust: bool,
+) -> Layout {
+    let mut layout = Layout::default();
+    let Some(ty) = strip(unit, ty) else {
+        return layout;
+    };
+    let Ok(entry) = unit.entry(ty) else {
+        return layout;
+    };
+    let element = if entry.tag() == gimli::DW_TAG_array_type {
+        match entry.attr_value(gimli::DW_AT_type) {
+            Some(AttributeValue::UnitRef(e)) => strip(unit, e),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let target = match element {
+        Some(e) => {
+            layout.element = unit.entry(e).ok().and_then(|d| byte_size(&d));
+            e
+        }
+        None => ty,
+    };
+    let Ok(entry) = unit.entry(target) else {
+        return layout;
+    };
+    layout.type_name = entry
+        .attr_value(gimli::DW_AT_name)
+        .and_then(|v| dwarf.attr_string(unit, v).ok())
+        .map(|s| {
+            let n = String::from_utf8_lossy(s.slice()).into_owned();
+            // C spells a struct type `struct x`; Rust as it is.
+            if entry.tag() == gimli::DW_TAG_structure_type && !rust {
+                format!("struct {n}")
+            } else {
+                n
+            }
+        });
+    if entry.tag() != gimli::DW_TAG_structure_type {
+        return layout;
+    }
+    layout.struct_size = byte_size(&entry);
+    let Ok(mut tree) = unit.entries_tree(Some(target)) else {
+        return layout;
+    };
+    let Ok(root) = tree.root() else {
+        return layout;
+    };
+    let mut children = root.children();
+    while let Ok(Some(child)) = children.next() {
+        let m = child.entry();
+        if m.tag() != gimli::DW_TAG_member {
+            continue;
+        }
+        let name = m
+            .attr_value(gimli::DW_AT_name)
+            .and_then(|v| dwarf.attr_string(unit, v).ok())
+            .map(|s| String::from_utf8_lossy(s.slice()).into_owned());
+        let offset = m
+            .attr_value(gimli::DW_AT_data_member_location)
+            .and_then(|v| v.udata_value());
+        if let (Some(name), Some(offset)) = (name, offset) {
+            layout.members.push(Member { name, offset });
+        }
+    }
+    layout.members.sort_by_key(|m| m.offset);
+    layout
+}
+
+/// Follows typedefs and qualifiers to the underlying type.
+fn strip(unit: &gimli::Unit<R<'_>>, mut ty: UnitOffset) -> Option<UnitOffset> {
+    for _ in 0..16 {
+        let entry = unit.entry(ty).ok()?;
+        match entry.tag() {
+            gimli::DW_TAG_typedef
+            | gimli::DW_TAG_const_type
+            | gimli::DW_TAG_volatile_type
+            | gimli::DW_TAG_atomic_type
+            | gimli::DW_TAG_restrict_type => match entry.attr_value(gimli::DW_AT_type) {
+                Some(AttributeValue::UnitRef(next)) => ty = next,
+                _ => return None,
+            },
+            _ => return Some(ty),
+        }
+    }
+    None
+}
+
+fn byte_size(entry: &gimli::DebuggingInformationEntry<R<'_>>) -> Option<u64> {
+    entry
+        .attr_value(gimli::DW_AT_byte_size)
+        .and_then(|v| v.udata_value())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_are_named_by_index_and_member() {
+        let l = Layout {
+            element: Some(40),
+            type_name: Some("struct thread_arg".into()),
+            struct_size: Some(40),
+            members: vec![
+                Member {
+                    name: "id".into(),
+                    offset: 0,
+                },
+                Member {
+                    name: "flags".into(),
+                    offset: 4,
+                },
+                Member {
+                    name: "sum".into(),
+                    offset: 8,
+                },
+                Member {
+                    name: "count".into(),
+                    offset: 16,
+                },
+                Member {
+                    name: "tag".into(),
+                    offset: 24,
+                },
+            ],
+        };
+        assert_eq!(l.field_at("g_args", 8).as_deref(), Some("g_args[0].sum"));
+        assert_eq!(l.field_at("g_args", 12).as_deref(), Some("g_args[0].sum"));
+        assert_eq!(l.field_at("g_args", 56).as_deref(), Some("g_args[1].count"));
+        let scalars = Layout {
+            element: Some(8),
+            ..Layout::default()
+        };
+        assert_eq!(
+            scalars.field_at("g_counters", 8).as_deref(),
+            Some("g_counters[1]")
+        );
+        assert_eq!(Layout::default().field_at("x", 0), None);
+    }
+
+    /// This test binary's own DWARF has `TEST_LAYOUT` below.
+    #[test]
+    fn a_global_s_layout_is_read_from_this_binary() {
+        let exe = std::env::current_exe().expect("test binary");
+        let l = layout(&exe, "memprof::symbolize::dwarf::tests::TEST_LAYOUT").expect("found");
+        assert_eq!(l.element, Some(24), "{l:?}");
+        let names: Vec<&str> = l.members.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"], "{l:?}");
+        assert_eq!(
+            l.field_at("TEST_LAYOUT", 24 + 8).as_deref(),
+            Some("TEST_LAYOUT[1].b")
+        );
+        assert!(std::hint::black_box(&TEST_LAYOUT).len() == 2);
+    }
+
+    #[repr(C)]
+    struct Probe {
+        a: u64,
+        b: u64,
+        c: u64,
+    }
+
+    static TEST_LAYOUT: [Probe; 2] = [Probe { a: 1, b: 2, c: 3 }, Probe { a: 4, b: 5, c: 6 }];
+}
