@@ -131,6 +131,32 @@ impl ProcMaps {
         Some((owner.name.clone(), self.file_base(&owner.name)?))
     }
 
+    /// Whether `addr` is in what looks like a thread's stack: an anonymous
+    /// read-write mapping of 128 KiB or more right above a small
+    /// inaccessible one (glibc puts the guard pages below a thread's
+    /// stack; a malloc arena's inaccessible reserve is large and lies
+    /// above its part in use).
+    pub fn in_thread_stack(&self, addr: u64) -> bool {
+        let Some(i) = self
+            .mappings
+            .partition_point(|m| m.start <= addr)
+            .checked_sub(1)
+        else {
+            return false;
+        };
+        let m = &self.mappings[i];
+        let inaccessible =
+            |g: &Mapping| !g.readable && !g.writable && !g.executable && g.name.is_empty();
+        addr < m.end
+            && m.name.is_empty()
+            && m.writable
+            && m.end - m.start >= 128 << 10
+            && i > 0
+            && inaccessible(&self.mappings[i - 1])
+            && self.mappings[i - 1].end == m.start
+            && self.mappings[i - 1].end - self.mappings[i - 1].start <= 64 << 10
+    }
+
     /// Distinct file paths that are mapped executable.
     pub fn code_files(&self) -> Vec<Arc<str>> {
         let mut files: Vec<Arc<str>> = self
@@ -214,6 +240,25 @@ mod tests {
 7ffd1000f000-7ffd10011000 r-xp 00000000 00:00 0                          [vdso]
 garbage line
 ";
+
+    #[test]
+    fn thread_stacks_are_told_from_malloc_arenas() {
+        let maps = ProcMaps::parse(
+            "7f0000000000-7f0000001000 ---p 00000000 00:00 0 \n\
+             7f0000001000-7f0000801000 rw-p 00000000 00:00 0 \n\
+             7f1000000000-7f1000021000 rw-p 00000000 00:00 0 \n\
+             7f1000021000-7f1004000000 ---p 00000000 00:00 0 \n\
+             7f1004000000-7f1004021000 rw-p 00000000 00:00 0 \n",
+        );
+        assert!(maps.in_thread_stack(0x7f0000700000));
+        assert!(!maps.in_thread_stack(0x7f0000000800), "the guard itself");
+        assert!(!maps.in_thread_stack(0x7f1000001000), "an arena in use");
+        assert!(
+            !maps.in_thread_stack(0x7f1004001000),
+            "above a large reserve: the next arena"
+        );
+        assert!(!maps.in_thread_stack(0x10));
+    }
 
     #[test]
     fn parses_and_finds() {

@@ -209,6 +209,9 @@ fn object_of(
             "heap block allocated before tracing (or while the allocator was not traced)"
                 .to_string(),
         ),
+        Place::Anonymous { .. } if maps.in_thread_stack(addr) => {
+            ("stack", "a thread's stack".to_string())
+        }
         Place::Anonymous { .. } => ("mapped", "anonymous memory".to_string()),
         Place::Unmapped { .. } => ("unknown", "unmapped at the end".to_string()),
     };
