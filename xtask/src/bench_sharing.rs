@@ -43,6 +43,8 @@ const DURATIONS: [f64; 6] = [0.5, 1.0, 2.0, 3.0, 4.0, 6.0];
 /// Untraced runs of a workload must agree within this factor for its
 /// overhead ratio to be judged.
 const MAX_UNTRACED_SPREAD: f64 = 1.2;
+/// The tool's default sampling rate (per CPU).
+const DEFAULT_HZ: f64 = 999.0;
 /// Length of the session whose loader CPU is measured.
 const LOADER_SESSION: &str = "10s";
 /// Iterations of the calibration run: long enough that both workers
@@ -170,14 +172,27 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
         );
     }
 
-    let cpu = loader_share(&sharing, &tool, &json)?;
+    let (cpu, per_sample) = loader_share(&sharing, &tool, &json)?;
     println!(
         "  loader CPU attached to array for {LOADER_SESSION}: {:.1}% of a core  target < {:.0}%  {}",
         cpu * 100.0,
         TARGET_LOADER_CPU * 100.0,
         verdict(cpu < TARGET_LOADER_CPU)
     );
+    if let Some(ns) = per_sample {
+        // What the program costs each sampled CPU: its run time per sample
+        // times the samples per second (the timer interrupt itself comes on
+        // top, as for any sampling profiler at this rate).
+        println!(
+            "  sampler program: {ns:.0} ns per sample = {:.3}% of each CPU at the default rate",
+            ns * DEFAULT_HZ / 1e9 * 100.0
+        );
+    }
     results.insert("loader_cpu_share".into(), serde_json::json!(cpu));
+    results.insert(
+        "sampler_ns_per_sample".into(),
+        serde_json::json!(per_sample),
+    );
 
     let first = first_finding(&sharing, &tool, &json)?;
     match first {
@@ -244,10 +259,45 @@ fn hot_line_yield(report: &serde_json::Value) -> Option<f64> {
     (theirs > 0).then(|| (on_line as f64 / theirs as f64).min(1.0))
 }
 
-/// The tool's CPU share over a steady session attached to `array`.
-fn loader_share(sharing: &Path, tool: &Path, json: &Path) -> Result<f64> {
-    let report = attached(sharing, tool, json, LOADER_SESSION)?;
-    Ok(report["loader"]["cpu_share"].as_f64().unwrap_or(f64::NAN))
+/// The tool's CPU share over a steady session attached to `array`, and
+/// the sampler program's mean run time per sample in that session
+/// (kernel.bpf_stats_enabled, read with bpftool while it runs).
+fn loader_share(sharing: &Path, tool: &Path, json: &Path) -> Result<(f64, Option<f64>)> {
+    let sysctl = Path::new("/proc/sys/kernel/bpf_stats_enabled");
+    let before = std::fs::read_to_string(sysctl).unwrap_or_default();
+    let _ = std::fs::write(sysctl, "1");
+    let poll = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(8));
+        sampler_ns_per_run()
+    });
+    let report = attached(sharing, tool, json, LOADER_SESSION);
+    let per_run = poll.join().ok().flatten();
+    let _ = std::fs::write(sysctl, before.trim());
+    let report = report?;
+    Ok((
+        report["loader"]["cpu_share"].as_f64().unwrap_or(f64::NAN),
+        per_run,
+    ))
+}
+
+/// Mean run time of the loaded `mp_cpu_sample` programs, in ns.
+fn sampler_ns_per_run() -> Option<f64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .ok()?;
+    let progs: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let (time, runs) = progs
+        .as_array()?
+        .iter()
+        .filter(|p| p["name"] == "mp_cpu_sample")
+        .fold((0u64, 0u64), |(t, r), p| {
+            (
+                t + p["run_time_ns"].as_u64().unwrap_or(0),
+                r + p["run_cnt"].as_u64().unwrap_or(0),
+            )
+        });
+    (runs > 0).then(|| time as f64 / runs as f64)
 }
 
 /// Runs the tool attached (`-p`) to a running `sharing array 2` for
