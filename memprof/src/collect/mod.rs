@@ -80,6 +80,8 @@ pub struct Collector {
     new_recipes: Vec<(u64, AccessRecipe)>,
     /// The sampling event gives the data address itself (no skid).
     pub precise_addresses: bool,
+    /// The target called exec: the kernel's recipes are stale.
+    recipes_reset: bool,
     /// The heap block under each shared line, looked up while it is live.
     line_blocks: FastMap<u64, Option<LineBlock>>,
 }
@@ -134,6 +136,7 @@ impl Collector {
             decoded: FastMap::default(),
             new_recipes: Vec::new(),
             precise_addresses: false,
+            recipes_reset: false,
             line_blocks: FastMap::default(),
         };
         collector.refresh_maps();
@@ -272,8 +275,14 @@ impl Collector {
     /// The memory side of a user-mode sample: its address, or a request
     /// to decode its instruction.
     fn on_user_access(&mut self, ev: &SampleEvent) {
+        let old_image = self
+            .before_exec
+            .as_ref()
+            .is_some_and(|(exec_ns, _)| ev.time_ns < *exec_ns);
         if ev.flags & SAMPLE_FLAG_NO_RECIPE != 0 {
-            self.decode(ev.ip);
+            if !old_image {
+                self.decode(ev.ip);
+            }
             return;
         }
         if ev.flags & SAMPLE_FLAG_ADDR == 0 {
@@ -332,6 +341,12 @@ impl Collector {
     /// Recipes decoded since the last call, to install in the kernel.
     pub fn take_new_recipes(&mut self) -> Vec<(u64, AccessRecipe)> {
         std::mem::take(&mut self.new_recipes)
+    }
+
+    /// Whether the kernel's recipes must be dropped first (the target
+    /// called exec since the last call).
+    pub fn take_recipes_reset(&mut self) -> bool {
+        std::mem::take(&mut self.recipes_reset)
     }
 
     /// Instructions decoded, and how many of them access memory we can
@@ -407,6 +422,11 @@ impl Collector {
                 // the old image; the thread has the new program's name.
                 self.before_exec = Some((ev.time_ns, self.maps.clone()));
                 self.refresh_maps();
+                // Instructions of the old image are not those of the new
+                // one at the same addresses: decode afresh.
+                self.decoded.clear();
+                self.new_recipes.clear();
+                self.recipes_reset = true;
                 // Other threads are gone; their names stay for the report.
                 self.learn_name(ev.tid);
                 self.profile.add_thread_event(ThreadEvent::Exec {
@@ -843,6 +863,42 @@ mod tests {
         // A gate sample drained after the exec event is still dropped.
         c.on_sample(&at(7));
         assert_eq!(c.profile.samples(), 2);
+    }
+
+    #[test]
+    fn sampled_instructions_are_decoded_once_and_again_after_exec() {
+        let me = std::process::id();
+        let mut c = Collector::new(me);
+        let ip = sampled_instructions_are_decoded_once_and_again_after_exec as *const () as u64;
+        let sample = |time_ns| SampleEvent {
+            time_ns,
+            ip,
+            tid: me,
+            flags: SAMPLE_FLAG_NO_RECIPE,
+            ..Default::default()
+        };
+        c.on_sample(&sample(10));
+        c.on_sample(&sample(20));
+        assert_eq!(c.take_new_recipes().len(), 1, "decoded once");
+        assert_eq!(c.decoded_counts().0, 1);
+        assert!(!c.take_recipes_reset());
+        // This very process exec'ing itself: same image, new instructions.
+        c.on_task(&TaskEvent {
+            time_ns: 100,
+            kind: TASK_EXEC,
+            tid: me,
+            tgid: me,
+            ..Default::default()
+        });
+        assert!(c.take_recipes_reset(), "the kernel's recipes are stale");
+        assert_eq!(c.decoded_counts().0, 0);
+        c.on_sample(&sample(50));
+        assert!(
+            c.take_new_recipes().is_empty(),
+            "a late sample of the old image is not decoded against the new one"
+        );
+        c.on_sample(&sample(150));
+        assert_eq!(c.take_new_recipes().len(), 1, "decoded again");
     }
 
     #[test]

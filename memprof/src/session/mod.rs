@@ -469,6 +469,11 @@ impl Live {
 
     /// Gives the sampler the recipes of newly decoded instructions.
     fn install_recipes(&mut self) {
+        if self.collector.take_recipes_reset() {
+            if let Some(probes) = &mut self.probes {
+                probes.clear_recipes();
+            }
+        }
         let new = self.collector.take_new_recipes();
         if let (false, Some(probes)) = (new.is_empty(), &mut self.probes) {
             self.recipes_dropped += probes.install_recipes(&new);

@@ -374,6 +374,21 @@ impl Probes {
             .count()
     }
 
+    /// Drops every recipe (the target's program image changed).
+    pub fn clear_recipes(&mut self) {
+        let Some(mut map) = self
+            .ebpf
+            .map_mut(maps::RECIPES)
+            .and_then(|m| BpfHashMap::<_, u64, AccessRecipe>::try_from(m).ok())
+        else {
+            return;
+        };
+        let keys: Vec<u64> = map.keys().filter_map(|k| k.ok()).collect();
+        for ip in keys {
+            let _ = map.remove(&ip);
+        }
+    }
+
     /// The kernel's state of `line`, if it is still in the table.
     pub fn line_state(&self, line: u64) -> Option<LineState> {
         let map = BpfHashMap::<_, u64, LineState>::try_from(self.ebpf.map(maps::LINES)?).ok()?;
