@@ -245,6 +245,13 @@ pub(crate) mod tests {
         }
     }
 
+    /// Fails unless every line of `text` fits in `width` columns.
+    pub(crate) fn assert_fits(text: &str, width: usize) {
+        for line in text.lines() {
+            assert!(line.chars().count() <= width, "wider than {width}: {line}");
+        }
+    }
+
     /// Fails unless `text` has `message` on a line of its own, centred
     /// in the frame.
     pub(crate) fn assert_centred(text: &str, message: &str) {

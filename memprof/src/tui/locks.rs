@@ -370,7 +370,7 @@ mod tests {
     use crate::{
         report::{model::tests::sample_report, text::tests::report_with_locks},
         tui::{
-            app::tests::{app_on, assert_centred, assert_shows, screen_at as screen},
+            app::tests::{app_on, assert_centred, assert_fits, assert_shows, screen_at as screen},
             widgets::shown,
             Action, Tab,
         },
@@ -431,9 +431,7 @@ mod tests {
                 "need the lock uprobes",
             ],
         );
-        for line in text.lines() {
-            assert!(line.chars().count() <= 80);
-        }
+        assert_fits(&text, 80);
     }
 
     #[test]

@@ -665,7 +665,7 @@ mod tests {
             Report,
         },
         tui::{
-            app::tests::{app_on, assert_centred, assert_shows, screen_at as screen},
+            app::tests::{app_on, assert_centred, assert_fits, assert_shows, screen_at as screen},
             widgets::shown,
             Action, Tab,
         },
@@ -810,9 +810,7 @@ mod tests {
                 "970 of 1,000 user samples",
             ],
         );
-        for line in text.lines() {
-            assert!(line.chars().count() <= 80);
-        }
+        assert_fits(&text, 80);
     }
 
     #[test]
