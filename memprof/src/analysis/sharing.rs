@@ -148,9 +148,6 @@ pub struct LineFinding {
 #[derive(Debug, Default)]
 pub struct SharingProfile {
     lines: FastMap<u64, LineSamples>,
-    /// Samples with an address, and user samples without one.
-    pub with_address: u64,
-    pub without_address: u64,
 }
 
 impl SharingProfile {
@@ -158,13 +155,7 @@ impl SharingProfile {
         Self::default()
     }
 
-    /// A user sample that yielded no address.
-    pub fn on_no_address(&mut self) {
-        self.without_address += 1;
-    }
-
     pub fn on_access(&mut self, a: Access) {
-        self.with_address += 1;
         let line = a.addr & !(LINE_BYTES - 1);
         let entry = self.lines.entry(line).or_default();
         entry.samples += 1;

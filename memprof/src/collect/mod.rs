@@ -286,8 +286,7 @@ impl Collector {
             return;
         }
         if ev.flags & SAMPLE_FLAG_ADDR == 0 {
-            self.sharing.on_no_address();
-            return;
+            return; // no memory operand (counted in the kernel)
         }
         let insn = self.decoded.get(&ev.ip).map_or(ev.ip, |d| d.insn);
         self.sharing.on_access(Access {

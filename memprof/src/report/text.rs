@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use memprof_common::sharing::WORD_BYTES;
+
 use super::model::{
     source_label, AllocatorReport, LockEntry, MemoryReport, OpStats, Report, SiteEntry,
     SyscallStats, WordEntry,
@@ -201,9 +203,9 @@ pub fn word_ranges(words: &[WordEntry]) -> String {
         };
         match runs.last_mut() {
             Some(r) if r.1 == w.offset && r.2 == w.threads.as_slice() && r.3 == written => {
-                r.1 = w.offset + 4;
+                r.1 = w.offset + WORD_BYTES;
             }
-            _ => runs.push((w.offset, w.offset + 4, &w.threads, written)),
+            _ => runs.push((w.offset, w.offset + WORD_BYTES, &w.threads, written)),
         }
     }
     runs.iter()

@@ -22,6 +22,9 @@ use crate::{
 const CODE_SITES: usize = 8;
 /// Lines reported at most.
 const MAX_LINES: usize = 20;
+/// The name of a heap block whose allocation the tracker did not see.
+const UNSEEN_BLOCK: &str =
+    "heap block allocated before tracing (or while the allocator was not traced)";
 
 /// The kernel's view of the candidate lines, read while the programs are
 /// loaded (and kept once they are gone).
@@ -153,21 +156,19 @@ fn object_of(
     let addr = f.first_addr;
     let line = f.line as i64;
     if let Some((path, base)) = maps.data_owner(addr) {
-        let (name, offset, size) = match symbolizer.data(&path, base, addr) {
+        let (name, offset, size, layout) = match symbolizer.data(&path, base, addr) {
             Some(sym) => {
-                let offset = line - (addr - sym.offset) as i64;
                 let layout = symbolizer.data_layout(&path, &sym.name);
-                let object = SharedObject {
-                    kind: "global".into(),
-                    name: sym.name,
-                    offset,
-                    size: sym.size,
-                    alloc_site: None,
-                };
-                return (object, layout);
+                let offset = line - (addr - sym.offset) as i64;
+                (sym.name, offset, sym.size, layout)
             }
             // Stripped: the object file and offset are all there is.
-            None => (format!("{}+{:#x}", short_name(&path), addr - base), 0, None),
+            None => (
+                format!("{}+{:#x}", short_name(&path), addr - base),
+                0,
+                None,
+                None,
+            ),
         };
         let object = SharedObject {
             kind: "global".into(),
@@ -176,7 +177,7 @@ fn object_of(
             size,
             alloc_site: None,
         };
-        return (object, None);
+        return (object, layout);
     }
     if let (Some(b), Some(alloc)) = (block, alloc) {
         let site = symbolizer.code(&alloc.site_place(b.site));
@@ -196,19 +197,13 @@ fn object_of(
         return (object, None);
     }
     let (kind, name) = match maps.place(addr) {
-        Place::Region { name, .. } if &*name == "[heap]" => (
-            "heap",
-            "heap block allocated before tracing (or while the allocator was not traced)"
-                .to_string(),
-        ),
+        Place::Region { name, .. } if &*name == "[heap]" => ("heap", UNSEEN_BLOCK.to_string()),
         Place::Region { name, .. } if name.starts_with("[stack") => ("stack", name.to_string()),
         Place::Region { name, .. } => ("mapped", name.to_string()),
         Place::File { path, .. } => ("mapped", path.to_string()),
-        Place::Anonymous { .. } if alloc.is_some_and(|a| a.maps_address(addr)) => (
-            "heap",
-            "heap block allocated before tracing (or while the allocator was not traced)"
-                .to_string(),
-        ),
+        Place::Anonymous { .. } if alloc.is_some_and(|a| a.maps_address(addr)) => {
+            ("heap", UNSEEN_BLOCK.to_string())
+        }
         Place::Anonymous { .. } if maps.in_thread_stack(addr) => {
             ("stack", "a thread's stack".to_string())
         }
@@ -267,13 +262,12 @@ fn advice(
         parts.join(", "),
         element.unwrap_or_default()
     );
-    let shared: Vec<String> = f
+    let mut shared: Vec<String> = f
         .words
         .iter()
         .filter(|w| !w.writers.is_empty() && w.threads().len() >= 2)
         .map(|w| field(w.offset).unwrap_or_else(|| format!("byte {}", w.offset)))
-        .collect::<Vec<_>>();
-    let mut shared = shared;
+        .collect();
     shared.dedup();
     let data = format!(
         "Several threads use the same written word ({}): the data itself is shared, \

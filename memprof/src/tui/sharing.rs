@@ -27,6 +27,8 @@ use super::{
     },
     App,
 };
+use memprof_common::sharing::{WORDS_PER_LINE as WORDS, WORD_BYTES};
+
 use crate::report::{
     model::{source_label, AddressSampling, SharedObject, SharingCode, SharingEntry, WordEntry},
     text::{ellipsize, format_bytes, group},
@@ -34,9 +36,6 @@ use crate::report::{
 
 /// The tab's frame title, for its messages.
 const TITLE: &str = " False sharing ";
-/// Bytes in a word of the grid, and words in a cache line.
-const WORD_BYTES: u32 = 4;
-const WORDS: usize = 16;
 /// Width of the label left of the grid (`byte `).
 const GRID_LABEL: u16 = 5;
 /// The footer is shown from this tab height.
