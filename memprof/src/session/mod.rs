@@ -680,13 +680,15 @@ impl Live {
             &mut self.symbolizer,
         );
         let lines = self.kernel_lines();
-        let profile_samples = self.collector.profile.samples();
-        let false_sharing = sharing::report(
-            &self.collector,
-            &lines,
-            profile_samples,
-            &mut self.symbolizer,
-        );
+        // A line's cost is its share of the samples the line table saw:
+        // all CPU samples with timer sampling; with precise memory events
+        // (which are not CPU samples), all memory events.
+        let sampled = if self.address_source.is_some() {
+            counters.user_samples
+        } else {
+            self.collector.profile.samples()
+        };
+        let false_sharing = sharing::report(&self.collector, &lines, sampled, &mut self.symbolizer);
         let addresses = self.address_sampling(&counters);
         if self.recipes_dropped > 0 {
             notes.push(format!(
