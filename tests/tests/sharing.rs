@@ -251,10 +251,8 @@ fn a_read_mostly_table_with_one_writer_is_no_finding() {
     }
     let report = launch("sharing-readmostly", "readmostly", "3");
     assert!(
-        entries(&report)
-            .iter()
-            .all(|e| e["object"]["name"] != "g_table"),
-        "reads dominate, writes are rare: {:#}",
+        entries(&report).is_empty(),
+        "reads dominate, writes are rare, and nothing else is shared: {:#}",
         report["false_sharing"]
     );
 }
