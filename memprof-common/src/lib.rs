@@ -7,6 +7,7 @@
 //! sides never spell them differently.
 #![no_std]
 
+pub mod locks;
 pub mod sharing;
 
 /// Every program we load has a name starting with this prefix, so leftover
@@ -69,8 +70,15 @@ pub mod programs {
     pub const KLOCK_BEGIN: &str = "mp_klock_begin";
     pub const KLOCK_END: &str = "mp_klock_end";
 
+    /// uprobe at a lock call's entry and uretprobe at its return
+    /// (lock and condvar-wait functions; [`crate::locks::lock_op`] cookie).
+    pub const LOCK_ENTER: &str = "mp_lock_enter";
+    pub const LOCK_EXIT: &str = "mp_lock_exit";
+    /// uprobe at an unlock's entry.
+    pub const UNLOCK: &str = "mp_unlock";
+
     /// All of them, for checks that nothing is left loaded.
-    pub const ALL: [&str; 31] = [
+    pub const ALL: [&str; 34] = [
         CPU_SAMPLE,
         MEM_SAMPLE,
         TASK_NEW,
@@ -102,6 +110,9 @@ pub mod programs {
         FUTEX2_EXIT,
         KLOCK_BEGIN,
         KLOCK_END,
+        LOCK_ENTER,
+        LOCK_EXIT,
+        UNLOCK,
     ];
 }
 
@@ -134,6 +145,13 @@ pub mod maps {
     /// Hash: instruction address → [`crate::sharing::AccessRecipe`],
     /// written by the loader as it decodes newly sampled instructions.
     pub const RECIPES: &str = "RECIPES";
+    /// Ring buffer of [`crate::locks::HoldEvent`].
+    pub const HOLD_EVENTS: &str = "HOLD_EVENTS";
+    /// LRU hash: thread id → [`crate::locks::HeldLocks`], the locks each
+    /// thread holds now.
+    pub const HELD_LOCKS: &str = "HELD_LOCKS";
+    /// `u64` array: [`crate::locks::LOCK_CTL_GENERATION`].
+    pub const LOCK_CTL: &str = "LOCK_CTL";
 }
 
 /// Names of the load-time globals (`EbpfLoader::set_global`).
@@ -215,8 +233,20 @@ pub mod counter {
     pub const WORDS_NEW: u32 = USER_SAMPLES + 5;
     /// Lines whose entry could not be created or found.
     pub const LINE_ERRORS: u32 = USER_SAMPLES + 6;
+    /// Lock-function calls seen at entry, per operation:
+    /// `LOCK_OP_CALLS + op` ([`crate::locks::lock_op`]).
+    pub const LOCK_OP_CALLS: u32 = LINE_ERRORS + 1;
+    /// Critical-section records dropped (ring buffer full).
+    pub const HOLD_EVENTS_LOST: u32 = LOCK_OP_CALLS + crate::locks::lock_op::COUNT;
+    /// Unlocks of a lock the thread was not seen taking (taken before the
+    /// probes were attached, or by an untraced path).
+    pub const UNMATCHED_UNLOCKS: u32 = HOLD_EVENTS_LOST + 1;
+    /// Locks taken while the thread already held [`crate::locks::HELD_MAX`].
+    pub const HELD_OVERFLOW: u32 = HOLD_EVENTS_LOST + 2;
+    /// Lock calls whose per-thread state could not be stored.
+    pub const LOCK_STATE_ERRORS: u32 = HOLD_EVENTS_LOST + 3;
     /// Number of counters.
-    pub const COUNT: u32 = LINE_ERRORS + 1;
+    pub const COUNT: u32 = LOCK_STATE_ERRORS + 1;
 }
 
 /// Allocator operations, passed as the uprobe attach cookie.
@@ -335,6 +365,12 @@ pub struct LockEvent {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// For `WAIT_BEGIN` and `WAKE_BEGIN`: the return address of a traced
+    /// lock call or
+    /// condvar wait in progress on the thread (0 if none). Its return
+    /// probe replaced that address on the stack with the kernel's
+    /// trampoline, which the loader swaps back.
+    pub lock_site: u64,
     /// For `WAIT_BEGIN` and `WAKE_BEGIN`: the top of the user stack.
     pub stack: [u64; LOCK_STACK_WORDS],
 }
@@ -474,7 +510,7 @@ const _: () = assert!(core::mem::size_of::<TaskEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<AllocEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
-const _: () = assert!(core::mem::size_of::<LockEvent>() == 72 + 8 * LOCK_STACK_WORDS);
+const _: () = assert!(core::mem::size_of::<LockEvent>() == 80 + 8 * LOCK_STACK_WORDS);
 
 #[cfg(feature = "user")]
 pub use user::record_kind;
@@ -561,7 +597,7 @@ mod user {
         }
     }
 
-    fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    pub(crate) fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
         if bytes.len() < core::mem::size_of::<T>() {
             return None;
         }

@@ -124,6 +124,7 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
         (*e).ip = ip;
         (*e).sp = sp;
         (*e).bp = bp;
+        (*e).lock_site = crate::lockprobes::call_site(tid);
         let stack = (*e).stack.as_mut_ptr() as *mut core::ffi::c_void;
         let size = (LOCK_STACK_WORDS * 8) as u32;
         if aya_ebpf::helpers::generated::bpf_probe_read_user(
@@ -196,6 +197,7 @@ fn futex_end(ctx: &TracePointContext) {
         (*e).ip = 0;
         (*e).sp = 0;
         (*e).bp = 0;
+        (*e).lock_site = 0;
     }
     submit_entry(entry);
 }
@@ -299,6 +301,7 @@ pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
         (*e).ip = ip;
         (*e).sp = sp;
         (*e).bp = bp;
+        (*e).lock_site = 0;
     }
     submit_entry(entry);
     0

@@ -7,6 +7,7 @@
 #![no_main]
 
 mod alloc;
+mod lockprobes;
 mod locks;
 mod maps;
 mod sampler;
