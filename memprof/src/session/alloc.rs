@@ -1,32 +1,22 @@
 //! Tracing the allocator: which entry points to probe and where, and the
-//! windows in which the probes are attached.
-//!
-//! In `full` mode the probes stay attached. In `sampled` mode a
-//! [`DutyCycle`] decides, from the call rate seen in each window and the
-//! cost of a traced call, how long to stay detached so that the target
-//! loses at most the budget; counts are then scaled by the fraction of time
-//! traced. Dropping a uprobe link blocks for 100–250 ms (the kernel waits
-//! for a grace period) although the target stops trapping at once, so links
-//! are dropped on short-lived threads, never on the event loop.
+//! report's allocator section. The probes are attached in windows by
+//! [`Windowed`] (`session::windows`), shared with the lock probes.
 
 use std::{
     io::{Read, Seek, SeekFrom},
-    thread::JoinHandle,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use aya::programs::uprobe::UProbeLink;
-
+pub use super::windows::{ktime_ns, Detaching};
 use super::{
     allocator::{Allocator, AllocatorKind},
-    budget::{BudgetConfig, DutyCycle},
-    probes::{ProbePoint, Probes},
+    probes::{Family, ProbePoint},
     prologue,
+    windows::{Mode, WindowSettings, Windowed},
 };
 use crate::{
     analysis::alloc::{op_name, AllocProfile, LargeRule},
     cli::AllocMode,
-    error::Result,
     report::model::{
         AllocatorReport, KernelThreadEntry, MemoryReport, OpStats, SiteEntry, SyscallStats,
     },
@@ -115,20 +105,6 @@ fn read_at(path: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns`.
-pub fn ktime_ns() -> u64 {
-    // SAFETY: an all-zero timespec is valid for clock_gettime to fill.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// The controller aims below the budget: its cost of a call is an estimate
-/// (the benchmark measured the default mode 6% slower with a 5% budget
-/// before this margin).
-const AIM_AT_SHARE_OF_BUDGET: f64 = 0.8;
-
 /// How long the probes stay attached per window. Detaching adds about
 /// 0.35 s of tracing (the kernel's grace periods), so longer windows would
 /// buy little precision at a high price.
@@ -139,79 +115,25 @@ const WINDOW: Duration = Duration::from_millis(100);
 /// shorter cap would break the budget.
 const MAX_GAP: Duration = Duration::from_secs(30);
 
-/// Traced calls in a window below which its system time says too little
-/// about the cost of a call.
-const MIN_CALLS_TO_MEASURE: u64 = 1000;
-/// How often to check whether a window's probes are gone.
-const DETACH_POLL: Duration = Duration::from_millis(20);
-/// An operation whose traced calls cost less than this share of the
-/// budget stays attached all the time: windows only for the hot ones,
-/// because every link detached costs the kernel a grace period, and the
-/// target keeps trapping until the last one is gone (measured: 0.3 s for
-/// malloc+free, 1.4 s for all nine entry points of glibc).
-const RESIDENT_SHARE_OF_BUDGET: f64 = 0.1;
-
-/// System CPU seconds of process `pid` (all threads, past and present).
-fn system_time(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may contain spaces and parens).
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let stime: f64 = rest.split(' ').nth(12)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| stime / hz as f64)
-}
-
-/// What the windowed probes are doing.
-enum State {
-    /// Attached since `opened`.
-    Attached {
-        links: Vec<UProbeLink>,
-        /// The operations attached, in the order of `links` (which has
-        /// an exit and an entry link per operation: exits first).
-        ops: Vec<u32>,
-        opened: Instant,
-        calls_at_open: u64,
-        stime_at_open: Option<f64>,
-    },
-    /// Being detached: the target traps until every drop has finished.
-    Detaching {
-        handles: Vec<JoinHandle<()>>,
-        opened: Instant,
-        calls_at_open: u64,
-        stime_at_open: Option<f64>,
-    },
-    /// Detached until `until`.
-    Gap { since: Instant, until: Instant },
-    /// Never attached, or finished.
-    Idle,
-}
-
-/// One entry point and how it is traced.
-struct Point {
-    probe: ProbePoint,
-    /// Attached for good (cold operation) since then.
-    resident: Option<Instant>,
-}
-
-/// The allocator probes of one session.
+/// The allocator probes of one session: the allocator, and its entry
+/// points attached in windows (the code shared with the lock probes).
 pub struct AllocTracer {
     pub allocator: Allocator,
     pub settings: AllocSettings,
-    points: Vec<Point>,
-    pid: u32,
-    cycle: DutyCycle,
-    state: State,
-    resident_links: Vec<UProbeLink>,
-    /// Calls per operation when the first window closed (to find cold ones).
-    first_window: bool,
-    generation: u64,
-    /// Threads dropping links that nothing waits for yet.
-    detaching: Vec<JoinHandle<()>>,
-    /// Windows opened so far.
-    pub windows: u64,
-    /// The cost model of one traced call (a floor for measurements).
-    model_cost_s: f64,
+    windowed: Windowed,
+}
+
+impl std::ops::Deref for AllocTracer {
+    type Target = Windowed;
+    fn deref(&self) -> &Windowed {
+        &self.windowed
+    }
+}
+
+impl std::ops::DerefMut for AllocTracer {
+    fn deref_mut(&mut self) -> &mut Windowed {
+        &mut self.windowed
+    }
 }
 
 impl AllocTracer {
@@ -232,334 +154,30 @@ impl AllocTracer {
             probes.len(),
             trap_cost_s * 1e6
         );
-        let cycle = DutyCycle::new(BudgetConfig {
-            budget: settings.budget * AIM_AT_SHARE_OF_BUDGET,
-            trap_cost_s,
-            window: WINDOW,
-            max_gap: MAX_GAP,
-            ..Default::default()
-        });
+        let mode = match settings.mode {
+            AllocMode::Full | AllocMode::Off => Mode::Full,
+            AllocMode::Sampled => Mode::Sampled,
+            AllocMode::Floor => Mode::Floor,
+        };
+        let windowed = Windowed::new(
+            Family::Alloc,
+            allocator.path.clone(),
+            probes,
+            WindowSettings {
+                mode,
+                budget: settings.budget,
+                trap_cost_s,
+                window: WINDOW,
+                max_gap: MAX_GAP,
+            },
+            pid,
+        );
         Self {
             allocator,
             settings,
-            points: probes
-                .into_iter()
-                .map(|probe| Point {
-                    probe,
-                    resident: None,
-                })
-                .collect(),
-            pid,
-            cycle,
-            state: State::Idle,
-            resident_links: Vec::new(),
-            first_window: true,
-            generation: 0,
-            detaching: Vec::new(),
-            windows: 0,
-            model_cost_s: trap_cost_s,
+            windowed,
         }
     }
-
-    /// The cost of one traced call in use (model, or measured if higher).
-    pub fn trap_cost(&self) -> f64 {
-        self.cycle.trap_cost()
-    }
-
-    /// Operations attached for good (cold ones, in sampled mode).
-    pub fn resident_ops(&self) -> Vec<u32> {
-        self.points
-            .iter()
-            .filter(|p| p.resident.is_some())
-            .map(|p| p.probe.op)
-            .collect()
-    }
-
-    /// Opens a window: attaches every entry point that is not resident.
-    /// Returns the ktime at which tracing started.
-    pub fn open(&mut self, probes: &mut Probes) -> Result<u64> {
-        if let State::Gap { since, .. } = self.state {
-            self.cycle.observe(0, Duration::ZERO, since.elapsed());
-        }
-        self.generation += 1;
-        probes.set_alloc_generation(self.generation);
-        let calls_at_open = probes.counters().alloc_calls;
-        let floor = self.settings.mode == AllocMode::Floor;
-        let windowed: Vec<ProbePoint> = self
-            .points
-            .iter()
-            .filter(|p| p.resident.is_none())
-            .map(|p| p.probe)
-            .collect();
-        let links = probes.attach_alloc(&self.allocator.path, &windowed, self.pid, floor)?;
-        self.windows += 1;
-        self.state = State::Attached {
-            links,
-            ops: windowed.iter().map(|p| p.op).collect(),
-            opened: Instant::now(),
-            calls_at_open,
-            stime_at_open: system_time(self.pid),
-        };
-        Ok(ktime_ns())
-    }
-
-    /// When the controller must act next (None: never, e.g. full mode).
-    pub fn deadline(&self) -> Option<Instant> {
-        if self.settings.mode != AllocMode::Sampled {
-            return None;
-        }
-        match &self.state {
-            State::Attached { opened, .. } => Some(*opened + self.cycle.next().window),
-            State::Detaching { .. } => Some(Instant::now() + DETACH_POLL),
-            State::Gap { until, .. } => Some(*until),
-            State::Idle => None,
-        }
-    }
-
-    /// Acts at the deadline: ends a window (detaching, unless the budget
-    /// allows tracing on), sees a detach through, or ends a gap
-    /// (attaching). Returns `Some(true)` when a window opened,
-    /// `Some(false)` when its probes are all gone.
-    pub fn on_deadline(&mut self, probes: &mut Probes) -> Result<Option<bool>> {
-        match std::mem::replace(&mut self.state, State::Idle) {
-            State::Attached {
-                links,
-                ops,
-                opened,
-                calls_at_open,
-                stime_at_open,
-            } => {
-                if self.first_window {
-                    self.first_window = false;
-                    self.make_cold_ops_resident(probes, opened.elapsed());
-                }
-                let calls = probes.counters().alloc_calls;
-                let rate = calls.saturating_sub(calls_at_open) as f64
-                    / opened.elapsed().as_secs_f64().max(1e-3);
-                if self.cycle.duty(rate) >= 1.0 {
-                    // Cheap enough to stay attached.
-                    self.state = State::Attached {
-                        links,
-                        ops,
-                        opened,
-                        calls_at_open,
-                        stime_at_open,
-                    };
-                    self.cycle.observe(
-                        calls.saturating_sub(calls_at_open),
-                        opened.elapsed(),
-                        Duration::ZERO,
-                    );
-                    return Ok(None);
-                }
-                let links = self.without_resident(links, &ops);
-                self.state = State::Detaching {
-                    handles: detach(links),
-                    opened,
-                    calls_at_open,
-                    stime_at_open,
-                };
-                Ok(None)
-            }
-            State::Detaching {
-                mut handles,
-                opened,
-                calls_at_open,
-                stime_at_open,
-            } => {
-                if handles.iter().any(|h| !h.is_finished()) {
-                    self.state = State::Detaching {
-                        handles,
-                        opened,
-                        calls_at_open,
-                        stime_at_open,
-                    };
-                    return Ok(None);
-                }
-                for h in handles.drain(..) {
-                    let _ = h.join();
-                }
-                // The target trapped until now: all of it was traced time.
-                let len = opened.elapsed();
-                let traced = probes.counters().alloc_calls.saturating_sub(calls_at_open);
-                if let (Some(before), Some(after)) = (stime_at_open, system_time(self.pid)) {
-                    if traced >= MIN_CALLS_TO_MEASURE {
-                        self.cycle.measured_trap_cost(
-                            (after - before) / traced as f64,
-                            self.model_cost_s,
-                        );
-                    }
-                }
-                self.cycle.observe(traced, len, Duration::ZERO);
-                let gap = self.cycle.gap_after(len).max(DETACH_POLL);
-                tracing::debug!(
-                    "allocator window {}: attached {len:?}, {traced} calls, {:.0} calls/s, \
-                     {:.2} µs per call, next gap {gap:?}",
-                    self.windows,
-                    self.cycle.rate().unwrap_or(0.0),
-                    self.cycle.trap_cost() * 1e6
-                );
-                let now = Instant::now();
-                self.state = State::Gap {
-                    since: now,
-                    until: now + gap,
-                };
-                Ok(Some(false))
-            }
-            State::Gap { .. } => {
-                self.open(probes)?;
-                Ok(Some(true))
-            }
-            State::Idle => Ok(None),
-        }
-    }
-
-    /// After the first window, operations called so rarely that tracing
-    /// them costs a small part of the budget stay attached for good.
-    fn make_cold_ops_resident(&mut self, probes: &Probes, window: Duration) {
-        let per_op = probes.op_calls();
-        let now = Instant::now();
-        let limit = self.settings.budget * RESIDENT_SHARE_OF_BUDGET;
-        for p in &mut self.points {
-            let calls = per_op.get(p.probe.op as usize).copied().unwrap_or(0);
-            let rate = calls as f64 / window.as_secs_f64().max(1e-3);
-            if rate * self.cycle.trap_cost() < limit {
-                p.resident = Some(now);
-            }
-        }
-    }
-
-    /// Moves the links of resident operations out of `links` (kept
-    /// attached); returns the rest.
-    fn without_resident(&mut self, links: Vec<UProbeLink>, ops: &[u32]) -> Vec<UProbeLink> {
-        let resident = self.resident_ops();
-        let n = ops.len();
-        if n == 0 {
-            return links;
-        }
-        let mut rest = Vec::new();
-        // One link per (program, operation), operations in `ops` order.
-        for (i, link) in links.into_iter().enumerate() {
-            if !resident.contains(&ops[i % n]) {
-                rest.push(link);
-            } else {
-                self.resident_links.push(link);
-            }
-        }
-        rest
-    }
-
-    /// Whether the windowed probes are attached now.
-    pub fn attached(&self) -> bool {
-        matches!(self.state, State::Attached { .. } | State::Detaching { .. })
-    }
-
-    /// Ends tracing: accounts for the last window or gap and starts
-    /// detaching everything; [`AllocTracer::wait_detached`] waits for it
-    /// (about a second and a half for glibc's 18 links: the kernel takes a
-    /// grace period per link, one after the other).
-    pub fn finish(&mut self, probes: &Probes) {
-        let calls = probes.counters().alloc_calls;
-        let mut handles = detach(std::mem::take(&mut self.resident_links));
-        let window = match std::mem::replace(&mut self.state, State::Idle) {
-            State::Attached {
-                links,
-                opened,
-                calls_at_open,
-                ..
-            } => {
-                handles.extend(detach(links));
-                Some((opened, calls_at_open))
-            }
-            State::Detaching {
-                handles: h,
-                opened,
-                calls_at_open,
-                ..
-            } => {
-                handles.extend(h);
-                Some((opened, calls_at_open))
-            }
-            State::Gap { since, .. } => {
-                self.cycle.observe(0, Duration::ZERO, since.elapsed());
-                None
-            }
-            State::Idle => None,
-        };
-        if let Some((opened, calls_at_open)) = window {
-            self.cycle.observe(
-                calls.saturating_sub(calls_at_open),
-                opened.elapsed(),
-                Duration::ZERO,
-            );
-        }
-        self.detaching.append(&mut handles);
-    }
-
-    /// Waits until every probe [`AllocTracer::finish`] detached is gone.
-    pub fn wait_detached(&mut self) {
-        self.take_detaching().wait();
-    }
-
-    /// The detaches still running, to be waited for later.
-    pub fn take_detaching(&mut self) -> Detaching {
-        Detaching(std::mem::take(&mut self.detaching))
-    }
-
-    /// Fraction of the session the hot (windowed) probes were attached.
-    pub fn traced_fraction(&self) -> f64 {
-        match self.settings.mode {
-            AllocMode::Full | AllocMode::Floor => 1.0,
-            _ => self.cycle.traced_fraction(),
-        }
-    }
-
-    /// Fraction of the session operation `op` was traced: 1 for resident
-    /// operations (attached all the time), else that of the windows.
-    pub fn op_fraction(&self, op: u32) -> f64 {
-        let resident = self
-            .points
-            .iter()
-            .any(|p| p.probe.op == op && p.resident.is_some());
-        if resident {
-            1.0
-        } else {
-            self.traced_fraction()
-        }
-    }
-}
-
-/// Probes being removed by the kernel (about 0.2 s each, one after the
-/// other: the kernel serialises their grace periods). The process must not
-/// end before they are gone, but the report need not wait for them.
-#[derive(Default)]
-pub struct Detaching(Vec<JoinHandle<()>>);
-
-impl Detaching {
-    /// Links still being detached.
-    pub fn len(&self) -> usize {
-        self.0.iter().filter(|h| !h.is_finished()).count()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Waits until all are gone.
-    pub fn wait(self) {
-        for h in self.0 {
-            let _ = h.join();
-        }
-    }
-}
-
-/// Drops links on threads of their own: each drop blocks for a grace
-/// period, and in parallel they overlap.
-fn detach(links: Vec<UProbeLink>) -> Vec<JoinHandle<()>> {
-    links
-        .into_iter()
-        .map(|link| std::thread::spawn(move || drop(link)))
-        .collect()
 }
 
 /// Builds the report's allocator section.
@@ -725,13 +343,6 @@ fn sites(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn system_time_of_this_process_is_readable() {
-        let t = system_time(std::process::id()).unwrap();
-        assert!(t >= 0.0);
-        assert_eq!(system_time(0), None);
-    }
 
     #[test]
     fn large_rules_follow_the_allocator_unless_overridden() {

@@ -95,10 +95,8 @@ impl Allocator {
 /// defines `malloc` (e.g. a program with its own allocator under another
 /// name).
 pub fn find(pid: u32) -> anyhow::Result<Option<Allocator>> {
-    let maps = ProcMaps::read(pid)?;
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     let inspector = Inspector::new();
-    for path in candidates(&maps, exe.as_deref()) {
+    for path in objects_of(pid)? {
         if let Some(allocator) = inspect(&inspector, &path)? {
             return Ok(Some(allocator));
         }
@@ -107,35 +105,45 @@ pub fn find(pid: u32) -> anyhow::Result<Option<Allocator>> {
 }
 
 /// Finds the allocator a command will use before it runs (for a launched
-/// command, whose process is still our launch gate): the executable itself
-/// (static binaries, programs with their own malloc), then `LD_PRELOAD`
-/// libraries, then the libc we use ourselves.
+/// command, whose process is still our launch gate).
 pub fn find_for_command(exe: &Path) -> anyhow::Result<Option<Allocator>> {
-    let mut candidates: Vec<String> = vec![exe.to_string_lossy().into_owned()];
+    let inspector = Inspector::new();
+    for path in objects_for_command(exe) {
+        if let Some(allocator) = inspect(&inspector, &path)? {
+            return Ok(Some(allocator));
+        }
+    }
+    Ok(None)
+}
+
+/// The code objects mapped by process `pid`, in the order the dynamic
+/// linker searches them for a symbol: the executable, then other objects,
+/// libc last.
+pub fn objects_of(pid: u32) -> anyhow::Result<Vec<Arc<str>>> {
+    let maps = ProcMaps::read(pid)?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    Ok(candidates(&maps, exe.as_deref()))
+}
+
+/// The objects a command will search for a symbol, before it runs: the
+/// executable itself (static binaries, programs defining it themselves),
+/// then `LD_PRELOAD` libraries, then the libc we use ourselves.
+pub fn objects_for_command(exe: &Path) -> Vec<Arc<str>> {
+    let mut candidates: Vec<Arc<str>> = vec![Arc::from(exe.to_string_lossy().as_ref())];
     if let Some(preload) = std::env::var_os("LD_PRELOAD") {
         candidates.extend(
             preload
                 .to_string_lossy()
                 .split([':', ' '])
                 .filter(|s| !s.is_empty())
-                .filter_map(resolve_library),
+                .filter_map(resolve_library)
+                .map(Arc::from),
         );
     }
     if let Ok(maps) = ProcMaps::read(std::process::id()) {
-        candidates.extend(
-            maps.code_files()
-                .into_iter()
-                .filter(|f| is_libc(f))
-                .map(|f| f.to_string()),
-        );
+        candidates.extend(maps.code_files().into_iter().filter(|f| is_libc(f)));
     }
-    let inspector = Inspector::new();
-    for path in candidates {
-        if let Some(allocator) = inspect(&inspector, &path)? {
-            return Ok(Some(allocator));
-        }
-    }
-    Ok(None)
+    candidates
 }
 
 /// A preloaded library named without a directory is looked up where the
@@ -181,28 +189,10 @@ fn is_libc(path: &str) -> bool {
 
 /// The allocator defined in `path`, if it defines `malloc`.
 fn inspect(inspector: &Inspector, path: &str) -> anyhow::Result<Option<Allocator>> {
-    let mut elf = Elf::new(PathBuf::from(path));
-    elf.debug_syms = false; // the ELF symbol tables say what is defined
-    let src = Source::Elf(elf);
-    let found = match inspector.lookup(&src, &ENTRY_POINTS) {
-        Ok(found) => found,
-        Err(e) => {
-            tracing::debug!("cannot read the symbols of {path}: {e}");
-            return Ok(None);
-        }
+    let Some(entries) = entry_points(inspector, path, &ENTRY_POINTS) else {
+        return Ok(None);
     };
-    // Group names by the file offset of their definition.
-    let mut by_offset: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-    for (name, hits) in ENTRY_POINTS.iter().zip(&found) {
-        let Some(offset) = hits.iter().find_map(|s| s.file_offset) else {
-            continue;
-        };
-        by_offset.entry(offset).or_default().push(name.to_string());
-    }
-    let entries: Vec<EntryPoint> = by_offset
-        .into_iter()
-        .map(|(file_offset, names)| EntryPoint { names, file_offset })
-        .collect();
+    let src = elf_source(path);
     if !entries
         .iter()
         .any(|e| e.names.iter().any(|n| n == "malloc"))
@@ -230,6 +220,43 @@ fn inspect(inspector: &Inspector, path: &str) -> anyhow::Result<Option<Allocator
         version,
         entries,
     }))
+}
+
+fn elf_source(path: &str) -> Source {
+    let mut elf = Elf::new(PathBuf::from(path));
+    elf.debug_syms = false; // the ELF symbol tables say what is defined
+    Source::Elf(elf)
+}
+
+/// The functions among `names` that `path` defines, one entry per
+/// distinct address (names in `names` order); `None` when its symbols
+/// cannot be read.
+pub fn entry_points(inspector: &Inspector, path: &str, names: &[&str]) -> Option<Vec<EntryPoint>> {
+    let found = match inspector.lookup(&elf_source(path), names) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::debug!("cannot read the symbols of {path}: {e}");
+            return None;
+        }
+    };
+    // Group names by the file offset of their definition. A versioned
+    // name may have several (glibc's pthread_cond_wait@GLIBC_2.2.5 for
+    // old binaries, @@GLIBC_2.3.2 for new ones): all are entry points.
+    let mut by_offset: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for (name, hits) in names.iter().zip(&found) {
+        for offset in hits.iter().filter_map(|s| s.file_offset) {
+            let names = by_offset.entry(offset).or_default();
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+    }
+    Some(
+        by_offset
+            .into_iter()
+            .map(|(file_offset, names)| EntryPoint { names, file_offset })
+            .collect(),
+    )
 }
 
 /// A NUL-terminated string (at most 64 bytes) at `offset` in `path`.

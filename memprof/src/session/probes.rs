@@ -17,7 +17,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use memprof_common::{
-    counter, globals, maps, programs,
+    counter, globals,
+    locks::{lock_op, LOCK_CTL_GENERATION},
+    maps, programs,
     sharing::{AccessRecipe, LineState, LineWords},
     syscall, KernelStats, ALLOC_CTL_GENERATION,
 };
@@ -58,6 +60,12 @@ pub struct Counters {
     /// Allocator calls that hit an entry probe.
     pub alloc_calls: u64,
     pub lock_events_lost: u64,
+    /// Critical sections lost (ring full), unlocks of locks not seen
+    /// taken, locks taken beyond the held-locks table, state not stored.
+    pub hold_events_lost: u64,
+    pub unmatched_unlocks: u64,
+    pub held_overflow: u64,
+    pub lock_state_errors: u64,
     /// User-mode samples, and of those: no recipe yet (sent to decode),
     /// no usable memory operand, and an address computed.
     pub user_samples: u64,
@@ -76,12 +84,34 @@ impl Counters {
     }
 }
 
-/// One allocator entry point to probe.
+/// The families of hot uprobes, attached in windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// The allocator's entry points (`memprof_common::alloc_op`).
+    Alloc,
+    /// pthread lock, unlock and condvar-wait functions
+    /// (`memprof_common::locks::lock_op`).
+    Locks,
+}
+
+impl Family {
+    /// The first per-operation call counter, and how many there are.
+    fn counters(self) -> (u32, u32) {
+        match self {
+            Family::Alloc => (counter::ALLOC_OP_CALLS, memprof_common::alloc_op::COUNT),
+            Family::Locks => (counter::LOCK_OP_CALLS, lock_op::COUNT),
+        }
+    }
+}
+
+/// One function to probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbePoint {
-    /// `memprof_common::alloc_op` code (the attach cookie).
+    /// Operation code of the family (the attach cookie).
     pub op: u32,
-    /// File offset of the probed instruction.
+    /// File offset of the probed instruction: the function's entry, or an
+    /// instruction where the stack pointer still points at the return
+    /// address (see `session::prologue`). Return probes go there too.
     pub file_offset: u64,
 }
 
@@ -117,6 +147,7 @@ impl Probes {
         frequency_hz: u64,
         try_hardware: bool,
         alloc: Option<AllocLoad>,
+        lock_uprobes: bool,
     ) -> Result<Self> {
         let pid_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "pid", 4)?;
         let flags_off =
@@ -180,6 +211,14 @@ impl Probes {
             }
         }
         attach_lock_tracepoints(&mut ebpf)?;
+        if lock_uprobes {
+            for name in [programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK] {
+                let prog: &mut UProbe = program(&mut ebpf, name)?;
+                prog.load().map_err(|e| {
+                    classify(anyhow::Error::new(e).context(format!("loading {name}")))
+                })?;
+            }
+        }
         let source = attach_sampler(&mut ebpf, frequency_hz, try_hardware)?;
         let mut probes = Self {
             ebpf,
@@ -261,6 +300,10 @@ impl Probes {
             alloc_calls: (0..memprof_common::alloc_op::COUNT)
                 .map(|op| sum(counter::ALLOC_OP_CALLS + op))
                 .sum(),
+            hold_events_lost: sum(counter::HOLD_EVENTS_LOST),
+            unmatched_unlocks: sum(counter::UNMATCHED_UNLOCKS),
+            held_overflow: sum(counter::HELD_OVERFLOW),
+            lock_state_errors: sum(counter::LOCK_STATE_ERRORS),
             lock_events_lost: sum(counter::LOCK_EVENTS_LOST),
             user_samples: sum(counter::USER_SAMPLES),
             no_recipe: sum(counter::NO_RECIPE),
@@ -272,8 +315,8 @@ impl Probes {
         }
     }
 
-    /// Allocator calls seen so far, per operation code.
-    pub fn op_calls(&self) -> Vec<u64> {
+    /// Calls seen so far by a family's entry probes, per operation code.
+    pub fn op_calls(&self, family: Family) -> Vec<u64> {
         let Some(array) = self
             .ebpf
             .map(maps::COUNTERS)
@@ -281,41 +324,62 @@ impl Probes {
         else {
             return Vec::new();
         };
-        (0..memprof_common::alloc_op::COUNT)
+        let (first, count) = family.counters();
+        (0..count)
             .map(|op| {
                 array
-                    .get(&(counter::ALLOC_OP_CALLS + op), 0)
+                    .get(&(first + op), 0)
                     .map(|v| v.iter().sum())
                     .unwrap_or(0)
             })
             .collect()
     }
 
-    /// Attaches the allocator's entry and return probes at `points` of
-    /// `path`, for process `pid` only. The caller owns the links: dropping
-    /// one detaches it (which blocks for a while: see `session::alloc`).
+    /// Calls seen so far by a family's entry probes.
+    pub fn calls(&self, family: Family) -> u64 {
+        self.op_calls(family).iter().sum()
+    }
+
+    /// Attaches a family's probes at `points` of `path`, for process `pid`
+    /// only. The caller owns the links (each with its operation): dropping
+    /// one detaches it, which blocks for a while (see `session::windows`).
     /// With `floor`, programs that do nothing are attached instead (the
-    /// benchmark's measure of the trap cost alone).
-    pub fn attach_alloc(
+    /// benchmark's measure of the trap cost alone; allocator only).
+    pub fn attach_points(
         &mut self,
+        family: Family,
         path: &str,
         points: &[ProbePoint],
         pid: u32,
         floor: bool,
-    ) -> Result<Vec<UProbeLink>> {
+    ) -> Result<Vec<(u32, UProbeLink)>> {
         // Return probes first: a return without a recorded entry is
         // ignored, but entries recorded before their return probe exists
         // would wait for returns that never come.
-        let names = if floor {
-            [programs::ALLOC_FLOOR_EXIT, programs::ALLOC_FLOOR_ENTER]
-        } else {
-            [programs::ALLOC_EXIT, programs::ALLOC_ENTER]
+        let plan: Vec<(&str, Vec<ProbePoint>)> = match family {
+            Family::Alloc if floor => vec![
+                (programs::ALLOC_FLOOR_EXIT, points.to_vec()),
+                (programs::ALLOC_FLOOR_ENTER, points.to_vec()),
+            ],
+            Family::Alloc => vec![
+                (programs::ALLOC_EXIT, points.to_vec()),
+                (programs::ALLOC_ENTER, points.to_vec()),
+            ],
+            Family::Locks => {
+                let (unlocks, calls): (Vec<ProbePoint>, Vec<ProbePoint>) =
+                    points.iter().partition(|p| lock_op::is_unlock(p.op));
+                vec![
+                    (programs::LOCK_EXIT, calls.clone()),
+                    (programs::LOCK_ENTER, calls),
+                    (programs::UNLOCK, unlocks),
+                ]
+            }
         };
         let scope = UProbeScope::OneProcess(
             NonZeroU32::new(pid).ok_or_else(|| anyhow::anyhow!("pid 0 cannot be probed"))?,
         );
         let mut links = Vec::with_capacity(points.len() * 2);
-        for name in names {
+        for (name, points) in plan {
             let prog: &mut UProbe = program(&mut self.ebpf, name)?;
             for point in points {
                 let at = UProbeAttachPoint {
@@ -328,21 +392,26 @@ impl Probes {
                         point.file_offset
                     )))
                 })?;
-                links.push(prog.take_link(id).map_err(anyhow::Error::new)?);
+                links.push((point.op, prog.take_link(id).map_err(anyhow::Error::new)?));
             }
         }
         Ok(links)
     }
 
-    /// Starts a new tracing window: per-thread call state left from the
-    /// previous one (a return probe detached mid-call) becomes stale.
-    pub fn set_alloc_generation(&mut self, generation: u64) {
-        let Some(map) = self.ebpf.map_mut(maps::ALLOC_CTL) else {
+    /// Starts a new tracing window of a family: per-thread state left from
+    /// the previous one (a return probe detached mid-call, an unlock
+    /// missed) becomes stale.
+    pub fn set_generation(&mut self, family: Family, generation: u64) {
+        let (name, index) = match family {
+            Family::Alloc => (maps::ALLOC_CTL, ALLOC_CTL_GENERATION),
+            Family::Locks => (maps::LOCK_CTL, LOCK_CTL_GENERATION),
+        };
+        let Some(map) = self.ebpf.map_mut(name) else {
             return;
         };
         if let Ok(mut array) = Array::<_, u64>::try_from(map) {
-            if let Err(e) = array.set(ALLOC_CTL_GENERATION, generation, 0) {
-                tracing::warn!("cannot start an allocator window: {e}");
+            if let Err(e) = array.set(index, generation, 0) {
+                tracing::warn!("cannot start a {family:?} window: {e}");
             }
         }
     }

@@ -47,10 +47,28 @@ pub fn probe_offset(code: &[u8]) -> u64 {
 /// As [`probe_offset`], and whether the kernel emulates the instruction
 /// there (one trap per hit instead of two).
 pub fn probe_site(code: &[u8]) -> (u64, bool) {
+    let (sites, emulated) = scan(code, &ENTRY_REGISTERS, false);
+    (sites.first().copied().unwrap_or(0), emulated)
+}
+
+/// Where to probe a function that reads only `reads` at entry, allowing
+/// several sites: a conditional branch early in the function to a tail
+/// jump (glibc's `pthread_mutex_lock` sends other mutex kinds to
+/// `__pthread_mutex_lock_full` before its first `push`) is probed at that
+/// jump, the fall-through path further on. Each call passes exactly one
+/// of the sites, with the stack pointer still at the return address.
+/// Returns the sites (offsets from the function start) and whether the
+/// kernel emulates all of them; `([0], false)` when no better site exists.
+pub fn probe_sites(code: &[u8], reads: &[Register]) -> (Vec<u64>, bool) {
+    scan(code, reads, true)
+}
+
+fn scan(code: &[u8], reads: &[Register], side_exits: bool) -> (Vec<u64>, bool) {
     const IP: u64 = 0x1000; // any base: only differences matter
     let mut decoder = Decoder::with_ip(64, code, IP, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut insn = Instruction::default();
+    let mut sites = Vec::new();
     for _ in 0..MAX_INSTRUCTIONS {
         if !decoder.can_decode() {
             break;
@@ -59,13 +77,21 @@ pub fn probe_site(code: &[u8]) -> (u64, bool) {
         if insn.is_invalid() {
             break;
         }
-        if is_register_push(&insn) {
-            return (insn.ip() - IP, true);
+        if is_register_push(&insn) || (side_exits && is_near_jump(&insn)) {
+            sites.push(insn.ip() - IP);
+            return (sites, true);
         }
         match insn.flow_control() {
             FlowControl::Next => {}
             FlowControl::ConditionalBranch
                 if branches_to_ret(code, IP, insn.near_branch_target()) => {}
+            FlowControl::ConditionalBranch if side_exits => {
+                let target = insn.near_branch_target();
+                if !is_lone_tail_jump(code, IP, target, insn.ip()) {
+                    break;
+                }
+                sites.push(target - IP);
+            }
             _ => break,
         }
         if insn.mnemonic() == Mnemonic::Endbr64 || insn.mnemonic() == Mnemonic::Nop {
@@ -83,13 +109,62 @@ pub fn probe_site(code: &[u8]) -> (u64, bool) {
                     | OpAccess::CondWrite
                     | OpAccess::ReadWrite
                     | OpAccess::ReadCondWrite
-            ) && ENTRY_REGISTERS.contains(&r.register().full_register())
+            ) && reads.contains(&r.register().full_register())
         });
         if writes_memory || writes_entry_register {
             break;
         }
     }
-    (0, false)
+    (vec![0], false)
+}
+
+/// `jmp rel` (emulated by the kernel).
+fn is_near_jump(insn: &Instruction) -> bool {
+    matches!(insn.code(), Code::Jmp_rel32_64 | Code::Jmp_rel8_64)
+}
+
+/// Whether the instruction at `target` is a `jmp rel` that no instruction
+/// of the function other than the one at `from` branches to (decoding
+/// linearly through `code`): probed there, it sees only the calls that
+/// took that branch.
+fn is_lone_tail_jump(code: &[u8], base: u64, target: u64, from: u64) -> bool {
+    let Some(at) = target
+        .checked_sub(base)
+        .and_then(|o| usize::try_from(o).ok())
+    else {
+        return false;
+    };
+    let Some(bytes) = code.get(at..) else {
+        return false;
+    };
+    if !is_near_jump(&Decoder::with_ip(64, bytes, target, DecoderOptions::NONE).decode()) {
+        return false;
+    }
+    let mut decoder = Decoder::with_ip(64, code, base, DecoderOptions::NONE);
+    let mut insn = Instruction::default();
+    let mut reached = false;
+    while decoder.can_decode() {
+        decoder.decode_out(&mut insn);
+        if insn.ip() == target {
+            reached = true; // the linear decode stays in step with it
+        }
+        let branch = matches!(
+            insn.flow_control(),
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch
+        );
+        if branch && insn.ip() != from && insn.near_branch_target() == target {
+            return false;
+        }
+        // Falling through into the jump also reaches it (but not from
+        // padding, which follows a jump or return).
+        if insn.next_ip() == target
+            && insn.flow_control() == FlowControl::Next
+            && insn.mnemonic() != Mnemonic::Nop
+        {
+            return false;
+        }
+    }
+    reached
 }
 
 /// `push reg` (what the kernel emulates), not `push imm` or `push [mem]`.
@@ -159,6 +234,41 @@ mod tests {
         // mov 0x10(%rip),%rax; test %rax,%rax; push %rbx
         let code = [0x48, 0x8b, 0x05, 0x10, 0, 0, 0, 0x48, 0x85, 0xc0, 0x53];
         assert_eq!(probe_offset(&code), 10);
+    }
+
+    const LOCK_READS: [Register; 2] = [Register::RSP, Register::RDI];
+
+    #[test]
+    fn glibc_mutex_lock_gets_its_tail_jump_and_first_push() {
+        // mov 0x10(%rdi),%eax; mov %eax,%edx; and $0x7c,%eax;
+        // jne +N (→ jmp elsewhere); push %rbx; ...; ret; jmp rel32
+        let mut code = vec![0x8b, 0x47, 0x10, 0x89, 0xc2, 0x83, 0xe0, 0x7c];
+        code.extend([0x75, 0x02]); // jne +2 → offset 12
+        code.extend([0x53, 0xc3]); // push %rbx (10); ret (11)
+        code.extend([0xe9, 0, 1, 0, 0]); // jmp rel32 (12)
+        assert_eq!(probe_sites(&code, &LOCK_READS), (vec![12, 10], true));
+        // The allocator's rule (more registers, no side exits) stays put.
+        assert_eq!(probe_site(&code), (0, false));
+    }
+
+    #[test]
+    fn a_tail_jump_reached_from_elsewhere_is_not_a_site() {
+        // jne +3 → 13; push %rbx (10); jmp -5 → 7?; ... both jump to 13
+        let mut code = vec![0x8b, 0x47, 0x10, 0x89, 0xc2, 0x83, 0xe0, 0x7c];
+        code.extend([0x75, 0x03]); // jne → 13
+        code.extend([0x53, 0xeb, 0x00]); // push %rbx (10); jmp +0 → 13
+        code.extend([0xe9, 0, 1, 0, 0]); // jmp rel32 (13)
+        assert_eq!(probe_sites(&code, &LOCK_READS), (vec![0], false));
+    }
+
+    #[test]
+    fn a_wrapper_is_probed_at_its_jump() {
+        // glibc pthread_mutex_unlock: mov $1,%esi; jmp rel32
+        let code = [0xbe, 1, 0, 0, 0, 0xe9, 0, 1, 0, 0];
+        assert_eq!(probe_sites(&code, &LOCK_READS), (vec![5], true));
+        // Reading %rsi at entry (a condvar wait's mutex) keeps it at 0.
+        let reads = [Register::RSP, Register::RDI, Register::RSI];
+        assert_eq!(probe_sites(&code, &reads), (vec![0], false));
     }
 
     #[test]
