@@ -79,8 +79,17 @@ pub struct Cli {
     #[arg(long, value_name = "BYTES")]
     pub alloc_large_threshold: Option<u64>,
 
-    /// Overhead budget for sampled allocator tracing, in percent of the
-    /// target's time.
+    /// How to trace pthread lock calls (acquisitions, time to take a
+    /// lock, hold times): `sampled` attaches the lock and unlock probes in
+    /// windows within a share of --budget (counts are scaled estimates);
+    /// `full` traces every call (a few microseconds each); `off` leaves
+    /// them alone. Contention (futex waits and wakes, kernel lock waits)
+    /// is always traced: it costs nothing on uncontended locks.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = LockMode::Sampled)]
+    pub lock_mode: LockMode,
+
+    /// Overhead budget for sampled allocator and lock tracing, in percent
+    /// of the target's time (the lock probes take 30% of it).
     #[arg(
         long,
         value_name = "PERCENT",
@@ -126,6 +135,24 @@ impl AllocMode {
             AllocMode::Sampled => "sampled",
             AllocMode::Off => "off",
             AllocMode::Floor => "floor",
+        }
+    }
+}
+
+/// `--lock-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LockMode {
+    Full,
+    Sampled,
+    Off,
+}
+
+impl LockMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            LockMode::Full => "full",
+            LockMode::Sampled => "sampled",
+            LockMode::Off => "off",
         }
     }
 }

@@ -53,6 +53,7 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
             large_threshold: cli.alloc_large_threshold,
             budget: cli.budget / 100.0,
         },
+        lock_mode: cli.lock_mode,
     };
 
     let mut dashboard = if live {

@@ -26,6 +26,21 @@ const MIN_HOT_CONTENTIONS: u64 = 50;
 /// scheduling accidents, and is far below 2 s.
 const MAX_CONDVAR_MUTEX_WAIT_NS: u64 = 100_000_000;
 
+/// How far the traced acquisitions of g_hot_lock may be from the count the
+/// workload prints, in full mode (every call traced): 10%.
+const ACQUISITIONS_TOLERANCE: f64 = 0.10;
+
+/// Hold time p99 of g_hot_lock in `contended`: each section busy-waits
+/// 20 us (`busy_ns`), so almost every hold is at least that; 15 us leaves
+/// room for clock granularity and is far above an empty section (~100 ns).
+const MIN_HOT_HOLD_P99_NS: u64 = 15_000;
+
+/// Longest p99 hold of g_queue_lock in `condvar 2`: its sections only
+/// move a counter, but the consumer's pthread_cond_wait (~1 ms each, the
+/// producer's period) runs with the mutex released inside libc; counted as
+/// holding it, the p99 would be about 1 ms.
+const MAX_CONDVAR_HOLD_P99_NS: u64 = 300_000;
+
 /// Contentions of the rwlock in `rwlock 3`: the writer holds it 2 ms every
 /// ~10 ms, and each reader (sleeping 100 us between reads) hits about every
 /// write phase: ~100 blocked reads per reader per second untraced (strace).
@@ -49,7 +64,19 @@ fn locks_workload() -> PathBuf {
 /// Launches `program args` under the tool and returns the run and its
 /// report.
 fn launch(name: &str, program: &Path, args: &[&str]) -> (ToolRun, serde_json::Value) {
-    let mut all = vec!["--no-tui", "--", program.to_str().expect("UTF-8 path")];
+    launch_with(name, &[], program, args)
+}
+
+/// As [`launch`], with tool options `flags`.
+fn launch_with(
+    name: &str,
+    flags: &[&str],
+    program: &Path,
+    args: &[&str],
+) -> (ToolRun, serde_json::Value) {
+    let mut all = vec!["--no-tui"];
+    all.extend_from_slice(flags);
+    all.extend(["--", program.to_str().expect("UTF-8 path")]);
     all.extend_from_slice(args);
     let (run, report) = trace(name, &all);
     check_locks(&report);
@@ -141,15 +168,16 @@ fn site_at<'a>(
 /// tops the ranking, named by its symbol, as a mutex whose owner was read
 /// at wait time, with the waiting line (the pthread_mutex_lock call) and
 /// the releasing line (the unlock that woke the waiters); the quiet one
-/// shows no contention. Without uprobes, acquisitions and hold times are
-/// unknown (null).
+/// shows no contention. With the lock uprobes off (`--lock-mode off`),
+/// acquisitions and hold times are unknown (null).
 #[test]
 fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
     if !require_root("hot_mutex_is_named_with_waiter_and_releaser_lines") {
         return;
     }
-    let (_, report) = launch(
+    let (_, report) = launch_with(
         "locks-contended",
+        &["--lock-mode", "off"],
         &locks_workload(),
         &["contended", "2", "3"],
     );
@@ -165,7 +193,12 @@ fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
     assert!(get(top, "wait_total_ns") > 0, "{top:#}");
     assert!(
         top["acquisitions"].is_null() && top["hold_p99_ns"].is_null(),
-        "no lock uprobes yet, so no acquisitions or hold times: {top:#}"
+        "lock uprobes off, so no acquisitions or hold times: {top:#}"
+    );
+    assert!(
+        report["lock_tracing"].is_null(),
+        "{:#}",
+        report["lock_tracing"]
     );
     assert_eq!(
         top["owner_seen"], true,
@@ -193,6 +226,94 @@ fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
     assert_no_programs_left();
 }
 
+/// Proves the lock uprobes in full mode: every pthread_mutex_lock of
+/// `contended 2 3` is traced, so g_hot_lock's acquisitions match the count
+/// the workload prints (within 10%), its hold p99 reflects the 20 us held,
+/// and its critical section is named: taken at the `// WAIT` line,
+/// released at `// RELEASE`. g_quiet_lock is taken (acquisitions > 0) but
+/// nobody waits for it.
+#[test]
+fn full_mode_counts_acquisitions_and_hold_times() {
+    if !require_root("full_mode_counts_acquisitions_and_hold_times") {
+        return;
+    }
+    let (run, report) = launch_with(
+        "locks-full",
+        &["--lock-mode", "full"],
+        &locks_workload(),
+        &["contended", "2", "3"],
+    );
+    let printed: u64 = run
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("acquisitions "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the workload prints its acquisitions: {}", run.stderr));
+    let hot = lock_named(&report, "g_hot_lock")
+        .unwrap_or_else(|| panic!("g_hot_lock is listed: {:#}", report["locks"]));
+    let traced = get(hot, "acquisitions");
+    assert!(
+        (traced as f64 - printed as f64).abs() <= printed as f64 * ACQUISITIONS_TOLERANCE,
+        "acquisitions {traced}, the workload counted {printed}: {hot:#}"
+    );
+    assert!(
+        get(hot, "hold_p99_ns") >= MIN_HOT_HOLD_P99_NS,
+        "hold p99 (expected ≥ {MIN_HOT_HOLD_P99_NS} ns): {hot:#}"
+    );
+    assert!(get(hot, "contentions") > MIN_HOT_CONTENTIONS, "{hot:#}");
+    let rate = hot["contention_rate"].as_f64().unwrap_or(-1.0);
+    assert!(rate > 0.0 && rate <= 1.0, "contention rate: {hot:#}");
+    let (wait, release) = (
+        marked_line("locks", "// WAIT"),
+        marked_line("locks", "// RELEASE"),
+    );
+    let section = site_at(hot, "sections", "locks.c", wait)
+        .unwrap_or_else(|| panic!("a section taken at locks.c:{wait}: {:#}", hot["sections"]));
+    assert_eq!(
+        section["released_at"],
+        format!("locks.c:{release}"),
+        "{section:#}"
+    );
+    let quiet = lock_named(&report, "g_quiet_lock")
+        .unwrap_or_else(|| panic!("g_quiet_lock is listed: {:#}", report["locks"]));
+    assert!(get(quiet, "acquisitions") > 0, "{quiet:#}");
+    assert_eq!(get(quiet, "contentions"), 0, "{quiet:#}");
+    let tracing = &report["lock_tracing"];
+    assert_eq!(tracing["mode"], "full", "{tracing:#}");
+    assert_eq!(tracing["traced_fraction"], 1.0, "{tracing:#}");
+    assert_eq!(get(tracing, "sections_lost"), 0, "{tracing:#}");
+    assert_no_programs_left();
+}
+
+/// Proves the default (sampled) mode: the lock probes are attached in
+/// windows within the budget, the report says so, and the hot lock still
+/// gets acquisitions (a scaled estimate) and hold times.
+#[test]
+fn sampled_mode_estimates_acquisitions() {
+    if !require_root("sampled_mode_estimates_acquisitions") {
+        return;
+    }
+    let (_, report) = launch("locks-sampled", &locks_workload(), &["contended", "2", "3"]);
+    let tracing = &report["lock_tracing"];
+    assert_eq!(tracing["mode"], "sampled", "{tracing:#}");
+    let fraction = tracing["traced_fraction"].as_f64().unwrap_or(-1.0);
+    assert!(fraction > 0.0 && fraction < 1.0, "{tracing:#}");
+    let hot = lock_named(&report, "g_hot_lock")
+        .unwrap_or_else(|| panic!("g_hot_lock is listed: {:#}", report["locks"]));
+    assert!(get(hot, "acquisitions") > 0, "{hot:#}");
+    assert!(get(hot, "hold_p99_ns") >= MIN_HOT_HOLD_P99_NS, "{hot:#}");
+    assert!(
+        report["notes"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|n| n
+                .as_str()
+                .is_some_and(|n| n.contains("acquisitions are scaled estimates")))),
+        "{:#}",
+        report["notes"]
+    );
+    assert_no_programs_left();
+}
+
 /// Proves that condition-variable waits are not lock contention: in
 /// `condvar 2` a consumer waits on g_queue_cond for an item the producer
 /// pushes every 1 ms, while their mutex g_queue_lock is essentially free.
@@ -203,7 +324,12 @@ fn condvar_waits_are_not_lock_contention() {
     if !require_root("condvar_waits_are_not_lock_contention") {
         return;
     }
-    let (_, report) = launch("locks-condvar", &locks_workload(), &["condvar", "2"]);
+    let (_, report) = launch_with(
+        "locks-condvar",
+        &["--lock-mode", "full"],
+        &locks_workload(),
+        &["condvar", "2"],
+    );
     for entry in locks(&report) {
         if entry["name"] == "g_queue_cond" {
             assert_eq!(entry["kind"], "condvar", "{entry:#}");
@@ -215,6 +341,15 @@ fn condvar_waits_are_not_lock_contention() {
             );
         }
     }
+    // The uprobes end a section where pthread_cond_wait releases the
+    // mutex, and start one where it retakes it.
+    let queue = lock_named(&report, "g_queue_lock")
+        .unwrap_or_else(|| panic!("g_queue_lock is listed: {:#}", report["locks"]));
+    assert!(get(queue, "acquisitions") > 0, "{queue:#}");
+    assert!(
+        get(queue, "hold_p99_ns") <= MAX_CONDVAR_HOLD_P99_NS,
+        "condvar waits counted as holding the mutex: {queue:#}"
+    );
     if let Some(cond) = lock_named(&report, "g_queue_cond") {
         let line = marked_line("locks", "// CONDWAIT");
         assert!(
@@ -234,7 +369,12 @@ fn rwlock_writers_block_readers() {
     if !require_root("rwlock_writers_block_readers") {
         return;
     }
-    let (_, report) = launch("locks-rwlock", &locks_workload(), &["rwlock", "3"]);
+    let (_, report) = launch_with(
+        "locks-rwlock",
+        &["--lock-mode", "full"],
+        &locks_workload(),
+        &["rwlock", "3"],
+    );
     let table = lock_named(&report, "g_table_lock")
         .unwrap_or_else(|| panic!("g_table_lock is listed: {:#}", report["locks"]));
     assert_eq!(table["kind"], "rwlock", "{table:#}");
@@ -248,6 +388,15 @@ fn rwlock_writers_block_readers() {
         "a reader waiting at locks.c:{line}: {:#}",
         table["waiters"]
     );
+    // The uprobes see the readers' and the writer's sections; the
+    // writer's 2 ms holds dominate.
+    assert!(get(table, "acquisitions") > 0, "{table:#}");
+    assert!(
+        site_at(table, "sections", "locks.c", line).is_some(),
+        "a read section at locks.c:{line}: {:#}",
+        table["sections"]
+    );
+    assert!(get(table, "hold_max_ns") >= 1_000_000, "{table:#}");
     assert_no_programs_left();
 }
 

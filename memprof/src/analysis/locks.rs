@@ -8,6 +8,8 @@
 
 use hdrhistogram::Histogram;
 
+use memprof_common::locks::{hold_flag, lock_op};
+
 use super::{FastMap, FastSet};
 use crate::collect::procmaps::Place;
 
@@ -97,11 +99,91 @@ pub struct KernelStats {
     pub sites: FastMap<Place, (u64, u64)>,
 }
 
+/// A critical section (or a failed try/timed lock call) seen by the lock
+/// uprobes. Sites are return addresses; the report resolves them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Section {
+    pub lock: u64,
+    pub tid: u32,
+    /// `memprof_common::locks::lock_op` code of the call that took it.
+    pub op: u32,
+    /// `memprof_common::locks::hold_flag` bits.
+    pub flags: u32,
+    pub acquire_ns: u64,
+    pub hold_ns: u64,
+    pub lock_site: u64,
+    pub unlock_site: u64,
+}
+
+/// Totals of one critical-section site pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SectionSite {
+    pub count: u64,
+    pub hold_ns: u64,
+    pub hold_max_ns: u64,
+}
+
+/// What the lock uprobes saw of one lock.
+#[derive(Debug, Clone)]
+pub struct HoldStats {
+    /// Lock calls that took it, per operation (scaled at report time by
+    /// how long each operation was traced).
+    pub acquired_by_op: [u64; lock_op::COUNT as usize],
+    /// Try and timed calls that did not take it.
+    pub failed: u64,
+    /// Time to take it (lock calls only).
+    pub acquire: Histogram<u64>,
+    pub acquire_max_ns: u64,
+    /// Hold times of every section, including those a condvar wait ended
+    /// or began.
+    pub hold: Histogram<u64>,
+    pub hold_total_ns: u64,
+    pub hold_max_ns: u64,
+    /// Per (lock site, unlock site): the critical sections' code.
+    pub sections: FastMap<(u64, u64), SectionSite>,
+    pub threads: FastSet<u32>,
+}
+
+impl HoldStats {
+    fn new() -> Self {
+        let histogram =
+            || Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid");
+        Self {
+            acquired_by_op: [0; lock_op::COUNT as usize],
+            failed: 0,
+            acquire: histogram(),
+            acquire_max_ns: 0,
+            hold: histogram(),
+            hold_total_ns: 0,
+            hold_max_ns: 0,
+            sections: FastMap::default(),
+            threads: FastSet::default(),
+        }
+    }
+
+    /// Acquisitions seen (not scaled).
+    pub fn acquisitions(&self) -> u64 {
+        self.acquired_by_op.iter().sum()
+    }
+
+    /// Whether it is an rwlock (taken by rwlock calls).
+    pub fn is_rwlock(&self) -> bool {
+        self.acquired_by_op
+            .iter()
+            .enumerate()
+            .any(|(op, n)| *n > 0 && lock_op::is_rwlock(op as u32))
+    }
+}
+
 /// The lock profile of one session.
 #[derive(Debug, Default)]
 pub struct LockProfile {
     futexes: FastMap<u64, FutexStats>,
     kernel: FastMap<u32, KernelStats>,
+    holds: FastMap<u64, HoldStats>,
+    /// Code place of each lock/unlock site seen (return address → the
+    /// call's place), resolved once by the collector.
+    site_places: FastMap<u64, Place>,
 }
 
 impl LockProfile {
@@ -143,6 +225,67 @@ impl LockProfile {
         let site = k.sites.entry(w.ip).or_default();
         site.0 += 1;
         site.1 += w.duration_ns;
+    }
+
+    /// A critical section (or failed lock call) from the uprobes.
+    pub fn add_section(&mut self, s: Section) {
+        let h = self.holds.entry(s.lock).or_insert_with(HoldStats::new);
+        h.threads.insert(s.tid);
+        if s.flags & hold_flag::FAILED != 0 {
+            h.failed += 1;
+            return;
+        }
+        if s.flags & hold_flag::REACQUIRED == 0 {
+            if let Some(n) = h.acquired_by_op.get_mut(s.op as usize) {
+                *n += 1;
+            }
+            let _ = h.acquire.record(s.acquire_ns.clamp(1, 1 << 40));
+            h.acquire_max_ns = h.acquire_max_ns.max(s.acquire_ns);
+        }
+        let _ = h.hold.record(s.hold_ns.clamp(1, 1 << 40));
+        h.hold_total_ns += s.hold_ns;
+        h.hold_max_ns = h.hold_max_ns.max(s.hold_ns);
+        let site = h.sections.entry((s.lock_site, s.unlock_site)).or_default();
+        site.count += 1;
+        site.hold_ns += s.hold_ns;
+        site.hold_max_ns = site.hold_max_ns.max(s.hold_ns);
+    }
+
+    pub fn knows_site(&self, site: u64) -> bool {
+        self.site_places.contains_key(&site)
+    }
+
+    pub fn set_site_place(&mut self, site: u64, place: Place) {
+        self.site_places.insert(site, place);
+    }
+
+    /// The place of a site's call, once resolved.
+    pub fn site_place(&self, site: u64) -> Option<&Place> {
+        self.site_places.get(&site)
+    }
+
+    /// Locks the uprobes saw taken, most hold time first.
+    pub fn holds(&self) -> Vec<(u64, &HoldStats)> {
+        let mut v: Vec<_> = self.holds.iter().map(|(a, h)| (*a, h)).collect();
+        v.sort_by(|a, b| {
+            b.1.hold_total_ns
+                .cmp(&a.1.hold_total_ns)
+                .then(a.0.cmp(&b.0))
+        });
+        v
+    }
+
+    /// The traced lock a futex word belongs to: a glibc mutex's futex is
+    /// its first word; an rwlock's readers and writers wait on words 4 and
+    /// 8 bytes in.
+    pub fn lock_of_futex(&self, uaddr: u64) -> Option<u64> {
+        if self.holds.contains_key(&uaddr) {
+            return Some(uaddr);
+        }
+        [4, 8, 12]
+            .into_iter()
+            .filter_map(|d| uaddr.checked_sub(d))
+            .find(|a| self.holds.get(a).is_some_and(HoldStats::is_rwlock))
     }
 
     /// Futex words with waits or wakes, most wait time first.
@@ -325,6 +468,81 @@ mod tests {
         ));
         assert!(!is_lock_implementation("locks", "worker"));
         assert!(!is_lock_implementation("rustlock", "rustlock::contend"));
+    }
+
+    fn section(lock: u64, op: u32, flags: u32, hold_ns: u64, sites: (u64, u64)) -> Section {
+        Section {
+            lock,
+            tid: 5,
+            op,
+            flags,
+            acquire_ns: 40,
+            hold_ns,
+            lock_site: sites.0,
+            unlock_site: sites.1,
+        }
+    }
+
+    #[test]
+    fn sections_count_acquisitions_holds_and_sites() {
+        let mut p = LockProfile::new();
+        for hold in [100, 300, 200] {
+            p.add_section(section(0x10, lock_op::MUTEX_LOCK, 0, hold, (0xa, 0xb)));
+        }
+        // A condvar wait ends one section and its return begins another:
+        // hold times, but not acquisitions.
+        p.add_section(section(
+            0x10,
+            lock_op::MUTEX_LOCK,
+            hold_flag::COND_RELEASE,
+            50,
+            (0xa, 0xc),
+        ));
+        p.add_section(section(
+            0x10,
+            lock_op::COND_WAIT,
+            hold_flag::REACQUIRED,
+            70,
+            (0xc, 0xb),
+        ));
+        p.add_section(section(
+            0x10,
+            lock_op::MUTEX_TRYLOCK,
+            hold_flag::FAILED,
+            0,
+            (0xd, 0),
+        ));
+        let holds = p.holds();
+        let h = holds[0].1;
+        assert_eq!(h.acquisitions(), 4);
+        assert_eq!(h.failed, 1);
+        assert_eq!((h.hold_total_ns, h.hold_max_ns), (720, 300));
+        assert_eq!(h.hold.len(), 5);
+        assert_eq!(
+            h.sections.get(&(0xa, 0xb)),
+            Some(&SectionSite {
+                count: 3,
+                hold_ns: 600,
+                hold_max_ns: 300
+            })
+        );
+        assert!(!h.is_rwlock());
+        assert_eq!(p.lock_of_futex(0x10), Some(0x10));
+        assert_eq!(
+            p.lock_of_futex(0x14),
+            None,
+            "a mutex's futex is its first word"
+        );
+    }
+
+    #[test]
+    fn an_rwlock_owns_its_inner_futex_words() {
+        let mut p = LockProfile::new();
+        p.add_section(section(0x100, lock_op::RW_RDLOCK, 0, 10, (1, 2)));
+        assert!(p.holds()[0].1.is_rwlock());
+        assert_eq!(p.lock_of_futex(0x108), Some(0x100));
+        assert_eq!(p.lock_of_futex(0x104), Some(0x100));
+        assert_eq!(p.lock_of_futex(0x120), None);
     }
 
     #[test]

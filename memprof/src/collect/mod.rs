@@ -26,7 +26,7 @@ use memprof_common::{
 
 use crate::analysis::{
     alloc::{AllocCall, AllocProfile, SyscallCall},
-    locks::{Chain, FutexWait, FutexWake, KernelWait, LockProfile},
+    locks::{Chain, FutexWait, FutexWake, KernelWait, LockProfile, Section},
     profile::{Profile, Sample, SampleAt, ThreadEvent},
     sharing::{Access, SharingProfile},
     FastMap,
@@ -543,6 +543,32 @@ impl Collector {
         }
     }
 
+    /// A critical section from the lock uprobes.
+    pub fn on_hold(&mut self, ev: &memprof_common::locks::HoldEvent) {
+        if self.held.is_some() || self.launch_exec_ns.is_some_and(|t| ev.acquired_ns < t) {
+            return;
+        }
+        for site in [ev.lock_site, ev.unlock_site] {
+            if site != 0 && !self.locks.knows_site(site) {
+                // The return address follows the call: resolve the call.
+                let place = self.place(site - 1);
+                if !matches!(place, Place::Unmapped { .. }) {
+                    self.locks.set_site_place(site, place);
+                }
+            }
+        }
+        self.locks.add_section(Section {
+            lock: ev.lock,
+            tid: ev.tid,
+            op: ev.op,
+            flags: ev.flags,
+            acquire_ns: ev.acquire_ns,
+            hold_ns: ev.hold_ns,
+            lock_site: ev.lock_site,
+            unlock_site: ev.unlock_site,
+        });
+    }
+
     /// One record of the lock ring buffer.
     pub fn on_lock_record(&mut self, bytes: &[u8]) {
         if self.held.is_some() {
@@ -600,6 +626,32 @@ impl Collector {
         }
     }
 
+    /// A return probe on a lock call replaces the call's return address on
+    /// the stack with the kernel's trampoline (in the `[uprobes]` page);
+    /// the event carries the real one, put back here so the chain goes
+    /// through the code that called the lock.
+    fn unhide_return_address(&mut self, ev: &LockEvent) -> LockEvent {
+        let is_trampoline =
+            |maps: &ProcMaps, w: u64| maps.find(w).is_some_and(|m| &*m.name == "[uprobes]");
+        if !self.maps.mappings().iter().any(|m| &*m.name == "[uprobes]") {
+            // Created when the first return probe fired: maybe after our
+            // snapshot.
+            if self
+                .maps_read_at
+                .is_none_or(|t| t.elapsed() >= LOCK_MAPS_REFRESH_MIN_INTERVAL)
+            {
+                self.refresh_maps();
+            }
+        }
+        let mut ev = *ev;
+        for w in ev.stack.iter_mut() {
+            if is_trampoline(&self.maps, *w) {
+                *w = ev.lock_site;
+            }
+        }
+        ev
+    }
+
     /// The call chain of a futex call: the syscall's place and the return
     /// addresses found among the stack words (each resolved at its call).
     fn chain(&mut self, ev: &LockEvent) -> Chain {
@@ -614,6 +666,13 @@ impl Collector {
         {
             self.refresh_maps();
         }
+        let unhidden;
+        let ev = if ev.lock_site != 0 {
+            unhidden = self.unhide_return_address(ev);
+            &unhidden
+        } else {
+            ev
+        };
         let ip = self.place(ev.ip);
         let (mut frames, scan_from) = self.unwind(ev);
         for &word in ev.stack.iter().skip(scan_from) {

@@ -22,8 +22,12 @@ pub struct Report {
     pub false_sharing: Vec<SharingEntry>,
     /// The allocator profile (`mode: "off"` when not traced).
     pub allocator: AllocatorReport,
-    /// Contended locks, most wait time first.
+    /// Contended locks, most wait time first, then locks the uprobes saw
+    /// taken without contention.
     pub locks: Vec<LockEntry>,
+    /// How lock calls were traced (null when the lock uprobes are off or
+    /// no pthread library was found).
+    pub lock_tracing: Option<LockTracing>,
     /// The profiler's own cost.
     pub loader: Loader,
     /// Things the reader should know (target exited, events lost, ...).
@@ -356,7 +360,7 @@ impl SiteEntry {
 }
 
 /// One lock (or futex word, or kind of kernel lock) threads waited for.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LockEntry {
     /// Address of the (first) futex word, hex; for kernel locks, "kernel".
     pub address: String,
@@ -365,16 +369,32 @@ pub struct LockEntry {
     pub name: Option<String>,
     /// "mutex", "rwlock", "condvar", "futex" or "kernel".
     pub kind: String,
-    /// Acquisitions (needs the lock uprobes: null when not traced).
+    /// Acquisitions (needs the lock uprobes: null when not traced; an
+    /// estimate scaled by the traced time in sampled mode).
     pub acquisitions: Option<u64>,
+    /// Contentions per acquisition (null without acquisitions).
+    pub contention_rate: Option<f64>,
+    /// Try and timed lock calls that did not get the lock (scaled).
+    pub failed_attempts: Option<u64>,
+    /// Time the lock calls took to return with the lock (uprobes).
+    pub acquire_p99_ns: Option<u64>,
+    pub acquire_max_ns: Option<u64>,
     /// Waits: futex waits (blocking or not) or kernel lock waits.
     pub contentions: u64,
     pub wait_total_ns: u64,
     pub wait_mean_ns: u64,
     pub wait_p99_ns: u64,
     pub wait_max_ns: u64,
-    /// Hold time (needs the lock uprobes: null when not traced).
+    /// Hold time, lock return to unlock (needs the lock uprobes: null
+    /// when not traced). Total is of the sections traced.
     pub hold_p99_ns: Option<u64>,
+    pub hold_mean_ns: Option<u64>,
+    pub hold_max_ns: Option<u64>,
+    pub hold_total_ns: Option<u64>,
+    /// Log2 histograms: (upper bound in ns, count) of the waits and of
+    /// the hold times traced.
+    pub wait_histogram: Vec<(u64, u64)>,
+    pub hold_histogram: Vec<(u64, u64)>,
     /// Threads that waited.
     pub threads: usize,
     /// Whether the owner thread was read from the lock at wait time (glibc
@@ -387,6 +407,46 @@ pub struct LockEntry {
     /// Where waiters were woken from: the releasing code (usually the
     /// holder's unlock), most often first.
     pub holders: Vec<HolderSite>,
+    /// The critical sections (uprobes): where the lock was taken and
+    /// released, most hold time first.
+    pub sections: Vec<SectionEntry>,
+}
+
+/// One critical-section site: the lock call and the release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SectionEntry {
+    /// The lock call.
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    /// The unlock (or condvar wait) that ended the sections, as
+    /// "file:line" (or module+offset).
+    pub released_at: Option<String>,
+    /// Sections traced here, their total and longest hold.
+    pub count: u64,
+    pub hold_ns: u64,
+    pub hold_max_ns: u64,
+}
+
+/// How the lock uprobes ran.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LockTracing {
+    /// "full" or "sampled".
+    pub mode: String,
+    /// The object whose lock functions were probed.
+    pub library: String,
+    /// Fraction of the session the hot lock probes were attached.
+    pub traced_fraction: f64,
+    pub windows: u64,
+    /// Functions probed, and those attached all the time (cold ones).
+    pub functions: Vec<String>,
+    pub always_traced: Vec<String>,
+    /// Critical sections lost (ring full); unlocks of locks not seen
+    /// taken; locks taken beyond the per-thread table.
+    pub sections_lost: u64,
+    pub unmatched_unlocks: u64,
+    pub held_overflow: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -515,6 +575,7 @@ pub(crate) mod tests {
             false_sharing: vec![],
             allocator: Default::default(),
             locks: vec![],
+            lock_tracing: None,
             loader: Loader {
                 cpu_s: 0.01,
                 cpu_share: 0.004,

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use memprof_common::sharing::WORD_BYTES;
 
 use super::model::{
-    source_label, AllocatorReport, LockEntry, MemoryReport, OpStats, Report, SiteEntry,
-    SyscallStats, WordEntry,
+    source_label, AllocatorReport, LockEntry, LockTracing, MemoryReport, OpStats, Report,
+    SiteEntry, SyscallStats, WordEntry,
 };
 
 /// Width the summary is laid out for.
@@ -95,7 +95,7 @@ fn render_wide(report: &Report) -> String {
     out.push('\n');
     write_allocator(&mut out, &report.allocator);
     out.push('\n');
-    write_locks(&mut out, &report.locks);
+    write_locks(&mut out, &report.locks, report.lock_tracing.as_ref());
     out
 }
 
@@ -228,7 +228,7 @@ const TOP_LOCKS: usize = 6;
 
 /// The "Locks" section: the contended locks (then other waits), with the
 /// code that waited and the code that released.
-fn write_locks(out: &mut String, locks: &[LockEntry]) {
+fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option<&LockTracing>) {
     if locks.is_empty() {
         let _ = writeln!(out, "Locks: no thread waited for a lock");
         return;
@@ -237,6 +237,19 @@ fn write_locks(out: &mut String, locks: &[LockEntry]) {
         out,
         "Locks (waits seen from the kernel; lock contention first, then other waits)"
     );
+    match tracing {
+        Some(t) if t.mode == "sampled" => {
+            let _ = writeln!(
+                out,
+                "  lock calls traced {:.1}% of the time: acquisitions are estimates",
+                t.traced_fraction * 100.0
+            );
+        }
+        Some(_) => {
+            let _ = writeln!(out, "  lock calls: every call traced");
+        }
+        None => {}
+    }
     let _ = writeln!(
         out,
         "    {:<20} {:<9} {:>8} {:>9} {:>9} {:>9}",
@@ -273,6 +286,44 @@ fn write_locks(out: &mut String, locks: &[LockEntry]) {
             let line = format!("      held by thread(s) {}", owners.join(", "));
             let _ = writeln!(out, "{line}");
         }
+        write_lock_holds(out, l);
+    }
+}
+
+/// What the lock uprobes add: acquisitions, contention rate, hold times
+/// and the critical section holding it longest.
+fn write_lock_holds(out: &mut String, l: &LockEntry) {
+    let Some(acquisitions) = l.acquisitions else {
+        return;
+    };
+    let mut line = format!("      {} acquisitions", group(acquisitions));
+    if let Some(rate) = l.contention_rate {
+        let _ = write!(line, ", {:.0}% contended", (rate * 100.0).min(100.0));
+    }
+    if let (Some(mean), Some(p99), Some(max)) = (l.hold_mean_ns, l.hold_p99_ns, l.hold_max_ns) {
+        let _ = write!(
+            line,
+            "; held mean {} p99 {} max {}",
+            format_ns(mean),
+            format_ns(p99),
+            format_ns(max)
+        );
+    }
+    let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+    if let Some(s) = l.sections.first() {
+        let at = source_label(s.file.as_deref(), s.line, &s.module);
+        let released = s
+            .released_at
+            .as_deref()
+            .map(|r| format!(" → {r}"))
+            .unwrap_or_default();
+        let line = format!(
+            "      held in {} {at}{released} ({}, {} total)",
+            s.function,
+            group(s.count),
+            format_ns(s.hold_ns)
+        );
+        let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
     }
 }
 
@@ -620,7 +671,7 @@ pub fn ellipsize(s: &str, max: usize) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::report::model::{
-        tests::sample_report, HolderSite, KernelThreadEntry, OwnerEntry, WaiterSite,
+        tests::sample_report, HolderSite, KernelThreadEntry, OwnerEntry, SectionEntry, WaiterSite,
     };
 
     /// One split of the latency table.
@@ -802,6 +853,7 @@ pub(crate) mod tests {
                 waiter("contend_cold", Some(180), 683, 10_000_000),
             ],
             holders: vec![holder("release_hot", 169, 43_693)],
+            ..LockEntry::default()
         };
         let kernel = LockEntry {
             address: "kernel".into(),
@@ -947,6 +999,56 @@ pub(crate) mod tests {
         for line in render(&report_with_allocator()).lines() {
             assert!(line.chars().count() <= WIDTH, "too wide: {line}");
         }
+    }
+
+    #[test]
+    fn locks_section_shows_acquisitions_holds_and_sections_when_traced() {
+        let mut r = report_with_locks();
+        let hot = &mut r.locks[0];
+        hot.acquisitions = Some(65_880);
+        hot.contention_rate = Some(0.6);
+        hot.hold_mean_ns = Some(21_800);
+        hot.hold_p99_ns = Some(28_500);
+        hot.hold_max_ns = Some(4_400_000);
+        hot.sections = vec![SectionEntry {
+            function: "contend_hot".into(),
+            file: Some("/src/locks.c".into()),
+            line: Some(166),
+            module: "locks".into(),
+            released_at: Some("locks.c:169".into()),
+            count: 65_880,
+            hold_ns: 1_435_000_000,
+            hold_max_ns: 4_400_000,
+        }];
+        r.lock_tracing = Some(LockTracing {
+            mode: "full".into(),
+            library: "/lib/libc.so.6".into(),
+            traced_fraction: 1.0,
+            windows: 1,
+            functions: vec![],
+            always_traced: vec![],
+            sections_lost: 0,
+            unmatched_unlocks: 0,
+            held_overflow: 0,
+        });
+        let text = render(&r);
+        let section: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Locks"))
+            .collect();
+        assert!(section[1].contains("every call traced"), "{}", section[1]);
+        let holds = section.iter().find(|l| l.contains("acquisitions")).unwrap();
+        assert!(
+            holds.contains("65,880 acquisitions, 60% contended"),
+            "{holds}"
+        );
+        assert!(holds.contains("p99 28.5 µs"), "{holds}");
+        let held = section.iter().find(|l| l.contains("held in")).unwrap();
+        assert!(
+            held.contains("contend_hot locks.c:166 → locks.c:169"),
+            "{held}"
+        );
+        assert!(text.lines().all(|l| l.chars().count() <= WIDTH));
     }
 
     #[test]

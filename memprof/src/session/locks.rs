@@ -1,5 +1,7 @@
 //! The report's lock section: kinds, names and call sites of the futex
-//! words and kernel locks threads waited for.
+//! words and kernel locks threads waited for, joined with what the lock
+//! uprobes saw of the same locks (acquisitions, hold times, critical
+//! sections).
 
 use std::collections::HashMap;
 
@@ -9,23 +11,48 @@ use crate::{
     analysis::{
         alloc::AllocProfile,
         locks::{
-            classify, is_contention, is_lock_implementation, kernel_lock_kind, Chain, LockProfile,
+            classify, is_contention, is_lock_implementation, kernel_lock_kind, Chain, HoldStats,
+            LockProfile,
         },
     },
     collect::procmaps::ProcMaps,
-    report::model::{HolderSite, LockEntry, OwnerEntry, WaiterSite},
+    report::model::{
+        source_label, HolderSite, LockEntry, LockTracing, OwnerEntry, SectionEntry, WaiterSite,
+    },
     symbolize::{Frame, Symbolizer},
+};
+use memprof_common::locks::lock_op;
+
+use super::{
+    probes::Counters,
+    windows::{Mode, Windowed},
 };
 
 /// Sites kept per lock.
 const SITES: usize = 5;
 /// Owner threads kept per lock.
 const OWNERS: usize = 5;
+/// Locks listed that the uprobes saw taken but nobody waited for (the
+/// most held first): many programs have thousands.
+const UNCONTENDED: usize = 20;
 
 /// A code site: (function, file, line, module).
 type SiteKey = (String, Option<String>, Option<u32>, String);
 
-/// One lock being put together from its futex words.
+/// What the lock uprobes add to a lock.
+struct Traced {
+    acquisitions: u64,
+    failed: u64,
+    acquire: Histogram<u64>,
+    acquire_max_ns: u64,
+    hold: Histogram<u64>,
+    hold_total_ns: u64,
+    hold_max_ns: u64,
+    /// (lock call site, release label) → (count, hold ns, longest hold).
+    sections: HashMap<(SiteKey, Option<String>), (u64, u64, u64)>,
+}
+
+/// One lock being put together from its futex words and uprobe records.
 struct Merged {
     address: u64,
     name: Option<String>,
@@ -37,18 +64,46 @@ struct Merged {
     owners: HashMap<u32, u64>,
     waiters: HashMap<SiteKey, (u64, u64)>,
     holders: HashMap<SiteKey, (u64, u64)>,
+    traced: Option<Traced>,
 }
 
-/// The lock entries of a report, most wait time first.
+/// How the lock uprobes ran, for the report.
+pub fn tracing(tracer: Option<&Windowed>, counters: &Counters) -> Option<LockTracing> {
+    let tracer = tracer?;
+    let name = |op: &u32| lock_op::SYMBOLS[*op as usize].to_string();
+    let mut functions: Vec<String> = tracer.ops().iter().map(name).collect();
+    functions.dedup();
+    let mut always: Vec<String> = tracer.resident_ops().iter().map(name).collect();
+    always.dedup();
+    Some(LockTracing {
+        mode: match tracer.settings.mode {
+            Mode::Sampled => "sampled",
+            Mode::Full | Mode::Floor => "full",
+        }
+        .into(),
+        library: tracer.path.to_string(),
+        traced_fraction: tracer.traced_fraction(),
+        windows: tracer.windows,
+        functions,
+        always_traced: always,
+        sections_lost: counters.hold_events_lost,
+        unmatched_unlocks: counters.unmatched_unlocks,
+        held_overflow: counters.held_overflow,
+    })
+}
+
+/// The lock entries of a report: contended locks first, most wait time
+/// first, then other waits, then (with the uprobes) locks taken without
+/// contention, most hold time first.
 pub fn report(
     profile: &LockProfile,
     maps: &ProcMaps,
     alloc: Option<&AllocProfile>,
+    tracer: Option<&Windowed>,
     symbolizer: &mut Symbolizer,
 ) -> Vec<LockEntry> {
     let blocks = alloc.map(|a| (a, a.block_index()));
-    let mut merged: Vec<Merged> = Vec::new();
-    let mut by_name: HashMap<(String, &'static str), usize> = HashMap::new();
+    let mut table = Table::default();
     for (uaddr, f) in profile.futexes() {
         if f.contentions() == 0 {
             continue; // wakes with no wait seen: nothing waited here
@@ -58,24 +113,20 @@ pub fn report(
             .iter()
             .max_by_key(|(_, (count, _))| *count)
             .map(|(chain, _)| chain);
-        let kind = top.map_or("futex", |c| kind_of(c, symbolizer));
+        let traced_lock = profile.lock_of_futex(uaddr);
+        let address = traced_lock.unwrap_or(uaddr);
+        let kind = match top.map_or("futex", |c| kind_of(c, symbolizer)) {
+            // The uprobes know an rwlock's inner words for sure.
+            "futex" | "mutex" if traced_lock.is_some_and(|a| a != uaddr) => "rwlock",
+            kind => kind,
+        };
         // Only a glibc mutex keeps its owner 8 bytes after the futex word.
         let glibc = top.is_some_and(|c| {
             let module = symbolizer.code(&c.ip).module;
             module.starts_with("libc.so") || module.starts_with("libc-")
         });
-        let name = name_of(uaddr, maps, blocks.as_ref(), symbolizer);
-        let slot = match &name {
-            Some(n) => *by_name.entry((n.clone(), kind)).or_insert_with(|| {
-                merged.push(Merged::new(uaddr, name.clone(), kind));
-                merged.len() - 1
-            }),
-            None => {
-                merged.push(Merged::new(uaddr, None, kind));
-                merged.len() - 1
-            }
-        };
-        let m = &mut merged[slot];
+        let name = name_of(address, maps, blocks.as_ref(), symbolizer);
+        let m = table.slot(address, name, kind);
         let _ = m.waits.add(&f.waits);
         m.total_ns += f.total_ns;
         m.max_ns = m.max_ns.max(f.max_ns);
@@ -96,7 +147,25 @@ pub fn report(
             site.1 += woken;
         }
     }
-    let mut entries: Vec<LockEntry> = merged.into_iter().map(Merged::entry).collect();
+    if let Some(tracer) = tracer {
+        let mut uncontended = 0;
+        for (lock, h) in profile.holds() {
+            let contended = table.by_address.contains_key(&lock);
+            if !contended {
+                if uncontended >= UNCONTENDED {
+                    continue;
+                }
+                uncontended += 1;
+            }
+            let kind = if h.is_rwlock() { "rwlock" } else { "mutex" };
+            let name = name_of(lock, maps, blocks.as_ref(), symbolizer);
+            let m = table.slot(lock, name, kind);
+            m.threads = m.threads.max(h.threads.len());
+            let t = m.traced.get_or_insert_with(Traced::new);
+            t.add(profile, h, tracer, symbolizer);
+        }
+    }
+    let mut entries: Vec<LockEntry> = table.merged.into_iter().map(Merged::entry).collect();
     for (flags, k) in profile.kernel() {
         let mut waiters: Vec<WaiterSite> = k
             .sites
@@ -119,29 +188,134 @@ pub fn report(
             address: "kernel".into(),
             name: Some(kernel_lock_kind(flags).into()),
             kind: "kernel".into(),
-            acquisitions: None,
             contentions: k.waits.len(),
             wait_total_ns: k.total_ns,
             wait_mean_ns: k.waits.mean().round() as u64,
             // The histogram rounds to 3 digits: never above the exact max.
             wait_p99_ns: k.waits.value_at_quantile(0.99).min(k.max_ns),
             wait_max_ns: k.max_ns,
-            hold_p99_ns: None,
-            threads: 0,
-            owner_seen: false,
-            owners: Vec::new(),
+            wait_histogram: log2_buckets(&k.waits),
             waiters,
-            holders: Vec::new(),
+            ..LockEntry::default()
         });
     }
     // Lock contention first, then other waits (condvars, joins...), each
-    // by wait time.
+    // by wait time; locks nobody waited for last, by hold time.
     entries.sort_by(|a, b| {
         is_contention(&b.kind)
             .cmp(&is_contention(&a.kind))
+            .then((b.contentions > 0).cmp(&(a.contentions > 0)))
             .then(b.wait_total_ns.cmp(&a.wait_total_ns))
+            .then(b.hold_total_ns.cmp(&a.hold_total_ns))
     });
     entries
+}
+
+/// Locks being merged: one per address, and futex words or locks that
+/// share a name (e.g. the same heap allocation site) are one lock.
+#[derive(Default)]
+struct Table {
+    merged: Vec<Merged>,
+    by_name: HashMap<(String, &'static str), usize>,
+    by_address: HashMap<u64, usize>,
+}
+
+impl Table {
+    fn slot(&mut self, address: u64, name: Option<String>, kind: &'static str) -> &mut Merged {
+        if let Some(&i) = self.by_address.get(&address) {
+            return &mut self.merged[i];
+        }
+        let existing = name
+            .as_ref()
+            .and_then(|n| self.by_name.get(&(n.clone(), kind)).copied());
+        let i = match existing {
+            Some(i) => i,
+            None => {
+                if let Some(n) = &name {
+                    self.by_name.insert((n.clone(), kind), self.merged.len());
+                }
+                self.merged.push(Merged::new(address, name, kind));
+                self.merged.len() - 1
+            }
+        };
+        self.by_address.insert(address, i);
+        &mut self.merged[i]
+    }
+}
+
+/// Log2 buckets of a histogram: (upper bound in ns, count).
+pub fn log2_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    let mut buckets: Vec<(u64, u64)> = Vec::new();
+    for v in h.iter_recorded() {
+        let bound = v.value_iterated_to().max(1).next_power_of_two();
+        match buckets.last_mut() {
+            Some((b, n)) if *b == bound => *n += v.count_since_last_iteration(),
+            _ => buckets.push((bound, v.count_since_last_iteration())),
+        }
+    }
+    buckets
+}
+
+impl Traced {
+    fn new() -> Self {
+        let histogram =
+            || Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid");
+        Self {
+            acquisitions: 0,
+            failed: 0,
+            acquire: histogram(),
+            acquire_max_ns: 0,
+            hold: histogram(),
+            hold_total_ns: 0,
+            hold_max_ns: 0,
+            sections: HashMap::new(),
+        }
+    }
+
+    /// Adds one lock's uprobe statistics; counts are scaled by the time
+    /// each operation was traced.
+    fn add(
+        &mut self,
+        profile: &LockProfile,
+        h: &HoldStats,
+        tracer: &Windowed,
+        symbolizer: &mut Symbolizer,
+    ) {
+        let scale = |n: u64, op: u32| {
+            let f = tracer.op_fraction(op);
+            if f > 0.0 && f < 0.999 {
+                (n as f64 / f).round() as u64
+            } else {
+                n
+            }
+        };
+        self.acquisitions += h
+            .acquired_by_op
+            .iter()
+            .enumerate()
+            .map(|(op, n)| scale(*n, op as u32))
+            .sum::<u64>();
+        self.failed += scale(h.failed, lock_op::MUTEX_TRYLOCK);
+        let _ = self.acquire.add(&h.acquire);
+        self.acquire_max_ns = self.acquire_max_ns.max(h.acquire_max_ns);
+        let _ = self.hold.add(&h.hold);
+        self.hold_total_ns += h.hold_total_ns;
+        self.hold_max_ns = self.hold_max_ns.max(h.hold_max_ns);
+        for (&(lock_site, unlock_site), s) in &h.sections {
+            let frame = |site: u64, symbolizer: &mut Symbolizer| {
+                profile.site_place(site).map(|p| symbolizer.code(p))
+            };
+            let Some(taken) = frame(lock_site, symbolizer) else {
+                continue; // not mapped when seen
+            };
+            let released = frame(unlock_site, symbolizer)
+                .map(|f| source_label(f.file.as_deref(), f.line, &f.module));
+            let e = self.sections.entry((key(taken), released)).or_default();
+            e.0 += s.count;
+            e.1 += s.hold_ns;
+            e.2 = e.2.max(s.hold_max_ns);
+        }
+    }
 }
 
 impl Merged {
@@ -157,6 +331,7 @@ impl Merged {
             owners: HashMap::new(),
             waiters: HashMap::new(),
             holders: HashMap::new(),
+            traced: None,
         }
     }
 
@@ -200,23 +375,65 @@ impl Merged {
             .collect();
         holders.sort_by_key(|h| std::cmp::Reverse(h.count));
         holders.truncate(SITES);
-        LockEntry {
+        let contentions = self.waits.len();
+        let mut entry = LockEntry {
             address: format!("{:#x}", self.address),
             name: self.name,
             kind: self.kind.into(),
-            acquisitions: None,
-            contentions: self.waits.len(),
+            contentions,
             wait_total_ns: self.total_ns,
             wait_mean_ns: self.waits.mean().round() as u64,
             wait_p99_ns: self.waits.value_at_quantile(0.99).min(self.max_ns),
             wait_max_ns: self.max_ns,
-            hold_p99_ns: None,
+            wait_histogram: log2_buckets(&self.waits),
             threads: self.threads,
             owner_seen: !owners.is_empty(),
             owners,
             waiters,
             holders,
+            ..LockEntry::default()
+        };
+        if let Some(t) = self.traced {
+            let mut sections: Vec<SectionEntry> = t
+                .sections
+                .into_iter()
+                .map(
+                    |(((function, file, line, module), released_at), (count, hold_ns, max))| {
+                        SectionEntry {
+                            function,
+                            file,
+                            line,
+                            module,
+                            released_at,
+                            count,
+                            hold_ns,
+                            hold_max_ns: max,
+                        }
+                    },
+                )
+                .collect();
+            sections.sort_by(|a, b| b.hold_ns.cmp(&a.hold_ns).then(b.count.cmp(&a.count)));
+            sections.truncate(SITES);
+            let traced_holds = !t.hold.is_empty();
+            entry.acquisitions = Some(t.acquisitions);
+            entry.contention_rate =
+                (t.acquisitions > 0).then(|| contentions as f64 / t.acquisitions as f64);
+            entry.failed_attempts = Some(t.failed);
+            if !t.acquire.is_empty() {
+                entry.acquire_p99_ns =
+                    Some(t.acquire.value_at_quantile(0.99).min(t.acquire_max_ns));
+                entry.acquire_max_ns = Some(t.acquire_max_ns);
+            }
+            if traced_holds {
+                entry.hold_p99_ns = Some(t.hold.value_at_quantile(0.99).min(t.hold_max_ns));
+                entry.hold_mean_ns = Some(t.hold.mean().round() as u64);
+                entry.hold_max_ns = Some(t.hold_max_ns);
+                entry.hold_total_ns = Some(t.hold_total_ns);
+                entry.hold_histogram = log2_buckets(&t.hold);
+            }
+            entry.sections = sections;
         }
+        entry
     }
 }
 

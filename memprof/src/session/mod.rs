@@ -7,6 +7,7 @@ pub mod alloc;
 pub mod allocator;
 pub mod budget;
 pub mod launch;
+pub mod lock_tracer;
 pub mod locks;
 pub mod precise;
 pub mod preflight;
@@ -14,6 +15,7 @@ pub mod probes;
 pub mod prologue;
 pub mod sharing;
 pub mod tracefs;
+pub mod windows;
 
 use std::{
     io::IsTerminal,
@@ -28,7 +30,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::{
     analysis::alloc::AllocProfile,
-    cli::AllocMode,
+    cli::{AllocMode, LockMode},
     collect::{command_line, Collector},
     error::{Error, Result},
     report::{
@@ -41,6 +43,7 @@ use crate::{
 use alloc::AllocTracer;
 use allocator::{Allocator, AllocatorKind};
 use launch::Launched;
+use lock_tracer::LockTracer;
 use probes::{AllocLoad, Counters, Probes, SamplingSource};
 
 /// Hot functions kept in a report.
@@ -67,6 +70,8 @@ pub struct Options {
     pub command_output: launch::Output,
     /// Allocator tracing.
     pub alloc: alloc::AllocSettings,
+    /// `--lock-mode`.
+    pub lock_mode: LockMode,
 }
 
 /// Why tracing stopped.
@@ -182,6 +187,10 @@ struct Live {
     tasks: AsyncFd<RingBuf<MapData>>,
     alloc_events: AsyncFd<RingBuf<MapData>>,
     lock_events: AsyncFd<RingBuf<MapData>>,
+    /// Critical sections from the lock uprobes (None when they are off).
+    holds: Option<AsyncFd<RingBuf<MapData>>>,
+    /// The lock uprobes (None when off or no pthread library was found).
+    lock_tracer: Option<LockTracer>,
     /// The allocator probes (None when off or no allocator was found).
     tracer: Option<AllocTracer>,
     alloc_mode: AllocMode,
@@ -213,7 +222,7 @@ struct Live {
 pub async fn run(
     opts: Options,
     dashboard: Option<&mut Dashboard>,
-) -> Result<(Report, StopReason, alloc::Detaching)> {
+) -> Result<(Report, StopReason, windows::Detaching)> {
     // Registered first, so a Ctrl-C or SIGTERM during start-up still ends
     // the session through the normal path (detach, summary).
     let signals = Signals::new()?;
@@ -259,6 +268,7 @@ pub async fn run(
     let pid = target.pid();
     let launched = matches!(target, TargetHandle::Launched(_));
     let allocator = find_allocator(&opts, pid, &mut notes);
+    let lock_library = find_lock_library(&opts, pid, &mut notes);
 
     // On any error from here on, dropping `target` kills a launched command
     // (kill_on_drop), so it never runs on untraced.
@@ -270,6 +280,7 @@ pub async fn run(
         allocator.as_ref().map(|a| AllocLoad {
             glibc_header: a.kind == AllocatorKind::Glibc,
         }),
+        lock_library.is_some(),
     )?;
     let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
     let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
@@ -278,6 +289,13 @@ pub async fn run(
         "the allocator ring buffer",
     )?;
     let lock_events = readable(probes.take_ring(maps::LOCK_EVENTS)?, "the lock ring buffer")?;
+    let holds = match lock_library {
+        Some(_) => Some(readable(
+            probes.take_ring(maps::HOLD_EVENTS)?,
+            "the critical-section ring buffer",
+        )?),
+        None => None,
+    };
     let mut collector = Collector::new(pid);
     collector.precise_addresses = probes.precise.is_some();
     if let Some(why) = &probes.precise_error {
@@ -300,6 +318,14 @@ pub async fn run(
         }
         None => None,
     };
+    let lock_tracer = match lock_library {
+        Some(library) => {
+            let mut tracer = LockTracer::new(library, opts.lock_mode, opts.alloc.budget, pid);
+            tracer.open(&mut probes)?;
+            Some(tracer)
+        }
+        None => None,
+    };
 
     let mut live = Live {
         signals,
@@ -313,6 +339,8 @@ pub async fn run(
         tasks,
         alloc_events,
         lock_events,
+        holds,
+        lock_tracer,
         tracer,
         alloc_mode: opts.alloc.mode,
         final_kernel: Vec::new(),
@@ -340,6 +368,9 @@ pub async fn run(
             if let Some(tracer) = &mut live.tracer {
                 tracer.wait_detached();
             }
+            if let Some(tracer) = &mut live.lock_tracer {
+                tracer.wait_detached();
+            }
             let status = l.status.map_or("unknown status".into(), |s| s.to_string());
             return Err(Error::LaunchFailed {
                 command: live.command.clone(),
@@ -350,11 +381,14 @@ pub async fn run(
         }
     }
     let report = live.report();
-    let detaching = live
+    let mut detaching = live
         .tracer
         .as_mut()
-        .map(AllocTracer::take_detaching)
+        .map(|t| t.take_detaching())
         .unwrap_or_default();
+    if let Some(t) = &mut live.lock_tracer {
+        detaching.extend(t.take_detaching());
+    }
     Ok((report, reason, detaching))
 }
 
@@ -396,8 +430,16 @@ impl Live {
                     drain_alloc(guard.get_inner_mut(), &mut self.collector);
                     guard.clear_ready();
                 }
-                _ = sleep_until_instant(self.tracer.as_ref().and_then(AllocTracer::deadline)) => {
+                guard = readable_opt(&mut self.holds) => {
+                    let mut guard = guard.map_err(|e| anyhow::anyhow!("polling critical sections: {e}"))?;
+                    drain_holds(guard.get_inner_mut(), &mut self.collector);
+                    guard.clear_ready();
+                }
+                _ = sleep_until_instant(self.tracer.as_ref().and_then(|t| t.deadline())) => {
                     self.alloc_switch()?;
+                }
+                _ = sleep_until_instant(self.lock_tracer.as_ref().and_then(|t| t.deadline())) => {
+                    self.lock_switch();
                 }
                 _ = drain.tick() => {
                     // Thread and exec events first: they decide how the
@@ -405,6 +447,9 @@ impl Live {
                     drain_tasks(self.tasks.get_mut(), &mut self.collector);
                     drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
                     drain_locks(self.lock_events.get_mut(), &mut self.collector);
+                    if let Some(holds) = &mut self.holds {
+                        drain_holds(holds.get_mut(), &mut self.collector);
+                    }
                     drain_samples(self.samples.get_mut(), &mut self.collector);
                     self.install_recipes();
                     // Soon after sampling, so the stack is read against the
@@ -520,6 +565,19 @@ impl Live {
         Ok(())
     }
 
+    /// Ends or starts a lock window when the controller says so.
+    fn lock_switch(&mut self) {
+        let (Some(tracer), Some(probes)) = (&mut self.lock_tracer, &mut self.probes) else {
+            return;
+        };
+        if let Err(e) = tracer.on_deadline(probes) {
+            tracing::warn!("cannot re-attach the lock probes: {e}");
+            self.notes
+                .push(format!("lock probes could not be re-attached: {e}"));
+            tracer.finish(probes);
+        }
+    }
+
     /// Stops tracing: drains what the kernel still holds, detaches, and
     /// ends a launched command that is still running.
     async fn finish(&mut self, reason: StopReason) {
@@ -527,7 +585,13 @@ impl Live {
         drain_tasks(self.tasks.get_mut(), &mut self.collector);
         drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
         drain_locks(self.lock_events.get_mut(), &mut self.collector);
+        if let Some(holds) = &mut self.holds {
+            drain_holds(holds.get_mut(), &mut self.collector);
+        }
         drain_samples(self.samples.get_mut(), &mut self.collector);
+        if let (Some(tracer), Some(probes)) = (&mut self.lock_tracer, &self.probes) {
+            tracer.finish(probes);
+        }
         if let (Some(tracer), Some(probes)) = (&mut self.tracer, &self.probes) {
             if tracer.attached() {
                 self.collector.alloc_window(false, alloc::ktime_ns());
@@ -673,10 +737,28 @@ impl Live {
             &kernel,
             |place| symbolizer.code(place),
         );
+        if counters.hold_events_lost > 0 {
+            notes.push(format!(
+                "{} critical sections were lost (ring buffer full): acquisitions are low",
+                counters.hold_events_lost
+            ));
+        }
+        let lock_tracing = locks::tracing(self.lock_tracer.as_deref(), &counters);
+        if let Some(t) = &lock_tracing {
+            if t.mode == "sampled" && t.traced_fraction < 0.999 {
+                notes.push(format!(
+                    "lock calls were traced {:.1}% of the time ({} windows) to stay within the \
+                     budget; acquisitions are scaled estimates",
+                    t.traced_fraction * 100.0,
+                    t.windows
+                ));
+            }
+        }
         let locks = locks::report(
             &self.collector.locks,
             self.collector.maps(),
             self.collector.alloc.as_ref(),
+            self.lock_tracer.as_deref(),
             &mut self.symbolizer,
         );
         let lines = self.kernel_lines();
@@ -721,6 +803,7 @@ impl Live {
             false_sharing,
             allocator,
             locks,
+            lock_tracing,
             loader: Loader::measure(duration_s),
             notes,
         }
@@ -742,9 +825,54 @@ fn drain_locks(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
     }
 }
 
+fn drain_holds(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
+    while let Some(item) = ring.next() {
+        match memprof_common::locks::HoldEvent::from_bytes(&item) {
+            Some(ev) => collector.on_hold(&ev),
+            None => tracing::warn!("short critical-section record ({} bytes)", item.len()),
+        }
+    }
+}
+
 fn drain_alloc(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
     while let Some(item) = ring.next() {
         collector.on_alloc_record(&item);
+    }
+}
+
+/// Where the target's pthread lock functions are, unless their probes are
+/// off. Not finding them (a program with no pthread locks, e.g. Rust's
+/// futex-based std) is not an error: contention is still seen from the
+/// kernel.
+fn find_lock_library(
+    opts: &Options,
+    pid: u32,
+    notes: &mut Vec<String>,
+) -> Option<lock_tracer::LockLibrary> {
+    if opts.lock_mode == LockMode::Off {
+        return None;
+    }
+    let exe = match &opts.target {
+        TargetSpec::Pid(_) => None,
+        TargetSpec::Command(cmd) => Some(
+            cmd.first()
+                .and_then(|p| launch::resolve(p, std::env::var_os("PATH")))?,
+        ),
+    };
+    match lock_tracer::find(pid, exe.as_deref()) {
+        Ok(Some(library)) => Some(library),
+        Ok(None) => {
+            notes.push(
+                "no object in the target defines pthread_mutex_lock: lock calls are not traced \
+                 (contention still is, from the kernel)"
+                    .into(),
+            );
+            None
+        }
+        Err(e) => {
+            notes.push(format!("cannot find the target's lock functions: {e:#}"));
+            None
+        }
     }
 }
 
@@ -786,6 +914,16 @@ fn drain_tasks(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
             Some(ev) => collector.on_task(&ev),
             None => tracing::warn!("short task record ({} bytes)", item.len()),
         }
+    }
+}
+
+/// Waits until the ring is readable; never, without a ring.
+async fn readable_opt(
+    ring: &mut Option<AsyncFd<RingBuf<MapData>>>,
+) -> std::io::Result<tokio::io::unix::AsyncFdReadyMutGuard<'_, RingBuf<MapData>>> {
+    match ring {
+        Some(r) => r.readable_mut().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,0 +1,207 @@
+//! The lock uprobes of a session: which object defines the pthread lock
+//! functions, where to probe each, and their windows (shared with the
+//! allocator's probes, `session::windows`).
+//!
+//! Like `malloc`, `pthread_mutex_lock` is looked for in the object that
+//! defines it (the executable of a static binary, else libc). Rust's
+//! `std::sync::Mutex` and other futex-based locks call no pthread
+//! function: their contention is seen from the kernel side only.
+
+use std::{
+    io::{Read, Seek, SeekFrom},
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
+
+use blazesym::inspect::Inspector;
+use iced_x86::Register;
+use memprof_common::locks::lock_op;
+
+use super::{
+    allocator,
+    probes::{Family, ProbePoint},
+    prologue,
+    windows::{Mode, WindowSettings, Windowed},
+};
+use crate::cli::LockMode;
+
+/// Cost of one traced critical section whose probes the kernel emulates:
+/// lock entry, lock return and unlock traps (measured here: about 1 µs a
+/// trap, 1.5 µs for the return).
+const TRAP_COST_S: f64 = 3.5e-6;
+/// Extra cost when the lock call's probe must be single-stepped.
+const SINGLE_STEP_COST_S: f64 = 3.3e-6;
+/// How long the probes stay attached per window.
+const WINDOW: Duration = Duration::from_millis(100);
+/// Longest gap between windows: a hot mutex's window costs the target
+/// about 0.7 s (window, plus three links detached one grace period after
+/// the other), so a 1.5% budget needs gaps near a minute.
+const MAX_GAP: Duration = Duration::from_secs(60);
+/// Share of `--budget` the lock probes may use: the uncontended case is
+/// the common one, and its slowdown must stay within 2%.
+pub const BUDGET_SHARE: f64 = 0.3;
+/// How many bytes of a function to read to place its probes.
+const CODE_BYTES: usize = 1024;
+
+/// The object defining the pthread lock functions, and where to probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockLibrary {
+    pub path: Arc<str>,
+    pub points: Vec<ProbePoint>,
+    /// Whether the kernel emulates every probed instruction of the
+    /// hottest pair (`pthread_mutex_lock`, `pthread_mutex_unlock`).
+    pub emulated: bool,
+}
+
+/// Finds the lock functions of process `pid` (or of the command `exe`,
+/// before it runs). `None` when no object defines `pthread_mutex_lock`.
+pub fn find(pid: u32, exe: Option<&Path>) -> anyhow::Result<Option<LockLibrary>> {
+    let objects = match exe {
+        Some(exe) => allocator::objects_for_command(exe),
+        None => allocator::objects_of(pid)?,
+    };
+    let inspector = Inspector::new();
+    for path in objects {
+        let Some(entries) = allocator::entry_points(&inspector, &path, &lock_op::SYMBOLS) else {
+            continue;
+        };
+        if !entries
+            .iter()
+            .any(|e| e.names.iter().any(|n| n == lock_op::SYMBOLS[0]))
+        {
+            continue;
+        }
+        let mut points = Vec::new();
+        let mut emulated = true;
+        for entry in &entries {
+            let Some(op) = entry
+                .names
+                .first()
+                .and_then(|n| lock_op::SYMBOLS.iter().position(|s| s == n))
+            else {
+                continue;
+            };
+            let op = op as u32;
+            let code = read_at(&path, entry.file_offset, CODE_BYTES).unwrap_or_default();
+            let (sites, all_emulated) = prologue::probe_sites(&code, registers_read(op));
+            if matches!(op, lock_op::MUTEX_LOCK | lock_op::MUTEX_UNLOCK) {
+                emulated &= all_emulated;
+            }
+            tracing::debug!(
+                "probing {} at {:#x} + {sites:?} (kernel-emulated: {all_emulated})",
+                entry.names.join("="),
+                entry.file_offset
+            );
+            points.extend(sites.into_iter().map(|offset| ProbePoint {
+                op,
+                file_offset: entry.file_offset + offset,
+            }));
+        }
+        return Ok(Some(LockLibrary {
+            path,
+            points,
+            emulated,
+        }));
+    }
+    Ok(None)
+}
+
+/// The registers a lock probe reads at entry: the stack pointer (return
+/// address) and the lock (argument 0; a condvar wait's mutex is 1).
+fn registers_read(op: u32) -> &'static [Register] {
+    if lock_op::is_cond(op) {
+        &[Register::RSP, Register::RDI, Register::RSI]
+    } else {
+        &[Register::RSP, Register::RDI]
+    }
+}
+
+fn read_at(path: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    file.seek(SeekFrom::Start(offset))?;
+    let mut buf = vec![0; len];
+    let n = file.read(&mut buf)?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// The lock probes of one session.
+pub struct LockTracer {
+    pub mode: LockMode,
+    windowed: Windowed,
+}
+
+impl std::ops::Deref for LockTracer {
+    type Target = Windowed;
+    fn deref(&self) -> &Windowed {
+        &self.windowed
+    }
+}
+
+impl std::ops::DerefMut for LockTracer {
+    fn deref_mut(&mut self) -> &mut Windowed {
+        &mut self.windowed
+    }
+}
+
+impl LockTracer {
+    /// `budget` is the whole `--budget`; the locks take their share.
+    pub fn new(library: LockLibrary, mode: LockMode, budget: f64, pid: u32) -> Self {
+        let trap_cost_s = TRAP_COST_S
+            + if library.emulated {
+                0.0
+            } else {
+                SINGLE_STEP_COST_S
+            };
+        tracing::info!(
+            "lock functions in {}: {} probe points; trap cost model {:.1} µs per section",
+            library.path,
+            library.points.len(),
+            trap_cost_s * 1e6
+        );
+        let windowed = Windowed::new(
+            Family::Locks,
+            library.path,
+            library.points,
+            WindowSettings {
+                mode: match mode {
+                    LockMode::Sampled => Mode::Sampled,
+                    LockMode::Full | LockMode::Off => Mode::Full,
+                },
+                budget: budget * BUDGET_SHARE,
+                trap_cost_s,
+                window: WINDOW,
+                max_gap: MAX_GAP,
+            },
+            pid,
+        );
+        Self { mode, windowed }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_this_process_lock_functions() {
+        let lib = find(std::process::id(), None)
+            .expect("maps readable")
+            .expect("libc defines pthread_mutex_lock");
+        let ops: Vec<u32> = lib.points.iter().map(|p| p.op).collect();
+        for op in [
+            lock_op::MUTEX_LOCK,
+            lock_op::MUTEX_UNLOCK,
+            lock_op::RW_RDLOCK,
+            lock_op::RW_UNLOCK,
+            lock_op::COND_WAIT,
+        ] {
+            assert!(
+                ops.contains(&op),
+                "{} not probed: {lib:?}",
+                lock_op::SYMBOLS[op as usize]
+            );
+        }
+    }
+}
