@@ -28,11 +28,17 @@ pub mod lock_op {
     pub const COND_WAIT: u32 = 14;
     pub const COND_TIMEDWAIT: u32 = 15;
     pub const COND_CLOCKWAIT: u32 = 16;
+    /// `pthread_mutex_lock` probed on its path for other mutex kinds
+    /// (recursive, error-checking, robust, PI), which branches away before
+    /// the default path's probe. A code of its own so that, rarely taken,
+    /// it can stay attached while the hot path is cycled in windows.
+    pub const MUTEX_LOCK_OTHER_KINDS: u32 = 17;
     /// Number of operations.
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 18;
 
-    /// The C symbol of each operation, indexed by its code.
-    pub const SYMBOLS: [&str; COUNT as usize] = [
+    /// The C symbol of each function, indexed by operation code (the last
+    /// operation shares `pthread_mutex_lock`'s).
+    pub const SYMBOLS: [&str; MUTEX_LOCK_OTHER_KINDS as usize] = [
         "pthread_mutex_lock",
         "pthread_mutex_trylock",
         "pthread_mutex_timedlock",
@@ -52,9 +58,20 @@ pub mod lock_op {
         "pthread_cond_clockwait",
     ];
 
+    /// The function an operation probes.
+    pub const fn symbol(op: u32) -> &'static str {
+        if op == MUTEX_LOCK_OTHER_KINDS {
+            SYMBOLS[MUTEX_LOCK as usize]
+        } else if op < MUTEX_LOCK_OTHER_KINDS {
+            SYMBOLS[op as usize]
+        } else {
+            "?"
+        }
+    }
+
     /// Takes a lock (entry and return probes).
     pub const fn is_acquire(op: u32) -> bool {
-        op <= RW_CLOCKWRLOCK
+        op <= RW_CLOCKWRLOCK || op == MUTEX_LOCK_OTHER_KINDS
     }
 
     /// Releases a lock (entry probe only; the lock is argument 0).
@@ -69,7 +86,11 @@ pub mod lock_op {
 
     /// May fail without taking the lock (try, timed).
     pub const fn may_fail(op: u32) -> bool {
-        is_acquire(op) && !matches!(op, MUTEX_LOCK | RW_RDLOCK | RW_WRLOCK)
+        is_acquire(op)
+            && !matches!(
+                op,
+                MUTEX_LOCK | MUTEX_LOCK_OTHER_KINDS | RW_RDLOCK | RW_WRLOCK
+            )
     }
 
     /// An rwlock operation.
@@ -209,21 +230,16 @@ mod tests {
     fn operations_fall_in_one_class_each() {
         for op in 0..COUNT {
             let classes = [is_acquire(op), is_unlock(op), is_cond(op)];
-            assert_eq!(
-                classes.iter().filter(|c| **c).count(),
-                1,
-                "{}",
-                SYMBOLS[op as usize]
-            );
-            assert_eq!(is_rwlock(op), SYMBOLS[op as usize].contains("rwlock"));
+            assert_eq!(classes.iter().filter(|c| **c).count(), 1, "{}", symbol(op));
+            assert_eq!(is_rwlock(op), symbol(op).contains("rwlock"));
             assert_eq!(
                 may_fail(op),
                 ["try", "timed", "clock"]
                     .iter()
-                    .any(|w| SYMBOLS[op as usize].contains(w))
+                    .any(|w| symbol(op).contains(w))
                     && is_acquire(op)
             );
-            assert_eq!(is_read(op), SYMBOLS[op as usize].contains("rdlock"));
+            assert_eq!(is_read(op), symbol(op).contains("rdlock"));
         }
     }
 }

@@ -238,7 +238,7 @@ fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option<&LockTraci
         "Locks (waits seen from the kernel; lock contention first, then other waits)"
     );
     match tracing {
-        Some(t) if t.mode == "sampled" => {
+        Some(t) if t.mode == "sampled" && t.traced_fraction < 0.999 => {
             let _ = writeln!(
                 out,
                 "  lock calls traced {:.1}% of the time: acquisitions are estimates",

@@ -32,8 +32,10 @@ use crate::cli::LockMode;
 const TRAP_COST_S: f64 = 3.5e-6;
 /// Extra cost when the lock call's probe must be single-stepped.
 const SINGLE_STEP_COST_S: f64 = 3.3e-6;
-/// How long the probes stay attached per window.
-const WINDOW: Duration = Duration::from_millis(100);
+/// How long the probes stay attached per window: a hot lock's rate is
+/// known within a few milliseconds, and detaching adds about 0.1 s per hot
+/// link anyway.
+const WINDOW: Duration = Duration::from_millis(30);
 /// Longest gap between windows: a hot mutex's window costs the target
 /// about 0.7 s (window, plus three links detached one grace period after
 /// the other), so a 1.5% budget needs gaps near a minute.
@@ -93,8 +95,15 @@ pub fn find(pid: u32, exe: Option<&Path>) -> anyhow::Result<Option<LockLibrary>>
                 entry.names.join("="),
                 entry.file_offset
             );
-            points.extend(sites.into_iter().map(|offset| ProbePoint {
-                op,
+            // The last site is the function's main path; the others are
+            // side exits taken by other mutex kinds (see prologue).
+            let main = sites.len() - 1;
+            points.extend(sites.into_iter().enumerate().map(|(i, offset)| ProbePoint {
+                op: if i < main && op == lock_op::MUTEX_LOCK {
+                    lock_op::MUTEX_LOCK_OTHER_KINDS
+                } else {
+                    op
+                },
                 file_offset: entry.file_offset + offset,
             }));
         }
@@ -200,7 +209,7 @@ mod tests {
             assert!(
                 ops.contains(&op),
                 "{} not probed: {lib:?}",
-                lock_op::SYMBOLS[op as usize]
+                lock_op::symbol(op)
             );
         }
     }

@@ -70,10 +70,12 @@ struct Merged {
 /// How the lock uprobes ran, for the report.
 pub fn tracing(tracer: Option<&Windowed>, counters: &Counters) -> Option<LockTracing> {
     let tracer = tracer?;
-    let name = |op: &u32| lock_op::SYMBOLS[*op as usize].to_string();
+    let name = |op: &u32| lock_op::symbol(*op).to_string();
     let mut functions: Vec<String> = tracer.ops().iter().map(name).collect();
+    functions.sort();
     functions.dedup();
     let mut always: Vec<String> = tracer.resident_ops().iter().map(name).collect();
+    always.sort();
     always.dedup();
     Some(LockTracing {
         mode: match tracer.settings.mode {

@@ -245,26 +245,24 @@ impl Windowed {
                 calls_at_open,
                 stime_at_open,
             } => {
+                let calls = probes.calls(self.family);
                 if self.first_window {
+                    if calls.saturating_sub(calls_at_open) < MIN_CALLS_TO_MEASURE {
+                        // Too quiet to tell hot from cold (a launched
+                        // command starting up, a program without locks):
+                        // probes that do not fire cost nothing, so stay
+                        // attached and look again a window later.
+                        self.stay_attached(links, opened, calls_at_open, calls);
+                        return Ok(None);
+                    }
                     self.first_window = false;
                     self.make_cold_ops_resident(probes, opened.elapsed());
                 }
-                let calls = probes.calls(self.family);
                 let rate = calls.saturating_sub(calls_at_open) as f64
                     / opened.elapsed().as_secs_f64().max(1e-3);
                 if self.cycle.duty(rate) >= 1.0 {
                     // Cheap enough to stay attached.
-                    self.state = State::Attached {
-                        links,
-                        opened,
-                        calls_at_open,
-                        stime_at_open,
-                    };
-                    self.cycle.observe(
-                        calls.saturating_sub(calls_at_open),
-                        opened.elapsed(),
-                        Duration::ZERO,
-                    );
+                    self.stay_attached(links, opened, calls_at_open, calls);
                     return Ok(None);
                 }
                 let links = self.without_resident(links);
@@ -328,6 +326,22 @@ impl Windowed {
             }
             State::Idle => Ok(None),
         }
+    }
+
+    /// Ends a window without detaching: a new one starts now (so the next
+    /// deadline is a window away).
+    fn stay_attached(&mut self, links: Links, opened: Instant, calls_at_open: u64, calls: u64) {
+        self.cycle.observe(
+            calls.saturating_sub(calls_at_open),
+            opened.elapsed(),
+            Duration::ZERO,
+        );
+        self.state = State::Attached {
+            links,
+            opened: Instant::now(),
+            calls_at_open: calls,
+            stime_at_open: system_time(self.pid),
+        };
     }
 
     /// After the first window, operations called so rarely that tracing
