@@ -9,12 +9,14 @@ use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Color, Style, Stylize},
     text::{Line, Span},
-    widgets::{Bar, BarChart, Block, Paragraph, Table, TableState, Wrap},
+    widgets::{Block, Paragraph, Table, TableState, Wrap},
     Frame,
 };
 
 use super::{
-    widgets::{count_label, render_message, table, Column, Selection},
+    widgets::{
+        count_label, histogram_spans, render_histogram, render_message, table, Column, Selection,
+    },
     App,
 };
 use crate::report::{
@@ -329,99 +331,21 @@ fn split_name(op: &OpStats) -> String {
 /// The selected split's histogram as a bar chart, one bar per log2 bucket.
 fn render_chart(op: &OpStats, frame: &mut Frame, area: Rect) {
     let block = Block::bordered().title(format!(" {} ", split_name(op)));
-    let buckets = buckets(&op.histogram);
-    if buckets.is_empty() {
-        frame.render_widget(Paragraph::new("no calls traced").block(block), area);
-        return;
-    }
-    let inner = block.inner(area).width;
-    let n = u16::try_from(buckets.len()).unwrap_or(u16::MAX);
-    // Gaps between the bars only while every bucket still fits.
-    let gap = u16::from(n.saturating_mul(2).saturating_sub(1) <= inner);
-    let bar_width = ((inner + gap) / n).saturating_sub(gap).clamp(1, 5);
-    let bars: Vec<Bar> = buckets
-        .iter()
-        .map(|&(upper, count)| Bar::with_label(tick(upper), count).text_value(String::new()))
-        .collect();
-    let chart = BarChart::new(bars)
-        .bar_width(bar_width)
-        .bar_gap(gap)
-        .bar_style(Style::new().cyan())
-        .block(block);
-    frame.render_widget(chart, area);
+    render_histogram(frame, area, block, &op.histogram, "no calls traced");
 }
 
-/// `histogram 64 ns ▂█▅▁ 4.10 µs`: the selected split's histogram in one
-/// line, from the lower bound of its first bucket to the upper bound of
-/// its last.
+/// `histogram malloc small reused parallel 64 ns ▂█▅▁ 4.10 µs`: the
+/// selected split's histogram in one line.
 fn spark_line(op: &OpStats) -> Line<'static> {
-    let buckets = buckets(&op.histogram);
-    let (Some(first), Some(last)) = (buckets.first(), buckets.last()) else {
-        return Line::from(vec![
-            "histogram ".dim(),
-            format!("{}: no calls traced", split_name(op)).into(),
-        ]);
-    };
-    let counts: Vec<u64> = buckets.iter().map(|b| b.1).collect();
-    Line::from(vec![
-        "histogram ".dim(),
-        format!("{} ", split_name(op)).into(),
-        format!("{} ", format_ns(first.0 / 2)).dim(),
-        sparkline(&counts).cyan(),
-        format!(" {}", format_ns(last.0)).dim(),
-    ])
-}
-
-/// The histogram as contiguous log2 buckets: sorted by upper bound, a
-/// missing bucket between two present ones filled with zero calls, and
-/// the empty buckets at both ends dropped.
-fn buckets(histogram: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut sorted = histogram.to_vec();
-    sorted.sort_by_key(|b| b.0);
-    let start = sorted.iter().position(|b| b.1 > 0);
-    let end = sorted.iter().rposition(|b| b.1 > 0);
-    let (Some(start), Some(end)) = (start, end) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(end + 1 - start);
-    for &(upper, count) in &sorted[start..=end] {
-        while let Some(&(prev, _)) = out.last() {
-            match prev.checked_mul(2) {
-                Some(next) if prev > 0 && upper / prev >= 3 => out.push((next, 0)),
-                _ => break,
-            }
+    let mut spans = vec!["histogram ".dim()];
+    match histogram_spans(&op.histogram) {
+        Some(histogram) => {
+            spans.push(format!("{} ", split_name(op)).into());
+            spans.extend(histogram);
         }
-        out.push((upper, count));
+        None => spans.push(format!("{}: no calls traced", split_name(op)).into()),
     }
-    out
-}
-
-/// One block character per count, scaled to the largest; a non-zero count
-/// shows at least the lowest block.
-fn sparkline(counts: &[u64]) -> String {
-    const LEVELS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-    let max = counts.iter().copied().max().unwrap_or(0);
-    counts
-        .iter()
-        .map(|&c| {
-            if c == 0 || max == 0 {
-                LEVELS[0]
-            } else {
-                let level = (c as u128 * 8).div_ceil(max as u128) as usize;
-                LEVELS[level.clamp(1, 8)]
-            }
-        })
-        .collect()
-}
-
-/// A bucket bound in at most four characters: `64n`, `16µ`, `2m`, `1s`.
-fn tick(ns: u64) -> String {
-    match ns {
-        0..1_000 => format!("{ns}n"),
-        1_000..1_000_000 => format!("{}µ", ns / 1_000),
-        1_000_000..1_000_000_000 => format!("{}m", ns / 1_000_000),
-        _ => format!("{}s", ns / 1_000_000_000),
-    }
+    Line::from(spans)
 }
 
 /// The parts of mapped memory at its peak: label, bytes and colour.
@@ -770,39 +694,6 @@ mod tests {
         assert_eq!(wide, [4, CHART_WANT, 4, 6]);
         // Too small for anything.
         assert_eq!(fit_panes(3, &wants), [0, 0, 0, 0, 0]);
-    }
-
-    #[test]
-    fn histogram_buckets_are_contiguous_and_trimmed() {
-        assert!(buckets(&[]).is_empty());
-        assert!(buckets(&[(64, 0), (128, 0)]).is_empty());
-        assert_eq!(
-            buckets(&[(1024, 2), (32, 0), (64, 5), (128, 0), (4096, 1), (8192, 0)]),
-            [
-                (64, 5),
-                (128, 0),
-                (256, 0),
-                (512, 0),
-                (1024, 2),
-                (2048, 0),
-                (4096, 1)
-            ]
-        );
-        // hdrhistogram-style bounds (2^k - 1) fill gaps too.
-        assert_eq!(buckets(&[(63, 1), (255, 1)]), [(63, 1), (126, 0), (255, 1)]);
-        assert_eq!(buckets(&[(0, 1), (u64::MAX, 1)]), [(0, 1), (u64::MAX, 1)]);
-    }
-
-    #[test]
-    fn sparkline_and_ticks() {
-        assert_eq!(sparkline(&[]), "");
-        assert_eq!(sparkline(&[0, 0]), "  ");
-        assert_eq!(sparkline(&[1, 0, 1000, 500]), "▁ █▄");
-        assert_eq!(sparkline(&[u64::MAX, 1]), "█▁");
-        assert_eq!(tick(64), "64n");
-        assert_eq!(tick(16_384), "16µ");
-        assert_eq!(tick(2_097_152), "2m");
-        assert_eq!(tick(u64::MAX), "18446744073s");
     }
 
     #[test]

@@ -1,24 +1,29 @@
 //! The Locks tab: the locks threads waited for, ranked (lock contention
 //! first, then other waits such as condvars and joins, dimmed), and the
 //! selected lock's detail: where threads waited, the code that released
-//! them, the owner threads seen, and what needs the lock uprobes.
+//! them, the critical sections that held the lock, the owner threads
+//! seen, acquisitions and hold times (from the lock uprobes), and the
+//! wait and hold histograms.
 //!
 //! On a small terminal the table keeps a few rows (it scrolls to the
-//! selection) and the detail drops, in this order: the acquisitions note,
-//! the releasing sites after the first, the waiting sites after the first,
-//! the owners, the first releasing site.
+//! selection) and the detail drops, in this order: the histograms' bar
+//! charts (then their one-line sparklines), an untraced lock's note, the
+//! critical sections, releasing sites and waiting sites after the first,
+//! the first critical section, a traced lock's acquisitions and hold
+//! times, the owners, the first releasing site.
 
 use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Style, Stylize},
     text::{Line, Span},
-    widgets::{Block, Cell, Row, Table, TableState},
+    widgets::{Block, Cell, Paragraph, Row, Table, TableState},
     Frame,
 };
 
 use super::{
     widgets::{
-        count_label, first_width, render_message, split_height, styled_table, Column, Selection,
+        count_label, ellipsize_line, first_width, has_counts, histogram_spans, render_histogram,
+        render_message, split_height, styled_table, Column, Selection,
     },
     App,
 };
@@ -61,7 +66,12 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     }
     let selected = app.locks.selected(locks.len());
     let chosen = selected.and_then(|i| locks.get(i));
-    let detail_want = chosen.map_or(0, |l| fit_detail(l, u16::MAX).lines().saturating_add(2));
+    let detail_width = area.width.saturating_sub(2);
+    let detail_want = chosen.map_or(0, |l| {
+        fit_detail(l, detail_width, u16::MAX)
+            .lines()
+            .saturating_add(2)
+    });
     let (table_height, detail_height) = split_height(area.height, locks.len(), detail_want);
     let [table_area, detail_area] = Layout::vertical([
         Constraint::Length(table_height),
@@ -71,7 +81,11 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     render_table(locks, selected, frame, table_area);
     if let Some(lock) = chosen {
         if detail_area.height > 2 {
-            render_detail(lock, frame, detail_area);
+            let estimates = report
+                .lock_tracing
+                .as_ref()
+                .is_some_and(|t| t.mode == "sampled" && t.traced_fraction < 0.999);
+            render_detail(lock, estimates, frame, detail_area);
         }
     }
 }
@@ -133,34 +147,101 @@ fn threads_label(threads: usize) -> String {
     }
 }
 
+/// Height of a histogram's bar chart (borders, bars and labels).
+const CHART_HEIGHT: usize = 8;
+/// From this width the two histograms sit side by side, else stacked.
+const CHARTS_SIDE_BY_SIDE: u16 = 60;
+/// The header of the critical sections' release column.
+const RELEASED: &str = "released at";
+/// The note when the lock uprobes did not see the lock: what, and why;
+/// on two lines when one is too narrow.
+const UNTRACED: [&str; 2] = [
+    "acquisitions and hold times: not traced",
+    "(--lock-mode off, or not a pthread lock)",
+];
+
+/// How the selected lock's histograms are shown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Histograms {
+    /// Not at all (none has data, or no room).
+    #[default]
+    Hidden,
+    /// A one-line sparkline for each of the first `n` with data.
+    Lines(usize),
+    /// Bar charts, side by side or stacked, in this many lines.
+    Charts(usize),
+}
+
+impl Histograms {
+    fn lines(&self) -> usize {
+        match *self {
+            Self::Hidden => 0,
+            Self::Lines(n) | Self::Charts(n) => n,
+        }
+    }
+}
+
 /// What of the detail is shown: rows of each site table (`None`: the
-/// section is dropped; `Some(0)`: its "none seen" line), the owners line
-/// and the note.
+/// section is dropped; `Some(0)`: its "none seen" line), the owners line,
+/// the note's lines (all or none) and the histograms.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct DetailFit {
     waiters: Option<usize>,
     holders: Option<usize>,
+    sections: Option<usize>,
     owners: bool,
-    note: bool,
+    note: usize,
+    histograms: Histograms,
 }
 
 impl DetailFit {
     /// Lines used: each section is a header and its rows, or one line.
     fn lines(&self) -> u16 {
-        let section = |rows: Option<usize>| rows.map_or(0, |n| 1 + n);
-        let total = section(self.waiters)
-            + section(self.holders)
+        let total = section_lines(self.waiters)
+            + section_lines(self.holders)
+            + section_lines(self.sections)
             + usize::from(self.owners)
-            + usize::from(self.note);
+            + self.note
+            + self.histograms.lines();
         u16::try_from(total).unwrap_or(u16::MAX)
     }
 }
 
-/// The parts of `l`'s detail that fit in `height` lines, the most
-/// important first: the first waiting site, the first releasing site, the
-/// owners, the other waiting sites, the other releasing sites, the note.
-/// Nothing is shown without the first waiting site.
-fn fit_detail(l: &LockEntry, height: u16) -> DetailFit {
+/// Lines of a site table of `rows` rows: a header and the rows, or the
+/// one "none seen" line; none when dropped.
+fn section_lines(rows: Option<usize>) -> usize {
+    rows.map_or(0, |n| 1 + n)
+}
+
+/// Whether the lock uprobes saw the lock.
+fn traced(l: &LockEntry) -> bool {
+    l.acquisitions.is_some()
+}
+
+/// The lock's histograms that have data: label and buckets.
+fn histograms(l: &LockEntry) -> Vec<(&'static str, &[(u64, u64)])> {
+    [
+        ("wait times ", l.wait_histogram.as_slice()),
+        ("hold times ", l.hold_histogram.as_slice()),
+    ]
+    .into_iter()
+    .filter(|(_, h)| has_counts(h))
+    .collect()
+}
+
+/// Whether `n` histograms' charts are stacked in `width`.
+fn stacked(n: usize, width: u16) -> bool {
+    n > 1 && width < CHARTS_SIDE_BY_SIDE
+}
+
+/// The parts of `l`'s detail that fit in `height` lines of `width`, the
+/// most important first: the first waiting site, the first releasing
+/// site, the owners, then for a traced lock the acquisitions note and the
+/// first critical section; then the other waiting sites, releasing sites
+/// and critical sections; the note of an untraced lock; last the
+/// histograms, as charts or else one line each. Nothing is shown without
+/// the first waiting site.
+fn fit_detail(l: &LockEntry, width: u16, height: u16) -> DetailFit {
     let mut left = usize::from(height);
     let mut take = |n: usize| {
         let fits = n <= left;
@@ -170,7 +251,7 @@ fn fit_detail(l: &LockEntry, height: u16) -> DetailFit {
         fits
     };
     let mut fit = DetailFit::default();
-    let (waiters, holders) = (l.waiters.len(), l.holders.len());
+    let (waiters, holders, sections) = (l.waiters.len(), l.holders.len(), l.sections.len());
     if !take(1 + waiters.min(1)) {
         return fit;
     }
@@ -179,33 +260,61 @@ fn fit_detail(l: &LockEntry, height: u16) -> DetailFit {
         fit.holders = Some(holders.min(1));
     }
     fit.owners = l.owner_seen && take(1);
-    for (rows, all) in [(&mut fit.waiters, waiters), (&mut fit.holders, holders)] {
+    let note = note_lines(l, false, usize::from(width)).len();
+    if traced(l) && take(note) {
+        fit.note = note;
+    }
+    if (traced(l) || sections > 0) && take(1 + sections.min(1)) {
+        fit.sections = Some(sections.min(1));
+    }
+    for (rows, all) in [
+        (&mut fit.waiters, waiters),
+        (&mut fit.holders, holders),
+        (&mut fit.sections, sections),
+    ] {
         if let Some(shown) = rows {
             while *shown < all && take(1) {
                 *shown += 1;
             }
         }
     }
-    fit.note = take(1);
+    if !traced(l) && take(note) {
+        fit.note = note;
+    }
+    let shown = histograms(l).len();
+    let charts = if stacked(shown, width) { shown } else { 1 } * CHART_HEIGHT;
+    fit.histograms = if shown == 0 {
+        Histograms::Hidden
+    } else if take(charts) {
+        Histograms::Charts(charts)
+    } else if let Some(n) = (1..=shown).rev().find(|&n| take(n)) {
+        Histograms::Lines(n)
+    } else {
+        Histograms::Hidden
+    };
     fit
 }
 
-/// The selected lock: waiting sites, releasing sites, owners, and what
-/// the lock uprobes would add.
-fn render_detail(l: &LockEntry, frame: &mut Frame, area: Rect) {
+/// The selected lock: waiting sites, releasing sites, critical sections,
+/// owners, acquisitions and hold times (`estimates` when the lock calls
+/// were traced only part of the time), and the wait and hold histograms.
+fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) {
     let title = ellipsize(&detail_title(l), usize::from(area.width.saturating_sub(2)));
     let block = Block::bordered().title(title);
     let inner = block.inner(area);
     frame.render_widget(block, area);
-    let fit = fit_detail(l, inner.height);
-    let section = |rows: Option<usize>| rows.map_or(0, |n| 1 + n as u16);
-    let [waiters_area, holders_area, owners_area, note_area] = Layout::vertical([
-        Constraint::Length(section(fit.waiters)),
-        Constraint::Length(section(fit.holders)),
-        Constraint::Length(u16::from(fit.owners)),
-        Constraint::Length(u16::from(fit.note)),
-    ])
-    .areas(inner);
+    let fit = fit_detail(l, inner.width, inner.height);
+    let length = |lines: usize| Constraint::Length(u16::try_from(lines).unwrap_or(u16::MAX));
+    let [waiters_area, holders_area, sections_area, owners_area, note_area, histograms_area] =
+        Layout::vertical([
+            length(section_lines(fit.waiters)),
+            length(section_lines(fit.holders)),
+            length(section_lines(fit.sections)),
+            length(usize::from(fit.owners)),
+            length(fit.note),
+            length(fit.histograms.lines()),
+        ])
+        .areas(inner);
     let waiters = site_rows(&l.waiters, |w| {
         let numbers = [count_label(w.count), format_ns(w.wait_ns)];
         (&w.function, w.file.as_deref(), w.line, &w.module, numbers)
@@ -214,13 +323,38 @@ fn render_detail(l: &LockEntry, frame: &mut Frame, area: Rect) {
         let numbers = [count_label(h.count), count_label(h.woken)];
         (&h.function, h.file.as_deref(), h.line, &h.module, numbers)
     });
-    let longest_source = waiters
+    let sections = site_rows(&l.sections, |s| {
+        let numbers = [count_label(s.count), format_ns(s.hold_ns)];
+        (&s.function, s.file.as_deref(), s.line, &s.module, numbers)
+    });
+    let longest = |sites: &[[String; 4]], column: usize, least: &str| {
+        let longest = sites.iter().map(|site| site[column].chars().count()).max();
+        longest.unwrap_or(0).max(least.chars().count())
+    };
+    let released: Vec<String> = l
+        .sections
         .iter()
-        .chain(&holders)
-        .map(|site| site[1].chars().count())
+        .map(|s| s.released_at.clone().unwrap_or_else(|| "-".into()))
+        .collect();
+    let longest_released = released
+        .iter()
+        .map(|r| r.chars().count())
         .max()
-        .unwrap_or(0);
-    let widths = site_widths(inner.width, longest_source);
+        .unwrap_or(0)
+        .max(RELEASED.chars().count());
+    // The critical sections' source and release share the source column.
+    let longest_section = if fit.sections.is_some() && !sections.is_empty() {
+        longest(&sections, 1, "source") + 1 + longest_released
+    } else {
+        0
+    };
+    let longest_source = longest(&waiters, 1, "")
+        .max(longest(&holders, 1, ""))
+        .max(longest_section);
+    let longest_function = longest(&waiters, 0, "released by")
+        .max(longest(&holders, 0, ""))
+        .max(longest(&sections, 0, ""));
+    let widths = site_widths(inner.width, longest_function, longest_source);
     if let Some(rows) = fit.waiters {
         let header = ["waited in", "source", "waits", "wait time"];
         let none = "no waiting code seen";
@@ -237,12 +371,23 @@ fn render_detail(l: &LockEntry, frame: &mut Frame, area: Rect) {
         let sites = holders.into_iter().take(rows);
         render_sites(frame, holders_area, header, sites, widths, none);
     }
+    if let Some(rows) = fit.sections {
+        let widths = section_widths(widths, longest(&sections, 1, "source"), longest_released);
+        let header = ["held in", "source", RELEASED, "holds", "hold time"];
+        let none = "no critical section traced";
+        let sites = sections.into_iter().zip(released).take(rows).map(
+            |([function, source, count, hold], released)| [function, source, released, count, hold],
+        );
+        render_sites(frame, sections_area, header, sites, widths, none);
+    }
     if fit.owners {
         frame.render_widget(owners_line(l, usize::from(inner.width)), owners_area);
     }
-    if fit.note {
-        frame.render_widget(note_line(l), note_area);
+    if fit.note > 0 {
+        let lines = note_lines(l, estimates, usize::from(inner.width));
+        frame.render_widget(Paragraph::new(lines), note_area);
     }
+    render_histograms(l, fit.histograms, frame, histograms_area);
 }
 
 /// `g_hot_lock · mutex at 0x5555aaaa0040 · mean wait 41.0 µs`.
@@ -256,13 +401,30 @@ fn detail_title(l: &LockEntry) -> String {
 }
 
 /// Widths of the site tables' columns (function, source, two numbers) in
-/// `width`, shared by the waiting and releasing sites so that they line
-/// up: the source gets what its longest label needs, up to half.
-fn site_widths(width: u16, longest_source: usize) -> [u16; 4] {
+/// `width`, shared by the site tables so that they line up: the source
+/// gets what its longest label needs, up to half, or up to what the
+/// longest function leaves.
+fn site_widths(width: u16, longest_function: usize, longest_source: usize) -> [u16; 4] {
     let rest = width.saturating_sub(2 * NUMBER + 3);
-    let longest = u16::try_from(longest_source.max("source".len())).unwrap_or(u16::MAX);
-    let source = longest.min(rest / 2);
+    let to_u16 = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
+    let longest = to_u16(longest_source.max("source".len()));
+    let beside_functions = rest.saturating_sub(to_u16(longest_function));
+    let source = longest.min((rest / 2).max(beside_functions));
     [rest - source, source, NUMBER, NUMBER]
+}
+
+/// Widths of the critical sections' columns (function, source, release,
+/// two numbers), lined up with the other site tables' `widths`: the
+/// source and the release share their source column; the release gets
+/// what its longest label needs (`longest_released`), leaving the source
+/// what its longest label needs (`longest_source`) or at least half.
+fn section_widths(widths: [u16; 4], longest_source: usize, longest_released: usize) -> [u16; 5] {
+    let [function, shared, first, second] = widths;
+    let room = shared.saturating_sub(1);
+    let to_u16 = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
+    let source = to_u16(longest_source).min(room / 2);
+    let release = to_u16(longest_released).min(room - source);
+    [function, room - release, release, first, second]
 }
 
 /// The rows of a site table (function, source, two numbers) for `sites`;
@@ -285,19 +447,19 @@ fn site_rows<S>(
         .collect()
 }
 
-/// A table of sites (function, source, two numbers) under a bold header,
+/// A table of sites (text columns, then two numbers) under a bold header,
 /// or `none` when there are no sites.
-fn render_sites(
+fn render_sites<const N: usize>(
     frame: &mut Frame,
     area: Rect,
-    header: [&'static str; 4],
-    sites: impl Iterator<Item = [String; 4]>,
-    widths: [u16; 4],
+    header: [&'static str; N],
+    sites: impl Iterator<Item = [String; N]>,
+    widths: [u16; N],
     none: &'static str,
 ) {
     let cell = |i: usize, text: String| {
         let text = ellipsize(&text, usize::from(widths[i]));
-        if i < 2 {
+        if i + 2 < N {
             Cell::from(text)
         } else {
             Cell::from(Line::from(text).right_aligned())
@@ -312,7 +474,8 @@ fn render_sites(
         })
         .collect();
     if rows.is_empty() {
-        frame.render_widget(Line::from(none).dim(), area);
+        let line = ellipsize_line(Line::from(none).dim(), usize::from(area.width));
+        frame.render_widget(line, area);
         return;
     }
     let header: Row = header
@@ -342,24 +505,122 @@ fn owners_line(l: &LockEntry, width: usize) -> Line<'static> {
     Line::from(vec![label.dim(), Span::raw(ellipsize(&owners, room))])
 }
 
-/// Acquisitions and hold time when the lock uprobes saw them, else why
-/// they are missing.
-fn note_line(l: &LockEntry) -> Line<'static> {
+/// Acquisitions (`estimates` when scaled from part of the time), how many
+/// were contended, the lock call's latency and failed tries, then the
+/// hold times, each line cut to `width`; or why they were not traced.
+fn note_lines(l: &LockEntry, estimates: bool, width: usize) -> Vec<Line<'static>> {
     let Some(acquisitions) = l.acquisitions else {
-        return Line::from("acquisitions and hold times need the lock uprobes (not yet available)")
-            .dim();
+        let one = UNTRACED.join(" ");
+        let lines = if one.chars().count() <= width {
+            vec![one]
+        } else {
+            UNTRACED.map(String::from).to_vec()
+        };
+        return lines
+            .into_iter()
+            .map(|text| ellipsize_line(Line::from(text).dim(), width))
+            .collect();
     };
-    let mut spans = vec![
-        "acquisitions ".dim(),
-        group(acquisitions).into(),
-        "   contended ".dim(),
-        format!("{:.1}%", percent(l.contentions, acquisitions)).into(),
-    ];
-    if let Some(hold) = l.hold_p99_ns {
-        spans.push("   hold p99 ".dim());
-        spans.push(format_ns(hold).into());
+    let mut count = vec!["acquisitions ".dim(), group(acquisitions).into()];
+    if estimates {
+        count.push(" (estimates)".dim());
     }
-    Line::from(spans)
+    let contended = l
+        .contention_rate
+        .filter(|r| r.is_finite())
+        .map_or_else(|| percent(l.contentions, acquisitions), |r| r * 100.0);
+    let mut groups = vec![
+        count,
+        vec![
+            "contended ".dim(),
+            format!("{:.1}%", contended.clamp(0.0, 100.0)).into(),
+        ],
+    ];
+    if let Some(p99) = l.acquire_p99_ns {
+        let mut acquire = vec!["lock call p99 ".dim(), format_ns(p99).into()];
+        if let Some(max) = l.acquire_max_ns {
+            acquire.extend([" max ".dim(), format_ns(max).into()]);
+        }
+        groups.push(acquire);
+    }
+    if let Some(failed) = l.failed_attempts.filter(|&n| n > 0) {
+        groups.push(vec!["failed tries ".dim(), group(failed).into()]);
+    }
+    let mut lines = vec![fit_groups(groups, width)];
+    let holds: Vec<Vec<Span<'static>>> = [
+        ("mean ", l.hold_mean_ns),
+        ("p99 ", l.hold_p99_ns),
+        ("max ", l.hold_max_ns),
+        ("total ", l.hold_total_ns),
+    ]
+    .into_iter()
+    .filter_map(|(label, ns)| Some(vec![label.dim(), format_ns(ns?).into()]))
+    .enumerate()
+    .map(|(i, mut spans)| {
+        if i == 0 {
+            spans.insert(0, "hold ".dim());
+        }
+        spans
+    })
+    .collect();
+    if !holds.is_empty() {
+        lines.push(fit_groups(holds, width));
+    }
+    lines
+}
+
+/// `groups` of spans three spaces apart, as many as fit in `width` (the
+/// first one cut when it alone does not).
+fn fit_groups(groups: Vec<Vec<Span<'static>>>, width: usize) -> Line<'static> {
+    let mut spans = Vec::new();
+    let mut used = 0;
+    for group in groups {
+        let n: usize = group.iter().map(|s| s.content.chars().count()).sum();
+        if !spans.is_empty() {
+            if used + 3 + n > width {
+                break;
+            }
+            spans.push(Span::raw("   "));
+            used += 3;
+        }
+        used += n;
+        spans.extend(group);
+    }
+    ellipsize_line(Line::from(spans), width)
+}
+
+/// The wait and hold histograms with data: bar charts side by side (or
+/// stacked on a narrow pane), or one sparkline each.
+fn render_histograms(l: &LockEntry, shown: Histograms, frame: &mut Frame, area: Rect) {
+    let histograms = histograms(l);
+    match shown {
+        Histograms::Hidden => {}
+        Histograms::Lines(n) => {
+            let width = usize::from(area.width);
+            let lines: Vec<Line> = histograms
+                .iter()
+                .take(n)
+                .map(|(label, h)| {
+                    let mut spans = vec![label.dim()];
+                    spans.extend(histogram_spans(h).unwrap_or_default());
+                    ellipsize_line(Line::from(spans), width)
+                })
+                .collect();
+            frame.render_widget(Paragraph::new(lines), area);
+        }
+        Histograms::Charts(_) => {
+            let n = u32::try_from(histograms.len()).unwrap_or(1);
+            let areas = if stacked(histograms.len(), area.width) {
+                Layout::vertical(histograms.iter().map(|_| Constraint::Fill(1))).split(area)
+            } else {
+                Layout::horizontal(histograms.iter().map(|_| Constraint::Ratio(1, n))).split(area)
+            };
+            for ((label, h), rect) in histograms.iter().zip(areas.iter()) {
+                let block = Block::bordered().title(format!(" {}", label));
+                render_histogram(frame, *rect, block, h, "");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -368,13 +629,74 @@ mod tests {
 
     use super::*;
     use crate::{
-        report::{model::tests::sample_report, text::tests::report_with_locks},
+        report::{
+            model::{tests::sample_report, LockTracing, Report, SectionEntry},
+            text::tests::report_with_locks,
+        },
         tui::{
             app::tests::{app_on, assert_centred, assert_fits, assert_shows, screen_at as screen},
             widgets::shown,
             Action, Tab,
         },
     };
+
+    /// [`report_with_locks`] with the lock uprobes' fields set on the
+    /// mutex: acquisitions, hold times, two critical sections and both
+    /// histograms, traced in sampled mode (acquisitions are estimates).
+    fn traced_report() -> Report {
+        let mut r = report_with_locks();
+        let hot = &mut r.locks[0];
+        hot.acquisitions = Some(65_880);
+        hot.contention_rate = Some(0.6);
+        hot.failed_attempts = Some(12);
+        hot.acquire_p99_ns = Some(3_200);
+        hot.acquire_max_ns = Some(5_370_000);
+        hot.hold_mean_ns = Some(21_800);
+        hot.hold_p99_ns = Some(28_500);
+        hot.hold_max_ns = Some(4_400_000);
+        hot.hold_total_ns = Some(1_435_000_000);
+        hot.wait_histogram = vec![
+            (2_048, 50),
+            (4_096, 300),
+            (8_192, 900),
+            (16_384, 2_000),
+            (32_768, 400),
+            (4_194_304, 3),
+        ];
+        hot.hold_histogram = vec![(1_024, 50), (2_048, 3_000), (16_384, 2_000), (8_388_608, 3)];
+        let section = |function: &str, line, released: Option<&str>, count, hold_ns| SectionEntry {
+            function: function.into(),
+            file: Some("/src/locks.c".into()),
+            line: Some(line),
+            module: "locks".into(),
+            released_at: released.map(Into::into),
+            count,
+            hold_ns,
+            hold_max_ns: 4_400_000,
+        };
+        hot.sections = vec![
+            section(
+                "contend_hot",
+                166,
+                Some("locks.c:169"),
+                65_000,
+                1_430_000_000,
+            ),
+            section("contend_cold", 180, None, 880, 5_000_000),
+        ];
+        r.lock_tracing = Some(LockTracing {
+            mode: "sampled".into(),
+            library: "/lib/x86_64-linux-gnu/libc.so.6".into(),
+            traced_fraction: 0.05,
+            windows: 3,
+            functions: vec![],
+            always_traced: vec![],
+            sections_lost: 0,
+            unmatched_unlocks: 0,
+            held_overflow: 0,
+        });
+        r
+    }
 
     #[test]
     fn shows_the_ranked_locks_and_the_selected_lock() {
@@ -405,7 +727,7 @@ mod tests {
                 "locks.c:169",
                 "43,693",
                 "held by thread(s) 24692 (9 waits), 24700 (3 waits)",
-                "acquisitions and hold times need the lock uprobes (not yet available)",
+                "acquisitions and hold times: not traced (--lock-mode off, or not a pthread lock)",
                 "↑/↓ select",
             ],
         );
@@ -428,9 +750,164 @@ mod tests {
                 "release_hot",
                 "locks.c:169",
                 "held by thread(s) 24692",
-                "need the lock uprobes",
+                "acquisitions and hold times: not traced",
+                "(--lock-mode off, or not a pthread lock)",
             ],
         );
+        assert_fits(&text, 80);
+        assert!(!text.contains("held in") && !text.contains("wait times"));
+    }
+
+    #[test]
+    fn an_untraced_lock_says_so_in_a_dim_line() {
+        let mut app = app_on(Tab::Locks, traced_report());
+        // The kernel lock: the lock uprobes never see kernel locks.
+        app.handle(Action::Down);
+        let note =
+            "acquisitions and hold times: not traced (--lock-mode off, or not a pthread lock)";
+        let text = screen(&app, 100, 30);
+        assert!(text.contains(note), "{text}");
+        assert!(dim_at(&app, 100, 30, "acquisitions and hold"));
+        assert!(!text.contains("held in") && !text.contains("hold mean"));
+        // On two lines when one is too narrow, cut when still too narrow.
+        let text = screen(&app, 60, 30);
+        assert!(
+            text.contains("│acquisitions and hold times: not traced "),
+            "{text}"
+        );
+        assert!(text.contains("│(--lock-mode off, or not a pthread lock)"));
+        assert!(dim_at(&app, 60, 30, "(--lock-mode off"));
+        let text = screen(&app, 30, 30);
+        assert!(text.contains("│(--lock-mode off, or not a …│"), "{text}");
+        assert!(text.contains("│releasing code: not traced …│"));
+    }
+
+    #[test]
+    fn a_traced_lock_shows_acquisitions_hold_times_and_sections() {
+        let text = screen(&app_on(Tab::Locks, traced_report()), 100, 40);
+        assert_shows(
+            &text,
+            &[
+                "acquisitions 65,880 (estimates)   contended 60.0%   lock call p99 3.20 µs max 5.37 ms",
+                "hold mean 21.8 µs   p99 28.5 µs   max 4.40 ms   total 1.44 s",
+                // The critical sections, lined up with the other sites.
+                "held in",
+                "released at",
+                "holds hold time",
+                "locks.c:166 locks.c:169    65,000    1.43 s",
+                "locks.c:180 -                 880   5.00 ms",
+            ],
+        );
+        assert!(!text.contains("not traced"), "{text}");
+        // The failed tries when there is room for them.
+        let wide = screen(&app_on(Tab::Locks, traced_report()), 120, 40);
+        assert!(wide.contains("max 5.37 ms   failed tries 12"), "{wide}");
+        // Lined up with the other site tables: sources and numbers.
+        let column = |line_with: &str, needle: &str| {
+            let line = text.lines().find(|l| l.contains(line_with)).unwrap_or("");
+            line.find(needle).map(|i| line[..i].chars().count())
+        };
+        let source = column("release_hot", "locks.c:169");
+        assert!(source.is_some(), "{text}");
+        assert_eq!(column("65,000", "locks.c:166"), source);
+        assert_eq!(column("held in", "source"), column("released by", "source"));
+        assert_eq!(column("65,000", "65,000"), column("43,693", "43,693"));
+        // The section rows come after the releasing sites, the note after
+        // the owners.
+        let row = |s: &str| text.find(s).unwrap_or(usize::MAX);
+        assert!(row("released by") < row("held in") && row("held in") < row("held by thread"));
+        assert!(row("held by thread") < row("acquisitions 65,880"));
+    }
+
+    #[test]
+    fn acquisitions_are_estimates_only_when_sampled() {
+        let mut r = traced_report();
+        let estimates = |r: &Report| {
+            let text = screen(&app_on(Tab::Locks, r.clone()), 100, 40);
+            assert!(text.contains("acquisitions 65,880"), "{text}");
+            text.contains("(estimates)")
+        };
+        assert!(estimates(&r));
+        if let Some(t) = r.lock_tracing.as_mut() {
+            t.traced_fraction = 0.9995;
+        }
+        assert!(!estimates(&r));
+        if let Some(t) = r.lock_tracing.as_mut() {
+            t.mode = "full".into();
+            t.traced_fraction = 1.0;
+        }
+        assert!(!estimates(&r));
+        r.lock_tracing = None;
+        assert!(!estimates(&r));
+        // Without a contention rate the share comes from the counts.
+        r.locks[0].contention_rate = None;
+        r.locks[0].failed_attempts = Some(0);
+        let text = screen(&app_on(Tab::Locks, r), 100, 40);
+        assert!(text.contains("contended 66.3%"), "{text}");
+        assert!(!text.contains("failed tries"), "{text}");
+    }
+
+    #[test]
+    fn a_traced_lock_without_sections_says_so() {
+        let mut r = traced_report();
+        r.locks[0].sections.clear();
+        let text = screen(&app_on(Tab::Locks, r), 100, 40);
+        assert!(text.contains("no critical section traced"), "{text}");
+        assert!(!text.contains("released at"));
+    }
+
+    #[test]
+    fn histograms_are_charts_side_by_side_on_a_large_terminal() {
+        let text = screen(&app_on(Tab::Locks, traced_report()), 100, 40);
+        let titles = text
+            .lines()
+            .find(|l| l.contains(" wait times "))
+            .unwrap_or_else(|| panic!("no wait chart:\n{text}"));
+        assert!(titles.contains(" hold times "), "side by side:\n{text}");
+        assert_shows(&text, &["███", "16µ"]);
+        assert_fits(&text, 100);
+        // Stacked on a narrow one.
+        let text = screen(&app_on(Tab::Locks, traced_report()), 58, 50);
+        let row = |s: &str| text.lines().position(|l| l.contains(s));
+        assert!(
+            row(" wait times ") < row(" hold times "),
+            "stacked:\n{text}"
+        );
+        // Only the histograms with data.
+        let mut r = traced_report();
+        r.locks[0].hold_histogram = vec![(1_024, 0)];
+        let text = screen(&app_on(Tab::Locks, r), 100, 40);
+        assert!(text.contains("┌ wait times ") && !text.contains("┌ hold times "));
+        // None at all for the lock of the sample report.
+        let text = screen(&app_on(Tab::Locks, report_with_locks()), 100, 40);
+        assert!(!text.contains("wait times") && !text.contains("┌ hold times"));
+    }
+
+    #[test]
+    fn fits_80x24_with_every_field_set() {
+        let text = screen(&app_on(Tab::Locks, traced_report()), 80, 24);
+        assert_shows(
+            &text,
+            &[
+                "g_hot_lock",
+                "0x7f00deadbe00",
+                "locks.c:166",
+                "release_hot",
+                "held in",
+                "locks.c:169    65,000",
+                "held by thread(s) 24692",
+                "acquisitions 65,880 (estimates)   contended 60.0%",
+                "p99 28.5 µs",
+                // No room for charts: a sparkline each.
+                "wait times 1.02 µs ▁▂▄█▂",
+                "hold times 512 ns",
+            ],
+        );
+        assert!(!text.contains(" wait times "), "{text}");
+        assert_fits(&text, 80);
+        // Smaller still: the histograms go first.
+        let text = screen(&app_on(Tab::Locks, traced_report()), 80, 20);
+        assert!(!text.contains("wait times") && text.contains("p99 28.5 µs"));
         assert_fits(&text, 80);
     }
 
@@ -456,26 +933,29 @@ mod tests {
         assert!(text.contains("locks.c:166"), "back on the mutex:\n{text}");
     }
 
+    /// Whether the first `needle` on `app`'s screen of `width` x `height`
+    /// is dimmed.
+    fn dim_at(app: &App, width: u16, height: u16, needle: &str) -> bool {
+        let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+        terminal.draw(|f| app.render(f)).unwrap();
+        let buffer = terminal.backend().buffer();
+        let text = screen(app, width, height);
+        let (y, line) = text
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle}"));
+        let x = line[..line.find(needle).unwrap_or(0)].chars().count();
+        buffer[(x as u16, y as u16)]
+            .modifier
+            .contains(Modifier::DIM)
+    }
+
     #[test]
     fn other_waits_are_dimmed() {
         let app = app_on(Tab::Locks, report_with_locks());
-        let mut terminal = Terminal::new(TestBackend::new(100, 30)).unwrap();
-        terminal.draw(|f| app.render(f)).unwrap();
-        let buffer = terminal.backend().buffer();
-        let text = screen(&app, 100, 30);
-        let dim_at = |needle: &str| {
-            let (y, line) = text
-                .lines()
-                .enumerate()
-                .find(|(_, l)| l.contains(needle))
-                .unwrap_or_else(|| panic!("no {needle}"));
-            let x = line[..line.find(needle).unwrap_or(0)].chars().count();
-            buffer[(x as u16, y as u16)]
-                .modifier
-                .contains(Modifier::DIM)
-        };
-        assert!(dim_at("0x7f00deadbe00"));
-        assert!(!dim_at("kernel rwsem"));
+        assert!(dim_at(&app, 100, 30, "0x7f00deadbe00"));
+        assert!(!dim_at(&app, 100, 30, "kernel rwsem"));
     }
 
     #[test]
@@ -495,9 +975,34 @@ mod tests {
         odd.locks[1].hold_p99_ns = Some(u64::MAX);
         odd.locks[2].contentions = u64::MAX;
         odd.locks[2].owner_seen = true;
-        for report in [report_with_locks(), odd, sample_report()] {
+        let mut traced = traced_report();
+        let hot = &mut traced.locks[0];
+        hot.sections[0].function = "g".repeat(300);
+        hot.sections[0].released_at = Some("r".repeat(300));
+        hot.sections[1].hold_ns = u64::MAX;
+        hot.acquisitions = Some(u64::MAX);
+        hot.contention_rate = Some(f64::NAN);
+        hot.hold_total_ns = Some(u64::MAX);
+        hot.wait_histogram = vec![(0, 0), (u64::MAX, u64::MAX)];
+        hot.hold_histogram = (0..64).map(|k| (1u64 << k, k)).collect();
+        traced.locks[2].sections = traced_report().locks[0].sections.clone();
+        for report in [
+            report_with_locks(),
+            odd,
+            traced,
+            traced_report(),
+            sample_report(),
+        ] {
             let mut app = app_on(Tab::Locks, report);
-            for (w, h) in [(1, 1), (10, 3), (30, 8), (40, 12), (80, 24), (200, 60)] {
+            for (w, h) in [
+                (1, 1),
+                (10, 3),
+                (30, 8),
+                (40, 12),
+                (59, 40),
+                (80, 24),
+                (200, 60),
+            ] {
                 screen(&app, w, h);
                 app.handle(Action::Down);
             }
@@ -511,30 +1016,32 @@ mod tests {
     fn the_detail_drops_its_least_important_parts_first() {
         let r = report_with_locks();
         let mutex = &r.locks[0];
-        let all = fit_detail(mutex, u16::MAX);
+        let fit = |height| fit_detail(mutex, 98, height);
+        let all = fit(u16::MAX);
         assert_eq!(
             all,
             DetailFit {
                 waiters: Some(2),
                 holders: Some(1),
                 owners: true,
-                note: true
+                note: 1,
+                ..DetailFit::default()
             }
         );
         assert_eq!(all.lines(), 7);
-        assert_eq!(fit_detail(mutex, 7), all);
+        assert_eq!(fit(7), all);
         // First the note, then the second waiter, then the owners.
-        assert_eq!(fit_detail(mutex, 6), DetailFit { note: false, ..all });
+        assert_eq!(fit(6), DetailFit { note: 0, ..all });
         assert_eq!(
-            fit_detail(mutex, 5),
+            fit(5),
             DetailFit {
                 waiters: Some(1),
-                note: false,
+                note: 0,
                 ..all
             }
         );
         assert_eq!(
-            fit_detail(mutex, 4),
+            fit(4),
             DetailFit {
                 waiters: Some(1),
                 holders: Some(1),
@@ -542,18 +1049,91 @@ mod tests {
             }
         );
         assert_eq!(
-            fit_detail(mutex, 2),
+            fit(2),
             DetailFit {
                 waiters: Some(1),
                 ..DetailFit::default()
             }
         );
-        assert_eq!(fit_detail(mutex, 1), DetailFit::default());
+        assert_eq!(fit(1), DetailFit::default());
         // A kernel lock: no releasing sites (one line says so), no owners.
-        let kernel = fit_detail(&r.locks[1], u16::MAX);
+        let kernel = fit_detail(&r.locks[1], 98, u16::MAX);
         assert_eq!(kernel.holders, Some(0));
-        assert!(!kernel.owners && kernel.note);
+        assert!(!kernel.owners && kernel.note == 1 && kernel.sections.is_none());
         assert_eq!(kernel.lines(), 4);
+        // Narrower, the note takes two lines.
+        assert_eq!(
+            fit_detail(mutex, 78, u16::MAX),
+            DetailFit { note: 2, ..all }
+        );
+    }
+
+    #[test]
+    fn a_traced_lock_drops_the_histograms_first() {
+        let r = traced_report();
+        let mutex = &r.locks[0];
+        let fit = |width, height| fit_detail(mutex, width, height);
+        let all = fit(78, u16::MAX);
+        assert_eq!(
+            all,
+            DetailFit {
+                waiters: Some(2),
+                holders: Some(1),
+                sections: Some(2),
+                owners: true,
+                note: 2,
+                histograms: Histograms::Charts(CHART_HEIGHT),
+            }
+        );
+        assert_eq!(all.lines(), 19);
+        // Narrow: the charts are stacked.
+        let narrow = fit(59, u16::MAX);
+        assert_eq!(narrow.histograms, Histograms::Charts(2 * CHART_HEIGHT));
+        // Then a sparkline each, then one, then none.
+        assert_eq!(fit(78, 18).histograms, Histograms::Lines(2));
+        assert_eq!(fit(78, 12).histograms, Histograms::Lines(1));
+        assert_eq!(
+            fit(78, 11),
+            DetailFit {
+                histograms: Histograms::Hidden,
+                ..all
+            }
+        );
+        // Then the second section, then the second waiter; the note and
+        // the first section stay longer.
+        assert_eq!(
+            fit(78, 10),
+            DetailFit {
+                sections: Some(1),
+                histograms: Histograms::Hidden,
+                ..all
+            }
+        );
+        assert_eq!(
+            fit(78, 9),
+            DetailFit {
+                waiters: Some(1),
+                sections: Some(1),
+                histograms: Histograms::Hidden,
+                ..all
+            }
+        );
+        assert_eq!(
+            fit(78, 7),
+            DetailFit {
+                waiters: Some(1),
+                holders: Some(1),
+                owners: true,
+                note: 2,
+                ..DetailFit::default()
+            }
+        );
+        // An untraced lock with a wait histogram still shows it.
+        let mut untraced = report_with_locks().locks[0].clone();
+        untraced.wait_histogram = mutex.wait_histogram.clone();
+        let fit = fit_detail(&untraced, 78, u16::MAX);
+        assert_eq!(fit.histograms, Histograms::Charts(CHART_HEIGHT));
+        assert!(fit.sections.is_none() && fit.note == 2);
     }
 
     #[test]
@@ -572,9 +1152,20 @@ mod tests {
         assert_eq!(kept(41), ["lock", "total", "max"]);
         assert_eq!(kept(5), ["lock"]);
         // The site tables line up and leave the numbers whole.
-        assert_eq!(site_widths(78, 12), [45, 12, 9, 9]);
-        assert_eq!(site_widths(78, 100), [29, 28, 9, 9]);
-        assert_eq!(site_widths(10, 12), [0, 0, 9, 9]);
+        assert_eq!(site_widths(78, 40, 12), [45, 12, 9, 9]);
+        assert_eq!(site_widths(78, 40, 100), [29, 28, 9, 9]);
+        // Short functions leave the source more than half.
+        assert_eq!(site_widths(78, 12, 100), [12, 45, 9, 9]);
+        assert_eq!(site_widths(58, 12, 23), [14, 23, 9, 9]);
+        assert_eq!(site_widths(10, 12, 12), [0, 0, 9, 9]);
+        // The critical sections' source and release share the source
+        // column: the release gets what it needs, the source the rest.
+        assert_eq!(section_widths([33, 24, 9, 9], 11, 11), [33, 12, 11, 9, 9]);
+        assert_eq!(section_widths([29, 28, 9, 9], 11, 11), [29, 16, 11, 9, 9]);
+        // Squeezed: the source keeps half.
+        assert_eq!(section_widths([29, 28, 9, 9], 30, 22), [29, 13, 14, 9, 9]);
+        assert_eq!(section_widths([29, 28, 9, 9], 6, 40), [29, 6, 21, 9, 9]);
+        assert_eq!(section_widths([0, 0, 9, 9], 6, 11), [0, 0, 0, 9, 9]);
     }
 
     #[test]

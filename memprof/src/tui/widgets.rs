@@ -1,18 +1,18 @@
 //! What the tabs share: the selected row of a table, the heights of a
 //! table and the selected row's detail, a centred message in a tab's
 //! frame, tables that drop columns on a narrow pane rather than cut
-//! numbers, counts short enough for their columns, and text cut or
-//! wrapped to a width.
+//! numbers, counts short enough for their columns, text cut or wrapped
+//! to a width, and log2 latency histograms (a bar chart, or one line).
 
 use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Style, Stylize},
     text::{Line, Span},
-    widgets::{Block, Cell, Paragraph, Row, Table},
+    widgets::{Bar, BarChart, Block, Cell, Paragraph, Row, Table},
     Frame,
 };
 
-use crate::report::text::{ellipsize, group};
+use crate::report::text::{ellipsize, format_ns, group};
 
 /// Table rows kept on a small terminal before the detail gets any room.
 const MIN_TABLE_ROWS: usize = 3;
@@ -293,6 +293,109 @@ pub fn count_label(n: u64) -> String {
     }
 }
 
+/// A log2 histogram ((upper bound in ns, count) buckets) as a bar chart
+/// in `block`, one bar per bucket labelled with its upper bound, or
+/// `empty` when it has no counts.
+pub fn render_histogram(
+    frame: &mut Frame,
+    area: Rect,
+    block: Block<'static>,
+    histogram: &[(u64, u64)],
+    empty: &str,
+) {
+    let buckets = log2_buckets(histogram);
+    if buckets.is_empty() {
+        frame.render_widget(Paragraph::new(empty.to_string()).block(block), area);
+        return;
+    }
+    let inner = block.inner(area).width;
+    let n = u16::try_from(buckets.len()).unwrap_or(u16::MAX);
+    // Gaps between the bars only while every bucket still fits.
+    let gap = u16::from(n.saturating_mul(2).saturating_sub(1) <= inner);
+    let bar_width = ((inner + gap) / n).saturating_sub(gap).clamp(1, 5);
+    let bars: Vec<Bar> = buckets
+        .iter()
+        .map(|&(upper, count)| Bar::with_label(tick(upper), count).text_value(String::new()))
+        .collect();
+    let chart = BarChart::new(bars)
+        .bar_width(bar_width)
+        .bar_gap(gap)
+        .bar_style(Style::new().cyan())
+        .block(block);
+    frame.render_widget(chart, area);
+}
+
+/// `64 ns ▂█▅▁ 4.10 µs`: a log2 histogram in one line, from the lower
+/// bound of its first bucket to the upper bound of its last; `None` when
+/// it has no counts.
+pub fn histogram_spans(histogram: &[(u64, u64)]) -> Option<Vec<Span<'static>>> {
+    let buckets = log2_buckets(histogram);
+    let (first, last) = (buckets.first()?, buckets.last()?);
+    let counts: Vec<u64> = buckets.iter().map(|b| b.1).collect();
+    Some(vec![
+        format!("{} ", format_ns(first.0 / 2)).dim(),
+        sparkline(&counts).cyan(),
+        format!(" {}", format_ns(last.0)).dim(),
+    ])
+}
+
+/// The histogram as contiguous log2 buckets: sorted by upper bound, a
+/// missing bucket between two present ones filled with zero calls, and
+/// the empty buckets at both ends dropped.
+fn log2_buckets(histogram: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut sorted = histogram.to_vec();
+    sorted.sort_by_key(|b| b.0);
+    let start = sorted.iter().position(|b| b.1 > 0);
+    let end = sorted.iter().rposition(|b| b.1 > 0);
+    let (Some(start), Some(end)) = (start, end) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(end + 1 - start);
+    for &(upper, count) in &sorted[start..=end] {
+        while let Some(&(prev, _)) = out.last() {
+            match prev.checked_mul(2) {
+                Some(next) if prev > 0 && upper / prev >= 3 => out.push((next, 0)),
+                _ => break,
+            }
+        }
+        out.push((upper, count));
+    }
+    out
+}
+
+/// Whether a log2 histogram has any count (something to draw).
+pub fn has_counts(histogram: &[(u64, u64)]) -> bool {
+    histogram.iter().any(|b| b.1 > 0)
+}
+
+/// One block character per count, scaled to the largest; a non-zero count
+/// shows at least the lowest block.
+fn sparkline(counts: &[u64]) -> String {
+    const LEVELS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let max = counts.iter().copied().max().unwrap_or(0);
+    counts
+        .iter()
+        .map(|&c| {
+            if c == 0 || max == 0 {
+                LEVELS[0]
+            } else {
+                let level = (c as u128 * 8).div_ceil(max as u128) as usize;
+                LEVELS[level.clamp(1, 8)]
+            }
+        })
+        .collect()
+}
+
+/// A bucket bound in at most four characters: `64n`, `16µ`, `2m`, `1s`.
+fn tick(ns: u64) -> String {
+    match ns {
+        0..1_000 => format!("{ns}n"),
+        1_000..1_000_000 => format!("{}µ", ns / 1_000),
+        1_000_000..1_000_000_000 => format!("{}m", ns / 1_000_000),
+        _ => format!("{}s", ns / 1_000_000_000),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,5 +501,53 @@ mod tests {
         ] {
             assert_eq!(count_label(n), label);
         }
+    }
+
+    #[test]
+    fn histogram_buckets_are_contiguous_and_trimmed() {
+        assert!(log2_buckets(&[]).is_empty());
+        assert!(log2_buckets(&[(64, 0), (128, 0)]).is_empty());
+        assert_eq!(
+            log2_buckets(&[(1024, 2), (32, 0), (64, 5), (128, 0), (4096, 1), (8192, 0)]),
+            [
+                (64, 5),
+                (128, 0),
+                (256, 0),
+                (512, 0),
+                (1024, 2),
+                (2048, 0),
+                (4096, 1)
+            ]
+        );
+        // hdrhistogram-style bounds (2^k - 1) fill gaps too.
+        assert_eq!(
+            log2_buckets(&[(63, 1), (255, 1)]),
+            [(63, 1), (126, 0), (255, 1)]
+        );
+        assert_eq!(
+            log2_buckets(&[(0, 1), (u64::MAX, 1)]),
+            [(0, 1), (u64::MAX, 1)]
+        );
+    }
+
+    #[test]
+    fn a_histogram_in_one_line() {
+        assert!(histogram_spans(&[(64, 0)]).is_none());
+        assert!(!has_counts(&[(64, 0)]) && has_counts(&[(64, 0), (128, 1)]));
+        let spans = histogram_spans(&[(128, 4), (512, 1)]).unwrap_or_default();
+        let text: String = spans.iter().map(|s| s.content.as_ref()).collect();
+        assert_eq!(text, "64 ns █ ▂ 512 ns");
+    }
+
+    #[test]
+    fn sparkline_and_ticks() {
+        assert_eq!(sparkline(&[]), "");
+        assert_eq!(sparkline(&[0, 0]), "  ");
+        assert_eq!(sparkline(&[1, 0, 1000, 500]), "▁ █▄");
+        assert_eq!(sparkline(&[u64::MAX, 1]), "█▁");
+        assert_eq!(tick(64), "64n");
+        assert_eq!(tick(16_384), "16µ");
+        assert_eq!(tick(2_097_152), "2m");
+        assert_eq!(tick(u64::MAX), "18446744073s");
     }
 }
