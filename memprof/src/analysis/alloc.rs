@@ -11,6 +11,7 @@ use hdrhistogram::Histogram;
 use memprof_common::{alloc_op, syscall};
 
 use super::{
+    latency_histogram,
     memory::{Composition, MemEvent, MemoryAccount},
     FastMap, FastSet,
 };
@@ -168,7 +169,7 @@ impl SplitStats {
         Self {
             // 3 significant digits from 1 ns to ~18 minutes: fixed memory,
             // any latency fits.
-            histogram: Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid"),
+            histogram: latency_histogram(),
             log2: [0; 40],
         }
     }

@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 
 use memprof_common::locks::{hold_flag, lock_op};
 
-use super::{FastMap, FastSet};
+use super::{latency_histogram, FastMap, FastSet};
 use crate::collect::procmaps::Place;
 
 /// Return addresses found on the stack at the futex call, innermost first
@@ -72,7 +72,7 @@ pub struct FutexStats {
 impl FutexStats {
     fn new() -> Self {
         Self {
-            waits: Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid"),
+            waits: latency_histogram(),
             total_ns: 0,
             max_ns: 0,
             waiters: FastMap::default(),
@@ -146,8 +146,7 @@ pub struct HoldStats {
 
 impl HoldStats {
     fn new() -> Self {
-        let histogram =
-            || Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid");
+        let histogram = latency_histogram;
         Self {
             acquired_by_op: [0; lock_op::COUNT as usize],
             failed: 0,
@@ -214,7 +213,7 @@ impl LockProfile {
 
     pub fn add_kernel_wait(&mut self, w: KernelWait) {
         let k = self.kernel.entry(w.flags).or_insert_with(|| KernelStats {
-            waits: Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid"),
+            waits: latency_histogram(),
             total_ns: 0,
             max_ns: 0,
             sites: FastMap::default(),

@@ -66,3 +66,8 @@ mod tests {
     }
 }
 pub mod locks;
+
+/// A latency histogram: 1 ns to about 18 minutes, 3 significant digits.
+pub fn latency_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid")
+}

@@ -10,6 +10,7 @@ use hdrhistogram::Histogram;
 use crate::{
     analysis::{
         alloc::AllocProfile,
+        latency_histogram,
         locks::{
             classify, is_contention, is_lock_implementation, kernel_lock_kind, Chain, HoldStats,
             LockProfile,
@@ -260,8 +261,7 @@ pub fn log2_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
 
 impl Traced {
     fn new() -> Self {
-        let histogram =
-            || Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid");
+        let histogram = latency_histogram;
         Self {
             acquisitions: 0,
             failed: 0,
@@ -326,7 +326,7 @@ impl Merged {
             address,
             name,
             kind,
-            waits: Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid"),
+            waits: latency_histogram(),
             total_ns: 0,
             max_ns: 0,
             threads: 0,

@@ -128,16 +128,7 @@ fn is_near_jump(insn: &Instruction) -> bool {
 /// linearly through `code`): probed there, it sees only the calls that
 /// took that branch.
 fn is_lone_tail_jump(code: &[u8], base: u64, target: u64, from: u64) -> bool {
-    let Some(at) = target
-        .checked_sub(base)
-        .and_then(|o| usize::try_from(o).ok())
-    else {
-        return false;
-    };
-    let Some(bytes) = code.get(at..) else {
-        return false;
-    };
-    if !is_near_jump(&Decoder::with_ip(64, bytes, target, DecoderOptions::NONE).decode()) {
+    if !decode_at(code, base, target).is_some_and(|i| is_near_jump(&i)) {
         return false;
     }
     let mut decoder = Decoder::with_ip(64, code, base, DecoderOptions::NONE);
@@ -177,17 +168,14 @@ fn is_register_push(insn: &Instruction) -> bool {
 
 /// Whether the instruction at `target` is a plain `ret`.
 fn branches_to_ret(code: &[u8], base: u64, target: u64) -> bool {
-    let Some(at) = target
-        .checked_sub(base)
-        .and_then(|o| usize::try_from(o).ok())
-    else {
-        return false;
-    };
-    let Some(bytes) = code.get(at..) else {
-        return false;
-    };
-    let mut decoder = Decoder::with_ip(64, bytes, target, DecoderOptions::NONE);
-    decoder.can_decode() && decoder.decode().flow_control() == FlowControl::Return
+    decode_at(code, base, target).is_some_and(|i| i.flow_control() == FlowControl::Return)
+}
+
+/// The instruction at address `target` of `code` (which starts at `base`).
+fn decode_at(code: &[u8], base: u64, target: u64) -> Option<Instruction> {
+    let at = usize::try_from(target.checked_sub(base)?).ok()?;
+    let mut decoder = Decoder::with_ip(64, code.get(at..)?, target, DecoderOptions::NONE);
+    decoder.can_decode().then(|| decoder.decode())
 }
 
 #[cfg(test)]
