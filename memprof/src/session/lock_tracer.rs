@@ -135,58 +135,38 @@ fn read_at(path: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The lock probes of one session.
-pub struct LockTracer {
-    pub mode: LockMode,
-    windowed: Windowed,
-}
-
-impl std::ops::Deref for LockTracer {
-    type Target = Windowed;
-    fn deref(&self) -> &Windowed {
-        &self.windowed
-    }
-}
-
-impl std::ops::DerefMut for LockTracer {
-    fn deref_mut(&mut self) -> &mut Windowed {
-        &mut self.windowed
-    }
-}
-
-impl LockTracer {
-    /// `budget` is the whole `--budget`; the locks take their share.
-    pub fn new(library: LockLibrary, mode: LockMode, budget: f64, pid: u32) -> Self {
-        let trap_cost_s = TRAP_COST_S
-            + if library.emulated {
-                0.0
-            } else {
-                SINGLE_STEP_COST_S
-            };
-        tracing::info!(
-            "lock functions in {}: {} probe points; trap cost model {:.1} µs per section",
-            library.path,
-            library.points.len(),
-            trap_cost_s * 1e6
-        );
-        let windowed = Windowed::new(
-            Family::Locks,
-            library.path,
-            library.points,
-            WindowSettings {
-                mode: match mode {
-                    LockMode::Sampled => Mode::Sampled,
-                    LockMode::Full | LockMode::Off => Mode::Full,
-                },
-                budget: budget * BUDGET_SHARE,
-                trap_cost_s,
-                window: WINDOW,
-                max_gap: MAX_GAP,
+/// The lock probes of one session, attached in windows (`full` mode:
+/// one window for the whole session). `budget` is the whole `--budget`;
+/// the locks take their share.
+pub fn tracer(library: LockLibrary, mode: LockMode, budget: f64, pid: u32) -> Windowed {
+    let trap_cost_s = TRAP_COST_S
+        + if library.emulated {
+            0.0
+        } else {
+            SINGLE_STEP_COST_S
+        };
+    tracing::info!(
+        "lock functions in {}: {} probe points; trap cost model {:.1} µs per section",
+        library.path,
+        library.points.len(),
+        trap_cost_s * 1e6
+    );
+    Windowed::new(
+        Family::Locks,
+        library.path,
+        library.points,
+        WindowSettings {
+            mode: match mode {
+                LockMode::Sampled => Mode::Sampled,
+                LockMode::Full | LockMode::Off => Mode::Full,
             },
-            pid,
-        );
-        Self { mode, windowed }
-    }
+            budget: budget * BUDGET_SHARE,
+            trap_cost_s,
+            window: WINDOW,
+            max_gap: MAX_GAP,
+        },
+        pid,
+    )
 }
 
 #[cfg(test)]

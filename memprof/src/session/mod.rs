@@ -43,8 +43,8 @@ use crate::{
 use alloc::AllocTracer;
 use allocator::{Allocator, AllocatorKind};
 use launch::Launched;
-use lock_tracer::LockTracer;
 use probes::{AllocLoad, Counters, Probes, SamplingSource};
+use windows::Windowed;
 
 /// Hot functions kept in a report.
 const HOT_FUNCTIONS: usize = 50;
@@ -190,7 +190,7 @@ struct Live {
     /// Critical sections from the lock uprobes (None when they are off).
     holds: Option<AsyncFd<RingBuf<MapData>>>,
     /// The lock uprobes (None when off or no pthread library was found).
-    lock_tracer: Option<LockTracer>,
+    lock_tracer: Option<Windowed>,
     /// The allocator probes (None when off or no allocator was found).
     tracer: Option<AllocTracer>,
     alloc_mode: AllocMode,
@@ -320,7 +320,7 @@ pub async fn run(
     };
     let lock_tracer = match lock_library {
         Some(library) => {
-            let mut tracer = LockTracer::new(library, opts.lock_mode, opts.alloc.budget, pid);
+            let mut tracer = lock_tracer::tracer(library, opts.lock_mode, opts.alloc.budget, pid);
             tracer.open(&mut probes)?;
             Some(tracer)
         }
@@ -743,7 +743,7 @@ impl Live {
                 counters.hold_events_lost
             ));
         }
-        let lock_tracing = locks::tracing(self.lock_tracer.as_deref(), &counters);
+        let lock_tracing = locks::tracing(self.lock_tracer.as_ref(), &counters);
         if let Some(t) = &lock_tracing {
             if t.mode == "sampled" && t.traced_fraction < 0.999 {
                 notes.push(format!(
@@ -758,7 +758,7 @@ impl Live {
             &self.collector.locks,
             self.collector.maps(),
             self.collector.alloc.as_ref(),
-            self.lock_tracer.as_deref(),
+            self.lock_tracer.as_ref(),
             &mut self.symbolizer,
         );
         let lines = self.kernel_lines();
