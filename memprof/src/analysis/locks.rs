@@ -52,13 +52,60 @@ pub struct KernelWait {
     pub ip: Place,
 }
 
+/// Durations of one kind (waits, holds...): their histogram, and the
+/// exact total and longest (the histogram rounds to 3 digits).
+#[derive(Debug, Clone)]
+pub struct Durations {
+    pub histogram: Histogram<u64>,
+    pub total_ns: u64,
+    pub max_ns: u64,
+}
+
+impl Default for Durations {
+    fn default() -> Self {
+        Self {
+            histogram: latency_histogram(),
+            total_ns: 0,
+            max_ns: 0,
+        }
+    }
+}
+
+impl Durations {
+    pub fn record(&mut self, ns: u64) {
+        let _ = self.histogram.record(ns.clamp(1, 1 << 40));
+        self.total_ns += ns;
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    pub fn add(&mut self, other: &Durations) {
+        let _ = self.histogram.add(&other.histogram);
+        self.total_ns += other.total_ns;
+        self.max_ns = self.max_ns.max(other.max_ns);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.histogram.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.histogram.is_empty()
+    }
+
+    pub fn mean_ns(&self) -> u64 {
+        self.histogram.mean().round() as u64
+    }
+
+    /// The 99th percentile, never above the exact longest.
+    pub fn p99_ns(&self) -> u64 {
+        self.histogram.value_at_quantile(0.99).min(self.max_ns)
+    }
+}
+
 /// Waits at one futex word.
 #[derive(Debug, Clone)]
 pub struct FutexStats {
-    pub waits: Histogram<u64>,
-    pub total_ns: u64,
-    /// Longest wait, exact (the histogram rounds to 3 digits).
-    pub max_ns: u64,
+    pub waits: Durations,
     /// Waits per call chain: (count, ns).
     pub waiters: FastMap<Chain, (u64, u64)>,
     /// Wakes per call chain: (calls, threads woken).
@@ -72,9 +119,7 @@ pub struct FutexStats {
 impl FutexStats {
     fn new() -> Self {
         Self {
-            waits: latency_histogram(),
-            total_ns: 0,
-            max_ns: 0,
+            waits: Durations::default(),
             waiters: FastMap::default(),
             wakers: FastMap::default(),
             owners: FastMap::default(),
@@ -84,17 +129,14 @@ impl FutexStats {
 
     /// Contended waits seen.
     pub fn contentions(&self) -> u64 {
-        self.waits.len()
+        self.waits.count()
     }
 }
 
 /// Kernel lock waits of one kind.
 #[derive(Debug, Clone)]
 pub struct KernelStats {
-    pub waits: Histogram<u64>,
-    pub total_ns: u64,
-    /// Longest wait, exact.
-    pub max_ns: u64,
+    pub waits: Durations,
     /// Waits per user place: (count, ns).
     pub sites: FastMap<Place, (u64, u64)>,
 }
@@ -132,13 +174,10 @@ pub struct HoldStats {
     /// Try and timed calls that did not take it.
     pub failed: u64,
     /// Time to take it (lock calls only).
-    pub acquire: Histogram<u64>,
-    pub acquire_max_ns: u64,
+    pub acquire: Durations,
     /// Hold times of every section, including those a condvar wait ended
     /// or began.
-    pub hold: Histogram<u64>,
-    pub hold_total_ns: u64,
-    pub hold_max_ns: u64,
+    pub hold: Durations,
     /// Per (lock site, unlock site): the critical sections' code.
     pub sections: FastMap<(u64, u64), SectionSite>,
     pub threads: FastSet<u32>,
@@ -146,15 +185,11 @@ pub struct HoldStats {
 
 impl HoldStats {
     fn new() -> Self {
-        let histogram = latency_histogram;
         Self {
             acquired_by_op: [0; lock_op::COUNT as usize],
             failed: 0,
-            acquire: histogram(),
-            acquire_max_ns: 0,
-            hold: histogram(),
-            hold_total_ns: 0,
-            hold_max_ns: 0,
+            acquire: Durations::default(),
+            hold: Durations::default(),
             sections: FastMap::default(),
             threads: FastSet::default(),
         }
@@ -192,9 +227,7 @@ impl LockProfile {
 
     pub fn add_wait(&mut self, w: FutexWait) {
         let f = self.futexes.entry(w.uaddr).or_insert_with(FutexStats::new);
-        let _ = f.waits.record(w.duration_ns.clamp(1, 1 << 40));
-        f.total_ns += w.duration_ns;
-        f.max_ns = f.max_ns.max(w.duration_ns);
+        f.waits.record(w.duration_ns);
         if w.owner != 0 && w.owner != w.tid {
             *f.owners.entry(w.owner).or_default() += 1;
         }
@@ -213,14 +246,10 @@ impl LockProfile {
 
     pub fn add_kernel_wait(&mut self, w: KernelWait) {
         let k = self.kernel.entry(w.flags).or_insert_with(|| KernelStats {
-            waits: latency_histogram(),
-            total_ns: 0,
-            max_ns: 0,
+            waits: Durations::default(),
             sites: FastMap::default(),
         });
-        let _ = k.waits.record(w.duration_ns.clamp(1, 1 << 40));
-        k.total_ns += w.duration_ns;
-        k.max_ns = k.max_ns.max(w.duration_ns);
+        k.waits.record(w.duration_ns);
         let site = k.sites.entry(w.ip).or_default();
         site.0 += 1;
         site.1 += w.duration_ns;
@@ -238,12 +267,9 @@ impl LockProfile {
             if let Some(n) = h.acquired_by_op.get_mut(s.op as usize) {
                 *n += 1;
             }
-            let _ = h.acquire.record(s.acquire_ns.clamp(1, 1 << 40));
-            h.acquire_max_ns = h.acquire_max_ns.max(s.acquire_ns);
+            h.acquire.record(s.acquire_ns);
         }
-        let _ = h.hold.record(s.hold_ns.clamp(1, 1 << 40));
-        h.hold_total_ns += s.hold_ns;
-        h.hold_max_ns = h.hold_max_ns.max(s.hold_ns);
+        h.hold.record(s.hold_ns);
         let site = h.sections.entry((s.lock_site, s.unlock_site)).or_default();
         site.count += 1;
         site.hold_ns += s.hold_ns;
@@ -267,8 +293,9 @@ impl LockProfile {
     pub fn holds(&self) -> Vec<(u64, &HoldStats)> {
         let mut v: Vec<_> = self.holds.iter().map(|(a, h)| (*a, h)).collect();
         v.sort_by(|a, b| {
-            b.1.hold_total_ns
-                .cmp(&a.1.hold_total_ns)
+            b.1.hold
+                .total_ns
+                .cmp(&a.1.hold.total_ns)
                 .then(a.0.cmp(&b.0))
         });
         v
@@ -290,14 +317,22 @@ impl LockProfile {
     /// Futex words with waits or wakes, most wait time first.
     pub fn futexes(&self) -> Vec<(u64, &FutexStats)> {
         let mut v: Vec<_> = self.futexes.iter().map(|(a, f)| (*a, f)).collect();
-        v.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then(a.0.cmp(&b.0)));
+        v.sort_by(|a, b| {
+            (b.1.waits.total_ns)
+                .cmp(&a.1.waits.total_ns)
+                .then(a.0.cmp(&b.0))
+        });
         v
     }
 
     /// Kernel lock kinds waited for, most wait time first.
     pub fn kernel(&self) -> Vec<(u32, &KernelStats)> {
         let mut v: Vec<_> = self.kernel.iter().map(|(f, k)| (*f, k)).collect();
-        v.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then(a.0.cmp(&b.0)));
+        v.sort_by(|a, b| {
+            (b.1.waits.total_ns)
+                .cmp(&a.1.waits.total_ns)
+                .then(a.0.cmp(&b.0))
+        });
         v
     }
 }
@@ -418,8 +453,8 @@ mod tests {
         let futexes = p.futexes();
         assert_eq!(futexes[0].0, 0x1000, "most wait time first");
         let f = futexes[0].1;
-        assert_eq!((f.contentions(), f.total_ns), (3, 8000));
-        assert_eq!(f.max_ns, 5000);
+        assert_eq!((f.contentions(), f.waits.total_ns), (3, 8000));
+        assert_eq!(f.waits.max_ns, 5000);
         assert_eq!(f.owners.get(&7), Some(&3));
         assert_eq!(f.threads.len(), 2);
         assert_eq!(f.waiters.get(&chain(&[0x40])), Some(&(3, 8000)));
@@ -515,8 +550,8 @@ mod tests {
         let h = holds[0].1;
         assert_eq!(h.acquisitions(), 4);
         assert_eq!(h.failed, 1);
-        assert_eq!((h.hold_total_ns, h.hold_max_ns), (720, 300));
-        assert_eq!(h.hold.len(), 5);
+        assert_eq!((h.hold.total_ns, h.hold.max_ns), (720, 300));
+        assert_eq!(h.hold.count(), 5);
         assert_eq!(
             h.sections.get(&(0xa, 0xb)),
             Some(&SectionSite {
@@ -559,7 +594,7 @@ mod tests {
         });
         let k = p.kernel();
         assert_eq!(k.len(), 1);
-        assert_eq!(k[0].1.total_ns, 1000);
+        assert_eq!(k[0].1.waits.total_ns, 1000);
         assert_eq!(kernel_lock_kind(k[0].0), "kernel rwsem (read)");
         assert_eq!(kernel_lock_kind(32), "kernel mutex");
     }

@@ -10,10 +10,9 @@ use hdrhistogram::Histogram;
 use crate::{
     analysis::{
         alloc::AllocProfile,
-        latency_histogram,
         locks::{
-            classify, is_contention, is_lock_implementation, kernel_lock_kind, Chain, HoldStats,
-            LockProfile,
+            classify, is_contention, is_lock_implementation, kernel_lock_kind, Chain, Durations,
+            HoldStats, LockProfile,
         },
     },
     collect::procmaps::ProcMaps,
@@ -44,11 +43,8 @@ type SiteKey = (String, Option<String>, Option<u32>, String);
 struct Traced {
     acquisitions: u64,
     failed: u64,
-    acquire: Histogram<u64>,
-    acquire_max_ns: u64,
-    hold: Histogram<u64>,
-    hold_total_ns: u64,
-    hold_max_ns: u64,
+    acquire: Durations,
+    hold: Durations,
     /// (lock call site, release label) → (count, hold ns, longest hold).
     sections: HashMap<(SiteKey, Option<String>), (u64, u64, u64)>,
 }
@@ -58,9 +54,7 @@ struct Merged {
     address: u64,
     name: Option<String>,
     kind: &'static str,
-    waits: Histogram<u64>,
-    total_ns: u64,
-    max_ns: u64,
+    waits: Durations,
     threads: usize,
     owners: HashMap<u32, u64>,
     waiters: HashMap<SiteKey, (u64, u64)>,
@@ -130,9 +124,7 @@ pub fn report(
         });
         let name = name_of(address, maps, blocks.as_ref(), symbolizer);
         let m = table.slot(address, name, kind);
-        let _ = m.waits.add(&f.waits);
-        m.total_ns += f.total_ns;
-        m.max_ns = m.max_ns.max(f.max_ns);
+        m.waits.add(&f.waits);
         m.threads = m.threads.max(f.threads.len());
         if kind == "mutex" && glibc {
             for (tid, n) in &f.owners {
@@ -191,13 +183,12 @@ pub fn report(
             address: "kernel".into(),
             name: Some(kernel_lock_kind(flags).into()),
             kind: "kernel".into(),
-            contentions: k.waits.len(),
-            wait_total_ns: k.total_ns,
-            wait_mean_ns: k.waits.mean().round() as u64,
-            // The histogram rounds to 3 digits: never above the exact max.
-            wait_p99_ns: k.waits.value_at_quantile(0.99).min(k.max_ns),
-            wait_max_ns: k.max_ns,
-            wait_histogram: log2_buckets(&k.waits),
+            contentions: k.waits.count(),
+            wait_total_ns: k.waits.total_ns,
+            wait_mean_ns: k.waits.mean_ns(),
+            wait_p99_ns: k.waits.p99_ns(),
+            wait_max_ns: k.waits.max_ns,
+            wait_histogram: log2_buckets(&k.waits.histogram),
             waiters,
             ..LockEntry::default()
         });
@@ -261,15 +252,11 @@ pub fn log2_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
 
 impl Traced {
     fn new() -> Self {
-        let histogram = latency_histogram;
         Self {
             acquisitions: 0,
             failed: 0,
-            acquire: histogram(),
-            acquire_max_ns: 0,
-            hold: histogram(),
-            hold_total_ns: 0,
-            hold_max_ns: 0,
+            acquire: Durations::default(),
+            hold: Durations::default(),
             sections: HashMap::new(),
         }
     }
@@ -298,11 +285,8 @@ impl Traced {
             .map(|(op, n)| scale(*n, op as u32))
             .sum::<u64>();
         self.failed += scale(h.failed, lock_op::MUTEX_TRYLOCK);
-        let _ = self.acquire.add(&h.acquire);
-        self.acquire_max_ns = self.acquire_max_ns.max(h.acquire_max_ns);
-        let _ = self.hold.add(&h.hold);
-        self.hold_total_ns += h.hold_total_ns;
-        self.hold_max_ns = self.hold_max_ns.max(h.hold_max_ns);
+        self.acquire.add(&h.acquire);
+        self.hold.add(&h.hold);
         for (&(lock_site, unlock_site), s) in &h.sections {
             let frame = |site: u64, symbolizer: &mut Symbolizer| {
                 profile.site_place(site).map(|p| symbolizer.code(p))
@@ -326,9 +310,7 @@ impl Merged {
             address,
             name,
             kind,
-            waits: latency_histogram(),
-            total_ns: 0,
-            max_ns: 0,
+            waits: Durations::default(),
             threads: 0,
             owners: HashMap::new(),
             waiters: HashMap::new(),
@@ -377,17 +359,17 @@ impl Merged {
             .collect();
         holders.sort_by_key(|h| std::cmp::Reverse(h.count));
         holders.truncate(SITES);
-        let contentions = self.waits.len();
+        let contentions = self.waits.count();
         let mut entry = LockEntry {
             address: format!("{:#x}", self.address),
             name: self.name,
             kind: self.kind.into(),
             contentions,
-            wait_total_ns: self.total_ns,
-            wait_mean_ns: self.waits.mean().round() as u64,
-            wait_p99_ns: self.waits.value_at_quantile(0.99).min(self.max_ns),
-            wait_max_ns: self.max_ns,
-            wait_histogram: log2_buckets(&self.waits),
+            wait_total_ns: self.waits.total_ns,
+            wait_mean_ns: self.waits.mean_ns(),
+            wait_p99_ns: self.waits.p99_ns(),
+            wait_max_ns: self.waits.max_ns,
+            wait_histogram: log2_buckets(&self.waits.histogram),
             threads: self.threads,
             owner_seen: !owners.is_empty(),
             owners,
@@ -416,22 +398,20 @@ impl Merged {
                 .collect();
             sections.sort_by(|a, b| b.hold_ns.cmp(&a.hold_ns).then(b.count.cmp(&a.count)));
             sections.truncate(SITES);
-            let traced_holds = !t.hold.is_empty();
             entry.acquisitions = Some(t.acquisitions);
             entry.contention_rate =
                 (t.acquisitions > 0).then(|| contentions as f64 / t.acquisitions as f64);
             entry.failed_attempts = Some(t.failed);
             if !t.acquire.is_empty() {
-                entry.acquire_p99_ns =
-                    Some(t.acquire.value_at_quantile(0.99).min(t.acquire_max_ns));
-                entry.acquire_max_ns = Some(t.acquire_max_ns);
+                entry.acquire_p99_ns = Some(t.acquire.p99_ns());
+                entry.acquire_max_ns = Some(t.acquire.max_ns);
             }
-            if traced_holds {
-                entry.hold_p99_ns = Some(t.hold.value_at_quantile(0.99).min(t.hold_max_ns));
-                entry.hold_mean_ns = Some(t.hold.mean().round() as u64);
-                entry.hold_max_ns = Some(t.hold_max_ns);
-                entry.hold_total_ns = Some(t.hold_total_ns);
-                entry.hold_histogram = log2_buckets(&t.hold);
+            if !t.hold.is_empty() {
+                entry.hold_p99_ns = Some(t.hold.p99_ns());
+                entry.hold_mean_ns = Some(t.hold.mean_ns());
+                entry.hold_max_ns = Some(t.hold.max_ns);
+                entry.hold_total_ns = Some(t.hold.total_ns);
+                entry.hold_histogram = log2_buckets(&t.hold.histogram);
             }
             entry.sections = sections;
         }
