@@ -157,12 +157,7 @@ fn per_thread_counters_in_one_global_array_are_false_sharing() {
     assert_eq!(e["object"]["kind"], "global");
     assert_eq!(e["object"]["offset"], 0);
     assert_eq!(e["object"]["size"], 512, "long g_counters[64]");
-    let fields: Vec<&str> = e["words"]
-        .as_array()
-        .expect("words")
-        .iter()
-        .filter_map(|w| w["field"].as_str())
-        .collect();
+    let fields = field_names(e);
     assert!(
         fields.contains(&"g_counters[0]") && fields.contains(&"g_counters[1]"),
         "{fields:?}"
@@ -181,6 +176,16 @@ fn per_thread_counters_in_one_global_array_are_false_sharing() {
         "only that line: {:#}",
         report["false_sharing"]
     );
+}
+
+/// The field names of an entry's words (those DWARF named).
+fn field_names(e: &serde_json::Value) -> Vec<&str> {
+    e["words"]
+        .as_array()
+        .expect("words")
+        .iter()
+        .filter_map(|w| w["field"].as_str())
+        .collect()
 }
 
 #[test]
@@ -285,12 +290,7 @@ fn map_reduce_arguments_not_a_multiple_of_64_are_false_sharing_by_field() {
     assert!(written.iter().any(|o| *o < 24) && written.iter().any(|o| *o >= 48));
     assert_code_line(e, "sharing.c", marked_line("sharing", "MAPREDUCE_SUM"));
     // The fields are named from the debug info, and the fix says why.
-    let fields: Vec<&str> = e["words"]
-        .as_array()
-        .expect("words")
-        .iter()
-        .filter_map(|w| w["field"].as_str())
-        .collect();
+    let fields = field_names(e);
     for f in [
         "g_args[0].sum",
         "g_args[0].count",

@@ -2,10 +2,7 @@
 //! report's allocator section. The probes are attached in windows by
 //! [`Windowed`] (`session::windows`), shared with the lock probes.
 
-use std::{
-    io::{Read, Seek, SeekFrom},
-    time::Duration,
-};
+use std::time::Duration;
 
 pub use super::windows::{ktime_ns, Detaching};
 use super::{
@@ -77,7 +74,8 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, bool) {
                 .iter()
                 .position(|s| entry.names.first().is_some_and(|n| n == s))?;
             // Enough for early-exit branches to be followed to their `ret`.
-            let code = read_at(&allocator.path, entry.file_offset, 512).unwrap_or_default();
+            let code =
+                prologue::read_code(&allocator.path, entry.file_offset, 512).unwrap_or_default();
             let (offset, emulated) = prologue::probe_site(&code);
             if op as u32 == memprof_common::alloc_op::MALLOC {
                 malloc_emulated = emulated;
@@ -94,15 +92,6 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, bool) {
         })
         .collect();
     (points, malloc_emulated)
-}
-
-fn read_at(path: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-    let mut file = std::fs::File::open(path)?;
-    file.seek(SeekFrom::Start(offset))?;
-    let mut buf = vec![0; len];
-    let n = file.read(&mut buf)?;
-    buf.truncate(n);
-    Ok(buf)
 }
 
 /// How long the probes stay attached per window. Detaching adds about

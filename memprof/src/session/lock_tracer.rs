@@ -7,12 +7,7 @@
 //! `std::sync::Mutex` and other futex-based locks call no pthread
 //! function: their contention is seen from the kernel side only.
 
-use std::{
-    io::{Read, Seek, SeekFrom},
-    path::Path,
-    sync::Arc,
-    time::Duration,
-};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use blazesym::inspect::Inspector;
 use iced_x86::Register;
@@ -85,7 +80,8 @@ pub fn find(pid: u32, exe: Option<&Path>) -> anyhow::Result<Option<LockLibrary>>
                 continue;
             };
             let op = op as u32;
-            let code = read_at(&path, entry.file_offset, CODE_BYTES).unwrap_or_default();
+            let code =
+                prologue::read_code(&path, entry.file_offset, CODE_BYTES).unwrap_or_default();
             let (sites, all_emulated) = prologue::probe_sites(&code, registers_read(op));
             if matches!(op, lock_op::MUTEX_LOCK | lock_op::MUTEX_UNLOCK) {
                 emulated &= all_emulated;
@@ -124,15 +120,6 @@ fn registers_read(op: u32) -> &'static [Register] {
     } else {
         &[Register::RSP, Register::RDI]
     }
-}
-
-fn read_at(path: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-    let mut file = std::fs::File::open(path)?;
-    file.seek(SeekFrom::Start(offset))?;
-    let mut buf = vec![0; len];
-    let n = file.read(&mut buf)?;
-    buf.truncate(n);
-    Ok(buf)
 }
 
 /// The lock probes of one session, attached in windows (`full` mode:
