@@ -169,6 +169,11 @@ impl DutyCycle {
         }
     }
 
+    /// The budget aimed at (fraction of the target's time).
+    pub fn budget(&self) -> f64 {
+        self.config.budget
+    }
+
     /// The cost of one traced call in use.
     pub fn trap_cost(&self) -> f64 {
         self.config.trap_cost_s

@@ -246,20 +246,23 @@ impl Windowed {
                 stime_at_open,
             } => {
                 let calls = probes.calls(self.family);
+                let seen = calls.saturating_sub(calls_at_open);
+                let rate = seen as f64 / opened.elapsed().as_secs_f64().max(1e-3);
                 if self.first_window {
-                    if calls.saturating_sub(calls_at_open) < MIN_CALLS_TO_MEASURE {
-                        // Too quiet to tell hot from cold (a launched
-                        // command starting up, a program without locks):
-                        // probes that do not fire cost nothing, so stay
-                        // attached and look again a window later.
+                    // Too quiet to tell hot from cold (a launched command
+                    // starting up, a program without locks): probes that
+                    // fire this rarely cost less than the budget, so stay
+                    // attached and look again a window later. A busy
+                    // window decides even with few calls (a short window
+                    // on a loaded machine).
+                    let cheap = rate * self.cycle.trap_cost() < self.cycle.budget();
+                    if seen < MIN_CALLS_TO_MEASURE && cheap {
                         self.stay_attached(links, opened, calls_at_open, calls);
                         return Ok(None);
                     }
                     self.first_window = false;
                     self.make_cold_ops_resident(probes, opened.elapsed());
                 }
-                let rate = calls.saturating_sub(calls_at_open) as f64
-                    / opened.elapsed().as_secs_f64().max(1e-3);
                 if self.cycle.duty(rate) >= 1.0 {
                     // Cheap enough to stay attached.
                     self.stay_attached(links, opened, calls_at_open, calls);
