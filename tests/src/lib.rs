@@ -12,95 +12,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use workloads::{
+    build_workload, run_ok, skip_log, workload_dir, workload_source, workspace, Variant,
+};
+
 /// Names of our eBPF programs (as `bpftool prog show` lists them).
 pub use memprof_common::programs::ALL as PROGRAM_NAMES;
-
-/// The workspace root.
-pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-/// Where built workloads go.
-pub fn workload_dir() -> PathBuf {
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"))
-        .join("memprof-workloads");
-    std::fs::create_dir_all(&dir).expect("creating the workload directory");
-    dir
-}
-
-/// Source file of a bundled C workload.
-pub fn workload_source(name: &str) -> PathBuf {
-    workspace()
-        .join("tests/workloads")
-        .join(format!("{name}.c"))
-}
-
-/// How to build a workload.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Variant {
-    /// `-g -O1` with frame pointers: symbols and line numbers.
-    #[default]
-    Debug,
-    /// As `Debug`, then `strip`ped: no symbols at all.
-    Stripped,
-    /// Statically linked (`-static`).
-    Static,
-}
-
-/// Builds `workloads/NAME.c` and returns the executable's path.
-pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
-    let src = workload_source(name);
-    let suffix = match variant {
-        Variant::Debug => "",
-        Variant::Stripped => "-stripped",
-        Variant::Static => "-static",
-    };
-    let out = workload_dir().join(format!("{name}{suffix}"));
-    // Build beside it and rename over it: the old file may be running
-    // (writing to a running executable fails with ETXTBSY; renaming works).
-    let tmp = workload_dir().join(format!(
-        ".{name}{suffix}.{}.{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let mut cc = Command::new("gcc");
-    cc.args([
-        "-g",
-        "-O1",
-        "-fno-omit-frame-pointer",
-        "-pthread",
-        "-Wall",
-        "-o",
-    ])
-    .arg(&tmp)
-    .arg(&src);
-    if variant == Variant::Static {
-        cc.arg("-static");
-    }
-    run_ok(&mut cc)?;
-    if variant == Variant::Stripped {
-        run_ok(Command::new("strip").arg(&tmp))?;
-    }
-    std::fs::rename(&tmp, &out)?;
-    Ok(out)
-}
-
-fn run_ok(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd
-        .output()
-        .map_err(|e| anyhow::anyhow!("running {cmd:?}: {e}"))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
 
 /// The 1-based line of `workloads/NAME.c` that carries `marker`.
 pub fn marked_line(name: &str, marker: &str) -> u32 {
@@ -122,12 +39,6 @@ pub fn require_root(test: &str) -> bool {
     }
     skip(test, "needs root (loads eBPF programs)");
     false
-}
-
-/// File where skipped tests are recorded (libtest hides the output of
-/// passing tests, so `cargo xtask test` reads this and reports them).
-pub fn skip_log() -> PathBuf {
-    workload_dir().join("skipped.log")
 }
 
 /// Reports a skipped test loudly (or fails it in strict mode).

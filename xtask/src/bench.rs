@@ -74,7 +74,7 @@ fn allocator(rounds: usize) -> Result<()> {
 
 fn foundation(runs: usize) -> Result<()> {
     let runs = runs.max(1);
-    let spin = memprof_tests::build_workload("spin", memprof_tests::Variant::Debug)?;
+    let spin = workloads::build_workload("spin", workloads::Variant::Debug)?;
     let tool = root().join("target/release/memprof-ebpf");
 
     // Calibrate the amount of work to about RUN_SECONDS untraced.

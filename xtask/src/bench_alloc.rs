@@ -103,7 +103,7 @@ struct Sample {
 
 pub fn run(rounds: usize) -> Result<serde_json::Value> {
     let rounds = rounds.clamp(1, 5);
-    let alloc = memprof_tests::build_workload("alloc", memprof_tests::Variant::Debug)?;
+    let alloc = workloads::build_workload("alloc", workloads::Variant::Debug)?;
     let tool = root().join("target/release/memprof-ebpf");
     let libc = libc_path()?;
     let json = root().join("target/bench/allocator-report.json");

@@ -76,7 +76,7 @@ const WORKLOADS: [Workload; 2] = [
 
 pub fn run(rounds: usize) -> Result<serde_json::Value> {
     let rounds = rounds.clamp(1, 7);
-    let locks = memprof_tests::build_workload("locks", memprof_tests::Variant::Debug)?;
+    let locks = workloads::build_workload("locks", workloads::Variant::Debug)?;
     let tool = root().join("target/release/memprof-ebpf");
     let json = root().join("target/bench/locks-report.json");
     let mut results = serde_json::Map::new();

@@ -78,7 +78,7 @@ const WORKLOADS: [Workload; 4] = [
 
 pub fn run(rounds: usize) -> Result<serde_json::Value> {
     let rounds = rounds.clamp(1, 7);
-    let sharing = memprof_tests::build_workload("sharing", memprof_tests::Variant::Debug)?;
+    let sharing = workloads::build_workload("sharing", workloads::Variant::Debug)?;
     let tool = root().join("target/release/memprof-ebpf");
     let json = root().join("target/bench/sharing-report.json");
     std::fs::create_dir_all(json.parent().unwrap_or(Path::new(".")))?;

@@ -86,7 +86,7 @@ fn run(args: Args) -> Result<()> {
 
 /// The workspace root.
 fn root() -> PathBuf {
-    memprof_tests::workspace()
+    workloads::workspace()
 }
 
 /// Runs cargo (the one that runs us) in the workspace root.
@@ -126,7 +126,7 @@ fn test(extra: &[String]) -> Result<()> {
     // tests run one at a time.
     let mut args = vec!["test", "--", "--test-threads=1"];
     args.extend(extra.iter().map(String::as_str));
-    let skip_log = memprof_tests::skip_log();
+    let skip_log = workloads::skip_log();
     let _ = std::fs::remove_file(&skip_log);
     let totals = cargo_test(&args)?;
     let skipped: Vec<String> = std::fs::read_to_string(&skip_log)
@@ -218,7 +218,7 @@ fn demo() -> Result<()> {
         bail!("the demo loads eBPF programs: run it as root (sudo -E cargo xtask demo)");
     }
     cargo(&["build", "--release", "--package", "memprof"])?;
-    let spin = memprof_tests::build_workload("spin", memprof_tests::Variant::Debug)?;
+    let spin = workloads::build_workload("spin", workloads::Variant::Debug)?;
     let bin = root().join("target/release/memprof-ebpf");
     println!("demo: tracing `spin time 2 4 1500` (two spinners, a third thread after 1.5 s)\n");
     let status = Command::new(bin)
@@ -235,7 +235,75 @@ fn demo() -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::count_before;
+    use super::{count_before, root};
+    use std::process::Command;
+
+    /// Packages xtask must never depend on (for normal or build use): their
+    /// build needs the eBPF toolchain that xtask's `setup` installs, so with them
+    /// in its graph xtask cannot build on a bare machine.
+    const NEEDS_TOOLCHAIN: &[&str] = &[
+        "memprof",
+        "memprof-ebpf",
+        "memprof-common",
+        "memprof-tests",
+        "aya-build",
+    ];
+
+    /// The forbidden packages in `cargo tree --prefix none --format {p}` output
+    /// (one "name vX.Y.Z (path)" per line).
+    fn toolchain_dependents(tree: &str) -> Vec<String> {
+        let mut found: Vec<String> = tree
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| NEEDS_TOOLCHAIN.contains(name) || name.contains("memprof"))
+            .map(str::to_string)
+            .collect();
+        found.sort();
+        found.dedup();
+        found
+    }
+
+    /// The invariant that lets `cargo xtask setup` run on a bare machine:
+    /// nothing xtask builds with needs the eBPF toolchain.
+    #[test]
+    fn build_graph() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["tree", "--package", "xtask", "--edges", "normal,build"])
+            .args(["--prefix", "none", "--format", "{p}"])
+            .current_dir(root())
+            .output()
+            .expect("running cargo tree");
+        assert!(
+            out.status.success(),
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tree = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            tree.contains("workloads"),
+            "unexpected cargo tree output:\n{tree}"
+        );
+        let bad = toolchain_dependents(&tree);
+        assert!(
+            bad.is_empty(),
+            "xtask depends on {bad:?}, whose build needs the eBPF toolchain that \
+             `cargo xtask setup` installs: on a bare machine xtask could not build. \
+             Share code through the `workloads` crate instead."
+        );
+    }
+
+    #[test]
+    fn toolchain_dependents_are_found() {
+        let tree = "xtask v0.1.0 (/w/xtask)\nanyhow v1.0.100\nmemprof-tests v0.1.0 (/w/tests)\n\
+                    memprof v0.1.0 (/w/memprof)\naya-build v0.2.0\nmemprof v0.1.0 (/w/memprof)\n";
+        assert_eq!(
+            toolchain_dependents(tree),
+            ["aya-build", "memprof", "memprof-tests"]
+        );
+        assert!(toolchain_dependents("xtask v0.1.0 (/w/xtask)\nworkloads v0.1.0\n").is_empty());
+        assert!(toolchain_dependents("").is_empty());
+    }
 
     #[test]
     fn reads_libtest_result_lines() {

@@ -6,7 +6,7 @@
 //! toolchain `memprof-bpf` that `memprof/build.rs` asks aya-build for. The
 //! linker is `bpf-linker` built against Debian's LLVM 22.
 
-use std::{path::Path, process::Command};
+use std::{path::Path, process::Command, time::Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -35,10 +35,42 @@ const LLVM_BIN: &str = "/usr/lib/llvm-22/bin";
 /// Debian's binaries that make up the linked toolchain.
 const TOOLS: [&str; 4] = ["rustc", "cargo", "cargo-clippy", "clippy-driver"];
 
+/// What one set-up step found.
+enum Step {
+    /// Already in place: nothing was done.
+    Present(String),
+    /// Installed or repaired now.
+    Done(String),
+}
+
+/// Installs what is missing, printing one line per step (done or skipped)
+/// and the total time, so a first run on a bare machine shows its progress.
 pub fn ensure() -> Result<()> {
-    ensure_packages()?;
-    ensure_bpf_linker()?;
-    ensure_toolchain()?;
+    let start = Instant::now();
+    let steps: [(&str, fn() -> Result<Step>); 3] = [
+        ("Debian packages", ensure_packages),
+        ("bpf-linker", ensure_bpf_linker),
+        ("eBPF toolchain", ensure_toolchain),
+    ];
+    let mut did = 0;
+    for (name, step) in steps {
+        let t = Instant::now();
+        match step().with_context(|| format!("setup step `{name}`"))? {
+            Step::Present(what) => eprintln!("setup: {name}: present ({what}), skipped"),
+            Step::Done(what) => {
+                did += 1;
+                eprintln!(
+                    "setup: {name}: {what} in {:.1} s",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+        }
+    }
+    eprintln!(
+        "setup: {did} step(s) done, {} skipped, {:.1} s in all",
+        steps.len() - did,
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -53,10 +85,10 @@ fn missing_packages() -> Vec<&'static str> {
         .collect()
 }
 
-fn ensure_packages() -> Result<()> {
+fn ensure_packages() -> Result<Step> {
     let missing = missing_packages();
     if missing.is_empty() {
-        return Ok(());
+        return Ok(Step::Present(format!("{} packages", PACKAGES.len())));
     }
     eprintln!("setup: installing Debian packages: {}", missing.join(" "));
     // SAFETY: geteuid has no preconditions.
@@ -70,18 +102,22 @@ fn ensure_packages() -> Result<()> {
     run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    Ok(())
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .context(
+        "apt-get could not install the packages; check that Debian's package \
+         registry is reachable (`apt-get update`) and retry",
+    )?;
+    Ok(Step::Done(format!("installed {}", missing.join(" "))))
 }
 
-fn ensure_bpf_linker() -> Result<()> {
+fn ensure_bpf_linker() -> Result<Step> {
     let have = Command::new("bpf-linker")
         .arg("--version")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION))
         .unwrap_or(false);
     if have {
-        return Ok(());
+        return Ok(Step::Present(format!("version {BPF_LINKER_VERSION}")));
     }
     eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about a minute)");
     let path = format!("{LLVM_BIN}:{}", std::env::var("PATH").unwrap_or_default());
@@ -95,10 +131,13 @@ fn ensure_bpf_linker() -> Result<()> {
             BPF_LINKER_VERSION,
         ])
         .args(["--no-default-features", "--features", "llvm-22"])
-        .env("PATH", path))
+        .env("PATH", path))?;
+    Ok(Step::Done(format!(
+        "built version {BPF_LINKER_VERSION} against LLVM 22"
+    )))
 }
 
-fn ensure_toolchain() -> Result<()> {
+fn ensure_toolchain() -> Result<Step> {
     let works = Command::new("rustup")
         .args(["run", TOOLCHAIN, "rustc", "--print", "sysroot"])
         .output()
@@ -107,7 +146,7 @@ fn ensure_toolchain() -> Result<()> {
     let dir = Path::new(TOOLCHAIN_DIR);
     let complete = TOOLS.iter().all(|t| dir.join("bin").join(t).exists());
     if works && complete {
-        return Ok(());
+        return Ok(Step::Present(format!("rustup toolchain `{TOOLCHAIN}`")));
     }
     eprintln!("setup: linking Debian's rustc-web as the rustup toolchain `{TOOLCHAIN}`");
     std::fs::create_dir_all(dir.join("bin")).context("creating the toolchain directory")?;
@@ -118,7 +157,10 @@ fn ensure_toolchain() -> Result<()> {
         std::os::unix::fs::symlink(format!("/usr/bin/{tool}"), &link)
             .with_context(|| format!("linking {}", link.display()))?;
     }
-    run(Command::new("rustup").args(["toolchain", "link", TOOLCHAIN, TOOLCHAIN_DIR]))
+    run(Command::new("rustup").args(["toolchain", "link", TOOLCHAIN, TOOLCHAIN_DIR]))?;
+    Ok(Step::Done(format!(
+        "linked Debian's rustc-web as rustup toolchain `{TOOLCHAIN}`"
+    )))
 }
 
 /// A command run with the eBPF toolchain (for linting the eBPF crate the
