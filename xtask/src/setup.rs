@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 /// Debian packages: the eBPF toolchain, and what the tests use.
 const PACKAGES: &[&str] = &[
     "rustc-web",       // rustc 1.96 with LLVM 22, sysroot /usr
+    "cargo-web",       // its cargo, so the linked toolchain is whole
     "rust-web-src",    // its library source, for -Z build-std=core
     "rust-web-clippy", // clippy for that compiler, to lint the eBPF crate
     "llvm-22-dev",     // for bpf-linker
@@ -32,7 +33,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const TOOLCHAIN: &str = "memprof-bpf";
 const TOOLCHAIN_DIR: &str = "/usr/local/lib/memprof-ebpf/bpf-toolchain";
 const LLVM_BIN: &str = "/usr/lib/llvm-22/bin";
-/// Debian's binaries that make up the linked toolchain.
+/// Debian's binaries (from rustc-web, cargo-web and rust-web-clippy) that
+/// make up the linked toolchain. With all four linked, rustup never falls
+/// back to another toolchain's cargo for `rustup run memprof-bpf cargo`.
 const TOOLS: [&str; 4] = ["rustc", "cargo", "cargo-clippy", "clippy-driver"];
 
 /// What one set-up step found.
@@ -43,11 +46,14 @@ enum Step {
     Done(String),
 }
 
+/// One set-up step: checks, and installs what is missing.
+type StepFn = fn() -> Result<Step>;
+
 /// Installs what is missing, printing one line per step (done or skipped)
 /// and the total time, so a first run on a bare machine shows its progress.
 pub fn ensure() -> Result<()> {
     let start = Instant::now();
-    let steps: [(&str, fn() -> Result<Step>); 3] = [
+    let steps: [(&str, StepFn); 3] = [
         ("Debian packages", ensure_packages),
         ("bpf-linker", ensure_bpf_linker),
         ("eBPF toolchain", ensure_toolchain),
@@ -98,15 +104,14 @@ fn ensure_packages() -> Result<Step> {
             missing.join(" ")
         );
     }
-    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    const UNREACHABLE: &str = "apt-get failed; check that Debian's package registry is \
+                               reachable (`apt-get update`) and run the command again";
+    run(Command::new("apt-get").args(["update", "-qq"])).context(UNREACHABLE)?;
     run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
-    .context(
-        "apt-get could not install the packages; check that Debian's package \
-         registry is reachable (`apt-get update`) and retry",
-    )?;
+    .context(UNREACHABLE)?;
     Ok(Step::Done(format!("installed {}", missing.join(" "))))
 }
 
@@ -138,6 +143,8 @@ fn ensure_bpf_linker() -> Result<Step> {
 }
 
 fn ensure_toolchain() -> Result<Step> {
+    // rustup's toolchain link is per user, the links are files; either may
+    // be missing (e.g. set up by root, then built by another user).
     let works = Command::new("rustup")
         .args(["run", TOOLCHAIN, "rustc", "--print", "sysroot"])
         .output()
@@ -148,19 +155,32 @@ fn ensure_toolchain() -> Result<Step> {
     if works && complete {
         return Ok(Step::Present(format!("rustup toolchain `{TOOLCHAIN}`")));
     }
-    eprintln!("setup: linking Debian's rustc-web as the rustup toolchain `{TOOLCHAIN}`");
-    std::fs::create_dir_all(dir.join("bin")).context("creating the toolchain directory")?;
-    std::fs::create_dir_all(dir.join("lib"))?;
-    for tool in TOOLS {
-        let link = dir.join("bin").join(tool);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(format!("/usr/bin/{tool}"), &link)
-            .with_context(|| format!("linking {}", link.display()))?;
+    let mut did = Vec::new();
+    if !complete {
+        std::fs::create_dir_all(dir.join("bin")).context("creating the toolchain directory")?;
+        std::fs::create_dir_all(dir.join("lib"))?;
+        for tool in TOOLS {
+            let target = Path::new("/usr/bin").join(tool);
+            if !target.exists() {
+                bail!(
+                    "{} is missing although its Debian package is installed",
+                    target.display()
+                );
+            }
+            let link = dir.join("bin").join(tool);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&target, &link)
+                .with_context(|| format!("linking {}", link.display()))?;
+        }
+        did.push(format!(
+            "linked Debian's rustc-web tools into {TOOLCHAIN_DIR}"
+        ));
     }
-    run(Command::new("rustup").args(["toolchain", "link", TOOLCHAIN, TOOLCHAIN_DIR]))?;
-    Ok(Step::Done(format!(
-        "linked Debian's rustc-web as rustup toolchain `{TOOLCHAIN}`"
-    )))
+    if !works {
+        run(Command::new("rustup").args(["toolchain", "link", TOOLCHAIN, TOOLCHAIN_DIR]))?;
+        did.push(format!("registered it as rustup toolchain `{TOOLCHAIN}`"));
+    }
+    Ok(Step::Done(did.join("; ")))
 }
 
 /// A command run with the eBPF toolchain (for linting the eBPF crate the
