@@ -135,6 +135,26 @@ pub struct SharedObject {
     pub alloc_site: Option<CodeRef>,
 }
 
+impl SharedObject {
+    /// The name, with `+N` when the line starts N bytes into the object
+    /// (`g_counters+64`). An object that starts inside the line keeps its
+    /// bare name: "demo.c:149-32" would read as a range of source lines, so
+    /// renderers say that with [`SharedObject::starts_in_line`].
+    pub fn label(&self) -> String {
+        if self.offset > 0 {
+            format!("{}+{}", self.name, self.offset)
+        } else {
+            self.name.clone()
+        }
+    }
+
+    /// The byte of the line at which the object starts, when it starts
+    /// inside the line.
+    pub fn starts_in_line(&self) -> Option<u64> {
+        (self.offset < 0).then_some(self.offset.unsigned_abs())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CodeRef {
     pub function: String,

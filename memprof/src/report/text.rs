@@ -127,11 +127,7 @@ fn write_false_sharing(out: &mut String, report: &Report) {
     let _ = writeln!(out, "  {basis}");
     for (i, e) in report.false_sharing.iter().take(TOP_LINES).enumerate() {
         let o = &e.object;
-        let at = if o.offset != 0 {
-            format!("{}{:+}", o.name, o.offset)
-        } else {
-            o.name.clone()
-        };
+        let at = o.label();
         let size = o.size.map(|s| format!(", {s} B")).unwrap_or_default();
         let head = format!("  {}. {} sharing: {at} ({}{size})", i + 1, e.kind, o.kind);
         let _ = writeln!(out, "{}", ellipsize(&head, WIDTH));
@@ -143,13 +139,19 @@ fn write_false_sharing(out: &mut String, report: &Report) {
             group(e.invalidations),
             e.invalidation_rate * 100.0,
         );
+        let starts = o
+            .starts_in_line()
+            .map(|b| format!(" (starts at byte {b} of the line)"))
+            .unwrap_or_default();
         if let Some(site) = &o.alloc_site {
             let line = format!(
-                "     allocated in {} {}",
+                "     allocated in {} {}{starts}",
                 site.function,
                 source_label(site.file.as_deref(), site.line, "?")
             );
             let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+        } else if let Some(b) = o.starts_in_line() {
+            let _ = writeln!(out, "     the object starts at byte {b} of the line");
         }
         let threads: Vec<String> = e.threads.iter().map(u32::to_string).collect();
         wrap_into(out, "     threads: ", &threads.join(", "));
@@ -1111,6 +1113,29 @@ pub(crate) mod tests {
             section[9]
         );
         assert!(text.lines().all(|l| l.chars().count() <= WIDTH), "{text}");
+    }
+
+    /// A heap block that starts inside the line: the offset is said on the
+    /// allocation row, never glued to the name ("sharing.c:120-32" reads as a
+    /// range of source lines); a line starting inside a global keeps "+N".
+    #[test]
+    fn object_offsets_read_as_offsets() {
+        let mut r = report_with_sharing();
+        r.false_sharing[0].object.offset = -32;
+        let text = render(&r);
+        assert!(!text.contains("sharing.c:120-32"), "{text}");
+        assert!(
+            text.contains("allocated in main sharing.c:120 (starts at byte 32 of the line)"),
+            "{text}"
+        );
+        r.false_sharing[0].object.alloc_site = None;
+        assert!(
+            render(&r).contains("\n     the object starts at byte 32 of the line\n"),
+            "without an allocation row, a row of its own says it"
+        );
+        r.false_sharing[0].object.name = "g_counters".into();
+        r.false_sharing[0].object.offset = 64;
+        assert!(render(&r).contains("1. false sharing: g_counters+64 ("));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use super::{
 use memprof_common::sharing::{WORDS_PER_LINE as WORDS, WORD_BYTES};
 
 use crate::report::{
-    model::{source_label, AddressSampling, SharedObject, SharingCode, SharingEntry, WordEntry},
+    model::{source_label, AddressSampling, SharingCode, SharingEntry, WordEntry},
     text::{ellipsize, format_bytes, group},
 };
 
@@ -193,7 +193,7 @@ fn render_table(entries: &[SharingEntry], selected: Option<usize>, frame: &mut F
             (i + 1).to_string(),
             format!("{:.1}%", e.cost_share * 100.0),
             e.kind.clone(),
-            ellipsize(&object_label(&e.object), object_width),
+            ellipsize(&e.object.label(), object_width),
             count_label(e.invalidations),
             count_label(e.samples),
             group(e.threads.len() as u64),
@@ -205,15 +205,6 @@ fn render_table(entries: &[SharingEntry], selected: Option<usize>, frame: &mut F
         .block(block);
     let mut state = TableState::new().with_selected(selected);
     frame.render_stateful_widget(table, area, &mut state);
-}
-
-/// The object's name, with `+offset` when the line is not its start.
-fn object_label(o: &SharedObject) -> String {
-    if o.offset == 0 {
-        o.name.clone()
-    } else {
-        format!("{}{:+}", o.name, o.offset)
-    }
 }
 
 /// ` line 0x5555deadbe40 · false sharing · 3,753 invalidations (99% of
@@ -375,9 +366,13 @@ impl Detail {
         let o = &e.object;
         let mut what = vec![o.kind.clone()];
         what.extend(o.size.map(format_bytes));
+        what.extend(
+            o.starts_in_line()
+                .map(|b| format!("starts at byte {b} of the line")),
+        );
         let object = Line::from(vec![
             "object ".dim(),
-            object_label(o).bold(),
+            o.label().bold(),
             format!(" ({})", what.join(", ")).into(),
         ]);
         let alloc = o.alloc_site.as_ref().map(|site| {
@@ -660,7 +655,7 @@ mod tests {
     use super::*;
     use crate::{
         report::{
-            model::{tests::sample_report, CodeRef, Dependences},
+            model::{tests::sample_report, CodeRef, Dependences, SharedObject},
             Report,
         },
         tui::{
