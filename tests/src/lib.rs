@@ -14,6 +14,7 @@ use std::{
 
 pub use workloads::{
     build_workload, run_ok, skip_log, workload_dir, workload_source, workspace, Variant,
+    DEMO_SECONDS, DEMO_TOOL_ARGS, DEMO_WORKLOAD,
 };
 
 /// Names of our eBPF programs (as `bpftool prog show` lists them).

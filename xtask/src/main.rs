@@ -40,9 +40,14 @@ enum Task {
     /// Check formatting and run clippy on the userspace crates and, with the
     /// eBPF toolchain, on the eBPF crate.
     Lint,
-    /// Trace a bundled multithreaded workload for a few seconds and print
-    /// the summary (needs root).
-    Demo,
+    /// Trace a bundled workload with one bug of each kind (heap false
+    /// sharing, a contended mutex, allocation churn with a leak) and print
+    /// the summary (needs root; about 15 s after the build).
+    Demo {
+        /// Show the live dashboard instead, for 20 s (q quits early).
+        #[arg(long)]
+        tui: bool,
+    },
     /// Measure overhead side by side: target untraced vs traced.
     Bench {
         /// Repetitions of each measurement (the median is reported).
@@ -75,7 +80,7 @@ fn run(args: Args) -> Result<()> {
         Task::Build => cargo(&["build", "--release", "--package", "memprof"]),
         Task::Test { args } => test(&args),
         Task::Lint => lint(),
-        Task::Demo => demo(),
+        Task::Demo { tui } => demo(tui),
         Task::Bench {
             runs,
             alloc_rounds,
@@ -120,7 +125,10 @@ fn test(extra: &[String]) -> Result<()> {
         std::env::set_var("MEMPROF_TESTS_STRICT", "1");
     }
     if !is_root() {
-        eprintln!("xtask: not root: the integration tests will be SKIPPED (run `sudo -E cargo xtask test`)");
+        eprintln!(
+            "xtask: not root: the integration tests will be SKIPPED \
+             (run `sudo -E env \"PATH=$PATH\" cargo xtask test`)"
+        );
     }
     // Integration tests share kernel state (tracefs, loaded programs), so
     // tests run one at a time.
@@ -213,18 +221,39 @@ fn lint() -> Result<()> {
     )
 }
 
-fn demo() -> Result<()> {
+fn demo(tui: bool) -> Result<()> {
     if !is_root() {
-        bail!("the demo loads eBPF programs: run it as root (sudo -E cargo xtask demo)");
+        bail!(
+            "the demo loads eBPF programs: run it as root \
+             (sudo -E env \"PATH=$PATH\" cargo xtask demo)"
+        );
     }
     cargo(&["build", "--release", "--package", "memprof"])?;
-    let spin = workloads::build_workload("spin", workloads::Variant::Debug)?;
+    let workload = workloads::build_workload(workloads::DEMO_WORKLOAD, workloads::Variant::Debug)?;
     let bin = root().join("target/release/memprof-ebpf");
-    println!("demo: tracing `spin time 2 4 1500` (two spinners, a third thread after 1.5 s)\n");
-    let status = Command::new(bin)
+    let mut cmd = Command::new(bin);
+    let seconds = if tui {
+        workloads::DEMO_TUI_SECONDS
+    } else {
+        workloads::DEMO_SECONDS
+    };
+    println!(
+        "demo: tracing `{} {seconds}`, a two-thread \"server\" with three bugs: two \
+         counters on one heap cache line (false sharing), a mutex both threads want \
+         (contention), and a session record it never frees (a leak); options {}\n",
+        workload.display(),
+        workloads::DEMO_TOOL_ARGS.join(" ")
+    );
+    cmd.args(workloads::DEMO_TOOL_ARGS);
+    if !tui {
+        let json = workloads::workload_dir().join("demo.json");
+        cmd.arg("--no-tui").arg("--json").arg(&json);
+        println!("demo: the JSON report goes to {}\n", json.display());
+    }
+    let status = cmd
         .arg("--")
-        .arg(&spin)
-        .args(["time", "2", "4", "1500"])
+        .arg(&workload)
+        .arg(seconds.to_string())
         .status()
         .context("running memprof-ebpf")?;
     if !status.success() {

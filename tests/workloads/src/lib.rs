@@ -104,3 +104,16 @@ pub fn run_ok(cmd: &mut Command) -> anyhow::Result<()> {
 pub fn skip_log() -> PathBuf {
     workload_dir().join("skipped.log")
 }
+
+/// The demo's workload (`workloads/demo.c`) and its arguments: how long it
+/// runs, in seconds. `cargo xtask demo` and the demo's integration test
+/// trace the same thing.
+pub const DEMO_WORKLOAD: &str = "demo";
+/// The profiler's options for the demo. The allocator is traced in full so
+/// that its call counts and live (leaked) bytes are exact; the default
+/// sampled mode would show estimates.
+pub const DEMO_TOOL_ARGS: &[&str] = &["--alloc-mode", "full"];
+/// Seconds the demo workload runs for the summary.
+pub const DEMO_SECONDS: u32 = 8;
+/// Seconds it runs under the dashboard (`cargo xtask demo --tui`).
+pub const DEMO_TUI_SECONDS: u32 = 20;

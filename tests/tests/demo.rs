@@ -1,0 +1,226 @@
+//! The demo (`cargo xtask demo`) shows one finding of each kind: it traces
+//! the same workload with the same arguments, and this test asserts that the
+//! report has each bug where `workloads/demo.c` put it, and nothing made up.
+
+use memprof_tests::*;
+
+/// Traces the demo workload as `cargo xtask demo` does and returns the
+/// report and what the workload printed about itself.
+fn demo_report() -> (serde_json::Value, String) {
+    let program = build_workload(DEMO_WORKLOAD, Variant::Debug).expect("building the demo");
+    let seconds = DEMO_SECONDS.to_string();
+    let mut args = vec!["--no-tui"];
+    args.extend_from_slice(DEMO_TOOL_ARGS);
+    args.extend(["--", program.to_str().expect("UTF-8 path"), &seconds]);
+    let (run, report) = trace("demo-test", &args);
+    assert_no_programs_left();
+    (report, run.stderr)
+}
+
+/// The number after `key` in the workload's closing line
+/// ("rounds N leaked_blocks N leaked_bytes N ...").
+fn truth(stderr: &str, key: &str) -> u64 {
+    // The workload shares the tool's stderr, so look for the line's start
+    // anywhere rather than at the start of a line.
+    let line = stderr
+        .find("rounds ")
+        .and_then(|at| stderr[at..].lines().next())
+        .unwrap_or_else(|| panic!("the demo printed no result line: {stderr}"));
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == key {
+            return words.next().and_then(|n| n.parse().ok()).expect("a number");
+        }
+    }
+    panic!("no {key} in {line:?}")
+}
+
+fn ends_with(v: &serde_json::Value, suffix: &str) -> bool {
+    v.as_str().is_some_and(|s| s.ends_with(suffix))
+}
+
+#[test]
+fn demo_shows_false_sharing_contention_and_a_leak() {
+    if !require_root("demo_shows_false_sharing_contention_and_a_leak") {
+        return;
+    }
+    let (report, stderr) = demo_report();
+
+    // 1. False sharing on the heap: struct stats, named by its malloc line,
+    //    written by the two workers on different words, at STATS_WRITE.
+    let sharing = report["false_sharing"]
+        .as_array()
+        .unwrap_or_else(|| panic!("false_sharing: {report:#}"));
+    assert_eq!(
+        sharing.len(),
+        1,
+        "exactly one contended line (struct stats): {sharing:#?}"
+    );
+    let fs = &sharing[0];
+    assert_eq!(fs["kind"], "false", "{fs:#}");
+    let object = &fs["object"];
+    assert_eq!(object["kind"], "heap", "{fs:#}");
+    assert!(
+        ends_with(&object["alloc_site"]["file"], "demo.c"),
+        "{object:#}"
+    );
+    assert_eq!(
+        object["alloc_site"]["line"],
+        marked_line("demo", "/* STATS_ALLOC */"),
+        "{object:#}"
+    );
+    let write = marked_line("demo", "/* STATS_WRITE */");
+    assert!(
+        fs["code"]
+            .as_array()
+            .expect("code")
+            .iter()
+            .any(|c| ends_with(&c["file"], "demo.c") && c["line"] == write),
+        "code at demo.c:{write}: {:#}",
+        fs["code"]
+    );
+    // .served and .failed: each word written by one thread, not the same.
+    let words = fs["words"].as_array().expect("words");
+    let mut owners: Vec<u64> = Vec::new();
+    for w in words {
+        let threads = w["threads"].as_array().expect("threads");
+        assert_eq!(threads.len(), 1, "each word has one thread: {w:#}");
+        owners.push(threads[0].as_u64().expect("tid"));
+    }
+    owners.sort_unstable();
+    owners.dedup();
+    assert_eq!(
+        owners.len(),
+        2,
+        "two workers on different words: {words:#?}"
+    );
+    assert!(
+        fs["advice"].as_str().is_some_and(|f| f.contains("64")),
+        "the advice says to pad or align to 64 bytes: {fs:#}"
+    );
+
+    // 2. The contended mutex, named, with the waiter at TABLE_LOCK and the
+    //    releaser at TABLE_UNLOCK; it is the top lock.
+    let locks = report["locks"].as_array().expect("locks");
+    let lock = locks
+        .first()
+        .unwrap_or_else(|| panic!("no locks: {report:#}"));
+    assert_eq!(lock["name"], "g_table_lock", "{lock:#}");
+    assert_eq!(lock["kind"], "mutex", "{lock:#}");
+    assert!(
+        lock["contentions"].as_u64().unwrap_or(0) >= 20,
+        "contended: {lock:#}"
+    );
+    let at = |list: &str, marker: &str| {
+        let line = marked_line("demo", marker);
+        lock[list]
+            .as_array()
+            .expect(list)
+            .iter()
+            .any(|s| ends_with(&s["file"], "demo.c") && s["line"] == line)
+    };
+    assert!(at("waiters", "/* TABLE_LOCK */"), "waiter line: {lock:#}");
+    assert!(
+        at("holders", "/* TABLE_UNLOCK */"),
+        "releaser line: {lock:#}"
+    );
+
+    // 3. The allocator, traced in full: malloc and free latency rows, and
+    //    the leaking site on top of the live bytes with exactly what the
+    //    workload says it leaked.
+    let alloc = &report["allocator"];
+    assert_eq!(alloc["mode"], "full", "{alloc:#}");
+    assert_eq!(
+        alloc["lost"], 0,
+        "allocator events lost: the exact counts below cannot hold: {alloc:#}"
+    );
+    let ops = alloc["ops"].as_array().expect("allocator ops");
+    for op in ["malloc", "free"] {
+        let row = ops
+            .iter()
+            .find(|r| r["op"] == op && r["traced"].as_u64().unwrap_or(0) > 0)
+            .unwrap_or_else(|| panic!("no traced {op} row: {ops:#?}"));
+        let p50 = row["p50_ns"].as_u64().expect("p50");
+        assert!(
+            p50 > 0 && p50 <= row["max_ns"].as_u64().expect("max"),
+            "{row}"
+        );
+    }
+    let sites = alloc["sites"].as_array().expect("sites");
+    let leak = sites
+        .iter()
+        .max_by_key(|s| s["live_bytes"].as_u64().unwrap_or(0))
+        .unwrap_or_else(|| panic!("no sites: {alloc:#}"));
+    assert!(ends_with(&leak["file"], "demo.c"), "{leak}");
+    assert_eq!(
+        leak["line"],
+        marked_line("demo", "/* SESSION_LEAK */"),
+        "{leak}"
+    );
+    assert_eq!(
+        leak["live_bytes"].as_u64(),
+        Some(truth(&stderr, "leaked_bytes")),
+        "live bytes at the leak site: {leak} / {stderr}"
+    );
+    assert_eq!(
+        leak["live_blocks"].as_u64(),
+        Some(truth(&stderr, "leaked_blocks")),
+        "live blocks at the leak site: {leak} / {stderr}"
+    );
+    let churn = sites
+        .iter()
+        .find(|s| s["line"] == marked_line("demo", "/* REQUEST_ALLOC */"))
+        .unwrap_or_else(|| panic!("the request buffers' site is listed: {sites:#?}"));
+    assert_eq!(
+        churn["live_bytes"], 0,
+        "freed request buffers are no leak: {churn}"
+    );
+    assert_eq!(
+        churn["count"].as_u64(),
+        Some(16 * truth(&stderr, "rounds")),
+        "16 request buffers a round, every call traced: {churn}"
+    );
+}
+
+/// In the default (sampled) mode the allocator probes come and go in
+/// windows, but a block whose malloc was traced and that is never freed is
+/// still live at the end: at the session-record site, which frees nothing,
+/// every traced block must stay live. Today about half of them are lost
+/// (measured: 1,466 live of 2,850 traced), so the leak looks half as big as
+/// what the tool itself saw allocated.
+#[test]
+#[ignore = "known wrong: Allocator on real programs: right counts when attaching, latency without the probe's own cost, the budget kept from the first second, call chains through wrappers, a quick exit (#17)"]
+fn sampled_mode_keeps_every_traced_block_of_a_leaking_site_live() {
+    if !require_root("sampled_mode_keeps_every_traced_block_of_a_leaking_site_live") {
+        return;
+    }
+    let program = build_workload(DEMO_WORKLOAD, Variant::Debug).expect("building the demo");
+    let seconds = DEMO_SECONDS.to_string();
+    let (_, report) = trace(
+        "demo-sampled",
+        &[
+            "--no-tui",
+            "--",
+            program.to_str().expect("UTF-8 path"),
+            &seconds,
+        ],
+    );
+    assert_no_programs_left();
+    assert_eq!(
+        report["allocator"]["sampled"], true,
+        "{:#}",
+        report["allocator"]
+    );
+    let line = marked_line("demo", "/* SESSION_LEAK */");
+    let site = report["allocator"]["sites"]
+        .as_array()
+        .expect("sites")
+        .iter()
+        .find(|s| ends_with(&s["file"], "demo.c") && s["line"] == line)
+        .unwrap_or_else(|| panic!("no site at demo.c:{line}: {:#}", report["allocator"]));
+    assert!(site["count"].as_u64().unwrap_or(0) > 0, "{site}");
+    assert_eq!(
+        site["live_blocks"], site["count"],
+        "nothing allocated at the session site is ever freed: {site}"
+    );
+}
