@@ -4,17 +4,22 @@
 
 use memprof_tests::*;
 
-/// Traces the demo workload as `cargo xtask demo` does and returns the
+/// Traces the demo workload with the profiler's `options` and returns the
 /// report and what the workload printed about itself.
-fn demo_report() -> (serde_json::Value, String) {
+fn trace_demo(name: &str, options: &[&str]) -> (serde_json::Value, String) {
     let program = build_workload(DEMO_WORKLOAD, Variant::Debug).expect("building the demo");
     let seconds = DEMO_SECONDS.to_string();
     let mut args = vec!["--no-tui"];
-    args.extend_from_slice(DEMO_TOOL_ARGS);
+    args.extend_from_slice(options);
     args.extend(["--", program.to_str().expect("UTF-8 path"), &seconds]);
-    let (run, report) = trace("demo-test", &args);
+    let (run, report) = trace(name, &args);
     assert_no_programs_left();
     (report, run.stderr)
+}
+
+/// The demo as `cargo xtask demo` runs it.
+fn demo_report() -> (serde_json::Value, String) {
+    trace_demo("demo-test", DEMO_TOOL_ARGS)
 }
 
 /// The number after `key` in the workload's closing line
@@ -125,6 +130,11 @@ fn demo_shows_false_sharing_contention_and_a_leak() {
         "releaser line: {lock:#}"
     );
 
+    assert!(
+        lock["acquisitions"].is_null(),
+        "lock uprobes off: acquisitions are unknown, not a number: {lock:#}"
+    );
+
     // 3. The allocator, traced in full: malloc and free latency rows, and
     //    the leaking site on top of the live bytes with exactly what the
     //    workload says it leaked.
@@ -194,18 +204,7 @@ fn sampled_mode_keeps_every_traced_block_of_a_leaking_site_live() {
     if !require_root("sampled_mode_keeps_every_traced_block_of_a_leaking_site_live") {
         return;
     }
-    let program = build_workload(DEMO_WORKLOAD, Variant::Debug).expect("building the demo");
-    let seconds = DEMO_SECONDS.to_string();
-    let (_, report) = trace(
-        "demo-sampled",
-        &[
-            "--no-tui",
-            "--",
-            program.to_str().expect("UTF-8 path"),
-            &seconds,
-        ],
-    );
-    assert_no_programs_left();
+    let (report, _) = trace_demo("demo-sampled", &[]);
     assert_eq!(
         report["allocator"]["sampled"], true,
         "{:#}",
@@ -222,5 +221,31 @@ fn sampled_mode_keeps_every_traced_block_of_a_leaking_site_live() {
     assert_eq!(
         site["live_blocks"], site["count"],
         "nothing allocated at the session site is ever freed: {site}"
+    );
+}
+
+/// Each demo round takes g_table_lock once, so its acquisitions are the
+/// workload's rounds. With the lock uprobes in their default mode the
+/// report says "every call traced" and gives a few hundred acquisitions
+/// for tens of thousands (measured: 594 for 83,207 rounds), "100%
+/// contended" beside 10,562 waits.
+#[test]
+#[ignore = "known wrong: Locks under heavy contention: aggregate in the kernel, bound the event rate, and make every number consistent (#16)"]
+fn default_lock_mode_counts_the_demo_lock_acquisitions() {
+    if !require_root("default_lock_mode_counts_the_demo_lock_acquisitions") {
+        return;
+    }
+    let (report, stderr) = trace_demo("demo-locks", &[]);
+    let lock = report["locks"]
+        .as_array()
+        .expect("locks")
+        .iter()
+        .find(|l| l["name"] == "g_table_lock")
+        .unwrap_or_else(|| panic!("g_table_lock: {:#}", report["locks"]));
+    let rounds = truth(&stderr, "rounds") as f64;
+    let acquisitions = lock["acquisitions"].as_u64().expect("acquisitions") as f64;
+    assert!(
+        (acquisitions / rounds - 1.0).abs() <= 0.25,
+        "{acquisitions} acquisitions for {rounds} rounds: {lock:#}"
     );
 }

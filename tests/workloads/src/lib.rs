@@ -110,9 +110,13 @@ pub fn skip_log() -> PathBuf {
 /// trace the same thing.
 pub const DEMO_WORKLOAD: &str = "demo";
 /// The profiler's options for the demo. The allocator is traced in full so
-/// that its call counts and live (leaked) bytes are exact; the default
-/// sampled mode would show estimates.
-pub const DEMO_TOOL_ARGS: &[&str] = &["--alloc-mode", "full"];
+/// that its call counts and live (leaked) bytes are exact (the default
+/// sampled mode loses about half the live blocks of a leaking site today).
+/// The lock uprobes are off: their acquisition count for a contended lock is
+/// wrong today (hundreds for tens of thousands), and the demo shows no number
+/// known to be wrong; contention, waiters and releasers come from the
+/// kernel side either way. Both are known-wrong tests in `demo.rs`.
+pub const DEMO_TOOL_ARGS: &[&str] = &["--alloc-mode", "full", "--lock-mode", "off"];
 /// Seconds the demo workload runs for the summary.
 pub const DEMO_SECONDS: u32 = 8;
 /// Seconds it runs under the dashboard (`cargo xtask demo --tui`).
