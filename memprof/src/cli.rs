@@ -102,14 +102,29 @@ pub struct Cli {
     #[arg(long)]
     pub no_tui: bool,
 
-    /// More log output (-v info, -vv debug, -vvv trace). Logs go to stderr,
-    /// or to memprof-ebpf.log while the dashboard is on screen.
+    /// More log output (-v info, -vv debug, -vvv trace). Logs go to stderr;
+    /// while the dashboard is on screen they are kept in memory, the newest
+    /// shown at its bottom, and printed to stderr when it closes.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
-    /// Where logs go while the dashboard is shown.
-    #[arg(long, value_name = "FILE", default_value = "memprof-ebpf.log")]
-    pub log_file: PathBuf,
+    /// Write logs to FILE instead (created with mode 0600; never through a
+    /// symbolic link). No log file is written unless asked for.
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+
+    /// Under the dashboard, write the launched command's output to FILE.
+    /// Without it, the output is captured (its last 64 KiB) and printed
+    /// after the dashboard closes. Without the dashboard the command uses
+    /// the terminal as usual.
+    #[arg(long, value_name = "FILE")]
+    pub command_output: Option<PathBuf>,
+
+    /// Run the launched command as USER (name or uid): its uid, primary
+    /// group, supplementary groups and HOME, as `sudo -u USER` would.
+    /// Default: the credentials the profiler runs with.
+    #[arg(short, long, value_name = "USER")]
+    pub user: Option<String>,
 
     /// The command to launch and trace from its first instruction.
     #[arg(last = true, value_name = "CMD")]

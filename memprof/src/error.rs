@@ -32,8 +32,10 @@ pub enum Error {
     #[error("the kernel lacks {feature}: {hint}")]
     KernelFeature { feature: &'static str, hint: String },
 
-    #[error("cannot write the JSON report to {path}: {source}")]
+    #[error("cannot write {what} to {path}: {source}")]
     Output {
+        /// "the JSON report", "the log", ...
+        what: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },

@@ -17,6 +17,8 @@ pub mod analysis;
 pub mod cli;
 pub mod collect;
 pub mod error;
+pub mod output;
+pub mod privilege;
 pub mod report;
 pub mod session;
 pub mod symbolize;
@@ -27,27 +29,55 @@ use std::io::IsTerminal;
 pub use error::{Error, Result};
 
 /// Runs the command line: a session, then the summary and JSON output.
-pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
+/// `log` holds the log lines kept while the dashboard is on screen.
+pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result<()> {
     let target = match cli.pid {
         Some(pid) => session::TargetSpec::Pid(pid),
         None => session::TargetSpec::Command(cli.command.clone()),
     };
+    let run_as = match (&cli.user, &target) {
+        (None, _) => None,
+        (Some(user), session::TargetSpec::Command(_)) => {
+            Some(session::launch::RunAs::lookup(user)?)
+        }
+        (Some(_), session::TargetSpec::Pid(_)) => {
+            return Err(Error::Usage(
+                "-u/--user is for a launched command (`-- CMD`), not with -p".into(),
+            ))
+        }
+    };
     let json_to_stdout = cli.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
-    let command_output = if live {
+    // Output files are opened now: a bad path fails before any tracing, and
+    // nothing needs the privilege to create files once probes are attached.
+    let json_file = match &cli.json {
+        Some(path) if !json_to_stdout => Some((
+            output::create(path, output::REPORT_MODE, "the JSON report")?,
+            path.clone(),
+        )),
+        _ => None,
+    };
+    let mut captured = None;
+    let command_output = match &cli.command_output {
+        Some(path) => session::launch::Output::File(output::create(
+            path,
+            output::REPORT_MODE,
+            "the command's output",
+        )?),
         // Under the dashboard a launched command's output would draw over it.
-        let mut path = cli.log_file.clone().into_os_string();
-        path.push(".command");
-        session::launch::Output::File(path.into())
-    } else if json_to_stdout {
-        session::launch::Output::StdoutToStderr
-    } else {
-        session::launch::Output::Inherit
+        None if live => {
+            let c = session::launch::Captured::new();
+            captured = Some(c.clone());
+            session::launch::Output::Capture(c)
+        }
+        None if json_to_stdout => session::launch::Output::StdoutToStderr,
+        None => session::launch::Output::Inherit,
     };
     let opts = session::Options {
         target,
         duration: cli.duration,
         frequency_hz: cli.sample_freq,
         command_output,
+        run_as,
         alloc: session::alloc::AllocSettings {
             mode: cli.alloc_mode,
             large_threshold: cli.alloc_large_threshold,
@@ -62,7 +92,7 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
             session::TargetSpec::Command(cmd) => cmd.join(" "),
         };
         Some(
-            tui::Dashboard::start(title)
+            tui::Dashboard::start(title, log.clone().unwrap_or_default())
                 .map_err(|e| anyhow::anyhow!("starting the dashboard: {e}"))?,
         )
     } else {
@@ -73,6 +103,19 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
     };
     let result = session::run(opts, dashboard.as_mut()).await;
     drop(dashboard); // restore the terminal before printing anything
+                     // What was held back while the dashboard was on screen.
+    if let Some(log) = &log {
+        for line in log.drain() {
+            eprintln!("{line}");
+        }
+    }
+    if let Some(text) = captured.and_then(|c| c.text(std::time::Duration::from_millis(500))) {
+        eprintln!("memprof-ebpf: output of the command:");
+        eprint!("{text}");
+        if !text.ends_with('\n') {
+            eprintln!();
+        }
+    }
     let (report, reason, detaching) = result?;
     tracing::info!("session ended: {reason:?}");
 
@@ -82,17 +125,16 @@ pub async fn run(cli: cli::Cli, live: bool) -> Result<()> {
     } else {
         print!("{}", report::text::render(&report));
     }
-    if let Some(path) = &cli.json {
-        let json = report.to_json();
-        if json_to_stdout {
-            println!("{json}");
-        } else {
-            std::fs::write(path, json + "\n").map_err(|source| Error::Output {
-                path: path.clone(),
-                source,
-            })?;
-            eprintln!("memprof-ebpf: report written to {}", path.display());
-        }
+    if json_to_stdout {
+        println!("{}", report.to_json());
+    } else if let Some((mut file, path)) = json_file {
+        use std::io::Write as _;
+        writeln!(file, "{}", report.to_json()).map_err(|source| Error::Output {
+            what: "the JSON report",
+            path: path.clone(),
+            source,
+        })?;
+        eprintln!("memprof-ebpf: report written to {}", path.display());
     }
     // No probe may outlive the tool: wait for the kernel to remove the last
     // ones (it takes about 0.2 s per allocator probe).

@@ -4,7 +4,7 @@
 use std::{io::IsTerminal, process::ExitCode};
 
 use clap::Parser;
-use memprof::{cli::Cli, error::exit_code, session::launch};
+use memprof::{cli::Cli, error::exit_code, session::launch, tui::LogRing};
 
 fn main() -> ExitCode {
     // Our own binary doubles as the gate that holds a launched command
@@ -25,7 +25,13 @@ fn main() -> ExitCode {
         }
     };
     let live = cli.duration.is_none() && !cli.no_tui && std::io::stdout().is_terminal();
-    init_logging(&cli, live);
+    let log = match init_logging(&cli, live) {
+        Ok(log) => log,
+        Err(e) => {
+            eprintln!("memprof-ebpf: {e:#}");
+            return ExitCode::from(e.exit_code() as u8);
+        }
+    };
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -37,7 +43,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit_code::INTERNAL as u8);
         }
     };
-    match runtime.block_on(memprof::run(cli, live)) {
+    match runtime.block_on(memprof::run(cli, live, log)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("memprof-ebpf: {e:#}");
@@ -46,8 +52,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr, or to a file while the dashboard owns the terminal.
-fn init_logging(cli: &Cli, live: bool) {
+/// Logs go to `--log-file` when given; else to stderr, or, while the
+/// dashboard owns the terminal, to memory (returned, to be shown after it).
+fn init_logging(cli: &Cli, live: bool) -> memprof::Result<Option<LogRing>> {
     let level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -59,19 +66,22 @@ fn init_logging(cli: &Cli, live: bool) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
-    if live {
-        match std::fs::File::create(&cli.log_file) {
-            Ok(file) => builder
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
-                .init(),
-            // Without a log file, stay quiet rather than draw over the dashboard.
-            Err(_) => builder.with_writer(std::io::sink).init(),
-        }
+    if let Some(path) = &cli.log_file {
+        let file = memprof::output::create(path, memprof::output::LOG_MODE, "the log")?;
+        builder
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file))
+            .init();
+        Ok(None)
+    } else if live {
+        let ring = LogRing::new();
+        builder.with_ansi(false).with_writer(ring.clone()).init();
+        Ok(Some(ring))
     } else {
         builder
             .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .init();
+        Ok(None)
     }
 }

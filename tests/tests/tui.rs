@@ -56,13 +56,17 @@ fn dashboard_shows_live_numbers_switches_tabs_and_quits_cleanly() {
     let _ = Command::new("tmux")
         .args(["kill-session", "-t", SESSION])
         .output();
-    let log = workload_dir().join("tui-test.log");
+    // In an empty directory of its own, with info logs: no file may appear
+    // there (logs stay in memory while the dashboard is shown).
+    let dir = workload_dir().join("tui-test-cwd");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
     // The shell prints the exit status (tmux 3.3 does not report it).
     let cmd = format!(
-        "{} -p {} --log-file {}; echo memprof-exit-status=$?",
+        "cd {} && {} -v -p {}; echo memprof-exit-status=$?",
+        dir.display(),
         tool().display(),
         target.pid(),
-        log.display()
     );
     let _session = Session;
     let started = Command::new("tmux")
@@ -103,6 +107,10 @@ fn dashboard_shows_live_numbers_switches_tabs_and_quits_cleanly() {
             .parse()
             .unwrap_or(0)
     };
+    // The newest log line is shown at the bottom, not written to a file.
+    wait_for("the log line", Duration::from_secs(10), |s| {
+        s.contains("│ log (")
+    });
     let first = count(&text);
     let later = wait_for("the sample count to grow", Duration::from_secs(10), |s| {
         count(s) > first
@@ -142,6 +150,19 @@ fn dashboard_shows_live_numbers_switches_tabs_and_quits_cleanly() {
         "summary after quitting:\n{after}"
     );
     assert!(after.contains("spin_worker"));
+    assert!(
+        after.contains("capabilities kept after attach"),
+        "the logs held during the dashboard are printed after it:\n{after}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "files left in the working directory: {left:?}"
+    );
     assert!(
         target.child.try_wait().unwrap().is_none(),
         "quitting must not stop the target"

@@ -61,13 +61,15 @@ pub enum TargetSpec {
 }
 
 /// How a session is run.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Options {
     pub target: TargetSpec,
     pub duration: Option<Duration>,
     pub frequency_hz: u64,
     /// Where a launched command's output goes.
     pub command_output: launch::Output,
+    /// Whom a launched command runs as (`-u`).
+    pub run_as: Option<launch::RunAs>,
     /// Allocator tracing.
     pub alloc: alloc::AllocSettings,
     /// `--lock-mode`.
@@ -255,15 +257,14 @@ pub async fn run(
             let command = command_line(tgid).ok_or(Error::NoSuchProcess { pid: *pid })?;
             (TargetHandle::Attached { pid: tgid, exit }, command)
         }
-        TargetSpec::Command(cmd) => {
-            if let launch::Output::File(path) = &opts.command_output {
-                notes.push(format!("the command's output went to {}", path.display()));
-            }
-            (
-                TargetHandle::Launched(Launched::spawn(cmd, &opts.command_output)?),
-                cmd.join(" "),
-            )
-        }
+        TargetSpec::Command(cmd) => (
+            TargetHandle::Launched(Launched::spawn(
+                cmd,
+                &opts.command_output,
+                opts.run_as.as_ref(),
+            )?),
+            cmd.join(" "),
+        ),
     };
     let pid = target.pid();
     let launched = matches!(target, TargetHandle::Launched(_));
@@ -358,6 +359,14 @@ pub async fn run(
     };
     if let TargetHandle::Launched(l) = &mut live.target {
         l.release()?;
+    }
+    // Everything that needs more than reading the target and re-attaching
+    // probes is done: give up the rest (see `privilege`).
+    match crate::privilege::drop_after_attach() {
+        Ok(kept) => tracing::info!("capabilities kept after attach: {}", kept.join(" ")),
+        Err(e) => live
+            .notes
+            .push(format!("could not drop capabilities after attaching: {e}")),
     }
     tracing::info!("tracing pid {pid} with {} sampling", live.source.name());
 

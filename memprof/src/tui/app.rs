@@ -5,7 +5,7 @@ use std::time::Instant;
 use ratatui::{
     layout::{Constraint, Layout},
     style::{Style, Stylize},
-    text::Line,
+    text::{Line, Span},
     widgets::Tabs,
     Frame,
 };
@@ -73,6 +73,9 @@ pub struct App {
     pub locks: LocksState,
     /// The False sharing tab's selection (↑/↓ there move it too).
     pub sharing: SharingState,
+    /// The newest log line and how many there were (logs stay in memory
+    /// while the dashboard is on screen).
+    pub log_line: Option<(String, u64)>,
     rate: Option<Rate>,
 }
 
@@ -86,6 +89,7 @@ impl App {
             allocator: AllocatorState::default(),
             locks: LocksState::default(),
             sharing: SharingState::default(),
+            log_line: None,
             rate: None,
         }
     }
@@ -194,11 +198,15 @@ impl App {
         } else {
             "scroll"
         };
+        let mut footer = vec![Span::from(format!(
+            " q quit · Tab/←/→ or 1-4 switch tab · ↑/↓ {arrows} "
+        ))
+        .dim()];
+        if let Some((line, count)) = &self.log_line {
+            footer.push(Span::from(format!("│ log ({count}, shown on exit): {line}")).yellow());
+        }
         frame.render_widget(
-            Line::from(format!(
-                " q quit · Tab/←/→ or 1-4 switch tab · ↑/↓ {arrows} "
-            ))
-            .dim(),
+            super::widgets::ellipsize_line(Line::from(footer), usize::from(help.width)),
             help,
         );
     }

@@ -8,6 +8,7 @@
 mod allocator;
 mod app;
 mod locks;
+pub mod log;
 mod overview;
 mod sharing;
 mod widgets;
@@ -22,6 +23,7 @@ use std::{
 };
 
 pub use app::{Action, App, Tab};
+pub use log::LogRing;
 use ratatui::{
     crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers},
     DefaultTerminal,
@@ -37,11 +39,13 @@ pub struct Dashboard {
     actions: mpsc::UnboundedReceiver<Action>,
     stop: Arc<AtomicBool>,
     reader: Option<JoinHandle<()>>,
+    log: LogRing,
 }
 
 impl Dashboard {
-    /// Takes over the terminal (alternate screen, raw mode).
-    pub fn start(title: String) -> std::io::Result<Self> {
+    /// Takes over the terminal (alternate screen, raw mode); the newest
+    /// line of `log` is shown at the bottom.
+    pub fn start(title: String, log: LogRing) -> std::io::Result<Self> {
         let terminal = ratatui::try_init()?;
         let (tx, actions) = mpsc::unbounded_channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -49,7 +53,10 @@ impl Dashboard {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("memprof-keys".into())
-                .spawn(move || read_keys(&tx, &stop))?
+                .spawn(move || {
+                    crate::privilege::drop_all_in_this_thread();
+                    read_keys(&tx, &stop)
+                })?
         };
         let mut dashboard = Self {
             terminal,
@@ -57,6 +64,7 @@ impl Dashboard {
             actions,
             stop,
             reader: Some(reader),
+            log,
         };
         dashboard.draw();
         Ok(dashboard)
@@ -84,6 +92,7 @@ impl Dashboard {
     }
 
     fn draw(&mut self) {
+        self.app.log_line = self.log.last();
         let app = &self.app;
         if let Err(e) = self.terminal.draw(|frame| app.render(frame)) {
             tracing::warn!("drawing the dashboard: {e}");

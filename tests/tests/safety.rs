@@ -1,0 +1,246 @@
+//! Running as root safely: files the tool creates cannot be redirected
+//! through symbolic links, belong to the user who ran sudo, a launched
+//! command can run as another user, and the tool keeps only the
+//! capabilities it needs once its probes are attached.
+
+use std::{
+    os::unix::fs::{MetadataExt, PermissionsExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use memprof_tests::*;
+
+const CANARY_TEXT: &str = "canary: must stay as it is\n";
+
+/// A fresh directory under the workload directory.
+fn scratch(name: &str) -> PathBuf {
+    let dir = workload_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a scratch directory");
+    dir
+}
+
+fn canary(dir: &Path) -> PathBuf {
+    let path = dir.join("canary");
+    std::fs::write(&path, CANARY_TEXT).expect("writing the canary");
+    path
+}
+
+fn assert_canary(path: &Path) {
+    assert_eq!(
+        std::fs::read_to_string(path).expect("reading the canary"),
+        CANARY_TEXT,
+        "the file behind the symlink was changed"
+    );
+}
+
+/// Every file option, pointed at a symlink to a canary, is refused with
+/// exit status 2 before anything is traced, and the canary is unchanged.
+/// The check is the same with the dashboard (a terminal on stdout), which
+/// is where the log file used to be created.
+#[test]
+fn symlinks_at_output_paths_are_refused_and_their_targets_untouched() {
+    if !require_root("symlinks_at_output_paths_are_refused_and_their_targets_untouched") {
+        return;
+    }
+    let dir = scratch("safety-symlinks");
+    let canary = canary(&dir);
+    let spin = build_workload("spin", Variant::Debug).expect("building spin");
+    let spin = spin.to_str().expect("UTF-8 path");
+    for flag in ["--json", "--log-file", "--command-output"] {
+        let link = dir.join(format!("link{flag}"));
+        std::os::unix::fs::symlink(&canary, &link).expect("planting the symlink");
+        let run = run_tool(
+            &[
+                "--no-tui",
+                flag,
+                link.to_str().expect("UTF-8 path"),
+                "--",
+                spin,
+                "time",
+                "1",
+                "1",
+            ],
+            Duration::from_secs(30),
+        );
+        assert_eq!(run.code(), 2, "{flag}: exit status: {}", run.stderr);
+        assert!(
+            run.stderr.contains("refusing to write") && run.stderr.contains("symbolic link"),
+            "{flag}: {}",
+            run.stderr
+        );
+        assert_canary(&canary);
+    }
+    // With the dashboard: a terminal from `script`, the JSON path a link.
+    let link = dir.join("dashboard.json");
+    std::os::unix::fs::symlink(&canary, &link).expect("planting the symlink");
+    let inner = format!(
+        "{} --json {} -- {spin} time 1 1",
+        tool().display(),
+        link.display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("util-linux script is installed by `cargo xtask setup`");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "under a terminal: {text}");
+    assert!(text.contains("symbolic link"), "{text}");
+    assert_canary(&canary);
+    assert_no_programs_left();
+}
+
+/// Under sudo (SUDO_UID/SUDO_GID set), the JSON report, the log and the
+/// command's output belong to that user, with modes 0644, 0600 and 0644;
+/// `-u nobody` runs the command as nobody (it prints its own uid).
+#[test]
+fn files_belong_to_the_sudo_user_and_u_runs_the_command_as_that_user() {
+    if !require_root("files_belong_to_the_sudo_user_and_u_runs_the_command_as_that_user") {
+        return;
+    }
+    let dir = scratch("safety-sudo");
+    // `nobody` must be able to reach the files' directory only to prove
+    // ownership: the tool itself writes them as root.
+    let (json, log, output) = (dir.join("r.json"), dir.join("l.log"), dir.join("c.out"));
+    let mut cmd = Command::new(tool());
+    cmd.env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .args(["--no-tui", "-v", "-u", "nobody", "--json"])
+        .arg(&json)
+        .arg("--log-file")
+        .arg(&log)
+        .arg("--command-output")
+        .arg(&output)
+        .args(["--", "sh", "-c", "id -u; id -g"]);
+    let run = run_tool_with(&mut cmd, Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    for (path, mode) in [(&json, 0o644), (&log, 0o600), (&output, 0o644)] {
+        let meta = std::fs::metadata(path)
+            .unwrap_or_else(|e| panic!("{} was not written: {e}", path.display()));
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (65534, 65534),
+            "{} belongs to the sudo user",
+            path.display()
+        );
+        assert_eq!(
+            meta.permissions().mode() & 0o777,
+            mode,
+            "mode of {}",
+            path.display()
+        );
+    }
+    let report = read_report(&json);
+    assert_eq!(report["target"]["exited"], true, "{:#}", report["target"]);
+    let printed = std::fs::read_to_string(&output).expect("the command's output");
+    assert_eq!(printed, "65534\n65534\n", "the command ran as nobody");
+    let logged = std::fs::read_to_string(&log).expect("the log");
+    assert!(
+        logged.contains("capabilities kept after attach"),
+        "the log file has the session's info lines: {logged}"
+    );
+    assert_no_programs_left();
+}
+
+/// The capability bits of `CapEff:` (or another `Cap*:` line) in a
+/// /proc status file.
+fn caps_line(status: &str, key: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no {key} in {status}"))
+}
+
+/// Once attached, every thread of the tool holds at most the capabilities
+/// it documents as kept (and the session thread exactly those), its
+/// bounding set is reduced to them, and it cannot gain privileges (no new
+/// privileges). The session goes on to a normal report: the allocator's
+/// windowed probes re-attach with what is kept.
+#[test]
+fn capabilities_after_attach_are_the_documented_ones() {
+    if !require_root("capabilities_after_attach_are_the_documented_ones") {
+        return;
+    }
+    let kept = memprof::privilege::KEPT
+        .iter()
+        .fold(0u64, |mask, c| mask | (1u64 << c.index()));
+    let target = start_spin(&["time", "2", "30"]);
+    let json = report_path("safety-caps");
+    let child = Command::new(tool())
+        .args([
+            "--no-tui",
+            "-p",
+            &target.pid().to_string(),
+            "--duration",
+            "6s",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting memprof-ebpf");
+    let status_of = |task: &Path| std::fs::read_to_string(task.join("status")).unwrap_or_default();
+    let proc_dir = PathBuf::from(format!("/proc/{}", child.id()));
+    let start = Instant::now();
+    let main_status = loop {
+        let status = status_of(&proc_dir);
+        if !status.is_empty() && caps_line(&status, "CapEff:") & !kept == 0 {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the tool never dropped its capabilities: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        caps_line(&main_status, "CapEff:"),
+        kept,
+        "the session thread keeps exactly the documented set"
+    );
+    assert_eq!(caps_line(&main_status, "CapPrm:"), kept);
+    assert_eq!(
+        caps_line(&main_status, "CapBnd:") & !kept,
+        0,
+        "bounding set"
+    );
+    assert!(
+        main_status.lines().any(|l| l == "NoNewPrivs:\t1"),
+        "{main_status}"
+    );
+    for task in std::fs::read_dir(proc_dir.join("task"))
+        .expect("tasks")
+        .flatten()
+    {
+        let status = status_of(&task.path());
+        if status.is_empty() {
+            continue; // the thread ended meanwhile
+        }
+        assert_eq!(
+            caps_line(&status, "CapEff:") & !kept,
+            0,
+            "thread {:?} holds more than the kept set: {status}",
+            task.file_name()
+        );
+    }
+    let run = finish(child, start, Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = read_report(&json);
+    assert!(
+        report["sampling"]["samples"].as_u64().unwrap_or(0) > 1000,
+        "{:#}",
+        report["sampling"]
+    );
+    assert!(
+        !run.stderr.contains("could not drop capabilities"),
+        "{}",
+        run.stderr
+    );
+    drop(target);
+    assert_no_programs_left();
+}
