@@ -2,21 +2,25 @@
 //! only the capabilities the rest of a session uses, and can never regain
 //! any (`PR_SET_NO_NEW_PRIVS`, bounding set reduced).
 //!
-//! What the rest of a session does, and what it needs (found by running the
-//! integration tests with each one removed):
-//! - re-attaching the windowed allocator and lock uprobes:
-//!   `CAP_BPF` + `CAP_PERFMON` (`perf_event_open` on the uprobe PMU and
-//!   `BPF_LINK_CREATE`);
-//! - reading the target's memory (`/proc/PID/mem`: code bytes to decode),
-//!   memory map and files through `/proc/PID/root`: `CAP_SYS_PTRACE` (a
-//!   target of another user) and `CAP_DAC_READ_SEARCH` (its files, read
-//!   only); `/proc/PID/map_files`: `CAP_CHECKPOINT_RESTORE`;
+//! What the rest of a session does, and what it needs (found by running
+//! sessions with each capability removed; see the closing note of the
+//! issue that added this):
+//! - reading the target's files (symbols, DWARF, code bytes) wherever they
+//!   are: `CAP_DAC_READ_SEARCH` (read only). Without it a target whose
+//!   binary sits in a directory of another user is not symbolized;
+//! - reading `/proc/PID/mem` (anonymous code to decode) and re-reading
+//!   `/proc/PID/maps` of a target of another user: `CAP_SYS_PTRACE`;
+//! - re-attaching the windowed allocator and lock uprobes of the sampled
+//!   modes: `CAP_BPF` + `CAP_PERFMON`, and `CAP_SYS_ADMIN`, which this
+//!   kernel still demands for a uprobe perf event (`perf_event_open`
+//!   fails with EACCES without it, measured). It is kept only while a
+//!   sampled mode has windows to re-open; with `full` or `off` it goes;
 //! - ending a launched command that runs as another user (`-u`):
 //!   `CAP_KILL`.
 //!
-//! Not kept, among others: `CAP_SYS_ADMIN`, `CAP_DAC_OVERRIDE` (output files
-//! are opened before the drop), `CAP_CHOWN`, `CAP_SETUID`/`CAP_SETGID`,
-//! `CAP_NET_*`, `CAP_SYS_MODULE`.
+//! Not kept, among others: `CAP_DAC_OVERRIDE` (output files are opened
+//! before the drop), `CAP_CHOWN`, `CAP_FOWNER`, `CAP_SETUID`/`CAP_SETGID`,
+//! `CAP_SETPCAP`, `CAP_NET_*`, `CAP_SYS_MODULE`, `CAP_SYS_RAWIO`.
 //!
 //! Capabilities belong to threads. The drop is made on the session's thread;
 //! every other thread the tool starts (keys, output capture) drops all of
@@ -25,23 +29,38 @@
 
 use caps::{CapSet, Capability, CapsHashSet};
 
-/// What the rest of a session needs.
-pub const KEPT: [Capability; 6] = [
+/// What the rest of every session needs.
+pub const KEPT: [Capability; 5] = [
     Capability::CAP_BPF,
     Capability::CAP_PERFMON,
     Capability::CAP_SYS_PTRACE,
     Capability::CAP_DAC_READ_SEARCH,
-    Capability::CAP_CHECKPOINT_RESTORE,
     Capability::CAP_KILL,
 ];
 
-/// Reduces this thread's capabilities to [`KEPT`] (those of them it has)
+/// Kept besides [`KEPT`] while uprobes are re-attached in windows.
+pub const FOR_UPROBE_WINDOWS: Capability = Capability::CAP_SYS_ADMIN;
+
+/// The capabilities a session keeps after attaching.
+pub fn kept(uprobe_windows: bool) -> Vec<Capability> {
+    let mut kept = KEPT.to_vec();
+    if uprobe_windows {
+        kept.push(FOR_UPROBE_WINDOWS);
+    }
+    kept
+}
+
+/// The same as a bit mask (bit N for capability N, as in /proc's `Cap*:`).
+pub fn mask(caps: &[Capability]) -> u64 {
+    caps.iter().fold(0, |m, c| m | (1u64 << c.index()))
+}
+
+/// Reduces this thread's capabilities to [`kept`] (those of them it has)
 /// and sets `PR_SET_NO_NEW_PRIVS`. Returns the names kept.
-pub fn drop_after_attach() -> Result<Vec<String>, String> {
+pub fn drop_after_attach(uprobe_windows: bool) -> Result<Vec<String>, String> {
     let permitted = caps::read(None, CapSet::Permitted).map_err(|e| e.to_string())?;
-    let keep: CapsHashSet = KEPT
-        .iter()
-        .copied()
+    let keep: CapsHashSet = kept(uprobe_windows)
+        .into_iter()
         .filter(|c| permitted.contains(c))
         .collect();
     reduce_to(&keep)?;
@@ -83,20 +102,27 @@ fn reduce_to(keep: &CapsHashSet) -> Result<(), String> {
     Ok(())
 }
 
-/// Threads of this process whose effective capabilities go beyond
-/// [`KEPT`], by thread id (read from `/proc/self/task/*/status`).
-pub fn threads_beyond_kept() -> Vec<u32> {
-    let kept = KEPT.iter().fold(0u64, |mask, c| mask | (1u64 << c.index()));
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| {
-            let tid: u32 = t.file_name().to_str()?.parse().ok()?;
-            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-            let eff = crate::session::preflight::parse_cap_eff(&status)?;
-            (eff & !kept != 0).then_some(tid)
-        })
-        .collect()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sys_admin_only_for_uprobe_windows() {
+        assert!(!kept(false).contains(&Capability::CAP_SYS_ADMIN));
+        assert!(kept(true).contains(&Capability::CAP_SYS_ADMIN));
+        for c in [
+            Capability::CAP_DAC_OVERRIDE,
+            Capability::CAP_SETUID,
+            Capability::CAP_CHOWN,
+        ] {
+            assert!(!kept(true).contains(&c), "{c}");
+        }
+        // CAP_BPF is 39, CAP_PERFMON 38, CAP_SYS_PTRACE 19,
+        // CAP_DAC_READ_SEARCH 2, CAP_KILL 5.
+        assert_eq!(
+            mask(&kept(false)),
+            (1 << 39) | (1 << 38) | (1 << 19) | (1 << 2) | (1 << 5)
+        );
+        assert_eq!(mask(&kept(true)), mask(&kept(false)) | (1 << 21));
+    }
 }

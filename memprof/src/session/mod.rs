@@ -362,7 +362,9 @@ pub async fn run(
     }
     // Everything that needs more than reading the target and re-attaching
     // probes is done: give up the rest (see `privilege`).
-    match crate::privilege::drop_after_attach() {
+    let uprobe_windows = (live.tracer.is_some() && opts.alloc.mode == AllocMode::Sampled)
+        || (live.lock_tracer.is_some() && opts.lock_mode == LockMode::Sampled);
+    match crate::privilege::drop_after_attach(uprobe_windows) {
         Ok(kept) => tracing::info!("capabilities kept after attach: {}", kept.join(" ")),
         Err(e) => live
             .notes
