@@ -300,3 +300,63 @@ fn sampled_mode_keeps_what_re_attaching_its_windows_needs() {
         .unwrap_or_else(|| panic!("no allocator window note: {notes:#?}"));
     assert!(windows >= 2, "the probes were re-attached: {notes:#?}");
 }
+
+/// Under the dashboard, a launched command's output can neither draw over
+/// the screen nor land in a file nobody asked for: it is captured (the
+/// newest 64 KiB, with a note saying what was cut) and printed once the
+/// dashboard has closed; the working directory stays empty.
+#[test]
+fn a_launched_command_s_output_is_shown_after_the_dashboard() {
+    if !require_root("a_launched_command_s_output_is_shown_after_the_dashboard") {
+        return;
+    }
+    let dir = scratch("safety-capture");
+    // 100,000 bytes of digits, then a last line: more than is kept.
+    let inner = format!(
+        "stty cols 100 rows 30; cd {} && {} --alloc-mode off --lock-mode off -- \
+         sh -c 'sleep 1; yes 0123456789 | head -c 100000; echo; echo the-last-line; sleep 1'",
+        dir.display(),
+        tool().display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("util-linux script is installed by `cargo xtask setup`");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        &text[text.len().saturating_sub(3000)..]
+    );
+    let shown = text
+        .find("memprof-ebpf: output of the command:")
+        .unwrap_or_else(|| {
+            panic!(
+                "no captured output: {}",
+                &text[text.len().saturating_sub(3000)..]
+            )
+        });
+    let after = &text[shown..];
+    assert!(
+        after.contains("[truncated: the first") && after.contains("of 100015 bytes are not shown]"),
+        "{}",
+        &after[..after.len().min(300)]
+    );
+    assert!(after.contains("the-last-line"), "the newest output is kept");
+    assert!(
+        text.find("memprof-ebpf summary").is_some_and(|s| s > shown),
+        "the summary comes after the output"
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "files left in the working directory: {left:?}"
+    );
+    assert_no_programs_left();
+}
