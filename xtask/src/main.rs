@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build | test | demo | bench`.
+//! Project tasks: `cargo xtask setup | build | test | demo | bench | fuzz`.
 //!
 //! `setup` is idempotent and quick when everything is present; every other
 //! task runs it first, so a bare machine needs nothing installed by hand.
@@ -7,6 +7,7 @@ mod bench;
 mod bench_alloc;
 mod bench_locks;
 mod bench_sharing;
+mod fuzz;
 mod setup;
 
 use std::{
@@ -61,6 +62,20 @@ enum Task {
         #[arg(long)]
         only: Option<String>,
     },
+    /// Fuzz the parsers of target-controlled data (ELF symbols, DWARF,
+    /// .eh_frame, /proc/PID/maps, machine code), optimised, for longer than
+    /// `test` does.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Seed of the mutations (decimal or 0x-hex; default: a fixed one).
+        #[arg(long)]
+        seed: Option<String>,
+        /// Run only the targets whose test name contains this (e.g. "dwarf").
+        #[arg(long)]
+        only: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -86,6 +101,11 @@ fn run(args: Args) -> Result<()> {
             alloc_rounds,
             only,
         } => bench::run(runs, alloc_rounds, only.as_deref()),
+        Task::Fuzz {
+            seconds,
+            seed,
+            only,
+        } => fuzz::run(seconds, seed.as_deref(), only.as_deref()),
     }
 }
 

@@ -102,8 +102,12 @@ fn stored_back(
     if r.flags != recipe::READ {
         return r;
     }
-    let start = (load.next_ip() - code_ip) as usize;
-    let Some(bytes) = code.get(start..) else {
+    // The decoder's addresses wrap at the top of the address space.
+    let Some(bytes) = load
+        .next_ip()
+        .checked_sub(code_ip)
+        .and_then(|start| code.get(usize::try_from(start).ok()?..))
+    else {
         return r;
     };
     let mut d = Decoder::with_ip(64, bytes, load.next_ip(), DecoderOptions::NONE);
@@ -441,6 +445,17 @@ mod tests {
         assert_eq!(d.recipe, AccessRecipe::none(), "add rax, 1 has no operand");
         let d = decode(&code, at, BASE, true);
         assert_eq!(d.recipe.flags, recipe::READ | recipe::WRITE);
+    }
+
+    /// Found by fuzzing: a load in the last bytes of the address space
+    /// (its next IP wraps to 0) made the store-back search underflow.
+    #[test]
+    fn code_at_the_top_of_the_address_space() {
+        // mov rax, [rdi]
+        let code = [0x48, 0x8b, 0x07];
+        let at = u64::MAX - 2;
+        let d = decode(&code, at, at, true);
+        assert_eq!((d.recipe.base, d.recipe.flags), (reg::RDI, recipe::READ));
     }
 
     #[test]

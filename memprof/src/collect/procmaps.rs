@@ -185,9 +185,16 @@ fn parse_line(line: &str) -> Option<Mapping> {
     if perms.len() < 3 {
         return None;
     }
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    // Not empty, and its file offsets do not wrap: then `addr - start +
+    // offset` is exact for every address of the mapping.
+    if start >= end || offset.checked_add(end - start).is_none() {
+        return None;
+    }
     Some(Mapping {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
+        start,
+        end,
         offset,
         readable: perms[0] == b'r',
         writable: perms[1] == b'w',
@@ -335,6 +342,27 @@ garbage line
             "libc.so.6"
         );
         assert_eq!(short_name("[vdso]"), "[vdso]");
+    }
+
+    /// Found by fuzzing: an offset near 2^64 made `place` overflow.
+    #[test]
+    fn impossible_ranges_and_offsets_are_skipped() {
+        let maps = ProcMaps::parse(
+            "1000-2000 r-xp ffffffffffffffff 00:00 0 /wraps\n\
+             3000-3000 r-xp 00000000 00:00 0 /empty\n\
+             5000-4000 r-xp 00000000 00:00 0 /backwards\n\
+             6000-7000 r-xp fffffffffffff000 00:00 0 /ends-at-2^64\n\
+             8000-9000 r-xp ffffffffffffe000 00:00 0 /below-2^64\n",
+        );
+        assert_eq!(maps.mappings().len(), 1, "{maps:?}");
+        assert_eq!(maps.place(0x1fff), Place::Unmapped { address: 0x1fff });
+        assert_eq!(
+            maps.place(0x8fff),
+            Place::File {
+                path: "/below-2^64".into(),
+                file_offset: u64::MAX - 0x1000
+            }
+        );
     }
 
     #[test]

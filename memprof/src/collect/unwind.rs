@@ -10,8 +10,8 @@
 use std::{collections::HashMap, sync::Arc};
 
 use gimli::{
-    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EndianSlice, LittleEndian, Pointer, RegisterRule,
-    UnwindContext, UnwindSection, X86_64,
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EhFrameOffset, EndianSlice, LittleEndian, Pointer,
+    RegisterRule, UnwindContext, UnwindSection, X86_64,
 };
 
 /// Which register the CFA is computed from.
@@ -79,6 +79,12 @@ impl Unwinder {
     }
 }
 
+/// The frame rule at file offset `offset` of the object file whose bytes
+/// are `data` (what [`Unwinder::rule`] computes, without the caches).
+pub fn rule_in(data: &[u8], offset: u64) -> Option<FrameRule> {
+    Object::load(Arc::from(data))?.rule(offset)
+}
+
 impl Object {
     fn load(data: Arc<[u8]>) -> Option<Self> {
         let (segments, hdr) = program_headers(&data)?;
@@ -89,27 +95,30 @@ impl Object {
         })
     }
 
+    // The segments' numbers come from the file: the arithmetic on them is
+    // checked.
     fn vaddr(&self, offset: u64) -> Option<u64> {
-        self.segments
+        let (off, _, vaddr) = self
+            .segments
             .iter()
-            .find(|(off, size, _)| (*off..off + size).contains(&offset))
-            .map(|(off, _, vaddr)| offset - off + vaddr)
+            .find(|(off, size, _)| offset >= *off && offset - off < *size)?;
+        vaddr.checked_add(offset - off)
     }
 
     fn file_offset(&self, vaddr: u64) -> Option<(usize, usize)> {
-        self.segments
+        let (off, size, va) = self
+            .segments
             .iter()
-            .find(|(_, size, va)| (*va..va + size).contains(&vaddr))
-            .map(|(off, size, va)| {
-                let start = (vaddr - va + off) as usize;
-                (start, (off + size) as usize)
-            })
+            .find(|(_, size, va)| vaddr >= *va && vaddr - va < *size)?;
+        let start = usize::try_from(off.checked_add(vaddr - va)?).ok()?;
+        let end = usize::try_from(off.checked_add(*size)?).ok()?;
+        Some((start, end))
     }
 
     fn rule(&self, offset: u64) -> Option<FrameRule> {
         let address = self.vaddr(offset)?;
         let (hdr_off, hdr_size, hdr_vaddr) = self.hdr;
-        let hdr_bytes = self.data.get(hdr_off..hdr_off + hdr_size)?;
+        let hdr_bytes = self.data.get(hdr_off..hdr_off.checked_add(hdr_size)?)?;
         let bases = BaseAddresses::default().set_eh_frame_hdr(hdr_vaddr);
         let parsed = EhFrameHdr::new(hdr_bytes, LittleEndian)
             .parse(&bases, 8)
@@ -121,15 +130,32 @@ impl Object {
         let eh_frame = EhFrame::new(self.data.get(eh_start..eh_end)?, LittleEndian);
         let bases = bases.set_eh_frame(eh_vaddr);
         let table = parsed.table()?;
-        let mut ctx: UnwindContext<usize> = UnwindContext::new();
-        let row = table
-            .unwind_info_for_address(
-                &eh_frame,
+        // gimli 0.34's lookup multiplies the header's FDE count unchecked:
+        // the entries (4 bytes or more each) must fit in the section.
+        let fde_count = table.iter(&bases).size_hint().1?;
+        if fde_count > hdr_bytes.len() / 4 {
+            return None;
+        }
+        // Not `table.unwind_info_for_address`: gimli 0.34 subtracts the
+        // `.eh_frame` address from the table's FDE address unchecked (a
+        // panic with overflow checks when the FDE lies below it).
+        let Pointer::Direct(fde_vaddr) = table.lookup(address, &bases).ok()? else {
+            return None;
+        };
+        let fde_offset = usize::try_from(fde_vaddr.checked_sub(eh_vaddr)?).ok()?;
+        let fde = eh_frame
+            .fde_from_offset(
                 &bases,
-                &mut ctx,
-                address,
+                EhFrameOffset(fde_offset),
                 EhFrame::<EndianSlice<LittleEndian>>::cie_from_offset,
             )
+            .ok()?;
+        if !fde.contains(address) {
+            return None;
+        }
+        let mut ctx: UnwindContext<usize> = UnwindContext::new();
+        let row = fde
+            .unwind_info_for_address(&eh_frame, &bases, &mut ctx, address)
             .ok()?;
         let (base, cfa_offset) = match row.cfa() {
             CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => {
@@ -162,25 +188,41 @@ fn program_headers(data: &[u8]) -> Option<(Vec<(u64, u64, u64)>, Option<(usize, 
     if data.get(..4)? != b"\x7fELF" || *data.get(4)? != 2 || *data.get(5)? != 1 {
         return None;
     }
-    let u16_at = |at: usize| Some(u16::from_le_bytes(data.get(at..at + 2)?.try_into().ok()?));
-    let u32_at = |at: usize| Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?));
-    let u64_at = |at: usize| Some(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?));
-    let phoff = u64_at(0x20)? as usize;
-    let phentsize = u16_at(0x36)? as usize;
-    let phnum = u16_at(0x38)? as usize;
+    // Fields at fixed offsets of a slice known to be long enough.
+    let u16_at =
+        |d: &[u8], at: usize| Some(u16::from_le_bytes(d.get(at..at + 2)?.try_into().ok()?));
+    let u32_at =
+        |d: &[u8], at: usize| Some(u32::from_le_bytes(d.get(at..at + 4)?.try_into().ok()?));
+    let u64_at =
+        |d: &[u8], at: usize| Some(u64::from_le_bytes(d.get(at..at + 8)?.try_into().ok()?));
+    let phoff = usize::try_from(u64_at(data, 0x20)?).ok()?;
+    let phentsize = usize::from(u16_at(data, 0x36)?);
+    let phnum = usize::from(u16_at(data, 0x38)?);
+    // Entries smaller than an `Elf64_Phdr` would overlap: 65535 of them
+    // fit in a few bytes, and each query would search them all.
+    if phentsize < 0x38 {
+        return None;
+    }
     let mut segments = Vec::new();
     let mut hdr = None;
     for i in 0..phnum {
-        let ph = phoff + i * phentsize;
+        let at = phoff.checked_add(i * phentsize)?;
+        let ph = data.get(at..)?.get(..0x28)?;
         let (ty, offset, vaddr, filesz) = (
-            u32_at(ph)?,
-            u64_at(ph + 8)?,
-            u64_at(ph + 0x10)?,
-            u64_at(ph + 0x20)?,
+            u32_at(ph, 0)?,
+            u64_at(ph, 8)?,
+            u64_at(ph, 0x10)?,
+            u64_at(ph, 0x20)?,
         );
         match ty {
             1 => segments.push((offset, filesz, vaddr)),
-            0x6474_e550 => hdr = Some((offset as usize, filesz as usize, vaddr)),
+            0x6474_e550 => {
+                hdr = Some((
+                    usize::try_from(offset).ok()?,
+                    usize::try_from(filesz).ok()?,
+                    vaddr,
+                ))
+            }
             _ => {}
         }
     }
@@ -190,6 +232,102 @@ fn program_headers(data: &[u8]) -> Option<(Vec<(u64, u64, u64)>, Option<(usize, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A 64-bit little-endian ELF header and program headers, each
+    /// (type, file offset, vaddr, file size), followed by `tail`.
+    fn elf(phdrs: &[(u32, u64, u64, u64)], phoff: u64, tail: &[u8]) -> Vec<u8> {
+        let mut d = vec![0u8; 64];
+        d[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        d[0x20..0x28].copy_from_slice(&phoff.to_le_bytes());
+        d[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        d[0x38..0x3a].copy_from_slice(&(phdrs.len() as u16).to_le_bytes());
+        for &(ty, offset, vaddr, filesz) in phdrs {
+            let mut p = [0u8; 56];
+            p[0..4].copy_from_slice(&ty.to_le_bytes());
+            p[8..16].copy_from_slice(&offset.to_le_bytes());
+            p[16..24].copy_from_slice(&vaddr.to_le_bytes());
+            p[32..40].copy_from_slice(&filesz.to_le_bytes());
+            d.extend_from_slice(&p);
+        }
+        d.extend_from_slice(tail);
+        d
+    }
+
+    /// Found by fuzzing: offsets and sizes near 2^64 in the program
+    /// headers overflowed the arithmetic on them.
+    #[test]
+    fn huge_program_header_numbers_give_no_rule() {
+        // Program headers said to be at the end of the address space.
+        assert_eq!(
+            rule_in(&elf(&[(1, 0, 0, 0x1000)], u64::MAX - 8, &[]), 0),
+            None
+        );
+        // A segment whose file range wraps.
+        let wraps = elf(
+            &[(1, u64::MAX - 8, 0, 0x1000), (0x6474_e550, 0, 0, 8)],
+            64,
+            &[],
+        );
+        assert_eq!(rule_in(&wraps, u64::MAX - 4), None);
+        // `.eh_frame_hdr` said to end past 2^64, in a sane segment.
+        let hdr = elf(&[(1, 0, 0, 0x1000), (0x6474_e550, 8, 8, u64::MAX)], 64, &[]);
+        assert_eq!(rule_in(&hdr, 0), None);
+    }
+
+    /// Found by fuzzing: an FDE count near 2^64 in `.eh_frame_hdr` made
+    /// gimli's table lookup overflow.
+    #[test]
+    fn a_huge_fde_count_gives_no_rule() {
+        const H: i32 = 64 + 2 * 56;
+        let mut hdr = vec![1u8, 0x1b, 0x04, 0x3b]; // count: udata8
+        hdr.extend_from_slice(&(24 - 4i32).to_le_bytes()); // .eh_frame at H + 24
+        hdr.extend_from_slice(&u64::MAX.to_le_bytes());
+        hdr.extend_from_slice(&(-H).to_le_bytes());
+        hdr.extend_from_slice(&24i32.to_le_bytes());
+        hdr.extend_from_slice(&[0; 8]);
+        let len = (H as usize + hdr.len()) as u64;
+        let data = elf(
+            &[(1, 0, 0, len), (0x6474_e550, H as u64, H as u64, 24)],
+            64,
+            &hdr,
+        );
+        assert_eq!(rule_in(&data, 0), None);
+    }
+
+    /// Found by fuzzing (a slow input): with a program header size of 0,
+    /// one header read 65535 times made 65535 segments to search.
+    #[test]
+    fn overlapping_program_headers_are_refused() {
+        let mut data = elf(&[(1, 0, 0, 0x1000), (0x6474_e550, 0, 0, 8)], 64, &[]);
+        assert!(program_headers(&data).is_some());
+        data[0x36..0x38].copy_from_slice(&0u16.to_le_bytes());
+        data[0x38..0x3a].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(program_headers(&data).is_none());
+    }
+
+    /// Found by fuzzing: an `.eh_frame_hdr` table entry pointing below
+    /// `.eh_frame` made gimli's unchecked subtraction overflow.
+    #[test]
+    fn a_table_entry_below_eh_frame_gives_no_rule() {
+        // One segment mapping the whole file at vaddr 0; the header at
+        // H = 176, `.eh_frame` at H + 20 and its (unused) table entry for
+        // address 0 pointing 16 bytes below it.
+        const H: i32 = 64 + 2 * 56;
+        let mut hdr = vec![1u8, 0x1b, 0x03, 0x3b];
+        hdr.extend_from_slice(&(20 - 4i32).to_le_bytes()); // pcrel: H + 20
+        hdr.extend_from_slice(&1u32.to_le_bytes());
+        hdr.extend_from_slice(&(-H).to_le_bytes()); // address 0
+        hdr.extend_from_slice(&4i32.to_le_bytes()); // H + 4 < H + 20
+        hdr.extend_from_slice(&[0; 8]);
+        let len = (H as usize + hdr.len()) as u64;
+        let data = elf(
+            &[(1, 0, 0, len), (0x6474_e550, H as u64, H as u64, 20)],
+            64,
+            &hdr,
+        );
+        assert_eq!(data.len() as u64, len);
+        assert_eq!(rule_in(&data, 0), None);
+    }
 
     /// This test binary has CFI: somewhere in its text, a rule exists, and
     /// at a function's first instruction the return address is at the

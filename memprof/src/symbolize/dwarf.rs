@@ -54,8 +54,12 @@ impl Layout {
 /// Reads the layout of the global named `name` (a demangled symbol;
 /// for `a::b::VAR` the DWARF name is `VAR`) from the object file `path`.
 pub fn layout(path: &Path, name: &str) -> Option<Layout> {
-    let data = std::fs::read(path).ok()?;
-    let obj = object::File::parse(&*data).ok()?;
+    layout_in(&std::fs::read(path).ok()?, name)
+}
+
+/// [`layout`] for an object file's bytes already in memory.
+pub fn layout_in(data: &[u8], name: &str) -> Option<Layout> {
+    let obj = object::File::parse(data).ok()?;
     let endian = if obj.is_little_endian() {
         RunTimeEndian::Little
     } else {

@@ -14,17 +14,33 @@ pub fn first_load_bias(path: &Path) -> std::io::Result<u64> {
     let mut header = [0u8; 64];
     let mut file = File::open(path)?;
     file.read_exact(&mut header)?;
-    let phoff = u64::from_le_bytes(header[0x20..0x28].try_into().unwrap_or_default());
-    let phentsize = u16::from_le_bytes([header[0x36], header[0x37]]) as u64;
-    let phnum = u16::from_le_bytes([header[0x38], header[0x39]]) as u64;
-    let mut phdrs = vec![0u8; (phentsize * phnum) as usize];
+    let (phoff, size) = program_headers_at(&header, file.metadata()?.len())?;
+    let mut phdrs = vec![0u8; size];
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(phoff))?;
     file.read_exact(&mut phdrs)?;
     parse(&header, &phdrs)
 }
 
+fn bad(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
+}
+
+/// The file offset and size of the program headers, which must lie in
+/// the file: the header's counts alone would allow 4 GiB.
+fn program_headers_at(header: &[u8; 64], file_len: u64) -> std::io::Result<(u64, usize)> {
+    let phoff = u64::from_le_bytes(header[0x20..0x28].try_into().unwrap_or_default());
+    let phentsize = u64::from(u16::from_le_bytes([header[0x36], header[0x37]]));
+    let phnum = u64::from(u16::from_le_bytes([header[0x38], header[0x39]]));
+    let size = phentsize * phnum;
+    match phoff.checked_add(size) {
+        Some(end) if end <= file_len => {
+            Ok((phoff, usize::try_from(size).map_err(|_| bad("too large"))?))
+        }
+        _ => Err(bad("program headers past the end of the file")),
+    }
+}
+
 fn parse(header: &[u8; 64], phdrs: &[u8]) -> std::io::Result<u64> {
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
     if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
         return Err(bad("not a 64-bit little-endian ELF file"));
     }
@@ -75,6 +91,27 @@ mod tests {
         let (mut h, p) = elf(&[(PT_LOAD, 0, 0)]);
         h[4] = 1;
         assert!(parse(&h, &p).is_err(), "32-bit rejected");
+    }
+
+    /// Found by fuzzing: the program header table's size was allocated
+    /// as the header said, up to 65535 * 65535 bytes, before reading it.
+    #[test]
+    fn program_headers_must_lie_in_the_file() {
+        let (mut h, _) = elf(&[]);
+        h[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        h[0x36..0x38].copy_from_slice(&u16::MAX.to_le_bytes());
+        h[0x38..0x3a].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(program_headers_at(&h, 1 << 20).is_err());
+        h[0x20..0x28].copy_from_slice(&u64::MAX.to_le_bytes());
+        h[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        assert!(
+            program_headers_at(&h, u64::MAX).is_err(),
+            "offset + size wraps"
+        );
+        let (mut h, _) = elf(&[(PT_LOAD, 0, 0)]);
+        h[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        assert_eq!(program_headers_at(&h, 120).unwrap(), (64, 56));
+        assert!(program_headers_at(&h, 119).is_err());
     }
 
     #[test]
