@@ -24,6 +24,9 @@ fn main() -> ExitCode {
             });
         }
     };
+    // Parsers of the target's files may panic on malformed input; those
+    // panics are caught and must stay silent.
+    memprof::symbolize::install_quiet_panic_hook();
     let live = cli.duration.is_none() && !cli.no_tui && std::io::stdout().is_terminal();
     let log = match init_logging(&cli, live) {
         Ok(log) => log,

@@ -141,10 +141,7 @@ impl Symbolizer {
             return Frame::unknown(place);
         };
         let src = Source::Elf(Elf::new(&**path));
-        match self
-            .blazesym
-            .symbolize_single(&src, Input::FileOffset(*file_offset))
-        {
+        match self.symbolize_single(&src, Input::FileOffset(*file_offset)) {
             Ok(Symbolized::Sym(sym)) => {
                 // The innermost inlined function that is the program's own
                 // code: an access inlined from the standard library
@@ -184,6 +181,19 @@ impl Symbolizer {
         }
     }
 
+    /// Blazesym's answer, with a panic of its parsers (0.2.7 has an
+    /// `unwrap` that a malformed line table reaches) as an error: the
+    /// files come from the traced program.
+    fn symbolize_single(
+        &self,
+        src: &Source<'_>,
+        input: Input<u64>,
+    ) -> Result<Symbolized<'_>, String> {
+        quiet_panics(|| self.blazesym.symbolize_single(src, input))
+            .ok_or_else(|| "blazesym panicked".to_string())?
+            .map_err(|e| e.to_string())
+    }
+
     /// The layout of global `name` (a symbol of `path`) from its DWARF:
     /// array element size and struct members, to name the bytes of it.
     pub fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<dwarf::Layout> {
@@ -201,16 +211,13 @@ impl Symbolizer {
             .vaddr_bias
             .entry(path.clone())
             .or_insert_with(|| elf::first_load_bias(std::path::Path::new(&**path)).ok());
-        let vaddr = addr.checked_sub(file_base)? + bias?;
+        let vaddr = addr.checked_sub(file_base)?.checked_add(bias?)?;
         // The ELF symbol table has both function and object symbols; DWARF
         // would only name functions, so it is not consulted here.
         let mut elf = Elf::new(&**path);
         elf.debug_syms = false;
         let src = Source::Elf(elf);
-        match self
-            .blazesym
-            .symbolize_single(&src, Input::VirtOffset(vaddr))
-        {
+        match self.symbolize_single(&src, Input::VirtOffset(vaddr)) {
             Ok(Symbolized::Sym(sym)) => Some(DataSymbol {
                 name: sym.name.into_owned(),
                 offset: sym.offset as u64,
@@ -238,6 +245,33 @@ fn is_library_source(ci: &blazesym::symbolize::CodeInfo<'_>) -> bool {
         || full.contains("/library/alloc/")
         || full.starts_with("/usr/include/")
         || full.contains("/rust-src/")
+}
+
+thread_local! {
+    /// Set while a call that may panic on the target's data runs.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into `None` without the panic hooks: no
+/// message on the terminal, and no terminal restore by the dashboard's hook
+/// (it would tear the dashboard down for a frame that is merely unknown).
+/// [`install_quiet_panic_hook`] must have been called for the silence.
+pub fn quiet_panics<T>(f: impl FnOnce() -> T) -> Option<T> {
+    let was = QUIET.with(|q| q.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    result.ok()
+}
+
+/// Wraps the current panic hook so that panics inside [`quiet_panics`]
+/// skip it. Call it after any other hook is installed (the dashboard's).
+pub fn install_quiet_panic_hook() {
+    let next = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !QUIET.with(|q| q.get()) {
+            next(info);
+        }
+    }));
 }
 
 #[cfg(test)]
@@ -288,6 +322,52 @@ mod tests {
     }
 
     #[test]
+    fn quiet_panics_are_none_and_skip_the_hook() {
+        let hook_ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = hook_ran.clone();
+        let me = std::thread::current().id();
+        let previous = std::panic::take_hook();
+        // Other tests run on other threads: only this thread's panics count.
+        std::panic::set_hook(Box::new(move |_| {
+            if std::thread::current().id() == me {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst)
+            }
+        }));
+        install_quiet_panic_hook();
+        assert_eq!(quiet_panics(|| 7), Some(7));
+        assert_eq!(
+            quiet_panics(|| -> u8 { panic!("from the target's data") }),
+            None
+        );
+        let ran = hook_ran.load(std::sync::atomic::Ordering::SeqCst);
+        std::panic::set_hook(previous);
+        assert!(!ran, "the hook must not run for a quiet panic");
+    }
+
+    /// Found by fuzzing: a line table row naming a file the table does
+    /// not have makes blazesym 0.2.7 panic (`unwrap` in `row_location`).
+    /// The fixture is a 2 KiB shared object built by gcc with the first
+    /// byte of the line table's one file name zeroed (an empty file table).
+    #[test]
+    fn a_panic_in_blazesym_is_an_unknown_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.so");
+        std::fs::write(
+            &path,
+            include_bytes!("../../tests/fuzz/regressions/line-table-without-files.so"),
+        )
+        .unwrap();
+        let path: Arc<str> = Arc::from(path.to_str().unwrap());
+        let place = Place::File {
+            path: path.clone(),
+            file_offset: 0x189,
+        };
+        let mut s = Symbolizer::new();
+        assert_eq!(s.code(&place).module, "bad.so");
+        assert_eq!(s.code_innermost(&place).module, "bad.so");
+    }
+
+    #[test]
     fn missing_files_are_not_errors() {
         let mut s = Symbolizer::new();
         let place = Place::File {
@@ -296,6 +376,24 @@ mod tests {
         };
         assert_eq!(s.code(&place).function, "lib.so+0x10");
         assert_eq!(s.data(&"/nonexistent/lib.so".into(), 0x1000, 0x1010), None);
+    }
+
+    /// Found by fuzzing: a first segment whose page-aligned `p_vaddr` is
+    /// far above its `p_offset` made the address arithmetic overflow.
+    #[test]
+    fn a_huge_load_bias_names_nothing() {
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        elf[64..68].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD, offset 0
+        elf[64 + 16..64 + 24].copy_from_slice(&0xffff_ffff_ffff_f000u64.to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("high");
+        std::fs::write(&path, &elf).unwrap();
+        let path: Arc<str> = Arc::from(path.to_str().unwrap());
+        assert_eq!(Symbolizer::new().data(&path, 0, 0x2000), None);
     }
 
     /// Symbolizes code and data in this very test binary: a function's own

@@ -47,6 +47,9 @@ impl Dashboard {
     /// line of `log` is shown at the bottom.
     pub fn start(title: String, log: LogRing) -> std::io::Result<Self> {
         let terminal = ratatui::try_init()?;
+        // ratatui's hook restores the terminal on any panic, also one that
+        // symbolization catches: those must skip it.
+        crate::symbolize::install_quiet_panic_hook();
         let (tx, actions) = mpsc::unbounded_channel();
         let stop = Arc::new(AtomicBool::new(false));
         let reader = {
