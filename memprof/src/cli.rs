@@ -113,16 +113,17 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
 
-    /// Under the dashboard, write the launched command's output to FILE.
-    /// Without it, the output is captured (its last 64 KiB) and printed
-    /// after the dashboard closes. Without the dashboard the command uses
-    /// the terminal as usual.
+    /// Write the launched command's output (stdout and stderr; stdin is
+    /// /dev/null) to FILE. Without it the command uses the terminal, except
+    /// under the dashboard, where its output is captured (the last 64 KiB)
+    /// and printed after the dashboard closes.
     #[arg(long, value_name = "FILE")]
     pub command_output: Option<PathBuf>,
 
-    /// Run the launched command as USER (name or uid): its uid, primary
-    /// group, supplementary groups and HOME, as `sudo -u USER` would.
-    /// Default: the credentials the profiler runs with.
+    /// Run the launched command as USER (name or uid), with that user's
+    /// uid, primary and supplementary groups, and HOME, USER and LOGNAME
+    /// (the rest of the environment is kept). Needs root. Default: the
+    /// credentials the profiler runs with.
     #[arg(short, long, value_name = "USER")]
     pub user: Option<String>,
 

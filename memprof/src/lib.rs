@@ -35,16 +35,30 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
         Some(pid) => session::TargetSpec::Pid(pid),
         None => session::TargetSpec::Command(cli.command.clone()),
     };
-    let run_as = match (&cli.user, &target) {
-        (None, _) => None,
-        (Some(user), session::TargetSpec::Command(_)) => {
+    let launching = matches!(target, session::TargetSpec::Command(_));
+    if !launching {
+        for (given, flag) in [
+            (cli.user.is_some(), "-u/--user"),
+            (cli.command_output.is_some(), "--command-output"),
+        ] {
+            if given {
+                return Err(Error::Usage(format!(
+                    "{flag} is for a launched command (`-- CMD`), not with -p"
+                )));
+            }
+        }
+    }
+    let run_as = match &cli.user {
+        Some(user) => {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                return Err(Error::Privilege(
+                    "-u/--user needs root to change the command's user".into(),
+                ));
+            }
             Some(session::launch::RunAs::lookup(user)?)
         }
-        (Some(_), session::TargetSpec::Pid(_)) => {
-            return Err(Error::Usage(
-                "-u/--user is for a launched command (`-- CMD`), not with -p".into(),
-            ))
-        }
+        None => None,
     };
     let json_to_stdout = cli.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     // Output files are opened now: a bad path fails before any tracing, and
@@ -64,7 +78,7 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
             "the command's output",
         )?),
         // Under the dashboard a launched command's output would draw over it.
-        None if live => {
+        None if live && launching => {
             let c = session::launch::Captured::new();
             captured = Some(c.clone());
             session::launch::Output::Capture(c)
@@ -103,11 +117,10 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
     };
     let result = session::run(opts, dashboard.as_mut()).await;
     drop(dashboard); // restore the terminal before printing anything
-                     // What was held back while the dashboard was on screen.
+                     // What was held back while the dashboard was on screen; later lines
+                     // (detaching, the end of the session) go straight to stderr.
     if let Some(log) = &log {
-        for line in log.drain() {
-            eprintln!("{line}");
-        }
+        log.release_to_stderr();
     }
     if let Some(text) = captured.and_then(|c| c.text(std::time::Duration::from_millis(500))) {
         eprintln!("memprof-ebpf: output of the command:");

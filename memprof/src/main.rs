@@ -46,7 +46,12 @@ fn main() -> ExitCode {
             return ExitCode::from(exit_code::INTERNAL as u8);
         }
     };
-    match runtime.block_on(memprof::run(cli, live, log)) {
+    let result = runtime.block_on(memprof::run(cli, live, log.clone()));
+    // Whatever path the session took, no log line stays in memory.
+    if let Some(log) = &log {
+        log.release_to_stderr();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("memprof-ebpf: {e:#}");

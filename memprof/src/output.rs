@@ -17,7 +17,6 @@
 
 use std::{
     fs::File,
-    io::ErrorKind,
     os::{
         fd::{AsRawFd, FromRawFd},
         unix::{ffi::OsStrExt, fs::MetadataExt},
@@ -97,7 +96,8 @@ pub fn create_for(path: &Path, mode: u32, what: &'static str, invoker: Invoker) 
     };
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| refuse("the path contains a NUL byte".into()))?;
-    let flags = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let flags =
+        libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
 
     // A new file: O_EXCL makes sure we created it and nothing was there.
     // SAFETY: `c_path` is a valid NUL-terminated string; open does not keep it.
@@ -114,27 +114,39 @@ pub fn create_for(path: &Path, mode: u32, what: &'static str, invoker: Invoker) 
         return blocking(file).map_err(io_error);
     }
     let err = std::io::Error::last_os_error();
-    if err.kind() != ErrorKind::AlreadyExists {
-        return Err(io_error(err));
+    match err.raw_os_error() {
+        Some(libc::EEXIST) => {}
+        Some(libc::EISDIR) => return Err(refuse("it is a directory".into())),
+        _ => return Err(io_error(err)),
     }
 
-    // Something is there: open it without following a symlink, then judge
-    // what was opened (not what a path lookup said a moment earlier).
+    // Something is there. Get a handle on exactly that (O_PATH: nothing is
+    // opened for reading or writing, so a device or FIFO has no effect),
+    // never following a symlink, and judge what the handle points at.
     // SAFETY: as above.
-    let fd = unsafe { libc::open(c_path.as_ptr(), flags) };
+    let fd = unsafe {
+        libc::open(
+            c_path.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
     if fd < 0 {
-        let err = std::io::Error::last_os_error();
-        return Err(match err.raw_os_error() {
-            Some(libc::ELOOP) => refuse("it is a symbolic link".into()),
-            Some(libc::ENXIO) => refuse("it is a FIFO or socket, not a regular file".into()),
-            _ => io_error(err),
-        });
+        return Err(io_error(std::io::Error::last_os_error()));
     }
     // SAFETY: open returned a new descriptor that nothing else owns.
-    let file = unsafe { File::from_raw_fd(fd) };
-    let meta = file.metadata().map_err(io_error)?;
-    if !meta.file_type().is_file() {
-        return Err(refuse("it is not a regular file".into()));
+    let handle = unsafe { File::from_raw_fd(fd) };
+    let meta = handle.metadata().map_err(io_error)?;
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return Err(refuse("it is a symbolic link".into()));
+    }
+    if kind.is_dir() {
+        return Err(refuse("it is a directory".into()));
+    }
+    if !kind.is_file() {
+        return Err(refuse(
+            "it is not a regular file (a FIFO, socket or device)".into(),
+        ));
     }
     if meta.uid() != invoker.uid {
         return Err(refuse(format!(
@@ -149,7 +161,26 @@ pub fn create_for(path: &Path, mode: u32, what: &'static str, invoker: Invoker) 
             meta.nlink()
         )));
     }
+    // Open that very inode for writing through the handle.
+    let reopen = std::ffi::CString::new(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .map_err(|_| refuse("cannot name its descriptor".into()))?;
+    // SAFETY: as above.
+    let fd = unsafe { libc::open(reopen.as_ptr(), flags & !libc::O_NOFOLLOW) };
+    if fd < 0 {
+        return Err(io_error(std::io::Error::last_os_error()));
+    }
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let again = file.metadata().map_err(io_error)?;
+    if (again.dev(), again.ino()) != (meta.dev(), meta.ino()) {
+        return Err(refuse("it changed while being opened".into()));
+    }
     file.set_len(0).map_err(io_error)?;
+    // A reused file gets the mode a new one would have (a log: 0600).
+    // SAFETY: fchmod on a descriptor we own.
+    if unsafe { libc::fchmod(file.as_raw_fd(), mode) } != 0 {
+        return Err(io_error(std::io::Error::last_os_error()));
+    }
     blocking(file).map_err(io_error)
 }
 
@@ -167,7 +198,7 @@ fn blocking(file: File) -> std::io::Result<File> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write as _;
+    use std::{io::Write as _, os::unix::fs::PermissionsExt};
 
     use super::*;
 
@@ -210,10 +241,16 @@ mod tests {
         f.write_all(b"first, longer content").unwrap();
         drop(f);
         assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
-        let mut f = create_for(&path, REPORT_MODE, "the test file", me()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let mut f = create_for(&path, LOG_MODE, "the test file", me()).unwrap();
         f.write_all(b"second").unwrap();
         drop(f);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "second");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().mode() & 0o777,
+            0o600,
+            "a reused log gets the log's mode"
+        );
     }
 
     #[test]
@@ -254,7 +291,12 @@ mod tests {
 
         let sub = dir.path().join("sub");
         std::fs::create_dir(&sub).unwrap();
-        assert!(create_for(&sub, REPORT_MODE, "the report", me()).is_err());
+        let msg = usage(create_for(&sub, REPORT_MODE, "the report", me()).unwrap_err());
+        assert!(msg.contains("directory"), "{msg}");
+
+        let null = Path::new("/dev/null");
+        let msg = usage(create_for(null, REPORT_MODE, "the report", me()).unwrap_err());
+        assert!(msg.contains("not a regular file"), "{msg}");
 
         let other = Invoker {
             uid: me().uid + 1,

@@ -78,28 +78,54 @@ pub fn drop_all_in_this_thread() {
 }
 
 fn reduce_to(keep: &CapsHashSet) -> Result<(), String> {
-    // The bounding set first: changing it needs CAP_SETPCAP, still ours.
-    let bounding = caps::read(None, CapSet::Bounding).map_err(|e| e.to_string())?;
-    for cap in bounding.difference(keep) {
-        caps::drop(None, CapSet::Bounding, *cap)
-            .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+    // Every step is tried, so that one that fails (e.g. the bounding set
+    // without CAP_SETPCAP, under file capabilities) does not leave the
+    // others undone; the errors are reported together.
+    let mut errors = Vec::new();
+    let effective_now = caps::read(None, CapSet::Effective).unwrap_or_default();
+    // The bounding set first: changing it needs CAP_SETPCAP, dropped below.
+    if effective_now.contains(&Capability::CAP_SETPCAP) {
+        match caps::read(None, CapSet::Bounding) {
+            Ok(bounding) => {
+                for cap in bounding.difference(keep) {
+                    if let Err(e) = caps::drop(None, CapSet::Bounding, *cap) {
+                        errors.push(format!("dropping {cap} from the bounding set: {e}"));
+                    }
+                }
+            }
+            Err(e) => errors.push(format!("reading the bounding set: {e}")),
+        }
     }
-    caps::clear(None, CapSet::Ambient).map_err(|e| e.to_string())?;
-    caps::clear(None, CapSet::Inheritable).map_err(|e| e.to_string())?;
-    let effective = caps::read(None, CapSet::Effective).map_err(|e| e.to_string())?;
-    let effective: CapsHashSet = effective.intersection(keep).copied().collect();
-    caps::set(None, CapSet::Effective, &effective).map_err(|e| e.to_string())?;
-    let permitted = caps::read(None, CapSet::Permitted).map_err(|e| e.to_string())?;
-    let permitted: CapsHashSet = permitted.intersection(keep).copied().collect();
-    caps::set(None, CapSet::Permitted, &permitted).map_err(|e| e.to_string())?;
+    for set in [CapSet::Ambient, CapSet::Inheritable] {
+        if let Err(e) = caps::clear(None, set) {
+            errors.push(format!("clearing {set:?}: {e}"));
+        }
+    }
+    let effective: CapsHashSet = effective_now.intersection(keep).copied().collect();
+    if let Err(e) = caps::set(None, CapSet::Effective, &effective) {
+        errors.push(format!("reducing the effective set: {e}"));
+    }
+    match caps::read(None, CapSet::Permitted) {
+        Ok(permitted) => {
+            let permitted: CapsHashSet = permitted.intersection(keep).copied().collect();
+            if let Err(e) = caps::set(None, CapSet::Permitted, &permitted) {
+                errors.push(format!("reducing the permitted set: {e}"));
+            }
+        }
+        Err(e) => errors.push(format!("reading the permitted set: {e}")),
+    }
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!(
+        errors.push(format!(
             "PR_SET_NO_NEW_PRIVS: {}",
             std::io::Error::last_os_error()
         ));
     }
-    Ok(())
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
 }
 
 #[cfg(test)]

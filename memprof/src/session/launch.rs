@@ -293,9 +293,11 @@ impl Launched {
         cmd.args(command)
             .env(GATE_ENV, read_end.as_raw_fd().to_string())
             .kill_on_drop(true);
-        if let Some(user) = run_as {
-            cmd.env(RUN_AS_ENV, user.encode());
-        }
+        match run_as {
+            Some(user) => cmd.env(RUN_AS_ENV, user.encode()),
+            // Only we may ask the gate to change users.
+            None => cmd.env_remove(RUN_AS_ENV),
+        };
         let internal = |e: std::io::Error| Error::Internal(anyhow::anyhow!("{e}"));
         let mut capture = None;
         match output {

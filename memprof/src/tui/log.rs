@@ -15,6 +15,8 @@ pub const CAPACITY: usize = 2000;
 struct Lines {
     lines: VecDeque<String>,
     dropped: u64,
+    /// Once the terminal is free again, lines go straight to stderr.
+    pass_through: bool,
 }
 
 /// A bounded, shared buffer of log lines; a `tracing` writer.
@@ -36,6 +38,11 @@ impl LogRing {
     /// Appends one line (without its newline).
     pub fn push(&self, line: &str) {
         let mut inner = self.lock();
+        if inner.pass_through {
+            drop(inner);
+            eprintln!("{line}");
+            return;
+        }
         if inner.lines.len() == CAPACITY {
             inner.lines.pop_front();
             inner.dropped += 1;
@@ -50,9 +57,25 @@ impl LogRing {
         inner.lines.back().map(|l| (l.clone(), total))
     }
 
+    /// Prints every line kept to stderr, and from now on prints new ones
+    /// at once: for when the dashboard has given the terminal back.
+    pub fn release_to_stderr(&self) {
+        let lines = {
+            let mut inner = self.lock();
+            inner.pass_through = true;
+            Self::take(&mut inner)
+        };
+        for line in lines {
+            eprintln!("{line}");
+        }
+    }
+
     /// Takes every line, with a first line saying how many were dropped.
     pub fn drain(&self) -> Vec<String> {
-        let mut inner = self.lock();
+        Self::take(&mut self.lock())
+    }
+
+    fn take(inner: &mut Lines) -> Vec<String> {
         let mut out = Vec::with_capacity(inner.lines.len() + 1);
         if inner.dropped > 0 {
             out.push(format!(
