@@ -17,6 +17,20 @@ pub use workloads::{
     DEMO_SECONDS, DEMO_TOOL_ARGS, DEMO_WORKLOAD,
 };
 
+/// Asserts that the tool left no file in `dir` (its working directory).
+pub fn assert_dir_empty(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir)
+        .expect("reading the directory")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "files left in the working directory {}: {left:?}",
+        dir.display()
+    );
+}
+
 /// Names of our eBPF programs (as `bpftool prog show` lists them).
 pub use memprof_common::programs::ALL as PROGRAM_NAMES;
 

@@ -377,15 +377,7 @@ fn a_launched_command_s_output_is_shown_after_the_dashboard() {
         text.find("memprof-ebpf summary").is_some_and(|s| s > shown),
         "the summary comes after the output"
     );
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(
-        left.is_empty(),
-        "files left in the working directory: {left:?}"
-    );
+    assert_dir_empty(&dir);
     assert_no_programs_left();
 }
 

@@ -154,15 +154,7 @@ fn dashboard_shows_live_numbers_switches_tabs_and_quits_cleanly() {
         after.contains("capabilities kept after attach"),
         "the logs held during the dashboard are printed after it:\n{after}"
     );
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(
-        left.is_empty(),
-        "files left in the working directory: {left:?}"
-    );
+    assert_dir_empty(&dir);
     assert!(
         target.child.try_wait().unwrap().is_none(),
         "quitting must not stop the target"
