@@ -70,8 +70,10 @@ impl LogRing {
         }
     }
 
-    /// Takes every line, with a first line saying how many were dropped.
-    pub fn drain(&self) -> Vec<String> {
+    /// Takes every line, with a first line saying how many were dropped
+    /// (what [`LogRing::release_to_stderr`] prints; for tests).
+    #[cfg(test)]
+    fn drain(&self) -> Vec<String> {
         Self::take(&mut self.lock())
     }
 
