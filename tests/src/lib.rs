@@ -438,3 +438,175 @@ pub fn marked_line_in(path: &Path, marker: &str) -> u32 {
         .unwrap_or_else(|| panic!("no line marked {marker:?} in {}", path.display()));
     idx as u32 + 1
 }
+
+/// A workload's own account of what it did (see `workloads/truth.h`):
+/// the "KEY VALUE" lines it wrote to the file named by `WORKLOAD_TRUTH`.
+#[derive(Debug, Clone, Default)]
+pub struct Truth(std::collections::BTreeMap<String, u64>);
+
+impl Truth {
+    /// A fresh path for the truth file of test `name`.
+    pub fn path(name: &str) -> PathBuf {
+        let path = workload_dir().join(format!("{name}.truth"));
+        let _ = std::fs::remove_file(&path);
+        path
+    }
+
+    /// Reads the truth file at `path` (the workload must have finished).
+    pub fn read(path: &Path) -> Self {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            panic!(
+                "the workload wrote no ground truth to {}: {e}",
+                path.display()
+            )
+        });
+        Self(
+            text.lines()
+                .filter_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    Some((k.to_string(), v.trim().parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// The value of `key`; panics when the workload did not write it.
+    pub fn get(&self, key: &str) -> u64 {
+        *self
+            .0
+            .get(key)
+            .unwrap_or_else(|| panic!("the workload's truth has no {key:?}: {self:?}"))
+    }
+}
+
+/// Asserts `low <= value <= high`, naming the quantity and the context.
+pub fn assert_between(
+    what: &str,
+    value: f64,
+    low: f64,
+    high: f64,
+    context: &dyn std::fmt::Display,
+) {
+    assert!(
+        (low..=high).contains(&value),
+        "{what}: {value} is outside [{low}, {high}]: {context}"
+    );
+}
+
+/// Asserts that `value` is within `tolerance` (a fraction) of `truth`.
+pub fn assert_near(
+    what: &str,
+    value: u64,
+    truth: u64,
+    tolerance: f64,
+    context: &dyn std::fmt::Display,
+) {
+    let (v, t) = (value as f64, truth as f64);
+    assert!(
+        (v - t).abs() <= t * tolerance,
+        "{what}: reported {value}, the workload's truth is {truth} (tolerance {:.0}%): {context}",
+        tolerance * 100.0
+    );
+}
+
+/// As [`trace`], with the launched workload writing its ground truth:
+/// returns the run, the report and the truth.
+pub fn trace_truth(name: &str, args: &[&str]) -> (ToolRun, serde_json::Value, Truth) {
+    let truth = Truth::path(name);
+    let json = report_path(name);
+    let mut all = vec!["--json", json.to_str().expect("UTF-8 path")];
+    all.extend_from_slice(args);
+    let run = run_tool_with(
+        Command::new(tool())
+            .args(&all)
+            .env("WORKLOAD_TRUTH", &truth),
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        run.code(),
+        0,
+        "memprof-ebpf {args:?} failed: {}",
+        run.stderr
+    );
+    let report = read_report(&json);
+    (run, report, Truth::read(&truth))
+}
+
+/// What [`attach_gated`] returns.
+pub struct AttachRun {
+    pub run: ToolRun,
+    pub report: serde_json::Value,
+    pub truth: Truth,
+}
+
+/// The main use case, with exact ground truth: starts `program args` (with
+/// `env`) held at its start gate (`WORKLOAD_GO_SIGNAL=1`, see
+/// `workloads/truth.h`), attaches the tool to it with `-p PID` and
+/// `flags`, and once the tool says it is tracing sends the go signal: the
+/// workload does all its measured work while traced, writes its truth and
+/// exits, which ends the session.
+pub fn attach_gated(
+    name: &str,
+    flags: &[&str],
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> AttachRun {
+    let truth_path = Truth::path(name);
+    let truth_str = truth_path.to_str().expect("UTF-8 path").to_string();
+    let mut all_env = vec![("WORKLOAD_GO_SIGNAL", "1"), ("WORKLOAD_TRUTH", &truth_str)];
+    all_env.extend_from_slice(env);
+    let mut target = TestProcess::spawn_env(program, args, &all_env);
+    target.wait_ready();
+    let pid = target.pid().to_string();
+    let json = report_path(name);
+    let start = Instant::now();
+    // -v: the tool logs "tracing pid N" once every probe is attached.
+    let mut child = Command::new(tool())
+        .args(["-p", &pid, "-v", "--no-tui", "--json"])
+        .arg(&json)
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting memprof-ebpf");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("tracing pid") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let tracing = rx.recv_timeout(Duration::from_secs(60)).is_ok();
+    if !tracing {
+        let _ = child.kill();
+    }
+    assert!(tracing, "the tool never said it was tracing pid {pid}");
+    // SAFETY: kill with the pid of our own unreaped child.
+    unsafe { libc::kill(target.pid() as i32, libc::SIGUSR1) };
+    let status = target.wait_timeout(Duration::from_secs(120));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the workload failed: {status:?}"
+    );
+    let mut run = finish(child, start, Duration::from_secs(120));
+    run.stderr = reader.join().expect("stderr reader");
+    assert_eq!(
+        run.code(),
+        0,
+        "memprof-ebpf -p {pid} {flags:?} failed: {}",
+        run.stderr
+    );
+    AttachRun {
+        report: read_report(&json),
+        truth: Truth::read(&truth_path),
+        run,
+    }
+}

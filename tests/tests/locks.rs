@@ -26,14 +26,35 @@ const MIN_HOT_CONTENTIONS: u64 = 50;
 /// scheduling accidents, and is far below 2 s.
 const MAX_CONDVAR_MUTEX_WAIT_NS: u64 = 100_000_000;
 
-/// How far the traced acquisitions of g_hot_lock may be from the count the
-/// workload prints, in full mode (every call traced): 10%.
-const ACQUISITIONS_TOLERANCE: f64 = 0.10;
+/// How far the traced acquisitions of a lock may be from the workload's
+/// own count, in full mode (every call traced): 1%.
+const ACQUISITIONS_TOLERANCE: f64 = 0.01;
+
+/// How far g_hot_lock's summed hold time may be from the workload's own
+/// (clock_gettime after the lock returns and before unlock): the uprobes
+/// time from the lock's return to the unlock call, so they add the trap of
+/// the return probe: measured +5% (1.286 s for 1.221 s); 15%.
+const HOLD_TOLERANCE: f64 = 0.15;
+
+/// g_hot_lock's wait time (futex waits, seen by the kernel) as a share of
+/// the time the workload's threads spent in pthread_mutex_lock (which adds
+/// the lock call's own work and the waker's latency): measured 0.92
+/// (1.789 s of 1.949 s). Two-sided: ignoring waits, or counting each
+/// twice, falls outside.
+const WAIT_SHARE_LOW: f64 = 0.6;
+const WAIT_SHARE_HIGH: f64 = 1.1;
+
+/// In `condvar 2` the consumer waits on the condvar nearly all the time:
+/// at least 1.5 of the 2 s, and no more than the session.
+const CONDVAR_WAIT_LOW_NS: f64 = 1.5e9;
+const CONDVAR_WAIT_HIGH_NS: f64 = 2.5e9;
 
 /// Hold time p99 of g_hot_lock in `contended`: each section busy-waits
 /// 20 us (`busy_ns`), so almost every hold is at least that; 15 us leaves
 /// room for clock granularity and is far above an empty section (~100 ns).
 const MIN_HOT_HOLD_P99_NS: u64 = 15_000;
+/// ... and at most this: measured ~40 us with the probes' traps.
+const MAX_HOT_HOLD_P99_NS: u64 = 1_000_000;
 
 /// Longest p99 hold of g_queue_lock in `condvar 2`: its sections only
 /// move a counter, but the consumer's pthread_cond_wait (~1 ms each, the
@@ -81,6 +102,97 @@ fn launch_with(
     let (run, report) = trace(name, &all);
     check_locks(&report);
     (run, report)
+}
+
+/// As [`launch_with`], also returning the workload's ground truth.
+fn launch_truth(
+    name: &str,
+    flags: &[&str],
+    program: &Path,
+    args: &[&str],
+) -> (ToolRun, serde_json::Value, Truth) {
+    let mut all = vec!["--no-tui"];
+    all.extend_from_slice(flags);
+    all.extend(["--", program.to_str().expect("UTF-8 path")]);
+    all.extend_from_slice(args);
+    let (run, report, truth) = trace_truth(name, &all);
+    check_locks(&report);
+    (run, report, truth)
+}
+
+/// Attaches to the `locks` workload running `args`, held at its start
+/// gate until the tool traces (see [`attach_gated`]).
+fn attach(name: &str, flags: &[&str], args: &[&str]) -> (serde_json::Value, Truth) {
+    let mut all = vec!["--alloc-mode", "off"];
+    all.extend_from_slice(flags);
+    let r = attach_gated(name, &all, &locks_workload(), args, &[]);
+    check_locks(&r.report);
+    assert_eq!(
+        r.report["target"]["exited"], true,
+        "{:#}",
+        r.report["target"]
+    );
+    (r.report, r.truth)
+}
+
+/// The entry named `name`; fails when it is not listed.
+fn must_lock<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    lock_named(report, name).unwrap_or_else(|| panic!("{name} is listed: {:#}", report["locks"]))
+}
+
+/// In full mode every lock call is traced: acquisitions equal the
+/// workload's own count (a few calls of libc's own may add to them:
+/// within 1%), for the hot and the quiet lock of `contended`; hold and
+/// wait times agree with what the workload measured around its calls.
+fn assert_contended_truth(report: &serde_json::Value, truth: &Truth) {
+    let hot = must_lock(report, "g_hot_lock");
+    assert_near(
+        "g_hot_lock acquisitions",
+        get(hot, "acquisitions"),
+        truth.get("hot_acquisitions"),
+        ACQUISITIONS_TOLERANCE,
+        hot,
+    );
+    assert_near(
+        "g_hot_lock hold time",
+        get(hot, "hold_total_ns"),
+        truth.get("hot_hold_ns"),
+        HOLD_TOLERANCE,
+        hot,
+    );
+    assert_wait_truth(hot, truth);
+    let quiet = must_lock(report, "g_quiet_lock");
+    assert_eq!(
+        get(quiet, "acquisitions"),
+        truth.get("quiet_acquisitions"),
+        "the uprobes saw every g_quiet_lock call: {quiet:#}"
+    );
+    assert_eq!(
+        get(quiet, "contentions"),
+        0,
+        "nobody waits for it: {quiet:#}"
+    );
+}
+
+/// The hot lock's wait time agrees with the time the workload's threads
+/// spent inside pthread_mutex_lock, and it waited at most once per
+/// acquisition.
+fn assert_wait_truth(hot: &serde_json::Value, truth: &Truth) {
+    let waited = truth.get("hot_wait_ns") as f64;
+    assert_between(
+        "g_hot_lock wait_total_ns",
+        get(hot, "wait_total_ns") as f64,
+        waited * WAIT_SHARE_LOW,
+        waited * WAIT_SHARE_HIGH,
+        hot,
+    );
+    assert_between(
+        "g_hot_lock contentions",
+        get(hot, "contentions") as f64,
+        MIN_HOT_CONTENTIONS as f64,
+        truth.get("hot_acquisitions") as f64,
+        hot,
+    );
 }
 
 /// The report's `locks` entries.
@@ -175,7 +287,7 @@ fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
     if !require_root("hot_mutex_is_named_with_waiter_and_releaser_lines") {
         return;
     }
-    let (_, report) = launch_with(
+    let (_, report, truth) = launch_truth(
         "locks-contended",
         &["--lock-mode", "off"],
         &locks_workload(),
@@ -186,11 +298,7 @@ fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
         .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
     assert_eq!(top["name"], "g_hot_lock", "the top entry: {top:#}");
     assert_eq!(top["kind"], "mutex", "{top:#}");
-    assert!(
-        get(top, "contentions") > MIN_HOT_CONTENTIONS,
-        "contentions (expected > {MIN_HOT_CONTENTIONS}): {top:#}"
-    );
-    assert!(get(top, "wait_total_ns") > 0, "{top:#}");
+    assert_wait_truth(top, &truth);
     assert!(
         top["acquisitions"].is_null() && top["hold_p99_ns"].is_null(),
         "lock uprobes off, so no acquisitions or hold times: {top:#}"
@@ -216,51 +324,38 @@ fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
         "a releaser at locks.c:{release}: {:#}",
         top["holders"]
     );
-    if let Some(quiet) = lock_named(&report, "g_quiet_lock") {
-        assert_eq!(
-            get(quiet, "contentions"),
-            0,
-            "one thread alone takes g_quiet_lock: {quiet:#}"
-        );
-    }
+    // Without the uprobes a lock is seen only when someone waits for it,
+    // and nobody waits for g_quiet_lock (one thread takes it): it must not
+    // be listed as contended. (That it was taken, and seen taken, is
+    // checked with the uprobes on, in full mode.)
+    assert!(
+        lock_named(&report, "g_quiet_lock").is_none_or(|q| get(q, "contentions") == 0),
+        "one thread alone takes g_quiet_lock: {:#}",
+        report["locks"]
+    );
     assert_no_programs_left();
 }
 
 /// Proves the lock uprobes in full mode: every pthread_mutex_lock of
-/// `contended 2 3` is traced, so g_hot_lock's acquisitions match the count
-/// the workload prints (within 10%), its hold p99 reflects the 20 us held,
-/// and its critical section is named: taken at the `// WAIT` line,
-/// released at `// RELEASE`. g_quiet_lock is taken (acquisitions > 0) but
-/// nobody waits for it.
+/// `contended 2 3` is traced, so the acquisitions of g_hot_lock and
+/// g_quiet_lock match the workload's own counts, hold and wait times match
+/// the ones it measured, its hold p99 reflects the 20 us held, and its
+/// critical section is named: taken at the `// WAIT` line, released at
+/// `// RELEASE`. g_quiet_lock is seen taken, and nobody waits for it.
 #[test]
 fn full_mode_counts_acquisitions_and_hold_times() {
     if !require_root("full_mode_counts_acquisitions_and_hold_times") {
         return;
     }
-    let (run, report) = launch_with(
+    let (_, report, truth) = launch_truth(
         "locks-full",
         &["--lock-mode", "full"],
         &locks_workload(),
         &["contended", "2", "3"],
     );
-    let printed: u64 = run
-        .stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("acquisitions "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("the workload prints its acquisitions: {}", run.stderr));
-    let hot = lock_named(&report, "g_hot_lock")
-        .unwrap_or_else(|| panic!("g_hot_lock is listed: {:#}", report["locks"]));
-    let traced = get(hot, "acquisitions");
-    assert!(
-        (traced as f64 - printed as f64).abs() <= printed as f64 * ACQUISITIONS_TOLERANCE,
-        "acquisitions {traced}, the workload counted {printed}: {hot:#}"
-    );
-    assert!(
-        get(hot, "hold_p99_ns") >= MIN_HOT_HOLD_P99_NS,
-        "hold p99 (expected ≥ {MIN_HOT_HOLD_P99_NS} ns): {hot:#}"
-    );
-    assert!(get(hot, "contentions") > MIN_HOT_CONTENTIONS, "{hot:#}");
+    assert_contended_truth(&report, &truth);
+    let hot = must_lock(&report, "g_hot_lock");
+    assert_hot_hold_p99(hot);
     let rate = hot["contention_rate"].as_f64().unwrap_or(-1.0);
     assert!(rate > 0.0 && rate <= 1.0, "contention rate: {hot:#}");
     let (wait, release) = (
@@ -274,15 +369,34 @@ fn full_mode_counts_acquisitions_and_hold_times() {
         format!("locks.c:{release}"),
         "{section:#}"
     );
-    let quiet = lock_named(&report, "g_quiet_lock")
-        .unwrap_or_else(|| panic!("g_quiet_lock is listed: {:#}", report["locks"]));
-    assert!(get(quiet, "acquisitions") > 0, "{quiet:#}");
-    assert_eq!(get(quiet, "contentions"), 0, "{quiet:#}");
     let tracing = &report["lock_tracing"];
     assert_eq!(tracing["mode"], "full", "{tracing:#}");
     assert_eq!(tracing["traced_fraction"], 1.0, "{tracing:#}");
     assert_eq!(get(tracing, "sections_lost"), 0, "{tracing:#}");
     assert_no_programs_left();
+}
+
+/// g_hot_lock's hold p99 in `contended`: each section busy-waits 20 us,
+/// so at least [`MIN_HOT_HOLD_P99_NS`], and far below 1 ms unless holds
+/// are mismatched (a lock paired with a later thread's unlock).
+fn assert_hot_hold_p99(hot: &serde_json::Value) {
+    assert_between(
+        "g_hot_lock hold_p99_ns",
+        get(hot, "hold_p99_ns") as f64,
+        MIN_HOT_HOLD_P99_NS as f64,
+        MAX_HOT_HOLD_P99_NS as f64,
+        hot,
+    );
+}
+
+/// The lock tracing section of a sampled session: attached part of the
+/// time, within the budget.
+fn assert_sampled(report: &serde_json::Value) -> f64 {
+    let tracing = &report["lock_tracing"];
+    assert_eq!(tracing["mode"], "sampled", "{tracing:#}");
+    let fraction = tracing["traced_fraction"].as_f64().unwrap_or(-1.0);
+    assert_between("traced_fraction", fraction, 0.001, 0.5, tracing);
+    fraction
 }
 
 /// Proves the default (sampled) mode: the lock probes are attached in
@@ -293,15 +407,23 @@ fn sampled_mode_estimates_acquisitions() {
     if !require_root("sampled_mode_estimates_acquisitions") {
         return;
     }
-    let (_, report) = launch("locks-sampled", &locks_workload(), &["contended", "2", "3"]);
-    let tracing = &report["lock_tracing"];
-    assert_eq!(tracing["mode"], "sampled", "{tracing:#}");
-    let fraction = tracing["traced_fraction"].as_f64().unwrap_or(-1.0);
-    assert!(fraction > 0.0 && fraction < 1.0, "{tracing:#}");
-    let hot = lock_named(&report, "g_hot_lock")
-        .unwrap_or_else(|| panic!("g_hot_lock is listed: {:#}", report["locks"]));
-    assert!(get(hot, "acquisitions") > 0, "{hot:#}");
-    assert!(get(hot, "hold_p99_ns") >= MIN_HOT_HOLD_P99_NS, "{hot:#}");
+    let (_, report, truth) = launch_truth(
+        "locks-sampled",
+        &[],
+        &locks_workload(),
+        &["contended", "2", "3"],
+    );
+    assert_sampled(&report);
+    let hot = must_lock(&report, "g_hot_lock");
+    assert_between(
+        "g_hot_lock acquisitions",
+        get(hot, "acquisitions") as f64,
+        1.0,
+        truth.get("hot_acquisitions") as f64 * 1.5,
+        hot,
+    );
+    assert_hot_hold_p99(hot);
+    assert_wait_truth(hot, &truth);
     assert!(
         report["notes"]
             .as_array()
@@ -324,16 +446,13 @@ fn condvar_waits_are_not_lock_contention() {
     if !require_root("condvar_waits_are_not_lock_contention") {
         return;
     }
-    let (_, report) = launch_with(
+    let (_, report, truth) = launch_truth(
         "locks-condvar",
         &["--lock-mode", "full"],
         &locks_workload(),
         &["condvar", "2"],
     );
     for entry in locks(&report) {
-        if entry["name"] == "g_queue_cond" {
-            assert_eq!(entry["kind"], "condvar", "{entry:#}");
-        }
         if entry["kind"] == "mutex" || entry["name"] == "g_queue_lock" {
             assert!(
                 get(entry, "wait_total_ns") <= MAX_CONDVAR_MUTEX_WAIT_NS,
@@ -342,22 +461,44 @@ fn condvar_waits_are_not_lock_contention() {
         }
     }
     // The uprobes end a section where pthread_cond_wait releases the
-    // mutex, and start one where it retakes it.
-    let queue = lock_named(&report, "g_queue_lock")
-        .unwrap_or_else(|| panic!("g_queue_lock is listed: {:#}", report["locks"]));
-    assert!(get(queue, "acquisitions") > 0, "{queue:#}");
+    // mutex, and start one where it retakes it; the workload's own
+    // lock calls are all counted.
+    let queue = must_lock(&report, "g_queue_lock");
+    assert_near(
+        "g_queue_lock acquisitions",
+        get(queue, "acquisitions"),
+        truth.get("queue_acquisitions"),
+        ACQUISITIONS_TOLERANCE,
+        queue,
+    );
     assert!(
         get(queue, "hold_p99_ns") <= MAX_CONDVAR_HOLD_P99_NS,
         "condvar waits counted as holding the mutex: {queue:#}"
     );
-    if let Some(cond) = lock_named(&report, "g_queue_cond") {
-        let line = marked_line("locks", "// CONDWAIT");
-        assert!(
-            site_at(cond, "waiters", "locks.c", line).is_some(),
-            "a condvar waiter at locks.c:{line}: {:#}",
-            cond["waiters"]
-        );
-    }
+    // The condvar was seen, as a condvar, with every wait of the consumer
+    // and the time it spent waiting.
+    let cond = must_lock(&report, "g_queue_cond");
+    assert_eq!(cond["kind"], "condvar", "{cond:#}");
+    assert_near(
+        "g_queue_cond waits",
+        get(cond, "contentions"),
+        truth.get("cond_waits"),
+        ACQUISITIONS_TOLERANCE,
+        cond,
+    );
+    assert_between(
+        "g_queue_cond wait_total_ns",
+        get(cond, "wait_total_ns") as f64,
+        CONDVAR_WAIT_LOW_NS,
+        CONDVAR_WAIT_HIGH_NS,
+        cond,
+    );
+    let line = marked_line("locks", "// CONDWAIT");
+    assert!(
+        site_at(cond, "waiters", "locks.c", line).is_some(),
+        "a condvar waiter at locks.c:{line}: {:#}",
+        cond["waiters"]
+    );
     assert_no_programs_left();
 }
 
@@ -369,18 +510,28 @@ fn rwlock_writers_block_readers() {
     if !require_root("rwlock_writers_block_readers") {
         return;
     }
-    let (_, report) = launch_with(
+    let (_, report, truth) = launch_truth(
         "locks-rwlock",
         &["--lock-mode", "full"],
         &locks_workload(),
         &["rwlock", "3"],
     );
-    let table = lock_named(&report, "g_table_lock")
-        .unwrap_or_else(|| panic!("g_table_lock is listed: {:#}", report["locks"]));
+    let table = must_lock(&report, "g_table_lock");
     assert_eq!(table["kind"], "rwlock", "{table:#}");
-    assert!(
-        get(table, "contentions") > MIN_RWLOCK_CONTENTIONS,
-        "contentions (expected > {MIN_RWLOCK_CONTENTIONS}): {table:#}"
+    // Readers block behind the writer at most once per read.
+    assert_between(
+        "g_table_lock contentions",
+        get(table, "contentions") as f64,
+        MIN_RWLOCK_CONTENTIONS as f64,
+        truth.get("reads") as f64,
+        table,
+    );
+    assert_near(
+        "g_table_lock acquisitions (reads and writes)",
+        get(table, "acquisitions"),
+        truth.get("reads") + truth.get("writes"),
+        ACQUISITIONS_TOLERANCE,
+        table,
     );
     let line = marked_line("locks", "// RDLOCK");
     assert!(
@@ -527,5 +678,293 @@ fn pbzip2_contention_is_found_without_debug_symbols() {
         "a contended lock whose waiters are in pbzip2 or libc: {:#}",
         report["locks"]
     );
+    assert_no_programs_left();
+}
+
+/// Proves the main use case in full mode: attached with `-p` to
+/// `contended 2 2` already running (held at its start gate until the tool
+/// traces), every lock call of the workload is seen: acquisitions, hold
+/// and wait times match its own account.
+#[test]
+fn attached_full_mode_matches_the_workload_counts() {
+    if !require_root("attached_full_mode_matches_the_workload_counts") {
+        return;
+    }
+    let (report, truth) = attach(
+        "locks-attach-full",
+        &["--lock-mode", "full"],
+        &["contended", "2", "2"],
+    );
+    assert_contended_truth(&report, &truth);
+    assert_hot_hold_p99(must_lock(&report, "g_hot_lock"));
+    assert_eq!(report["lock_tracing"]["mode"], "full");
+    assert_loader_memory(&report);
+    assert_no_programs_left();
+}
+
+/// Proves the default mode attached to a running process: the lock
+/// probes run in windows within the budget, the waits (seen from the
+/// kernel all the time) match the workload's, and hold times are right.
+#[test]
+fn attached_default_mode_sees_the_waits() {
+    if !require_root("attached_default_mode_sees_the_waits") {
+        return;
+    }
+    let (report, truth) = attach("locks-attach-default", &[], &["contended", "2", "3"]);
+    assert_sampled(&report);
+    let hot = must_lock(&report, "g_hot_lock");
+    assert_wait_truth(hot, &truth);
+    assert_hot_hold_p99(hot);
+    assert_loader_memory(&report);
+    assert_no_programs_left();
+}
+
+/// How far a sampled estimate may be from the truth for a lock taken
+/// 30,000 times a second at a steady rate.
+const SAMPLED_ACQUISITIONS_TOLERANCE: f64 = 0.25;
+
+/// The default mode's acquisitions are an estimate: it must be near the
+/// workload's count, and the report must say how far it may be off (a
+/// claim that covers the truth). Today the estimate is 20x low (4,565 for
+/// 92,651) and no error is claimed.
+#[test]
+#[ignore = "known wrong: Locks under heavy contention: aggregate in the kernel, bound the event rate, and make every number consistent (#16)"]
+fn sampled_acquisitions_are_within_their_claimed_error() {
+    if !require_root("sampled_acquisitions_are_within_their_claimed_error") {
+        return;
+    }
+    let (report, truth) = attach("locks-attach-estimate", &[], &["contended", "2", "3"]);
+    assert_sampled(&report);
+    let hot = must_lock(&report, "g_hot_lock");
+    let (estimate, real) = (get(hot, "acquisitions"), truth.get("hot_acquisitions"));
+    assert_near(
+        "g_hot_lock acquisitions (estimate)",
+        estimate,
+        real,
+        SAMPLED_ACQUISITIONS_TOLERANCE,
+        hot,
+    );
+    let claimed = report["lock_tracing"]["acquisitions_error"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("the report claims no error: {:#}", report["lock_tracing"]));
+    assert!(
+        (estimate as f64 - real as f64).abs() <= claimed * real as f64,
+        "estimate {estimate}, truth {real}: outside the claimed ±{claimed}"
+    );
+    assert_no_programs_left();
+}
+
+/// The loader's own peak memory: measured ~115 MB (debug build) on the
+/// lock workloads; far more means per-event state that grows without
+/// bound.
+const LOADER_PEAK_RSS_MAX: u64 = 400 << 20;
+
+fn assert_loader_memory(report: &serde_json::Value) {
+    let rss = report["loader"]["peak_rss_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("loader.peak_rss_bytes: {:#}", report["loader"]));
+    assert_between(
+        "loader peak_rss_bytes",
+        rss as f64,
+        (1u64 << 20) as f64,
+        LOADER_PEAK_RSS_MAX as f64,
+        &report["loader"],
+    );
+}
+
+/// Proves the kernel-side analysis at scale: 64 threads fight over
+/// g_hot_lock (`contended 64 2`, default mode). It tops the ranking with
+/// all 64 threads among its waiters, and its wait time matches the
+/// workload's.
+#[test]
+fn sixty_four_threads_on_one_lock() {
+    if !require_root("sixty_four_threads_on_one_lock") {
+        return;
+    }
+    let (_, report, truth) = launch_truth(
+        "locks-64",
+        &[],
+        &locks_workload(),
+        &["contended", "64", "2"],
+    );
+    let top = locks(&report)
+        .first()
+        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    assert_eq!(top["name"], "g_hot_lock", "{top:#}");
+    assert_eq!(get(top, "threads"), 64, "every thread waited: {top:#}");
+    assert_wait_truth(top, &truth);
+    assert_loader_memory(&report);
+    assert_no_programs_left();
+}
+
+/// Contention spread over 10,000 locks (`many 10000 2 5`, full mode):
+/// each lock is listed with its own acquisitions (summing to the
+/// workload's count), no lock event is lost, and the loader's memory
+/// stays bounded. Today the loader peaks at 6.5 GB, loses 134,640 events
+/// and slows the workload 20x.
+#[test]
+#[ignore = "known wrong: Locks under heavy contention: aggregate in the kernel, bound the event rate, and make every number consistent (#16)"]
+fn ten_thousand_contended_locks_stay_bounded() {
+    if !require_root("ten_thousand_contended_locks_stay_bounded") {
+        return;
+    }
+    let (report, truth) = attach(
+        "locks-many",
+        &["--lock-mode", "full"],
+        &["many", "10000", "2", "5"],
+    );
+    assert_loader_memory(&report);
+    let many: Vec<&serde_json::Value> = locks(&report)
+        .iter()
+        .filter(|l| {
+            l["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("g_many_locks"))
+        })
+        .collect();
+    let acquisitions: u64 = many.iter().map(|l| get(l, "acquisitions")).sum();
+    assert_near(
+        "acquisitions of g_many_locks[]",
+        acquisitions,
+        truth.get("many_acquisitions"),
+        ACQUISITIONS_TOLERANCE,
+        &report["lock_tracing"],
+    );
+    assert!(
+        !report["notes"].to_string().contains("were lost"),
+        "{:#}",
+        report["notes"]
+    );
+    assert_no_programs_left();
+}
+
+const SYSBENCH: &str = "/usr/bin/sysbench";
+
+/// `sysbench mutex` with one mutex: THREADS threads each lock and unlock
+/// it LOCKS times (sysbench's own count: threads x --mutex-locks), with
+/// ~200 empty loops outside.
+fn sysbench_mutex(threads: u32, locks: u64) -> Vec<String> {
+    [
+        "mutex".to_string(),
+        format!("--threads={threads}"),
+        "--mutex-num=1".into(),
+        format!("--mutex-locks={locks}"),
+        "--mutex-loops=200".into(),
+        "run".into(),
+    ]
+    .to_vec()
+}
+
+/// Proves lock profiling on a third-party program, Debian's sysbench
+/// (stripped): in `sysbench mutex` with one mutex its two threads take it
+/// exactly 2 x 100,000 times (sysbench's own count) in a heap array; full
+/// mode counts every acquisition, and the lock tops the ranking as a
+/// contended mutex waited for by both threads in sysbench's code.
+#[test]
+fn sysbench_mutex_acquisitions_are_counted() {
+    const TEST: &str = "sysbench_mutex_acquisitions_are_counted";
+    if !require_root(TEST) {
+        return;
+    }
+    if !Path::new(SYSBENCH).exists() {
+        skip(
+            TEST,
+            &format!("{SYSBENCH} is not installed (cargo xtask setup installs it)"),
+        );
+        return;
+    }
+    const LOCKS: u64 = 100_000;
+    let args = sysbench_mutex(2, LOCKS);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_, report) = launch_with(
+        "locks-sysbench",
+        &["--lock-mode", "full", "--alloc-mode", "off"],
+        Path::new(SYSBENCH),
+        &args,
+    );
+    let top = locks(&report)
+        .first()
+        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    assert_eq!(top["kind"], "mutex", "{top:#}");
+    assert_near(
+        "acquisitions",
+        get(top, "acquisitions"),
+        2 * LOCKS,
+        ACQUISITIONS_TOLERANCE,
+        top,
+    );
+    assert_eq!(get(top, "threads"), 2, "both threads waited: {top:#}");
+    assert_between(
+        "contentions",
+        get(top, "contentions") as f64,
+        MIN_HOT_CONTENTIONS as f64,
+        (2 * LOCKS) as f64,
+        top,
+    );
+    let in_sysbench = |list: &str| {
+        top[list]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|s| s["module"] == "sysbench"))
+    };
+    assert!(in_sysbench("waiters") && in_sysbench("sections"), "{top:#}");
+    assert_no_programs_left();
+}
+
+/// Proves attaching to a running third-party program: sysbench mutex
+/// runs for many seconds; attached for 2 s in the default mode, its one
+/// mutex is the top contended lock, a mutex with both threads waiting in
+/// sysbench's code, and its estimated acquisitions are no more than
+/// sysbench can do in that time.
+#[test]
+fn sysbench_mutex_is_found_when_attached() {
+    const TEST: &str = "sysbench_mutex_is_found_when_attached";
+    if !require_root(TEST) {
+        return;
+    }
+    if !Path::new(SYSBENCH).exists() {
+        skip(
+            TEST,
+            &format!("{SYSBENCH} is not installed (cargo xtask setup installs it)"),
+        );
+        return;
+    }
+    // ~150,000 acquisitions a second untraced: 20 M is minutes of work.
+    let args = sysbench_mutex(2, 10_000_000);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let target = TestProcess::spawn(Path::new(SYSBENCH), &args);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = target.pid().to_string();
+    let (_, report) = trace(
+        "locks-sysbench-attach",
+        &[
+            "-p",
+            &pid,
+            "--duration",
+            "2s",
+            "--no-tui",
+            "--alloc-mode",
+            "off",
+        ],
+    );
+    check_locks(&report);
+    let top = locks(&report)
+        .first()
+        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    assert_eq!(top["kind"], "mutex", "{top:#}");
+    assert_eq!(get(top, "threads"), 2, "both threads waited: {top:#}");
+    assert!(
+        top["waiters"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|s| s["module"] == "sysbench")),
+        "{top:#}"
+    );
+    assert_between(
+        "contentions in 2 s",
+        get(top, "contentions") as f64,
+        MIN_HOT_CONTENTIONS as f64,
+        2_000_000.0,
+        top,
+    );
+    drop(target);
     assert_no_programs_left();
 }

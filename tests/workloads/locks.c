@@ -10,7 +10,12 @@
  *                                      thread also takes g_quiet_lock every
  *                                      1000 iterations: never contended.
  *                                      Prints "acquisitions N" on stderr at
- *                                      the end (g_hot_lock acquisitions).
+ *                                      the end (g_hot_lock acquisitions);
+ *                                      truth: hot_acquisitions,
+ *                                      quiet_acquisitions, hot_hold_ns (lock
+ *                                      returned to unlock called, summed),
+ *                                      hot_wait_ns (time inside the lock
+ *                                      calls, summed).
  *   locks condvar SECONDS              producer/consumer on g_queue_lock +
  *                                      g_queue_cond: the producer pushes an
  *                                      item every 1 ms (nanosleep between),
@@ -18,7 +23,9 @@
  *                                      (CONDWAIT). The producer signals after
  *                                      unlocking, so the mutex is essentially
  *                                      uncontended: the waiting is condvar
- *                                      waiting. Prints "consumed N" on stderr.
+ *                                      waiting. Prints "consumed N" on stderr;
+ *                                      truth: cond_waits (pthread_cond_wait
+ *                                      calls), queue_acquisitions.
  *   locks rwlock SECONDS               g_table_lock: one writer takes the
  *                                      write lock for ~2 ms every ~10 ms
  *                                      (WRLOCK); two readers take the read
@@ -26,6 +33,13 @@
  *                                      ~100 us between, and are blocked by
  *                                      the writer. Prints "reads N writes N"
  *                                      on stderr.
+ *   locks many LOCKS THREADS PASSES    LOCKS mutexes in g_many_locks[], each
+ *                                      on its own line; THREADS threads walk
+ *                                      them PASSES times, meeting before
+ *                                      each lock, so each is wanted by all
+ *                                      at once (~2 us held): contention
+ *                                      spread over LOCKS objects.
+ *                                      Truth: many_locks, many_acquisitions.
  *   locks uncontended N                one thread, N x (lock g_solo_lock,
  *                                      tiny work, unlock); prints
  *                                      "ns_per_cs X" on stderr
@@ -36,6 +50,8 @@
  *                                      stderr
  *
  * Every mode prints "ready" (unbuffered) once started, then exits 0.
+ * Ground truth goes where truth.h says (WORKLOAD_TRUTH); with
+ * WORKLOAD_GO_SIGNAL=1 the work starts only on SIGUSR1 (attach tests).
  * The locks are globals with distinctive names: the profiler names a lock
  * by the symbol that contains its address. They are non-static (global
  * symbols) and each on its own cache line. Lines marked with comments are
@@ -53,6 +69,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "truth.h"
 
 #define MAX_THREADS 64
 #define ALIGNED __attribute__((aligned(64)))
@@ -77,6 +95,18 @@ static volatile unsigned long sink;
 /* Results of the threads, added at the end. */
 static unsigned long total_acquisitions;
 static unsigned long total_reads;
+static unsigned long quiet_acquisitions;
+static unsigned long hot_hold_ns;
+static unsigned long hot_wait_ns;
+static unsigned long cond_waits;
+static unsigned long queue_acquisitions;
+
+#define MAX_MANY 20000
+struct padded_mutex {
+	pthread_mutex_t lock;
+} ALIGNED;
+struct padded_mutex g_many_locks[MAX_MANY];
+static unsigned long many_acquisitions;
 
 static pthread_barrier_t start_line;
 
@@ -106,7 +136,7 @@ static void sleep_ns(long ns)
 static void usage(void)
 {
 	fprintf(stderr, "usage: locks contended THREADS SECONDS | condvar SECONDS | rwlock SECONDS"
-			" | uncontended N | contended_bench THREADS N\n");
+			" | many LOCKS THREADS PASSES | uncontended N | contended_bench THREADS N\n");
 	exit(2);
 }
 
@@ -128,11 +158,12 @@ static double seconds_arg(const char *s)
 	return v;
 }
 
-/* Unbuffered stdout, then "ready". */
+/* Unbuffered stdout, then "ready", then (attach tests) the go signal. */
 static void start(void)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
 	fputs("ready\n", stdout);
+	go_gate_wait();
 }
 
 /* Starts `threads` threads running `fn(arg)` and waits for them. */
@@ -159,19 +190,26 @@ struct worker {
 	int quiet;       /* also take g_quiet_lock every 1000 iterations */
 } ALIGNED;
 
-__attribute__((noinline)) long contend_hot(const struct worker *w)
+__attribute__((noinline)) long contend_hot(const struct worker *w, long *quiet, long *held,
+					    long *waited)
 {
 	long done = 0;
 	while (w->count ? done < w->count : now_ns() < w->until_ns) {
+		long asked = now_ns();
 		pthread_mutex_lock(&g_hot_lock); // WAIT
+		long got = now_ns();
 		busy_ns(w->hold_ns); // HOLD
 		hot_counter++;
+		long released = now_ns();
 		pthread_mutex_unlock(&g_hot_lock); // RELEASE
+		*waited += got - asked;
+		*held += released - got;
 		done++;
 		if (w->quiet && done % 1000 == 0) {
 			pthread_mutex_lock(&g_quiet_lock); // QUIET
 			quiet_counter++;
 			pthread_mutex_unlock(&g_quiet_lock);
+			++*quiet;
 		}
 		busy_ns(w->outside_ns); // OUTSIDE
 	}
@@ -180,9 +218,13 @@ __attribute__((noinline)) long contend_hot(const struct worker *w)
 
 static void *contend_thread(void *arg)
 {
+	long quiet = 0, held = 0, waited = 0;
 	pthread_barrier_wait(&start_line);
-	long done = contend_hot(arg);
+	long done = contend_hot(arg, &quiet, &held, &waited);
 	__atomic_fetch_add(&total_acquisitions, done, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&quiet_acquisitions, quiet, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&hot_hold_ns, held, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&hot_wait_ns, waited, __ATOMIC_RELAXED);
 	return NULL;
 }
 
@@ -202,6 +244,68 @@ static void locks_contended(long threads, long until_ns, long count, long hold_n
 		fprintf(stderr, "counter %lu != acquisitions %lu\n", hot_counter, total_acquisitions);
 		exit(1);
 	}
+	truth("hot_acquisitions", total_acquisitions);
+	truth("quiet_acquisitions", quiet_acquisitions);
+	truth("hot_hold_ns", hot_hold_ns);
+	truth("hot_wait_ns", hot_wait_ns);
+}
+
+/* ---- many ---- */
+
+static long many_count;
+static long many_passes;
+static long many_threads;
+static long many_arrived;
+static long many_phase;
+
+/* All threads meet here before each lock, so that every lock is wanted by
+ * all of them at once (left alone, they would fall into step, one lock
+ * apart, and never wait). */
+static void many_meet(void)
+{
+	long phase = __atomic_load_n(&many_phase, __ATOMIC_ACQUIRE);
+	if (__atomic_add_fetch(&many_arrived, 1, __ATOMIC_ACQ_REL) == many_threads) {
+		__atomic_store_n(&many_arrived, 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&many_phase, phase + 1, __ATOMIC_RELEASE);
+	} else {
+		while (__atomic_load_n(&many_phase, __ATOMIC_ACQUIRE) == phase)
+			;
+	}
+}
+
+__attribute__((noinline)) long walk_many(void)
+{
+	long done = 0;
+	for (long pass = 0; pass < many_passes; pass++) {
+		for (long i = 0; i < many_count; i++) {
+			many_meet();
+			pthread_mutex_lock(&g_many_locks[i].lock); // MANY
+			busy_ns(2000);
+			pthread_mutex_unlock(&g_many_locks[i].lock);
+			done++;
+		}
+	}
+	return done;
+}
+
+static void *many_thread(void *arg)
+{
+	(void)arg;
+	pthread_barrier_wait(&start_line);
+	__atomic_fetch_add(&many_acquisitions, walk_many(), __ATOMIC_RELAXED);
+	return NULL;
+}
+
+static void locks_many(long count, long threads, long passes)
+{
+	many_count = count;
+	many_threads = threads;
+	many_passes = passes;
+	for (long i = 0; i < count; i++)
+		pthread_mutex_init(&g_many_locks[i].lock, NULL);
+	run_threads(threads, many_thread, NULL, 0);
+	truth("many_locks", count);
+	truth("many_acquisitions", many_acquisitions);
 }
 
 /* ---- condvar ---- */
@@ -213,6 +317,7 @@ __attribute__((noinline)) long produce(void)
 	long produced = 0;
 	while (now_ns() < condvar_until_ns) {
 		pthread_mutex_lock(&g_queue_lock); // PRODUCE
+		queue_acquisitions++;
 		queue_items++;
 		pthread_mutex_unlock(&g_queue_lock);
 		/* Signalled after unlocking: the woken consumer finds the mutex
@@ -222,6 +327,7 @@ __attribute__((noinline)) long produce(void)
 		sleep_ns(1000 * 1000);
 	}
 	pthread_mutex_lock(&g_queue_lock);
+	queue_acquisitions++;
 	queue_done = 1;
 	pthread_mutex_unlock(&g_queue_lock);
 	pthread_cond_broadcast(&g_queue_cond);
@@ -232,9 +338,12 @@ __attribute__((noinline)) long consume(void)
 {
 	long consumed = 0;
 	pthread_mutex_lock(&g_queue_lock); // CONSUME
+	queue_acquisitions++;
 	for (;;) {
-		while (queue_items == 0 && !queue_done)
+		while (queue_items == 0 && !queue_done) {
 			pthread_cond_wait(&g_queue_cond, &g_queue_lock); // CONDWAIT
+			cond_waits++;
+		}
 		if (queue_items == 0)
 			break; /* done, and drained */
 		queue_items--;
@@ -242,6 +351,7 @@ __attribute__((noinline)) long consume(void)
 		pthread_mutex_unlock(&g_queue_lock);
 		busy_ns(2000); /* handle the item */
 		pthread_mutex_lock(&g_queue_lock);
+		queue_acquisitions++;
 	}
 	pthread_mutex_unlock(&g_queue_lock);
 	return consumed;
@@ -267,6 +377,8 @@ static void locks_condvar(double seconds)
 		exit(1);
 	}
 	fprintf(stderr, "consumed %ld\n", consumed);
+	truth("cond_waits", cond_waits);
+	truth("queue_acquisitions", queue_acquisitions);
 }
 
 /* ---- rwlock ---- */
@@ -325,6 +437,8 @@ static void locks_rwlock(double seconds)
 	long roles[3 * 8] = {[0] = 1, [8] = 0, [16] = 0};
 	run_threads(3, rwlock_thread, roles, 8 * sizeof roles[0]);
 	fprintf(stderr, "reads %lu writes %ld\n", total_reads, roles[0]);
+	truth("reads", total_reads);
+	truth("writes", (unsigned long)roles[0]);
 }
 
 /* ---- uncontended ---- */
@@ -350,6 +464,7 @@ int main(int argc, char **argv)
 	if (argc < 3)
 		usage();
 	const char *mode = argv[1];
+	go_gate_arm();
 	if (strcmp(mode, "contended") == 0 && argc == 4) {
 		long threads = count_arg(argv[2], MAX_THREADS);
 		double seconds = seconds_arg(argv[3]);
@@ -364,6 +479,12 @@ int main(int argc, char **argv)
 		double seconds = seconds_arg(argv[2]);
 		start();
 		locks_rwlock(seconds);
+	} else if (strcmp(mode, "many") == 0 && argc == 5) {
+		long count = count_arg(argv[2], MAX_MANY);
+		long threads = count_arg(argv[3], MAX_THREADS);
+		long passes = count_arg(argv[4], 1000000);
+		start();
+		locks_many(count, threads, passes);
 	} else if (strcmp(mode, "uncontended") == 0 && argc == 3) {
 		long n = count_arg(argv[2], 1L << 40);
 		start();

@@ -24,6 +24,9 @@ const PACKAGES: &[&str] = &[
     "binutils",        // strip, for the stripped-binary test
     "tmux",            // drives the dashboard in its test
     "pbzip2",          // a real multithreaded program for the lock tests
+    "sysbench",        // its mutex test: a third-party contended program
+    "redis-server",    // a third-party jemalloc program, with its own
+    "redis-tools",     // count of its memory (INFO memory)
     "util-linux",      // setpriv, for the unprivileged-run test
     "libjemalloc2",    // allocators the allocator tests preload
     "libtcmalloc-minimal4",
