@@ -21,6 +21,11 @@ use memprof_tests::*;
 /// loader). The workload avoids all of them it can (see alloc.c), so in
 /// practice this is 0–10; the spec allows 50.
 const LIBC_EXTRA_CALLS: u64 = 50;
+/// Calls glibc makes per thread the workload starts: at exit, the
+/// thread's cache (tcache) frees the blocks it holds.
+const LIBC_EXTRA_CALLS_PER_THREAD: u64 = 100;
+/// Bytes those calls may hold: stdio's buffers (a few KiB).
+const LIBC_EXTRA_BYTES: u64 = 64 << 10;
 
 /// Share of the address-origin split that must be right: phase 1 of
 /// `reuse` hands out new addresses, phase 2 gets them back. A few blocks
@@ -32,10 +37,9 @@ const ORIGIN_SHARE: f64 = 0.95;
 /// running (thread-creation events and calls race on other CPUs).
 const PARALLEL_SHARE: f64 = 0.95;
 
-/// In sampled mode, counts are the traced counts scaled by
-/// 1 / traced_fraction; rounding per row and the last, partly traced window
-/// make the sums differ slightly.
-const SCALE_TOLERANCE: f64 = 0.10;
+/// How far a sampled estimate of the calls may be from the truth on a
+/// steady load.
+const SAMPLED_COUNT_TOLERANCE: f64 = 0.25;
 
 /// In sampled mode the budget (5%) must force gaps: traced all the time,
 /// the `hold` loop would spend ~85% of its time in uprobe traps. The
@@ -77,6 +81,16 @@ fn alloc_workload() -> PathBuf {
 
 /// Launches `program args` under the tool in `mode` and returns the report.
 fn launch(name: &str, mode: &str, program: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    launch_truth(name, mode, program, args).0
+}
+
+/// As [`launch`], with the workload's ground truth.
+fn launch_truth(
+    name: &str,
+    mode: &str,
+    program: &std::path::Path,
+    args: &[&str],
+) -> (serde_json::Value, Truth) {
     let mut all = vec![
         "--alloc-mode",
         mode,
@@ -85,7 +99,19 @@ fn launch(name: &str, mode: &str, program: &std::path::Path, args: &[&str]) -> s
         program.to_str().expect("UTF-8 path"),
     ];
     all.extend_from_slice(args);
-    trace(name, &all).1
+    let (_, report, truth) = trace_truth(name, &all);
+    (report, truth)
+}
+
+/// The workload's malloc and free calls (its truth) are the report's,
+/// give or take libc's own: a few (stdio, start-up), and for each of its
+/// `threads` the blocks glibc's per-thread cache returns with free() when
+/// the thread exits (measured 37-66 per thread).
+fn assert_calls_truth(report: &serde_json::Value, truth: &Truth, threads: u64) {
+    let extra = LIBC_EXTRA_CALLS + threads * LIBC_EXTRA_CALLS_PER_THREAD;
+    for op in ["malloc", "free"] {
+        in_range(op_count(report, op), truth.get(op), extra, op, report);
+    }
 }
 
 /// The report's `ops` rows.
@@ -187,11 +213,11 @@ fn assert_glibc(report: &serde_json::Value) {
     assert!(library.starts_with("glibc"), "library: {library:?}");
 }
 
-fn in_range(value: u64, low: u64, what: &str, report: &serde_json::Value) {
+fn in_range(value: u64, low: u64, extra: u64, what: &str, report: &serde_json::Value) {
     assert!(
-        (low..=low + LIBC_EXTRA_CALLS).contains(&value),
+        (low..=low + extra).contains(&value),
         "{what}: {value}, expected {low}..={} (lost: {}); ops: {:#}",
-        low + LIBC_EXTRA_CALLS,
+        low + extra,
         report["allocator"]["lost"],
         report["allocator"]["ops"]
     );
@@ -209,7 +235,7 @@ fn reuse_split_in_full_mode() {
         return;
     }
     const N: u64 = 20_000;
-    let report = launch(
+    let (report, truth) = launch_truth(
         "alloc-reuse",
         "full",
         &alloc_workload(),
@@ -217,8 +243,7 @@ fn reuse_split_in_full_mode() {
     );
     assert_glibc(&report);
     assert_full(&report);
-    in_range(op_count(&report, "malloc"), 2 * N, "malloc calls", &report);
-    in_range(op_count(&report, "free"), 2 * N, "free calls", &report);
+    assert_calls_truth(&report, &truth, 0);
     let least = (N as f64 * ORIGIN_SHARE) as u64;
     let new = op_count_where(&report, "malloc", "origin", "new");
     let reused = op_count_where(&report, "malloc", "origin", "reused");
@@ -239,9 +264,19 @@ fn reuse_split_in_full_mode() {
             .as_u64()
             .unwrap_or_else(|| panic!("{k}: {memory}"))
     };
-    assert!(
-        get("requested_peak") >= N * 64,
-        "20000 blocks of 64 bytes live at once: {memory}"
+    // 20000 blocks of 64 bytes live at once, and (frees counted) never
+    // more than that and libc's stdio buffers.
+    assert_between(
+        "requested_peak",
+        get("requested_peak") as f64,
+        (N * 64) as f64,
+        (N * 64 + LIBC_EXTRA_BYTES) as f64,
+        memory,
+    );
+    assert_eq!(
+        get("requested_end"),
+        0,
+        "every block of the workload was freed: {memory}"
     );
     assert!(
         get("usable_peak") >= get("requested_at_peak"),
@@ -260,12 +295,13 @@ fn large_blocks_show_their_mmap_and_munmap() {
         return;
     }
     const N: u64 = 50;
-    let report = launch(
+    let (report, truth) = launch_truth(
         "alloc-large",
         "full",
         &alloc_workload(),
         &["large", "50", "1048576"],
     );
+    assert_calls_truth(&report, &truth, 0);
     assert_glibc(&report);
     assert_full(&report);
     let large = op_count_where(&report, "malloc", "class", "large");
@@ -282,17 +318,23 @@ fn large_blocks_show_their_mmap_and_munmap() {
     );
     for (name, inside) in [("mmap", "malloc"), ("munmap", "free")] {
         let (count, bytes) = syscall(&report, name, inside);
+        // One per call; a block is 1 MiB and a page of header.
         assert!(
-            count >= N && bytes >= N * MIB,
+            (N..=N + 2).contains(&count) && (N * MIB..=N * (MIB + 8192)).contains(&bytes),
             "{name} inside {inside}: {count} calls, {bytes} bytes; syscalls: {:#}",
             report["allocator"]["syscalls"]
         );
     }
     check_latency_rows(&report);
+    // One 1 MiB block at a time: the peak is one block (and the heap),
+    // not fifty (munmaps ignored).
     let memory = &report["allocator"]["memory"];
-    assert!(
-        memory["mapped_peak"].as_u64().unwrap_or(0) >= MIB,
-        "a 1 MiB block was mapped at the peak: {memory}"
+    assert_between(
+        "mapped_peak",
+        memory["mapped_peak"].as_u64().unwrap_or(0) as f64,
+        MIB as f64,
+        (4 * MIB) as f64,
+        memory,
     );
     assert_no_programs_left();
 }
@@ -307,13 +349,14 @@ fn mixed_threads_split_serial_and_parallel() {
     }
     const THREADS: u64 = 2;
     const N: u64 = 20_000;
-    let report = launch(
+    let (report, truth) = launch_truth(
         "alloc-mixed",
         "full",
         &alloc_workload(),
         &["mixed", "2", "20000"],
     );
     assert_full(&report);
+    assert_calls_truth(&report, &truth, 2);
     let serial = op_count_where(&report, "malloc", "phase", "serial");
     let parallel = op_count_where(&report, "malloc", "phase", "parallel");
     let serial_least = (N as f64 / 10.0 * PARALLEL_SHARE) as u64;
@@ -344,7 +387,8 @@ fn leak_site_is_named_by_file_and_line() {
         return;
     }
     const N: u64 = 500;
-    let report = launch("alloc-leak", "full", &alloc_workload(), &["leak", "500"]);
+    let (report, truth) = launch_truth("alloc-leak", "full", &alloc_workload(), &["leak", "500"]);
+    assert_calls_truth(&report, &truth, 0);
     let sites = report["allocator"]["sites"].as_array().unwrap();
     let top = sites
         .iter()
@@ -354,10 +398,8 @@ fn leak_site_is_named_by_file_and_line() {
     assert!(file.ends_with("alloc.c"), "leaking site: {top}");
     assert_eq!(top["line"], marked_line("alloc", "// LEAK"), "{top}");
     assert_eq!(top["function"], "leak_some", "{top}");
-    assert!(
-        top["live_bytes"].as_u64().unwrap() >= N * 100 && top["live_blocks"].as_u64().unwrap() >= N,
-        "{top}"
-    );
+    assert_eq!(top["live_blocks"], truth.get("live_blocks"), "{top}");
+    assert_eq!(top["live_bytes"], truth.get("live_bytes"), "{top}");
     let churn = site_at(&report, "alloc.c", marked_line("alloc", "// NOLEAK"))
         .unwrap_or_else(|| panic!("the malloc(200) site is listed: {sites:#?}"));
     assert_eq!(churn["live_bytes"], 0, "freed blocks are no leak: {churn}");
@@ -377,7 +419,7 @@ fn dlopened_library_allocations_are_attributed() {
         return;
     }
     let lib = build_shared_lib("allocator_lib").expect("building liballocator_lib.so");
-    let report = launch(
+    let (report, truth) = launch_truth(
         "alloc-dlopen",
         "full",
         &alloc_workload(),
@@ -392,72 +434,147 @@ fn dlopened_library_allocations_are_attributed() {
     });
     assert_eq!(site["function"], "lib_leak", "{site}");
     assert_eq!(site["module"], "liballocator_lib.so", "{site}");
-    assert!(site["live_blocks"].as_u64().unwrap() >= 300, "{site}");
-    assert!(site["live_bytes"].as_u64().unwrap() >= 300 * 48, "{site}");
+    assert_eq!(site["live_blocks"], truth.get("live_blocks"), "{site}");
+    assert_eq!(site["live_bytes"], truth.get("live_bytes"), "{site}");
+    assert_no_programs_left();
+}
+
+/// Threads and pairs of the `threads` workload in the attach tests: a few
+/// hundred thousand calls, a second or two under full tracing.
+const ATTACH_THREADS: &str = "4";
+const ATTACH_PAIRS: &str = "20000";
+
+/// Attaches to `alloc threads 4 20000` (with `env`) held at its start
+/// gate, in allocator mode `mode`: every call of its work is made while
+/// traced.
+fn attach_threads(name: &str, mode: &str, env: &[(&str, &str)]) -> (serde_json::Value, Truth) {
+    let r = attach_gated(
+        name,
+        &["--alloc-mode", mode, "--lock-mode", "off"],
+        &alloc_workload(),
+        &["threads", ATTACH_THREADS, ATTACH_PAIRS],
+        env,
+    );
+    assert_eq!(
+        r.report["target"]["exited"], true,
+        "{:#}",
+        r.report["target"]
+    );
+    (r.report, r.truth)
+}
+
+/// Full mode, attached: the calls are the workload's, exactly (and libc's
+/// thread start-up), the blocks it keeps are live at the KEEP line in
+/// exactly the number and bytes it counted, and the other sites leak
+/// nothing.
+fn assert_attached_full(report: &serde_json::Value, truth: &Truth, threads: u64, label: &str) {
+    assert_full(report);
+    assert_calls_truth(report, truth, threads);
+    check_latency_rows(report);
+    let line = marked_line("alloc", "// KEEP");
+    let keep = site_at(report, "alloc.c", line).unwrap_or_else(|| {
+        panic!(
+            "{label}: no site at alloc.c:{line}: {:#}",
+            report["allocator"]["sites"]
+        )
+    });
+    assert_eq!(
+        keep["live_blocks"],
+        truth.get("live_blocks"),
+        "{label}: {keep}"
+    );
+    assert_eq!(
+        keep["live_bytes"],
+        truth.get("live_bytes"),
+        "{label}: {keep}"
+    );
+    let live: u64 = report["allocator"]["sites"]
+        .as_array()
+        .expect("sites")
+        .iter()
+        .map(|s| s["live_bytes"].as_u64().unwrap_or(0))
+        .sum();
+    assert_between(
+        &format!("{label}: live bytes of all sites"),
+        live as f64,
+        truth.get("live_bytes") as f64,
+        (truth.get("live_bytes") + LIBC_EXTRA_BYTES) as f64,
+        &report["allocator"]["sites"],
+    );
+}
+
+/// Proves the main use case for glibc's allocator: attached with -p to a
+/// running four-thread process, full mode sees every call.
+#[test]
+fn attached_full_mode_matches_the_workload_counts() {
+    if !require_root("attached_full_mode_matches_the_workload_counts") {
+        return;
+    }
+    let (report, truth) = attach_threads("alloc-attach-full", "full", &[]);
+    assert_glibc(&report);
+    assert_attached_full(&report, &truth, 4, "glibc");
+    assert_eq!(
+        op_count_where(&report, "malloc", "phase", "serial"),
+        0,
+        "all the work is done by the four threads at once: {:#}",
+        report["allocator"]["ops"]
+    );
     assert_no_programs_left();
 }
 
 /// Proves that a preloaded allocator is the one traced and named (not
-/// libc's unused malloc): attached to `alloc hold` running with jemalloc,
-/// tcmalloc or mimalloc in LD_PRELOAD, the report names it and counts the
-/// workload's calls. A library that is not installed is skipped loudly.
-#[test]
-fn preloaded_allocators_are_named() {
-    if !require_root("preloaded_allocators_are_named") {
+/// libc's unused malloc), attached to a running multi-threaded process:
+/// the report names it and counts the workload's calls exactly.
+fn preloaded_allocator_is_named(label: &str, path: &str, prefix: &str) {
+    let test = format!("preloaded_{label}_is_named");
+    if !require_root(&test) {
         return;
     }
-    let alloc = alloc_workload();
-    for (label, path, prefix) in PRELOADED {
-        if !std::path::Path::new(path).exists() {
-            skip(
-                &format!("preloaded_allocators_are_named ({label})"),
-                &format!("{path} is not installed (cargo xtask setup installs it)"),
-            );
-            continue;
-        }
-        // Runs well past the session (attach + 1.5 s); killed at the end.
-        let mut target = TestProcess::spawn_env(&alloc, &["hold", "10"], &[("LD_PRELOAD", path)]);
-        target.wait_ready();
-        let pid = target.pid().to_string();
-        let (_, report) = trace(
-            &format!("alloc-preload-{label}"),
-            &[
-                "-p",
-                &pid,
-                "--duration",
-                "1500ms",
-                "--alloc-mode",
-                "full",
-                "--no-tui",
-            ],
+    if !std::path::Path::new(path).exists() {
+        skip(
+            &test,
+            &format!("{path} is not installed (cargo xtask setup installs it)"),
         );
-        let a = &report["allocator"];
-        let library = a["library"].as_str().unwrap_or_default();
-        assert!(library.starts_with(prefix), "{label}: library {library:?}");
-        let file = std::path::Path::new(path)
-            .file_name()
-            .unwrap()
-            .to_str()
-            .unwrap();
-        assert!(
-            a["path"].as_str().unwrap_or_default().contains(file),
-            "{label}: path {} should name {file}",
-            a["path"]
-        );
-        let (mallocs, frees) = (op_count(&report, "malloc"), op_count(&report, "free"));
-        assert!(
-            mallocs > 100 && frees > 100,
-            "{label}: {mallocs} mallocs, {frees} frees: {:#}",
-            a["ops"]
-        );
-        check_latency_rows(&report);
-        assert!(
-            target.child.try_wait().unwrap().is_none(),
-            "{label}: the target must survive the session"
-        );
-        drop(target); // kills it
-        assert_no_programs_left();
+        return;
     }
+    let (report, truth) = attach_threads(
+        &format!("alloc-preload-{label}"),
+        "full",
+        &[("LD_PRELOAD", path)],
+    );
+    let a = &report["allocator"];
+    let library = a["library"].as_str().unwrap_or_default();
+    assert!(library.starts_with(prefix), "{label}: library {library:?}");
+    let file = std::path::Path::new(path)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(
+        a["path"].as_str().unwrap_or_default().contains(file),
+        "{label}: path {} should name {file}",
+        a["path"]
+    );
+    assert_attached_full(&report, &truth, 4, label);
+    assert_no_programs_left();
+}
+
+#[test]
+fn preloaded_jemalloc_is_named() {
+    let (label, path, prefix) = PRELOADED[0];
+    preloaded_allocator_is_named(label, path, prefix);
+}
+
+#[test]
+fn preloaded_tcmalloc_is_named() {
+    let (label, path, prefix) = PRELOADED[1];
+    preloaded_allocator_is_named(label, path, prefix);
+}
+
+#[test]
+fn preloaded_mimalloc_is_named() {
+    let (label, path, prefix) = PRELOADED[2];
+    preloaded_allocator_is_named(label, path, prefix);
 }
 
 /// Proves that in a static executable the allocator is found in the
@@ -540,11 +657,15 @@ fn sampled_mode_stays_within_budget_and_labels_counts() {
         sum_ops(&report, "malloc", "traced", |_| true),
     );
     assert!(traced > 0, "mallocs traced in the windows: {:#}", a["ops"]);
-    assert!(count >= traced, "count {count} < traced {traced}");
-    let expected = traced as f64 / fraction;
-    assert!(
-        (count as f64 - expected).abs() <= expected * SCALE_TOLERANCE,
-        "count {count} should be traced {traced} / fraction {fraction} = {expected:.0}"
+    // The workload makes at most ~1000 pairs per ms of wall time; whether
+    // the estimate is right is checked against its own count in
+    // sampled_counts_are_within_their_claimed_error.
+    assert_between(
+        "malloc count (estimate)",
+        count as f64,
+        traced as f64,
+        wall * 1e6,
+        &a["ops"],
     );
     check_latency_rows(&report);
     drop(target);
@@ -623,5 +744,272 @@ fn off_mode_attaches_no_allocator_probes() {
         uprobes.is_empty(),
         "allocator uprobes attached in off mode: {uprobes:?}"
     );
+    assert_no_programs_left();
+}
+
+/// The default mode attached to a running four-thread process: the
+/// estimated calls must be near the workload's own count, and the report
+/// must claim an error that covers the truth. Today the estimate of an
+/// attached hot allocator is far off and no error is claimed.
+#[test]
+#[ignore = "known wrong: Allocator on real programs: right counts when attaching, latency without the probe's own cost, the budget kept from the first second, call chains through wrappers, a quick exit (#17)"]
+fn sampled_counts_are_within_their_claimed_error() {
+    if !require_root("sampled_counts_are_within_their_claimed_error") {
+        return;
+    }
+    let r = attach_gated(
+        "alloc-attach-sampled",
+        &["--lock-mode", "off"],
+        &alloc_workload(),
+        &["threads", "2", "2000000"],
+        &[],
+    );
+    let a = &r.report["allocator"];
+    assert_eq!(a["mode"], "sampled", "{a:#}");
+    let (estimate, real) = (op_count(&r.report, "malloc"), r.truth.get("malloc"));
+    assert_near(
+        "malloc calls (estimate)",
+        estimate,
+        real,
+        SAMPLED_COUNT_TOLERANCE,
+        &a["ops"],
+    );
+    let claimed = a["count_error"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("the report claims no error for its estimates: {a:#}"));
+    assert!(
+        (estimate as f64 - real as f64).abs() <= claimed * real as f64,
+        "estimate {estimate}, truth {real}: outside the claimed ±{claimed}"
+    );
+    assert_no_programs_left();
+}
+
+/// What `workloads/slowalloc.c` costs: its malloc busy-waits this long
+/// (then glibc's ~20 ns); its free is glibc's alone.
+const SLOW_MALLOC_NS: u64 = 2_000;
+
+/// Attaches in full mode to `alloc threads 2 5000` with slowalloc
+/// preloaded: an allocator whose latencies are known.
+fn attach_slowalloc(name: &str) -> serde_json::Value {
+    let lib = build_shared_lib("slowalloc").expect("building libslowalloc.so");
+    let (report, truth) = attach_gated_threads(name, lib.to_str().expect("UTF-8 path"));
+    let path = report["allocator"]["path"].as_str().unwrap_or_default();
+    assert!(
+        path.ends_with("libslowalloc.so"),
+        "the preloaded allocator is traced: {path}"
+    );
+    assert_attached_full(&report, &truth, 2, "slowalloc");
+    report
+}
+
+fn attach_gated_threads(name: &str, preload: &str) -> (serde_json::Value, Truth) {
+    let r = attach_gated(
+        name,
+        &["--alloc-mode", "full", "--lock-mode", "off"],
+        &alloc_workload(),
+        &["threads", "2", "5000"],
+        &[("LD_PRELOAD", preload)],
+    );
+    (r.report, r.truth)
+}
+
+/// The p50 latency of `op` over its rows, weighted by calls (ns).
+fn p50(report: &serde_json::Value, op: &str) -> u64 {
+    let rows: Vec<&serde_json::Value> = ops(report).iter().filter(|r| r["op"] == op).collect();
+    let calls: u64 = rows.iter().map(|r| r["traced"].as_u64().unwrap_or(0)).sum();
+    assert!(
+        calls > 0,
+        "no {op} traced: {:#}",
+        report["allocator"]["ops"]
+    );
+    let weighted: u64 = rows
+        .iter()
+        .map(|r| r["p50_ns"].as_u64().unwrap_or(0) * r["traced"].as_u64().unwrap_or(0))
+        .sum();
+    weighted / calls
+}
+
+/// Proves that latencies are measured, not made up: an allocator whose
+/// malloc takes 2 us is reported at 2 us or more, and below the 10 us a
+/// wrong pairing of entries and returns would give.
+#[test]
+fn a_slow_allocator_is_reported_slow() {
+    if !require_root("a_slow_allocator_is_reported_slow") {
+        return;
+    }
+    let report = attach_slowalloc("alloc-slow");
+    assert_between(
+        "malloc p50 (ns)",
+        p50(&report, "malloc") as f64,
+        SLOW_MALLOC_NS as f64,
+        5.0 * SLOW_MALLOC_NS as f64,
+        &report["allocator"]["ops"],
+    );
+    assert_no_programs_left();
+}
+
+/// The probe's own cost is not the allocator's: slowalloc's malloc
+/// (2 us) is reported within 15%, its free (glibc's, tens of ns) below
+/// 0.5 us. Today malloc is reported at 2.6-2.9 us and free at 11-16 us.
+#[test]
+#[ignore = "known wrong: Allocator on real programs: right counts when attaching, latency without the probe's own cost, the budget kept from the first second, call chains through wrappers, a quick exit (#17)"]
+fn latencies_exclude_the_probes_own_cost() {
+    if !require_root("latencies_exclude_the_probes_own_cost") {
+        return;
+    }
+    let report = attach_slowalloc("alloc-latency");
+    let ops = &report["allocator"]["ops"];
+    assert_near(
+        "malloc p50 (ns)",
+        p50(&report, "malloc"),
+        SLOW_MALLOC_NS,
+        0.15,
+        ops,
+    );
+    assert_between(
+        "free p50 (ns)",
+        p50(&report, "free") as f64,
+        0.0,
+        500.0,
+        ops,
+    );
+    assert_no_programs_left();
+}
+
+const REDIS_SERVER: &str = "/usr/bin/redis-server";
+const REDIS_CLI: &str = "/usr/bin/redis-cli";
+const REDIS_BENCHMARK: &str = "/usr/bin/redis-benchmark";
+
+/// Redis's own account of its heap (`used_memory` of `INFO memory`, in
+/// bytes).
+fn redis_used_memory(port: &str) -> u64 {
+    let out = std::process::Command::new(REDIS_CLI)
+        .args(["-p", port, "info", "memory"])
+        .output()
+        .expect("running redis-cli");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no used_memory from redis-cli: {out:?}"))
+}
+
+/// How far the bytes the tool saw allocated and not freed may be from the
+/// growth of redis's own count: redis counts usable sizes (jemalloc
+/// rounds 1000-byte values to 1024) and frees of blocks older than the
+/// session; measured 3.6% apart.
+const REDIS_TOLERANCE: f64 = 0.15;
+
+/// Proves the allocator profile on a third-party program: attached to a
+/// running redis-server (Debian's, jemalloc dynamically linked), full
+/// mode names jemalloc, and while redis-benchmark stores 1000-byte values
+/// the bytes left live match the growth of redis's own `used_memory`.
+#[test]
+fn redis_heap_growth_matches_its_own_count() {
+    const TEST: &str = "redis_heap_growth_matches_its_own_count";
+    if !require_root(TEST) {
+        return;
+    }
+    if !std::path::Path::new(REDIS_SERVER).exists() {
+        skip(
+            TEST,
+            &format!("{REDIS_SERVER} is not installed (cargo xtask setup installs it)"),
+        );
+        return;
+    }
+    let port = (20000 + std::process::id() % 20000).to_string();
+    let server = TestProcess::spawn(
+        std::path::Path::new(REDIS_SERVER),
+        &[
+            "--port",
+            &port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--bind",
+            "127.0.0.1",
+        ],
+    );
+    let started = Instant::now();
+    while std::process::Command::new(REDIS_CLI)
+        .args(["-p", &port, "ping"])
+        .output()
+        .map_or(true, |o| {
+            !String::from_utf8_lossy(&o.stdout).contains("PONG")
+        })
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = redis_used_memory(&port);
+    let json = report_path("alloc-redis");
+    let tool = std::process::Command::new(tool())
+        .args([
+            "-p",
+            &server.pid().to_string(),
+            "--alloc-mode",
+            "full",
+            "--lock-mode",
+            "off",
+        ])
+        .args(["--no-tui", "--duration", "60s", "-v", "--json"])
+        .arg(&json)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting memprof-ebpf");
+    let tool_pid = tool.id();
+    let tool_start = Instant::now();
+    // Full mode attaches its probes before the session starts: wait for
+    // them, as seen from outside.
+    while !attached_programs(tool_pid)
+        .iter()
+        .any(|p| p.name.starts_with("mp_alloc"))
+    {
+        assert!(
+            tool_start.elapsed() < Duration::from_secs(30),
+            "no allocator probe attached"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let bench = std::process::Command::new(REDIS_BENCHMARK)
+        .args([
+            "-p", &port, "-t", "set", "-n", "20000", "-d", "1000", "-r", "100000", "-q",
+        ])
+        .output()
+        .expect("running redis-benchmark");
+    assert!(bench.status.success(), "redis-benchmark: {bench:?}");
+    let after = redis_used_memory(&port);
+    // SAFETY: kill with the pid of our own unreaped child.
+    unsafe { libc::kill(tool_pid as i32, libc::SIGINT) };
+    let run = finish(tool, tool_start, Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = read_report(&json);
+    let a = &report["allocator"];
+    assert!(
+        a["library"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("jemalloc"),
+        "redis uses jemalloc: {}",
+        a["library"]
+    );
+    let live = a["memory"]["requested_end"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("allocator.memory.requested_end: {a:#}"));
+    assert_near(
+        "bytes allocated and not freed",
+        live,
+        after.saturating_sub(before),
+        REDIS_TOLERANCE,
+        &a["memory"],
+    );
+    drop(server);
     assert_no_programs_left();
 }

@@ -19,6 +19,11 @@
  *                            sleeps 200 ms
  *   alloc dlopen LIB N       dlopen LIB, call its lib_leak(N) (N x 48 bytes
  *                            leaked in the library); then sleeps 200 ms
+ *   alloc threads T N        T threads, started together, each making N
+ *                            malloc/free pairs of 16..1008 bytes and keeping
+ *                            every 64th block (malloc(100) at KEEP, never
+ *                            freed): the attach tests' multi-threaded load.
+ *                            Truth: malloc, free, live_blocks, live_bytes
  *   alloc hold SECONDS       malloc(64)/free pairs for SECONDS, sleeping
  *                            1 ms every 1000 pairs (a process to attach to)
  *   alloc loop N             N x malloc(64)/free as fast as possible; prints
@@ -29,6 +34,10 @@
  *                            1024 iterations ago); prints "ns_per_iter X"
  *
  * Every mode prints "ready" (unbuffered) once started, then exits 0.
+ * Ground truth goes where truth.h says (WORKLOAD_TRUTH): every mode writes
+ * its own calls (malloc, free), and the bytes and blocks it leaves live;
+ * with WORKLOAD_GO_SIGNAL=1 the work starts only on SIGUSR1 (attach
+ * tests).
  *
  * Exact call counts matter to the tests, so:
  * - every pointer goes through a volatile sink, so the compiler can neither
@@ -50,6 +59,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "truth.h"
+
 #define MAX_BLOCKS 100000
 
 static void *blocks[MAX_BLOCKS];
@@ -70,7 +81,7 @@ static double now(void)
 static void usage(void)
 {
 	fprintf(stderr, "usage: alloc reuse N | large N SIZE | small N | mixed THREADS N"
-			" | leak N | dlopen LIB N | hold SECONDS | loop N | work N\n");
+			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | work N\n");
 	exit(2);
 }
 
@@ -83,13 +94,36 @@ static long count_arg(const char *s, long max)
 	return n;
 }
 
-/* Unbuffered stdout, the allocator warmed up, then "ready". */
+/* The workload's own count of its allocator calls and live blocks (the
+ * warm-up in start() excluded). Threads add theirs at the end. */
+static unsigned long n_malloc, n_free, live_blocks, live_bytes;
+
+static void counted(unsigned long mallocs, unsigned long frees, unsigned long blocks,
+		    unsigned long bytes)
+{
+	__atomic_fetch_add(&n_malloc, mallocs, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&n_free, frees, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&live_blocks, blocks, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&live_bytes, bytes, __ATOMIC_RELAXED);
+}
+
+static void write_truth(void)
+{
+	truth("malloc", n_malloc);
+	truth("free", n_free);
+	truth("live_blocks", live_blocks);
+	truth("live_bytes", live_bytes);
+}
+
+/* Unbuffered stdout, the allocator warmed up, "ready", then (attach
+ * tests) the go signal. */
 static void start(void)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
 	sink = malloc(1);
 	free(sink);
 	fputs("ready\n", stdout);
+	go_gate_wait();
 }
 
 static void alloc_reuse(long n)
@@ -104,6 +138,7 @@ static void alloc_reuse(long n)
 			free(sink);
 		}
 	}
+	counted(2 * n, 2 * n, 0, 0);
 }
 
 static void alloc_large(long n, long size)
@@ -118,6 +153,7 @@ static void alloc_large(long n, long size)
 			p[off] = 1;
 		free(sink);
 	}
+	counted(n, n, 0, 0);
 }
 
 static void alloc_small(long n)
@@ -126,6 +162,7 @@ static void alloc_small(long n)
 		sink = malloc(16 + (i % 64) * 16); /* 16, 32, ..., 1024, 16, ... */
 		free(sink);
 	}
+	counted(n, n, 0, 0);
 }
 
 /* One malloc/free pair of the mixed mode: mostly small, every 100th 1 MiB. */
@@ -149,6 +186,7 @@ static void *mixed_thread(void *arg)
 	pthread_barrier_wait(&mixed_start); /* all start together */
 	for (long i = 0; i < mixed_iterations; i++)
 		mixed_pair(i);
+	counted(mixed_iterations, mixed_iterations, 0, 0);
 	return NULL;
 }
 
@@ -156,6 +194,7 @@ static void alloc_mixed(long threads, long n)
 {
 	for (long i = 0; i < n / 10; i++)
 		mixed_pair(i % 99); /* serial phase: small blocks only */
+	counted(n / 10, n / 10, 0, 0);
 	mixed_iterations = n;
 	if (pthread_barrier_init(&mixed_start, NULL, threads) != 0)
 		exit(1);
@@ -185,6 +224,7 @@ static void alloc_leak(long n)
 		leak_some();
 		churn();
 	}
+	counted(2 * n, n, n, 100 * n);
 	usleep(200 * 1000);
 }
 
@@ -201,6 +241,7 @@ static void alloc_dlopen(const char *lib, long n)
 		exit(1);
 	}
 	lib_leak((int)n);
+	counted(n, 0, n, 48 * n);
 	/* Left open: the library stays mapped until exit. */
 	usleep(200 * 1000);
 }
@@ -209,13 +250,56 @@ static void alloc_hold(double seconds)
 {
 	double until = now() + seconds;
 	struct timespec ms = {.tv_nsec = 1000 * 1000};
+	unsigned long pairs = 0;
 	while (now() < until) {
 		for (int i = 0; i < 1000; i++) {
 			sink = malloc(64);
 			free(sink);
 		}
+		pairs += 1000;
 		nanosleep(&ms, NULL);
 	}
+	counted(pairs, pairs, 0, 0);
+}
+
+/* ---- threads ---- */
+
+static long threads_pairs;
+static pthread_barrier_t threads_start;
+
+__attribute__((noinline)) void *keep_block(void)
+{
+	return malloc(100); // KEEP
+}
+
+static void *threads_worker(void *arg)
+{
+	(void)arg;
+	unsigned long kept = 0;
+	pthread_barrier_wait(&threads_start);
+	for (long i = 0; i < threads_pairs; i++) {
+		thread_sink = malloc(16 + (size_t)(i % 63) * 16);
+		free(thread_sink);
+		if (i % 64 == 63) {
+			thread_sink = keep_block();
+			kept++;
+		}
+	}
+	counted(threads_pairs + kept, threads_pairs, kept, 100 * kept);
+	return NULL;
+}
+
+static void alloc_threads(long threads, long n)
+{
+	threads_pairs = n;
+	if (pthread_barrier_init(&threads_start, NULL, threads) != 0)
+		exit(1);
+	pthread_t tids[64];
+	for (long t = 0; t < threads; t++)
+		if (pthread_create(&tids[t], NULL, threads_worker, NULL) != 0)
+			exit(1);
+	for (long t = 0; t < threads; t++)
+		pthread_join(tids[t], NULL);
 }
 
 static void alloc_loop(long n)
@@ -226,6 +310,7 @@ static void alloc_loop(long n)
 		free(sink);
 	}
 	double elapsed = now() - started;
+	counted(n, n, 0, 0);
 	fprintf(stderr, "ns_per_pair %.1f\n", elapsed * 1e9 / n);
 }
 
@@ -248,6 +333,7 @@ static void alloc_work(long n)
 	}
 	for (int i = 0; i < LIVE; i++)
 		free(ring[i]);
+	counted(n, n + LIVE, 0, 0);
 	sink = (void *)hash;
 	double elapsed = now() - started;
 	fprintf(stderr, "ns_per_iter %.1f\n", elapsed * 1e9 / n);
@@ -258,6 +344,7 @@ int main(int argc, char **argv)
 	if (argc < 3)
 		usage();
 	const char *mode = argv[1];
+	go_gate_arm();
 	if (strcmp(mode, "reuse") == 0 && argc == 3) {
 		long n = count_arg(argv[2], MAX_BLOCKS);
 		start();
@@ -288,6 +375,11 @@ int main(int argc, char **argv)
 		long n = count_arg(argv[3], 1L << 30);
 		start();
 		alloc_dlopen(argv[2], n);
+	} else if (strcmp(mode, "threads") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], 64);
+		long n = count_arg(argv[3], 1L << 40);
+		start();
+		alloc_threads(threads, n);
 	} else if (strcmp(mode, "hold") == 0 && argc == 3) {
 		double seconds = atof(argv[2]);
 		if (seconds <= 0)
@@ -305,5 +397,6 @@ int main(int argc, char **argv)
 	} else {
 		usage();
 	}
+	write_truth();
 	return 0;
 }
