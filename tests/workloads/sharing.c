@@ -23,6 +23,10 @@
  *   mapreduce   per-thread 40-byte struct thread_arg in g_args[]: thread i
  *               updates g_args[i].sum and .count, so neighbours share
  *               lines (the classic map-reduce layout).        FALSE sharing
+ *   wide        as array, and between counter updates each thread writes
+ *               its own 32 MiB buffer a line at a time (WIDE_WRITE): far
+ *               more distinct lines than the profiler's line table holds.
+ *                                             FALSE sharing (g_counters)
  *
  * Shared objects are non-static globals with distinctive names (the
  * profiler names them by ELF symbol); the lines the tests look for carry a
@@ -168,6 +172,25 @@ static long run_readmostly(int id)
     return n;
 }
 
+#define WIDE_BYTES (32L << 20)
+static char *g_wide[MAX_THREADS];
+
+static long run_wide(int id)
+{
+    volatile long *c = &g_counters[id];
+    volatile char *buf = g_wide[id];
+    long n = 0, at = 0;
+    do {
+        for (int k = 0; k < CHECK_EVERY; k++) {
+            (*c)++; /* WIDE_COUNTER */
+            buf[at]++; /* WIDE_WRITE */
+            at = (at + 64) % WIDE_BYTES;
+        }
+        n += CHECK_EVERY;
+    } while (!finished(n));
+    return n;
+}
+
 static long run_mapreduce(int id)
 {
     volatile struct thread_arg *a = &g_args[id];
@@ -204,6 +227,8 @@ static void *worker(void *arg)
         n = run_atomic(id);
     else if (!strcmp(g_mode, "readmostly"))
         n = run_readmostly(id);
+    else if (!strcmp(g_mode, "wide"))
+        n = run_wide(id);
     else
         n = run_mapreduce(id);
     g_done[id] = n;
@@ -219,7 +244,7 @@ static double now_ns(void)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: sharing array|padded|heap|atomic|readmostly|mapreduce "
+    fprintf(stderr, "usage: sharing array|padded|heap|atomic|readmostly|mapreduce|wide "
                     "THREADS SECONDS [ITERS]\n");
     return 2;
 }
@@ -229,7 +254,7 @@ int main(int argc, char **argv)
     if (argc < 4 || argc > 5)
         return usage();
     g_mode = argv[1];
-    const char *modes[] = {"array", "padded", "heap", "atomic", "readmostly", "mapreduce"};
+    const char *modes[] = {"array", "padded", "heap", "atomic", "readmostly", "mapreduce", "wide"};
     int known = 0;
     for (size_t i = 0; i < sizeof modes / sizeof *modes; i++)
         known |= !strcmp(g_mode, modes[i]);
@@ -247,6 +272,11 @@ int main(int argc, char **argv)
             return 1;
         memset(g_heap_slots, 0, bytes);
     }
+
+    if (!strcmp(g_mode, "wide"))
+        for (int i = 0; i < threads; i++)
+            if (!(g_wide[i] = calloc(1, WIDE_BYTES)))
+                return 1;
 
     pthread_t tids[MAX_THREADS];
     pthread_barrier_init(&g_start, NULL, threads + 1);

@@ -144,6 +144,53 @@ pub struct LineFinding {
     pub parts: Vec<(u32, u32, u32)>,
 }
 
+/// Why a sampled line is not a finding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dismissal {
+    /// Only one thread was sampled on it.
+    OneThread,
+    /// No sampled access wrote it (sharing read-only data costs nothing).
+    NoWrites,
+    /// The kernel's line table did not hold it at the end.
+    NotInTable,
+    /// Fewer than [`MIN_INVALIDATIONS`] sampled invalidations.
+    FewInvalidations,
+    /// Its writes invalidate less than [`MIN_INVALIDATION_RATE`] of its
+    /// accesses.
+    ReadMostly,
+    /// Less than [`MIN_COST_SHARE`] of the program's samples.
+    LowCost,
+    /// No written word is used by another thread, and no thread writes
+    /// next to another's words.
+    NothingWrittenShared,
+}
+
+impl Dismissal {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Dismissal::OneThread => "one thread",
+            Dismissal::NoWrites => "no sampled write",
+            Dismissal::NotInTable => "not in the kernel's line table",
+            Dismissal::FewInvalidations => "few invalidations",
+            Dismissal::ReadMostly => "read-mostly",
+            Dismissal::LowCost => "little of the program's time",
+            Dismissal::NothingWrittenShared => "nothing written is shared",
+        }
+    }
+}
+
+/// A sampled line, summed up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampledLine {
+    pub line: u64,
+    pub samples: u64,
+    pub writes: u64,
+    /// Sampled from two threads or more.
+    pub shared: bool,
+    /// Lowest sampled address on it (names the object).
+    pub first_addr: u64,
+}
+
 /// Accesses of the target, aggregated per cache line.
 #[derive(Debug, Default)]
 pub struct SharingProfile {
@@ -204,6 +251,26 @@ impl SharingProfile {
         self.lines.len()
     }
 
+    /// The `n` most-sampled lines, busiest first: the lines a reader would
+    /// suspect, so that each one not reported can be shown with the
+    /// reason.
+    pub fn busiest(&self, n: usize) -> Vec<SampledLine> {
+        let mut v: Vec<SampledLine> = self
+            .lines
+            .iter()
+            .map(|(&line, l)| SampledLine {
+                line,
+                samples: l.samples,
+                writes: l.writes,
+                shared: l.threads[1] != 0,
+                first_addr: line + u64::from(self.first_offset(line)),
+            })
+            .collect();
+        v.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.line.cmp(&b.line)));
+        v.truncate(n);
+        v
+    }
+
     /// Decides whether `line` is a finding, given the kernel's state of it
     /// (`state`; None if evicted) and the kernel's word table (used when
     /// the samples were lost on the way), and `total_samples` of the
@@ -215,22 +282,36 @@ impl SharingProfile {
         kernel_words: Option<&LineWords>,
         total_samples: u64,
     ) -> Option<LineFinding> {
-        let state = state?;
+        self.judge(line, state, kernel_words, total_samples).ok()
+    }
+
+    /// As [`analyse`](Self::analyse), saying why a line is not a finding.
+    pub fn judge(
+        &self,
+        line: u64,
+        state: Option<&LineState>,
+        kernel_words: Option<&LineWords>,
+        total_samples: u64,
+    ) -> Result<LineFinding, Dismissal> {
+        let state = state.ok_or(Dismissal::NotInTable)?;
         let samples = (state.reads + state.writes).max(1);
         let invalidation_rate = state.invalidations as f64 / samples as f64;
         let cost_share = samples as f64 / total_samples.max(samples) as f64;
-        if state.invalidations < MIN_INVALIDATIONS
-            || invalidation_rate < MIN_INVALIDATION_RATE
-            || cost_share < MIN_COST_SHARE
-        {
-            return None;
+        if state.invalidations < MIN_INVALIDATIONS {
+            return Err(Dismissal::FewInvalidations);
+        }
+        if invalidation_rate < MIN_INVALIDATION_RATE {
+            return Err(Dismissal::ReadMostly);
+        }
+        if cost_share < MIN_COST_SHARE {
+            return Err(Dismissal::LowCost);
         }
         let ours = self.lines.get(&line);
         let words = match ours {
             Some(l) if !l.accesses.is_empty() => words_from_samples(l),
-            _ => words_from_kernel(kernel_words?),
+            _ => words_from_kernel(kernel_words.ok_or(Dismissal::NotInTable)?),
         };
-        let kind = classify(&words)?;
+        let kind = classify(&words).ok_or(Dismissal::NothingWrittenShared)?;
         let code = ours.map(code_uses).unwrap_or_default();
         let threads: BTreeSet<u32> = words.iter().flat_map(WordUse::threads).collect();
         let first_addr = line + words.first().map_or(0, |w| u64::from(w.offset));
@@ -239,7 +320,7 @@ impl SharingProfile {
         } else {
             thread_parts(&words)
         };
-        Some(LineFinding {
+        Ok(LineFinding {
             line,
             kind,
             invalidations: state.invalidations,
@@ -445,6 +526,68 @@ mod tests {
                 access(tid, off, true)
             })
             .collect()
+    }
+
+    #[test]
+    fn a_dismissed_line_says_why() {
+        // Ping-pong writes, but the line is a sliver of the program.
+        let (p, state) = profile(&ping_pong(100, (1, 0), (2, 8)));
+        assert_eq!(
+            p.judge(LINE, Some(&state), None, 1_000_000).err(),
+            Some(Dismissal::LowCost)
+        );
+        assert_eq!(
+            p.judge(LINE, None, None, 100).err(),
+            Some(Dismissal::NotInTable)
+        );
+        // One rare write among many reads of two threads: read-mostly.
+        let mut reads: Vec<Access> = (0..400).map(|i| access(1 + i % 2, 0, false)).collect();
+        reads.extend(ping_pong(6, (1, 0), (2, 0)));
+        let (p, state) = profile(&reads);
+        assert!(state.invalidations >= MIN_INVALIDATIONS, "{state:?}");
+        assert_eq!(
+            p.judge(LINE, Some(&state), None, 406).err(),
+            Some(Dismissal::ReadMostly)
+        );
+    }
+
+    #[test]
+    fn busiest_lines_come_first_and_say_if_shared() {
+        let mut p = SharingProfile::new();
+        for i in 0..10 {
+            p.on_access(access(1, 0, i % 2 == 0));
+        }
+        for _ in 0..3 {
+            p.on_access(Access {
+                addr: LINE + 64,
+                ..access(1, 0, true)
+            });
+            p.on_access(Access {
+                addr: LINE + 64,
+                ..access(2, 8, true)
+            });
+        }
+        for _ in 0..50 {
+            p.on_access(Access {
+                addr: LINE + 128,
+                ..access(1, 8, false)
+            });
+        }
+        let busiest = p.busiest(8);
+        let got: Vec<(u64, u64, u64, bool)> = busiest
+            .iter()
+            .map(|l| (l.line, l.samples, l.writes, l.shared))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (LINE + 128, 50, 0, false),
+                (LINE, 10, 5, false),
+                (LINE + 64, 6, 6, true)
+            ]
+        );
+        assert_eq!(busiest[0].first_addr, LINE + 128);
+        assert_eq!(p.busiest(1).len(), 1);
     }
 
     #[test]

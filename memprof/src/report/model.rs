@@ -20,6 +20,9 @@ pub struct Report {
     pub threads: Vec<ThreadEntry>,
     /// Cache lines threads contend for, most costly first.
     pub false_sharing: Vec<SharingEntry>,
+    /// The most-sampled lines that are not in `false_sharing`, and why:
+    /// what the detector looked at and cleared.
+    pub false_sharing_dismissed: Vec<DismissedLine>,
     /// The allocator profile (`mode: "off"` when not traced).
     pub allocator: AllocatorReport,
     /// Contended locks, most wait time first, then locks the uprobes saw
@@ -117,6 +120,26 @@ pub struct SharingEntry {
     /// Inter-thread dependences between consecutive sampled accesses.
     pub dependences: Dependences,
     pub advice: String,
+}
+
+/// A busy line that is not a finding.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DismissedLine {
+    /// Address of the line, hex.
+    pub line: String,
+    /// What lies on it (as [`SharedObject::label`]) and its kind.
+    pub object: String,
+    pub object_kind: String,
+    /// Sampled accesses, and how many of them wrote.
+    pub samples: u64,
+    pub writes: u64,
+    /// Sampled from two threads or more.
+    pub shared: bool,
+    /// "one thread", "no sampled write", "read-mostly", "few
+    /// invalidations", "little of the
+    /// program's time", "nothing written is shared" or "not in the
+    /// kernel's line table".
+    pub reason: String,
 }
 
 /// What lies on a shared line.
@@ -593,6 +616,7 @@ pub(crate) mod tests {
                 exited: false,
             }],
             false_sharing: vec![],
+            false_sharing_dismissed: vec![],
             allocator: Default::default(),
             locks: vec![],
             lock_tracing: None,

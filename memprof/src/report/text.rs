@@ -102,6 +102,19 @@ fn render_wide(report: &Report) -> String {
 /// Shared lines shown in the summary.
 const TOP_LINES: usize = 5;
 
+/// The busiest lines that were checked and cleared, with the reason.
+fn write_dismissed(out: &mut String, report: &Report) {
+    let checked: Vec<String> = report
+        .false_sharing_dismissed
+        .iter()
+        .take(4)
+        .map(|d| format!("{} ({})", d.object, d.reason))
+        .collect();
+    if !checked.is_empty() {
+        let _ = writeln!(out, "  busiest lines checked: {}", checked.join(", "));
+    }
+}
+
 /// The "False sharing" section: contended lines, most costly first, with
 /// the object, who touches which bytes, the code, and the fix.
 fn write_false_sharing(out: &mut String, report: &Report) {
@@ -118,6 +131,7 @@ fn write_false_sharing(out: &mut String, report: &Report) {
             out,
             "False sharing: no contended cache line found\n  {basis}"
         );
+        write_dismissed(out, report);
         return;
     }
     let _ = writeln!(
@@ -1079,6 +1093,26 @@ pub(crate) mod tests {
         r.sampling.addresses.address_share = 0.97;
         r.false_sharing = vec![crate::report::model::tests::false_sharing_entry()];
         r
+    }
+
+    #[test]
+    fn no_finding_names_the_lines_checked() {
+        let mut r = sample_report();
+        r.false_sharing.clear();
+        r.false_sharing_dismissed = vec![crate::report::model::DismissedLine {
+            line: "0x1000".into(),
+            object: "g_padded+64".into(),
+            object_kind: "global".into(),
+            samples: 10,
+            writes: 10,
+            shared: false,
+            reason: "one thread".into(),
+        }];
+        let text = render(&r);
+        assert!(
+            text.contains("busiest lines checked: g_padded+64 (one thread)"),
+            "{text}"
+        );
     }
 
     #[test]

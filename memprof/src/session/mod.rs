@@ -782,6 +782,8 @@ impl Live {
             self.collector.profile.samples()
         };
         let false_sharing = sharing::report(&self.collector, &lines, sampled, &mut self.symbolizer);
+        let false_sharing_dismissed =
+            sharing::dismissed(&self.collector, &lines, sampled, &mut self.symbolizer);
         let addresses = self.address_sampling(&counters);
         if self.recipes_dropped > 0 {
             notes.push(format!(
@@ -812,6 +814,7 @@ impl Live {
             hot_functions,
             threads,
             false_sharing,
+            false_sharing_dismissed,
             allocator,
             locks,
             lock_tracing,

@@ -8,13 +8,15 @@ use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
 use crate::{
     analysis::{
         alloc::AllocProfile,
-        sharing::{LineFinding, SharingKind},
+        sharing::{Dismissal, LineFinding, SharingKind},
     },
     collect::{
         procmaps::{short_name, Place, ProcMaps},
         Collector, LineBlock,
     },
-    report::model::{CodeRef, Dependences, SharedObject, SharingCode, SharingEntry, WordEntry},
+    report::model::{
+        CodeRef, Dependences, DismissedLine, SharedObject, SharingCode, SharingEntry, WordEntry,
+    },
     symbolize::{dwarf::Layout, Symbolizer},
 };
 
@@ -22,6 +24,8 @@ use crate::{
 const CODE_SITES: usize = 8;
 /// Lines reported at most.
 const MAX_LINES: usize = 20;
+/// Busiest lines examined for the list of lines not reported.
+const DISMISSED_LINES: usize = 8;
 /// The name of a heap block whose allocation the tracker did not see.
 const UNSEEN_BLOCK: &str =
     "heap block allocated before tracing (or while the allocator was not traced)";
@@ -60,13 +64,65 @@ pub fn report(
         .into_iter()
         .map(|f| {
             let (object, layout) = object_of(
-                &f,
+                f.first_addr,
+                f.line,
                 collector.maps(),
                 collector.line_block(f.line),
                 collector.alloc.as_ref(),
                 symbolizer,
             );
             entry(f, object, layout, collector, symbolizer)
+        })
+        .collect()
+}
+
+/// The busiest lines that are not findings, with the reason: the
+/// evidence that a quiet answer comes from looking, not from missing the
+/// line.
+pub fn dismissed(
+    collector: &Collector,
+    kernel: &KernelLines,
+    total_samples: u64,
+    symbolizer: &mut Symbolizer,
+) -> Vec<DismissedLine> {
+    collector
+        .sharing
+        .busiest(DISMISSED_LINES)
+        .into_iter()
+        .filter_map(|l| {
+            let why = if l.writes == 0 {
+                Dismissal::NoWrites
+            } else if l.shared {
+                let (state, words) = kernel
+                    .lines
+                    .iter()
+                    .find(|(line, _, _)| *line == l.line)
+                    .map(|(_, s, w)| (s.as_ref(), w.as_ref()))
+                    .unwrap_or((None, None));
+                collector
+                    .sharing
+                    .judge(l.line, state, words, total_samples)
+                    .err()?
+            } else {
+                Dismissal::OneThread
+            };
+            let (object, _) = object_of(
+                l.first_addr,
+                l.line,
+                collector.maps(),
+                collector.line_block(l.line),
+                collector.alloc.as_ref(),
+                symbolizer,
+            );
+            Some(DismissedLine {
+                line: format!("{:#x}", l.line),
+                object: object.label(),
+                object_kind: object.kind,
+                samples: l.samples,
+                writes: l.writes,
+                shared: l.shared,
+                reason: why.reason().into(),
+            })
         })
         .collect()
 }
@@ -147,14 +203,14 @@ fn entry(
 /// layout when there is debug info), a heap block (its allocation site), a
 /// stack, or a mapping.
 fn object_of(
-    f: &LineFinding,
+    addr: u64,
+    line: u64,
     maps: &ProcMaps,
     block: Option<LineBlock>,
     alloc: Option<&AllocProfile>,
     symbolizer: &mut Symbolizer,
 ) -> (SharedObject, Option<Layout>) {
-    let addr = f.first_addr;
-    let line = f.line as i64;
+    let line = line as i64;
     if let Some((path, base)) = maps.data_owner(addr) {
         let (name, offset, size, layout) = match symbolizer.data(&path, base, addr) {
             Some(sym) => {
