@@ -191,8 +191,28 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// Settings unlike the defaults, so that a test cannot pass by
+    /// restating them.
+    const CONFIG: BudgetConfig = BudgetConfig {
+        budget: 0.03,
+        trap_cost_s: 4e-6,
+        attach_cost_s: 3e-3,
+        window: Duration::from_millis(150),
+        max_gap: Duration::from_secs(7),
+    };
+
     fn cycle() -> DutyCycle {
-        DutyCycle::new(BudgetConfig::default())
+        DutyCycle::new(CONFIG)
+    }
+
+    /// Target time lost per second of wall time under `plan`, for a call
+    /// rate `rate` (the model the controller promises to keep): the traps
+    /// while attached, and attaching once per window (charged even when
+    /// staying attached: the model errs on the cheap side).
+    fn overhead(plan: Plan, rate: f64) -> f64 {
+        let window = plan.window.as_secs_f64();
+        let duty = window / (window + plan.gap.as_secs_f64());
+        duty * (rate * CONFIG.trap_cost_s + CONFIG.attach_cost_s / window)
     }
 
     #[test]
@@ -201,7 +221,7 @@ mod tests {
         assert_eq!(
             d.next(),
             Plan {
-                window: 200 * MS,
+                window: CONFIG.window,
                 gap: Duration::ZERO
             }
         );
@@ -210,33 +230,59 @@ mod tests {
     }
 
     #[test]
+    fn every_rate_gets_a_plan_within_the_budget() {
+        // From a call a second to a billion: the plan's overhead is the
+        // budget when calls are hot, less when they are cheap enough to
+        // trace all the time, and never more (except that a gap is never
+        // longer than max_gap, checked below).
+        for exp in 0..=18 {
+            let rate = 10f64.powf(f64::from(exp) / 2.0);
+            let mut d = cycle();
+            let calls = (rate * CONFIG.window.as_secs_f64()) as u64;
+            d.observe(calls, CONFIG.window, Duration::ZERO);
+            let plan = d.next();
+            let rate = d.rate().expect("a rate after a window");
+            let lost = overhead(plan, rate);
+            if plan.gap == CONFIG.max_gap {
+                continue;
+            }
+            assert!(
+                lost <= CONFIG.budget * 1.001,
+                "rate {rate}: {plan:?} loses {lost}"
+            );
+            if plan.gap > Duration::ZERO {
+                assert!(
+                    (lost - CONFIG.budget).abs() < CONFIG.budget * 0.01,
+                    "rate {rate}: a gapped plan uses the whole budget, not {lost}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn rare_calls_are_traced_all_the_time() {
         let mut d = cycle();
-        // 100 calls/s × 2.5 µs = 0.025% + attach 8 ms / 200 ms = 4% < 5%.
-        d.observe(20, 200 * MS, Duration::ZERO);
+        // 100 calls/s x 4 us, and attaching once per window: within 3%.
+        let calls = (100.0 * CONFIG.window.as_secs_f64()) as u64;
+        d.observe(calls, CONFIG.window, Duration::ZERO);
+        assert!(
+            overhead(
+                Plan {
+                    window: CONFIG.window,
+                    gap: Duration::ZERO
+                },
+                100.0
+            ) < CONFIG.budget
+        );
         assert_eq!(d.next().gap, Duration::ZERO);
         assert_eq!(d.duty(100.0), 1.0);
     }
 
     #[test]
-    fn hot_calls_get_gaps_that_keep_the_budget() {
-        let mut d = cycle();
-        // 1M calls/s × 2.5 µs = 2.5 s lost per s attached (+0.04): duty
-        // = 0.05 / 2.54 ≈ 2%.
-        d.observe(200_000, 200 * MS, Duration::ZERO);
-        let plan = d.next();
-        let duty = plan.window.as_secs_f64() / (plan.window + plan.gap).as_secs_f64();
-        assert!((duty - 0.05 / 2.54).abs() < 1e-3, "duty {duty}");
-        // The overhead of that plan, per second of wall time, is the budget.
-        let overhead = duty * (1e6 * 2.5e-6 + 8e-3 / 0.2);
-        assert!((overhead - 0.05).abs() < 1e-3, "overhead {overhead}");
-    }
-
-    #[test]
     fn gaps_are_capped_so_windows_keep_coming() {
         let mut d = cycle();
-        d.observe(u64::MAX / 4, 200 * MS, Duration::ZERO);
-        assert_eq!(d.next().gap, Duration::from_secs(10));
+        d.observe(u64::MAX / 4, CONFIG.window, Duration::ZERO);
+        assert_eq!(d.next().gap, CONFIG.max_gap);
     }
 
     #[test]
@@ -254,38 +300,41 @@ mod tests {
     #[test]
     fn a_measured_trap_cost_only_ever_raises_the_model() {
         let mut d = cycle();
-        d.measured_trap_cost(6e-6, 2.5e-6);
-        assert_eq!(d.trap_cost(), 6e-6);
-        d.observe(20_000, 200 * MS, Duration::ZERO); // 100k/s
-                                                     // 100k/s × 6 µs = 0.6 (+0.04) → duty 0.05/0.64.
-        assert!((d.duty(1e5) - 0.05 / 0.64).abs() < 1e-9);
-        d.measured_trap_cost(1e-6, 2.5e-6);
-        assert_eq!(d.trap_cost(), 2.5e-6);
-        d.measured_trap_cost(f64::NAN, 2.5e-6);
-        assert_eq!(d.trap_cost(), 2.5e-6);
+        let model = CONFIG.trap_cost_s;
+        d.measured_trap_cost(3.0 * model, model);
+        assert_eq!(d.trap_cost(), 3.0 * model);
+        // 100k/s at the measured cost, plus attaching once per window.
+        let window = CONFIG.window.as_secs_f64();
+        let lost = 1e5 * 3.0 * model + CONFIG.attach_cost_s / window;
+        assert!((d.duty(1e5) - CONFIG.budget / lost).abs() < 1e-9);
+        d.measured_trap_cost(model / 2.0, model);
+        assert_eq!(d.trap_cost(), model);
+        d.measured_trap_cost(f64::NAN, model);
+        assert_eq!(d.trap_cost(), model);
     }
 
     #[test]
     fn a_long_detach_lengthens_the_gap() {
         let mut d = cycle();
-        // 20k/s: 0.05 + 0.04 lost per second attached, duty 0.05/0.09.
-        d.observe(4_000, 200 * MS, Duration::ZERO);
-        let short = d.gap_after(200 * MS);
-        let long = d.gap_after(400 * MS);
+        // Hot enough for gaps.
+        d.observe(4_000, CONFIG.window, Duration::ZERO);
+        let short = d.gap_after(CONFIG.window);
+        let long = d.gap_after(2 * CONFIG.window);
+        assert!(short > Duration::ZERO);
         assert_eq!(short, d.next().gap);
         assert!((long.as_secs_f64() - 2.0 * short.as_secs_f64()).abs() < 1e-6);
-        assert_eq!(cycle().gap_after(400 * MS), Duration::ZERO);
+        assert_eq!(cycle().gap_after(2 * CONFIG.window), Duration::ZERO);
     }
 
     #[test]
     fn a_zero_budget_traces_as_little_as_possible() {
         let d = DutyCycle::new(BudgetConfig {
             budget: 0.0,
-            ..Default::default()
+            ..CONFIG
         });
         assert_eq!(d.duty(1.0), 0.0);
         let mut d = d;
-        d.observe(10, 200 * MS, Duration::ZERO);
-        assert_eq!(d.next().gap, Duration::from_secs(10));
+        d.observe(10, CONFIG.window, Duration::ZERO);
+        assert_eq!(d.next().gap, CONFIG.max_gap);
     }
 }

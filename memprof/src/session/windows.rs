@@ -255,8 +255,7 @@ impl Windowed {
                     // attached and look again a window later. A busy
                     // window decides even with few calls (a short window
                     // on a loaded machine).
-                    let cheap = rate * self.cycle.trap_cost() < self.cycle.budget();
-                    if seen < MIN_CALLS_TO_MEASURE && cheap {
+                    if too_quiet_to_decide(seen, rate, &self.cycle) {
                         self.stay_attached(links, opened, calls_at_open, calls);
                         return Ok(None);
                     }
@@ -490,9 +489,37 @@ fn detach(links: Links) -> Vec<JoinHandle<()>> {
         .collect()
 }
 
+/// Whether the first window saw too little to tell hot from cold: few
+/// calls, at a rate whose traps cost less than the budget. A busy window
+/// decides even with few calls: on a loaded machine a short window of a
+/// slowed-down target sees few calls, and staying attached would trace it
+/// all session long.
+fn too_quiet_to_decide(seen: u64, rate: f64, cycle: &DutyCycle) -> bool {
+    seen < MIN_CALLS_TO_MEASURE && rate * cycle.trap_cost() < cycle.budget()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_first_window_decides_even_with_few_calls() {
+        let cycle = DutyCycle::new(BudgetConfig::default());
+        // The trap cost at which calls spend the whole budget.
+        let busy = cycle.budget() / cycle.trap_cost();
+        // A program starting up: a few calls, cheap to trace.
+        assert!(too_quiet_to_decide(10, 50.0, &cycle));
+        // A contended program slowed down on a loaded machine: few calls in
+        // a short window, but each second attached costs more than the
+        // budget (the flake of 022cbb1: it stayed attached all session).
+        assert!(!too_quiet_to_decide(
+            MIN_CALLS_TO_MEASURE - 1,
+            busy * 2.0,
+            &cycle
+        ));
+        // Enough calls always decide.
+        assert!(!too_quiet_to_decide(MIN_CALLS_TO_MEASURE, 1.0, &cycle));
+    }
 
     #[test]
     fn system_time_of_this_process_is_readable() {
