@@ -44,9 +44,16 @@ pub fn marked_line(name: &str, marker: &str) -> u32 {
     idx as u32 + 1
 }
 
+/// Whether skips are failures: `MEMPROF_TESTS_STRICT=1` (set by `cargo
+/// xtask test` when run as root), or any CI run (`CI=true`), where a skip
+/// could hide a failure and cannot be turned off.
+pub fn strict() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+        || std::env::var("MEMPROF_TESTS_STRICT").as_deref() == Ok("1")
+}
+
 /// Whether a root-only test can run. Without root it prints a loud SKIPPED
-/// line and returns false; with `MEMPROF_TESTS_STRICT=1` (set by
-/// `cargo xtask test` when run as root) a skip is a failure instead.
+/// line and returns false; in [`strict`] mode a skip is a failure instead.
 pub fn require_root(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
@@ -56,11 +63,20 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
-/// Reports a skipped test loudly (or fails it in strict mode).
+/// Reports a skipped test loudly (or fails it in [`strict`] mode). A test
+/// skips at most once: a second skip means it ran part of itself and
+/// skipped the rest, which would count as passed.
 pub fn skip(test: &str, why: &str) {
-    if std::env::var("MEMPROF_TESTS_STRICT").as_deref() == Ok("1") {
-        panic!("{test} cannot run here ({why}) and MEMPROF_TESTS_STRICT=1 forbids skipping");
+    if strict() {
+        panic!("{test} cannot run here ({why}) and strict mode (CI, or MEMPROF_TESTS_STRICT=1) forbids skipping");
     }
+    static SKIPPED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut skipped = SKIPPED.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        !skipped.iter().any(|t| t == test),
+        "{test} skipped twice: a test is one check, split it"
+    );
+    skipped.push(test.to_string());
     eprintln!("\n*** SKIPPED {test}: {why} ***\n");
     use std::io::Write as _;
     if let Ok(mut log) = std::fs::OpenOptions::new()
@@ -560,35 +576,15 @@ pub fn attach_gated(
     target.wait_ready();
     let pid = target.pid().to_string();
     let json = report_path(name);
-    let start = Instant::now();
-    // -v: the tool logs "tracing pid N" once every probe is attached.
-    let mut child = Command::new(tool())
-        .args(["-p", &pid, "-v", "--no-tui", "--json"])
-        .arg(&json)
-        .args(flags)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting memprof-ebpf");
-    let stderr = child.stderr.take().expect("stderr is piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("tracing pid") {
-                let _ = tx.send(());
-            }
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    let tracing = rx.recv_timeout(Duration::from_secs(60)).is_ok();
-    if !tracing {
-        let _ = child.kill();
-    }
-    assert!(tracing, "the tool never said it was tracing pid {pid}");
+    let mut args = vec![
+        "-p",
+        &pid,
+        "--no-tui",
+        "--json",
+        json.to_str().expect("UTF-8 path"),
+    ];
+    args.extend_from_slice(flags);
+    let tool = TracingTool::start(&args);
     // SAFETY: kill with the pid of our own unreaped child.
     unsafe { libc::kill(target.pid() as i32, libc::SIGUSR1) };
     let status = target.wait_timeout(Duration::from_secs(120));
@@ -596,8 +592,7 @@ pub fn attach_gated(
         status.is_some_and(|s| s.success()),
         "the workload failed: {status:?}"
     );
-    let mut run = finish(child, start, Duration::from_secs(120));
-    run.stderr = reader.join().expect("stderr reader");
+    let run = tool.finish(Duration::from_secs(120));
     assert_eq!(
         run.code(),
         0,
@@ -608,5 +603,66 @@ pub fn attach_gated(
         report: read_report(&json),
         truth: Truth::read(&truth_path),
         run,
+    }
+}
+
+/// The tool started with `-v` and running: [`TracingTool::start`] returns
+/// once it has logged that it traces (every probe attached), which is when
+/// a test may start the work it wants seen, or signal the tool.
+pub struct TracingTool {
+    child: Child,
+    start: Instant,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl TracingTool {
+    /// Starts the tool with `args` (plus `-v`) and waits until it traces.
+    pub fn start(args: &[&str]) -> Self {
+        let start = Instant::now();
+        let mut child = Command::new(tool())
+            .arg("-v")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting memprof-ebpf");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                // Logged once everything is attached (session::run).
+                if line.contains("tracing pid") {
+                    let _ = tx.send(());
+                }
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = stderr.join().unwrap_or_default();
+            panic!("memprof-ebpf {args:?} never said it was tracing: {log}");
+        }
+        Self {
+            child,
+            start,
+            stderr,
+        }
+    }
+
+    /// The tool's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the tool to exit, at most `limit` from its start.
+    pub fn finish(self, limit: Duration) -> ToolRun {
+        let mut run = finish(self.child, self.start, limit);
+        run.stderr = self.stderr.join().expect("stderr reader");
+        run
     }
 }

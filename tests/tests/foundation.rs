@@ -4,10 +4,7 @@
 //! JSON report (and exit code, and what is left loaded in the kernel).
 //! They share kernel state, so `cargo xtask test` runs them one at a time.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{process::Command, time::Duration};
 
 use memprof_tests::*;
 
@@ -137,14 +134,17 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
     assert_eq!(report["target"]["pid"].as_u64().unwrap().to_string(), pid);
     assert_eq!(report["target"]["exited"], false);
     let duration = report["duration_s"].as_f64().unwrap();
+    // The session is stopped by the 4 s timer; the event loop may notice
+    // it late on a loaded machine, never early.
     assert!(
-        (4.0..5.0).contains(&duration),
+        (4.0..=6.0).contains(&duration),
         "--duration 4s traced {duration} s"
     );
-    // And the whole run, start-up and symbolization included, ends soon
-    // after: a generous bound, this is not a performance assertion.
+    // And the whole run, start-up, symbolization and detaching included,
+    // ends: a bound against hanging (detaching takes ~0.2 s a probe), not a
+    // performance assertion.
     assert!(
-        run.wall < Duration::from_secs(13),
+        run.wall < Duration::from_secs(30),
         "wall time {:?}",
         run.wall
     );
@@ -196,12 +196,14 @@ fn target_exiting_mid_session_still_yields_a_report() {
         LIMIT,
     );
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    assert!(
-        run.wall < Duration::from_secs(20),
-        "the session must end with the target, took {:?}",
-        run.wall
-    );
     let report = read_report(&json);
+    // The target exits after 1.5 s: the session ends then, not after the
+    // 60 s asked for.
+    let traced = report["duration_s"].as_f64().unwrap_or(f64::NAN);
+    assert!(
+        (0.5..30.0).contains(&traced),
+        "the session must end with the target, traced {traced} s"
+    );
     assert_eq!(report["target"]["exited"], true);
     assert!(report["notes"]
         .as_array()
@@ -225,36 +227,13 @@ fn sigint_and_sigterm_detach_and_still_print_the_summary() {
     let mut target = start_spin(&["time", "1", "60"]);
     for (name, signal) in [("SIGINT", libc::SIGINT), ("SIGTERM", libc::SIGTERM)] {
         let json = report_path(&format!("signal-{name}"));
-        let start = Instant::now();
-        let tool = Command::new(tool())
-            .args([
-                "-p",
-                &target.pid().to_string(),
-                "--json",
-                json.to_str().unwrap(),
-            ])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let tool_pid = tool.id() as i32;
-        // Wait until our programs are loaded, then a bit more for samples.
-        let loaded = Instant::now();
-        while !loaded_programs()
-            .iter()
-            .any(|p| PROGRAM_NAMES.contains(&p.as_str()))
-        {
-            assert!(
-                loaded.elapsed() < Duration::from_secs(20),
-                "programs never appeared in bpftool"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(Duration::from_secs(2));
+        let pid = target.pid().to_string();
+        let tool = TracingTool::start(&["-p", &pid, "--json", json.to_str().unwrap()]);
+        // Tracing: give the sampler a second of the spinning target.
+        std::thread::sleep(Duration::from_secs(1));
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(tool_pid, signal) };
-        let run = finish(tool, start, LIMIT);
+        unsafe { libc::kill(tool.pid() as i32, signal) };
+        let run = tool.finish(LIMIT);
         assert_eq!(run.code(), 0, "{name}: stderr: {}", run.stderr);
         assert!(
             run.stdout.contains("Hot functions"),
@@ -289,7 +268,21 @@ fn stripped_binary_degrades_to_module_and_offset() {
         "module+offset expected, got {function}"
     );
     assert!(top["file"].is_null() && top["line"].is_null());
-    assert!(top["share"].as_f64().unwrap() > 0.5);
+    // Without symbols each sampled instruction is its own "function", so
+    // the spinning loop's time is spread over a few offsets: together
+    // they are nearly all of it.
+    let in_module: f64 = report["hot_functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| {
+            h["function"]
+                .as_str()
+                .is_some_and(|f| f.starts_with("spin-stripped+0x"))
+        })
+        .map(|h| h["share"].as_f64().unwrap_or(0.0))
+        .sum();
+    assert!(in_module > 0.8, "share in spin-stripped: {in_module}");
 }
 
 #[test]

@@ -23,11 +23,49 @@ const TARGET_LOADER_RSS: u64 = 100 << 20;
 /// Untraced run time the workload is calibrated to.
 const RUN_SECONDS: f64 = 4.0;
 
+/// Targets missed so far in this run ("what: value vs target").
+static MISSED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// "ok" or "MISSED" for a target named `what`; a miss is remembered, and
+/// makes `cargo xtask bench` fail at the end (after every benchmark ran).
+pub fn verdict(what: &str, ok: bool) -> &'static str {
+    if ok {
+        return "ok";
+    }
+    MISSED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(what.to_string());
+    "MISSED"
+}
+
+/// A number of the tool's report at `path` (keys); a missing one is an
+/// error, never a zero that passes a "less than" target.
+pub fn number(report: &serde_json::Value, path: &[&str]) -> Result<f64> {
+    path.iter()
+        .fold(report, |v, k| &v[*k])
+        .as_f64()
+        .with_context(|| format!("the report has no number at {}", path.join(".")))
+}
+
 pub fn run(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
     if !is_root() {
         bail!("benchmarks load eBPF programs: run them as root (sudo -E cargo xtask bench)");
     }
     cargo(&["build", "--release", "--package", "memprof"])?;
+    run_parts(runs, alloc_rounds, only)?;
+    let missed = MISSED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if !missed.is_empty() {
+        bail!(
+            "{} benchmark targets missed: {}",
+            missed.len(),
+            missed.join("; ")
+        );
+    }
+    Ok(())
+}
+
+fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
     match only {
         Some("foundation") => foundation(runs),
         Some("allocator") => allocator(alloc_rounds),
@@ -94,9 +132,9 @@ fn foundation(runs: usize) -> Result<()> {
         plain.push(untraced(&spin, chunks)?);
         let (t, report) = traced(&tool, &spin, chunks, &json)?;
         traced_times.push(t);
-        loader_cpu.push(report["loader"]["cpu_s"].as_f64().unwrap_or(f64::NAN));
-        loader_share.push(report["loader"]["cpu_share"].as_f64().unwrap_or(f64::NAN));
-        loader_rss.push(report["loader"]["peak_rss_bytes"].as_u64().unwrap_or(0) as f64);
+        loader_cpu.push(number(&report, &["loader", "cpu_s"])?);
+        loader_share.push(number(&report, &["loader", "cpu_share"])?);
+        loader_rss.push(number(&report, &["loader", "peak_rss_bytes"])?);
         eprintln!(
             "bench: run {}/{runs}: untraced {:.3} s, traced {:.3} s",
             i + 1,
@@ -117,14 +155,12 @@ fn foundation(runs: usize) -> Result<()> {
     let cpu = median(&mut loader_cpu);
     let share = median(&mut loader_share);
     let rss = median(&mut loader_rss) as u64;
-    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
-
     println!("foundation benchmark (median of {runs}, one run, side by side)");
     println!("  workload untraced            {u:8.3} s");
     println!("  workload traced at 999 Hz    {t:8.3} s");
     println!(
         "  ratio traced/untraced        {ratio:8.3}   target ≤ {TARGET_RATIO}  {}",
-        verdict(ratio <= TARGET_RATIO)
+        verdict("foundation traced/untraced", ratio <= TARGET_RATIO)
     );
     println!(
         "    (median of per-pair ratios; pairs ranged {:.3} .. {:.3})",
@@ -135,12 +171,12 @@ fn foundation(runs: usize) -> Result<()> {
         "  profiler CPU                 {cpu:8.3} s = {:.1}% of a core   target < {:.0}%  {}",
         share * 100.0,
         TARGET_LOADER_CPU * 100.0,
-        verdict(share < TARGET_LOADER_CPU)
+        verdict("foundation profiler CPU", share < TARGET_LOADER_CPU)
     );
     println!(
         "  profiler peak RSS            {:8.1} MiB   target < 100 MiB  {}",
         rss as f64 / (1 << 20) as f64,
-        verdict(rss < TARGET_LOADER_RSS)
+        verdict("foundation profiler peak RSS", rss < TARGET_LOADER_RSS)
     );
     let summary = serde_json::json!({
         "benchmark": "foundation",

@@ -16,6 +16,7 @@
 
 use std::{path::Path, process::Command};
 
+use crate::bench::verdict;
 use anyhow::Result;
 
 use crate::{
@@ -172,7 +173,6 @@ fn summarize(w: &Workload, per: &[Vec<Sample>]) -> serde_json::Value {
     } else {
         TARGET_DEFAULT_MODERATE
     };
-    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
     println!("allocator benchmark: {} (medians, one run)", w.title);
     for c in Config::ALL {
         let mut v = ns(c);
@@ -180,7 +180,10 @@ fn summarize(w: &Workload, per: &[Vec<Sample>]) -> serde_json::Value {
     }
     println!(
         "  default / untraced     {default_ratio:>10.3}   target ≤ {target_default}  {}",
-        verdict(default_ratio <= target_default)
+        verdict(
+            "allocator default/untraced",
+            default_ratio <= target_default
+        )
     );
     println!(
         "  full: +{:.0} ns per call; floor: +{:.0} ns; bpftrace: +{:.0} ns",
@@ -190,17 +193,20 @@ fn summarize(w: &Workload, per: &[Vec<Sample>]) -> serde_json::Value {
     );
     println!(
         "  full / floor (added)   {full_over_floor:>10.2}   target ≤ {TARGET_FULL_OVER_FLOOR}  {}",
-        verdict(full_over_floor <= TARGET_FULL_OVER_FLOOR)
+        verdict(
+            "allocator full over the uprobe floor",
+            full_over_floor <= TARGET_FULL_OVER_FLOOR
+        )
     );
     println!(
         "  bpftrace / full (added){bpftrace_over_full:>10.2}   target ≥ {TARGET_BPFTRACE_OVER_FULL}  {}",
-        verdict(bpftrace_over_full >= TARGET_BPFTRACE_OVER_FULL)
+        verdict("allocator bpftrace over full", bpftrace_over_full >= TARGET_BPFTRACE_OVER_FULL)
     );
     println!(
         "  profiler CPU (max run) {:>9.1}%   target < {:.0}%  {}",
         loader_cpu * 100.0,
         TARGET_LOADER_CPU * 100.0,
-        verdict(loader_cpu < TARGET_LOADER_CPU)
+        verdict("allocator profiler CPU", loader_cpu < TARGET_LOADER_CPU)
     );
     serde_json::json!({
         "workload": w.title,

@@ -119,16 +119,14 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
             .map(|r| (per[3][r] - per[0][r]) / (per[2][r] - per[0][r]).max(1.0))
             .collect();
         let cheaper = median(&mut cheaper);
-        let full_verdict = if cheaper >= TARGET_FULL_VS_BPFTRACE {
-            "ok"
-        } else {
-            "MISSED"
-        };
-        let verdict = if default_ratio <= w.target {
-            "ok"
-        } else {
-            "MISSED"
-        };
+        let full_verdict = crate::bench::verdict(
+            &format!("locks {}: bpftrace added over full added", w.title),
+            cheaper >= TARGET_FULL_VS_BPFTRACE,
+        );
+        let verdict = crate::bench::verdict(
+            &format!("locks {}: default/untraced", w.title),
+            default_ratio <= w.target,
+        );
         println!(
             "lock benchmark: {} (medians of {rounds} rounds, one run)",
             w.title

@@ -25,6 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::bench::verdict;
 use anyhow::{bail, Context, Result};
 
 use crate::{
@@ -83,7 +84,6 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
     let json = root().join("target/bench/sharing-report.json");
     std::fs::create_dir_all(json.parent().unwrap_or(Path::new(".")))?;
     let mut results = serde_json::Map::new();
-    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
 
     println!("false-sharing benchmark (one run, side by side)");
     let mut overheads = Vec::new();
@@ -131,7 +131,7 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
         let hi = untraced.iter().copied().fold(0.0, f64::max);
         let judged = hi <= lo * MAX_UNTRACED_SPREAD;
         let judgement = if judged {
-            verdict(ratio <= TARGET_OVERHEAD).to_string()
+            verdict("sharing traced/untraced", ratio <= TARGET_OVERHEAD).to_string()
         } else {
             format!(
                 "not judged: untraced runs took {:.2}..{:.2} s",
@@ -155,7 +155,7 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
                 w.mode,
                 y * 100.0,
                 TARGET_ADDRESS_YIELD * 100.0,
-                verdict(y >= TARGET_ADDRESS_YIELD)
+                verdict("sharing address yield", y >= TARGET_ADDRESS_YIELD)
             );
         }
         overheads.push(ratio);
@@ -177,7 +177,7 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
         "  loader CPU attached to array for {LOADER_SESSION}: {:.1}% of a core  target < {:.0}%  {}",
         cpu * 100.0,
         TARGET_LOADER_CPU * 100.0,
-        verdict(cpu < TARGET_LOADER_CPU)
+        verdict("sharing profiler CPU", cpu < TARGET_LOADER_CPU)
     );
     if let Some(ns) = per_sample {
         // What the program costs each sampled CPU: its run time per sample
@@ -198,11 +198,12 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
     match first {
         Some(s) => println!(
             "  time from attach to the first correct finding (array, 2 threads): ≤ {s} s  target < {TARGET_FIRST_FINDING_S} s  {}",
-            verdict(s < TARGET_FIRST_FINDING_S)
+            verdict("sharing first finding", s < TARGET_FIRST_FINDING_S)
         ),
         None => println!(
-            "  time from attach to the first correct finding: not found within {} s  MISSED",
-            DURATIONS[DURATIONS.len() - 1]
+            "  time from attach to the first correct finding: not found within {} s  {}",
+            DURATIONS[DURATIONS.len() - 1],
+            verdict("sharing first finding", false)
         ),
     }
     results.insert("first_finding_s".into(), serde_json::json!(first));
@@ -275,7 +276,7 @@ fn loader_share(sharing: &Path, tool: &Path, json: &Path) -> Result<(f64, Option
     let _ = std::fs::write(sysctl, before.trim());
     let report = report?;
     Ok((
-        report["loader"]["cpu_share"].as_f64().unwrap_or(f64::NAN),
+        crate::bench::number(&report, &["loader", "cpu_share"])?,
         per_run,
     ))
 }
