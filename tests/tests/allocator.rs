@@ -747,7 +747,47 @@ fn off_mode_attaches_no_allocator_probes() {
     assert_no_programs_left();
 }
 
-/// The default mode attached to a running four-thread process: the
+/// The default mode attached to a running two-thread process: windows
+/// within the budget, no more calls traced than the workload made, and an
+/// estimate between what was traced and twice the truth (how close it
+/// must be is sampled_counts_are_within_their_claimed_error's subject).
+/// Today a process that is idle when attached and then allocates hard is
+/// traced all the time (traced_fraction 1.0 over 9 s, 2.2 M events lost):
+/// the quiet first window never gives way to the budget.
+#[test]
+#[ignore = "known wrong: Allocator on real programs: right counts when attaching, latency without the probe's own cost, the budget kept from the first second, call chains through wrappers, a quick exit (#17)"]
+fn attached_default_mode_traces_in_windows() {
+    if !require_root("attached_default_mode_traces_in_windows") {
+        return;
+    }
+    let r = attach_gated(
+        "alloc-attach-default",
+        &["--lock-mode", "off"],
+        &alloc_workload(),
+        &["threads", "2", "2000000"],
+        &[],
+    );
+    let a = &r.report["allocator"];
+    assert_eq!(a["mode"], "sampled", "the default: {a:#}");
+    let fraction = a["traced_fraction"].as_f64().unwrap_or(-1.0);
+    assert_between("traced_fraction", fraction, 0.001, SAMPLED_MAX_FRACTION, a);
+    assert!(a["memory"].is_null(), "no memory composition from a sample");
+    let real = r.truth.get("malloc");
+    let traced = sum_ops(&r.report, "malloc", "traced", |_| true);
+    assert_between("mallocs traced", traced as f64, 1.0, real as f64, &a["ops"]);
+    let count = op_count(&r.report, "malloc");
+    assert_between(
+        "malloc count (estimate)",
+        count as f64,
+        traced as f64,
+        2.0 * real as f64,
+        &a["ops"],
+    );
+    check_latency_rows(&r.report);
+    assert_no_programs_left();
+}
+
+/// The default mode attached to a running two-thread process: the
 /// estimated calls must be near the workload's own count, and the report
 /// must claim an error that covers the truth. Today the estimate of an
 /// attached hot allocator is far off and no error is claimed.
