@@ -574,7 +574,7 @@ fn rust_std_mutex_contention_is_found() {
         return;
     }
     let program = build_rust_workload("rustlock").expect("building rustlock");
-    let (_, report) = launch("locks-rust", &program, &["3"]);
+    let (_, report, truth) = launch_truth("locks-rust", &[], &program, &["3"]);
     let counter = locks(&report)
         .iter()
         .find(|l| {
@@ -588,9 +588,13 @@ fn rust_std_mutex_contention_is_found() {
         kind == "futex" || kind == "mutex",
         "kind {kind:?}: {counter:#}"
     );
-    assert!(
-        get(counter, "contentions") > MIN_RUST_CONTENTIONS,
-        "contentions (expected > {MIN_RUST_CONTENTIONS}): {counter:#}"
+    // Waited for at least sometimes, and at most once per acquisition.
+    assert_between(
+        "COUNTER_LOCK contentions",
+        get(counter, "contentions") as f64,
+        MIN_RUST_CONTENTIONS as f64,
+        truth.get("acquisitions") as f64,
+        counter,
     );
     let line = marked_line_in(&rust_workload_source("rustlock"), "// RUSTWAIT");
     assert!(
@@ -983,5 +987,37 @@ fn sysbench_mutex_is_found_when_attached() {
         top,
     );
     drop(target);
+    assert_no_programs_left();
+}
+
+/// One-letter names, which GCC stores inline in the debug info: the
+/// function `w` and the lock `m` of `short.c` are named `w` and `m` (and
+/// `m` is the top lock, a mutex). Today they come out as type names
+/// (`wchar_t`, `unsigned long`).
+#[test]
+#[ignore = "known wrong: False sharing on real code: recover the addresses and the writes that timer samples hide, classify by thread lifetime, estimate the cost, follow processes that share memory (#15)"]
+fn one_letter_names_are_named_right() {
+    if !require_root("one_letter_names_are_named_right") {
+        return;
+    }
+    let program = build_workload("short", Variant::Debug).expect("building short");
+    let (_, report, truth) = launch_truth("locks-short", &[], &program, &["2"]);
+    assert!(
+        hot_function(&report, "w").is_some(),
+        "the hot function w: {:#}",
+        report["hot_functions"]
+    );
+    let top = locks(&report)
+        .first()
+        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    assert_eq!(top["name"], "m", "{top:#}");
+    assert_eq!(top["kind"], "mutex", "{top:#}");
+    assert_between(
+        "contentions of m",
+        get(top, "contentions") as f64,
+        MIN_HOT_CONTENTIONS as f64,
+        truth.get("acquisitions") as f64,
+        top,
+    );
     assert_no_programs_left();
 }

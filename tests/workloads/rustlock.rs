@@ -8,7 +8,8 @@
 //!                       loop for SECONDS in contend(): lock COUNTER_LOCK
 //!                       (line marked RUSTWAIT), ~20 us of busy work inside,
 //!                       unlock (RUSTRELEASE), ~5 us of work outside; prints
-//!                       "acquisitions N" on stderr at the end
+//!                       "acquisitions N" on stderr at the end, and to the
+//!                       file named by WORKLOAD_TRUTH (ground truth)
 //!
 //! Built by the tests with `rustc -g -C force-frame-pointers=yes -O`. The
 //! lock is a static with a distinctive name: the profiler names a lock by the
@@ -86,4 +87,13 @@ fn main() {
         std::process::exit(1);
     }
     eprintln!("acquisitions {total}");
+    // Ground truth for the tests, as tests/workloads/truth.h writes it.
+    if let Some(path) = std::env::var_os("WORKLOAD_TRUTH") {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(f, "acquisitions {total}").unwrap();
+    }
 }
