@@ -208,6 +208,13 @@ fn locks(report: &serde_json::Value) -> &[serde_json::Value] {
         .unwrap_or_else(|| panic!("locks is not an array: {report:#}"))
 }
 
+/// The top entry of the ranking; fails when no lock is listed.
+fn top_lock(report: &serde_json::Value) -> &serde_json::Value {
+    locks(report)
+        .first()
+        .unwrap_or_else(|| panic!("no locks reported: {report:#}"))
+}
+
 /// The entry named `name`, if any.
 fn lock_named<'a>(report: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
     locks(report).iter().find(|l| l["name"] == name)
@@ -299,9 +306,7 @@ fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
         &locks_workload(),
         &["contended", "2", "3"],
     );
-    let top = locks(&report)
-        .first()
-        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    let top = top_lock(&report);
     assert_eq!(top["name"], "g_hot_lock", "the top entry: {top:#}");
     assert_eq!(top["kind"], "mutex", "{top:#}");
     assert_wait_truth(top, &truth);
@@ -675,9 +680,7 @@ fn pbzip2_contention_is_found_without_debug_symbols() {
     // heap blocks, waited for 20-30 times each, 4-13 ms in all, by 4
     // threads (two workers, the reader and the writer), the waiting code
     // in pbzip2 itself (its queue functions, unnamed: stripped).
-    let top = locks(&report)
-        .first()
-        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    let top = top_lock(&report);
     assert_eq!(top["kind"], "mutex", "{top:#}");
     assert_between(
         "contentions",
@@ -808,9 +811,7 @@ fn sixty_four_threads_on_one_lock() {
         &locks_workload(),
         &["contended", "64", "2"],
     );
-    let top = locks(&report)
-        .first()
-        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    let top = top_lock(&report);
     assert_eq!(top["name"], "g_hot_lock", "{top:#}");
     assert_eq!(get(top, "threads"), 64, "every thread waited: {top:#}");
     assert_wait_truth(top, &truth);
@@ -903,9 +904,7 @@ fn sysbench_mutex_acquisitions_are_counted() {
         Path::new(SYSBENCH),
         &args,
     );
-    let top = locks(&report)
-        .first()
-        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    let top = top_lock(&report);
     assert_eq!(top["kind"], "mutex", "{top:#}");
     assert_near(
         "acquisitions",
@@ -968,9 +967,7 @@ fn sysbench_mutex_is_found_when_attached() {
         ],
     );
     check_locks(&report);
-    let top = locks(&report)
-        .first()
-        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    let top = top_lock(&report);
     assert_eq!(top["kind"], "mutex", "{top:#}");
     assert_eq!(get(top, "threads"), 2, "both threads waited: {top:#}");
     assert!(
@@ -1007,9 +1004,7 @@ fn one_letter_names_are_named_right() {
         "the hot function w: {:#}",
         report["hot_functions"]
     );
-    let top = locks(&report)
-        .first()
-        .unwrap_or_else(|| panic!("no locks reported: {report:#}"));
+    let top = top_lock(&report);
     assert_eq!(top["name"], "m", "{top:#}");
     assert_eq!(top["kind"], "mutex", "{top:#}");
     assert_between(

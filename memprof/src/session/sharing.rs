@@ -6,13 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
 
 use crate::{
-    analysis::{
-        alloc::AllocProfile,
-        sharing::{Dismissal, LineFinding, SharingKind},
-    },
+    analysis::sharing::{Dismissal, LineFinding, SharingKind},
     collect::{
-        procmaps::{short_name, Place, ProcMaps},
-        Collector, LineBlock,
+        procmaps::{short_name, Place},
+        Collector,
     },
     report::model::{
         CodeRef, Dependences, DismissedLine, SharedObject, SharingCode, SharingEntry, WordEntry,
@@ -63,14 +60,7 @@ pub fn report(
     findings
         .into_iter()
         .map(|f| {
-            let (object, layout) = object_of(
-                f.first_addr,
-                f.line,
-                collector.maps(),
-                collector.line_block(f.line),
-                collector.alloc.as_ref(),
-                symbolizer,
-            );
+            let (object, layout) = object_of(collector, f.first_addr, f.line, symbolizer);
             entry(f, object, layout, collector, symbolizer)
         })
         .collect()
@@ -106,14 +96,7 @@ pub fn dismissed(
             } else {
                 Dismissal::OneThread
             };
-            let (object, _) = object_of(
-                l.first_addr,
-                l.line,
-                collector.maps(),
-                collector.line_block(l.line),
-                collector.alloc.as_ref(),
-                symbolizer,
-            );
+            let (object, _) = object_of(collector, l.first_addr, l.line, symbolizer);
             Some(DismissedLine {
                 line: format!("{:#x}", l.line),
                 object: object.label(),
@@ -203,13 +186,16 @@ fn entry(
 /// layout when there is debug info), a heap block (its allocation site), a
 /// stack, or a mapping.
 fn object_of(
+    collector: &Collector,
     addr: u64,
     line: u64,
-    maps: &ProcMaps,
-    block: Option<LineBlock>,
-    alloc: Option<&AllocProfile>,
     symbolizer: &mut Symbolizer,
 ) -> (SharedObject, Option<Layout>) {
+    let (maps, block, alloc) = (
+        collector.maps(),
+        collector.line_block(line),
+        collector.alloc.as_ref(),
+    );
     let line = line as i64;
     if let Some((path, base)) = maps.data_owner(addr) {
         let (name, offset, size, layout) = match symbolizer.data(&path, base, addr) {
