@@ -6,6 +6,8 @@
 //!
 //! Layout, in the order data flows:
 //! - [`session`]: checks, target (attach or launch), probes, event loop;
+//! - [`process`]: the target's memory map and the places in it
+//!   ([`process::maps::Place`]), shared by all the layers below;
 //! - [`collect`]: kernel records → plain events (addresses resolved against
 //!   the target's memory map);
 //! - [`analysis`]: pure computations over those events;
@@ -19,6 +21,7 @@ pub mod collect;
 pub mod error;
 pub mod output;
 pub mod privilege;
+pub mod process;
 pub mod report;
 pub mod session;
 pub mod symbolize;

@@ -19,11 +19,8 @@ use std::{collections::BTreeMap, ops::Range, sync::Arc};
 
 use engine::{fuzz, hash, replaying, Seed, Sig};
 use memprof::{
-    collect::{
-        access, code,
-        procmaps::{short_name, Place, ProcMaps},
-        unwind,
-    },
+    collect::{access, code, unwind},
+    process::maps::{short_name, Place, ProcMaps},
     symbolize::{dwarf, Symbolizer},
 };
 use memprof_common::sharing::recipe;

@@ -15,7 +15,7 @@ use super::{
     memory::{Composition, MemEvent, MemoryAccount},
     FastMap, FastSet,
 };
-use crate::collect::procmaps::Place;
+use crate::process::maps::Place;
 
 /// How a block is classified as large.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use hdrhistogram::Histogram;
 use memprof_common::locks::{hold_flag, lock_op};
 
 use super::{latency_histogram, FastMap, FastSet};
-use crate::collect::procmaps::Place;
+use crate::process::maps::Place;
 
 /// Return addresses found on the stack at the futex call, innermost first
 /// (resolved at the call instruction), and the place of the syscall itself.

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::collect::procmaps::Place;
+use crate::process::maps::Place;
 use crate::symbolize::Frame;
 
 /// Where a sample landed.

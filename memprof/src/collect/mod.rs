@@ -7,7 +7,6 @@
 
 pub mod access;
 pub mod code;
-pub mod procmaps;
 pub mod threads;
 pub mod unwind;
 
@@ -31,8 +30,8 @@ use crate::analysis::{
     sharing::{Access, SharingProfile},
     FastMap,
 };
+use crate::process::maps::{self, Place, ProcMaps};
 use code::{CodeCache, FileCache};
-use procmaps::{Place, ProcMaps};
 use threads::LiveThreads;
 
 /// How often an unknown address may trigger a re-read of the memory map.
@@ -802,7 +801,7 @@ fn thread_name(pid: u32, tid: u32) -> Option<String> {
 
 /// The command line of a process, space-separated.
 pub fn command_line(pid: u32) -> Option<String> {
-    let raw = procmaps::read_proc(pid, "cmdline").ok()?;
+    let raw = maps::read_proc(pid, "cmdline").ok()?;
     let parts: Vec<String> = raw
         .split(|&b| b == 0)
         .filter(|p| !p.is_empty())

@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn rules_at_function_entry_point_at_the_return_address() {
         let exe: Arc<str> = Arc::from(std::env::current_exe().unwrap().to_str().unwrap());
-        let maps = crate::collect::procmaps::ProcMaps::read(std::process::id()).unwrap();
+        let maps = crate::process::maps::ProcMaps::read(std::process::id()).unwrap();
         let f = rules_at_function_entry_point_at_the_return_address as *const () as u64;
         let m = maps.find(f).unwrap();
         let offset = f - m.start + m.offset;

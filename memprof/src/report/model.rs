@@ -243,7 +243,7 @@ impl HotFunctionEntry {
 
 /// `file.c:12`, `file.c`, or `(module)`.
 pub fn source_label(file: Option<&str>, line: Option<u32>, module: &str) -> String {
-    use crate::collect::procmaps::short_name;
+    use crate::process::maps::short_name;
     match (file, line) {
         (Some(file), Some(line)) => format!("{}:{line}", short_name(file)),
         (Some(file), None) => short_name(file).to_string(),

@@ -552,7 +552,7 @@ pub fn allocator_off(a: &AllocatorReport) -> bool {
 
 /// `glibc 2.36 (libc.so.6)`: the library and the short name of its file.
 pub fn library_label(a: &AllocatorReport) -> String {
-    use crate::collect::procmaps::short_name;
+    use crate::process::maps::short_name;
     let library = a.library.as_deref().unwrap_or("unknown allocator");
     match &a.path {
         Some(path) => format!("{library} ({})", short_name(path)),

@@ -176,7 +176,7 @@ pub fn report(
     mode: AllocMode,
     lost: u64,
     kernel: &[(u32, KernelStats)],
-    mut symbolize: impl FnMut(&crate::collect::procmaps::Place) -> Frame,
+    mut symbolize: impl FnMut(&crate::process::maps::Place) -> Frame,
 ) -> AllocatorReport {
     let (Some(tracer), Some(profile)) = (tracer, profile) else {
         return AllocatorReport {
@@ -295,7 +295,7 @@ const SITES_PER_RANKING: usize = 10;
 fn sites(
     profile: &AllocProfile,
     scale: &impl Fn(u64) -> u64,
-    symbolize: &mut impl FnMut(&crate::collect::procmaps::Place) -> Frame,
+    symbolize: &mut impl FnMut(&crate::process::maps::Place) -> Frame,
 ) -> Vec<SiteEntry> {
     let all: Vec<_> = profile.sites().collect();
     let mut chosen: Vec<usize> = Vec::new();

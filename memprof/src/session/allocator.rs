@@ -22,7 +22,7 @@ use blazesym::inspect::{
     Inspector,
 };
 
-use crate::collect::procmaps::{self, ProcMaps};
+use crate::process::maps::{self, ProcMaps};
 
 /// Allocation functions we look for, by their C names (and the C++
 /// operators, which preloaded allocators define themselves).
@@ -183,7 +183,7 @@ fn candidates(maps: &ProcMaps, exe: Option<&Path>) -> Vec<Arc<str>> {
 }
 
 fn is_libc(path: &str) -> bool {
-    let name = procmaps::short_name(path);
+    let name = maps::short_name(path);
     name.starts_with("libc.so") || name.starts_with("libc-")
 }
 
@@ -390,7 +390,7 @@ mod tests {
         );
         let order: Vec<String> = candidates(&maps, Some(Path::new("/opt/app/bin/server")))
             .iter()
-            .map(|p| procmaps::short_name(p).to_string())
+            .map(|p| maps::short_name(p).to_string())
             .collect();
         assert_eq!(order[0], "server");
         assert_eq!(order.last().map(String::as_str), Some("libc.so.6"));
@@ -404,7 +404,7 @@ mod tests {
         let a = find(std::process::id()).unwrap().expect("an allocator");
         assert_eq!(a.kind, AllocatorKind::Glibc, "{a:?}");
         assert!(
-            procmaps::short_name(&a.path).starts_with("libc.so"),
+            maps::short_name(&a.path).starts_with("libc.so"),
             "{}",
             a.path
         );

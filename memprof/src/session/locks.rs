@@ -15,7 +15,7 @@ use crate::{
             HoldStats, LockProfile,
         },
     },
-    collect::procmaps::ProcMaps,
+    process::maps::ProcMaps,
     report::model::{
         source_label, HolderSite, LockEntry, LockTracing, OwnerEntry, SectionEntry, WaiterSite,
     },

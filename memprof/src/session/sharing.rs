@@ -7,10 +7,8 @@ use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
 
 use crate::{
     analysis::sharing::{Dismissal, LineFinding, SharingKind},
-    collect::{
-        procmaps::{short_name, Place},
-        Collector,
-    },
+    collect::Collector,
+    process::maps::{short_name, Place},
     report::model::{
         CodeRef, Dependences, DismissedLine, SharedObject, SharingCode, SharingEntry, WordEntry,
     },

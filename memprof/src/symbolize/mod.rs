@@ -1,7 +1,7 @@
 //! Symbolization: code and data addresses of the target to names.
 //!
 //! Addresses arrive already translated to (file, offset) by
-//! [`crate::collect::procmaps`], so this works after the target has exited.
+//! [`crate::process::maps`], so this works after the target has exited.
 //! A failure to symbolize is data on the frame (`module+0xoffset`), never an
 //! error: stripped binaries, deleted files and JIT code all still show up.
 
@@ -15,7 +15,7 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blazesym,
 };
 
-use crate::collect::procmaps::{short_name, Place};
+use crate::process::maps::{short_name, Place};
 
 /// A code location, as shown to the user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -205,7 +205,7 @@ impl Symbolizer {
 
     /// The global or static variable holding `addr`, in the object file
     /// `path` whose file offset 0 is at `file_base` (see
-    /// [`crate::collect::procmaps::ProcMaps::data_owner`]).
+    /// [`crate::process::maps::ProcMaps::data_owner`]).
     pub fn data(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<DataSymbol> {
         let bias = *self
             .vaddr_bias
@@ -409,7 +409,7 @@ mod tests {
         #[no_mangle]
         static mut MEMPROF_SYMBOLIZE_DATA: [u64; 8] = [0; 8];
 
-        let maps = crate::collect::procmaps::ProcMaps::read(std::process::id()).unwrap();
+        let maps = crate::process::maps::ProcMaps::read(std::process::id()).unwrap();
         let mut s = Symbolizer::new();
 
         let code_addr = memprof_symbolize_probe as *const () as u64;
