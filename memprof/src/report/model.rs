@@ -9,6 +9,69 @@ use crate::analysis::profile::HotFunction;
 /// Version tag of the JSON form. Bump on incompatible changes.
 pub const SCHEMA: &str = "memprof-ebpf/1";
 
+/// How a family of uprobes (the allocator's, the locks') ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TraceMode {
+    /// Not traced.
+    #[default]
+    Off,
+    /// Every call traced.
+    Full,
+    /// Traced in windows within the overhead budget: counts are scaled.
+    Sampled,
+    /// Benchmarks only: probes that do nothing, at the places of `full`.
+    Floor,
+}
+
+impl TraceMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceMode::Off => "off",
+            TraceMode::Full => "full",
+            TraceMode::Sampled => "sampled",
+            TraceMode::Floor => "floor",
+        }
+    }
+
+    /// Whether counts traced in this mode over `fraction` of the session
+    /// are estimates (scaled up from the traced windows).
+    pub fn estimates(self, fraction: f64) -> bool {
+        self == TraceMode::Sampled && fraction < FULLY_TRACED
+    }
+}
+
+impl std::fmt::Display for TraceMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A traced fraction at least this high is the whole session (a window
+/// controller's own timing leaves a sliver untraced).
+pub const FULLY_TRACED: f64 = 0.999;
+
+/// Where the data addresses of samples came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AddressMode {
+    /// Computed from the sampled registers and the decoded instruction
+    /// (timer sampling, no PMU).
+    #[default]
+    Decoded,
+    /// Given by the CPU (PEBS, IBS).
+    Precise,
+}
+
+impl std::fmt::Display for AddressMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AddressMode::Decoded => "decoded",
+            AddressMode::Precise => "precise",
+        })
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub schema: &'static str,
@@ -70,10 +133,8 @@ pub struct Sampling {
 /// Data addresses of samples (the false-sharing input).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct AddressSampling {
-    /// "decoded": computed from the sampled registers and the decoded
-    /// instruction (timer sampling, no PMU); "precise": given by the CPU
-    /// (PEBS, IBS).
-    pub mode: String,
+    /// "decoded" or "precise" (see [`AddressMode`]).
+    pub mode: AddressMode,
     /// Samples of the target's threads in user mode.
     pub user_samples: u64,
     /// Of those: an address was computed.
@@ -285,7 +346,7 @@ pub struct AllocatorReport {
     /// The object file whose `malloc` was probed.
     pub path: Option<String>,
     /// "full", "sampled" or "off".
-    pub mode: String,
+    pub mode: TraceMode,
     /// Fraction of the session the allocator probes were attached (1 in
     /// full mode). Counts are scaled by its inverse when `sampled`.
     pub traced_fraction: f64,
@@ -476,7 +537,7 @@ pub struct SectionEntry {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LockTracing {
     /// "full" or "sampled".
-    pub mode: String,
+    pub mode: TraceMode,
     /// The object whose lock functions were probed.
     pub library: String,
     /// Fraction of the session the hot lock probes were attached.
@@ -490,6 +551,13 @@ pub struct LockTracing {
     pub sections_lost: u64,
     pub unmatched_unlocks: u64,
     pub held_overflow: u64,
+}
+
+impl LockTracing {
+    /// Whether acquisitions are scaled estimates.
+    pub fn estimates(&self) -> bool {
+        self.mode.estimates(self.traced_fraction)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -692,6 +760,35 @@ pub(crate) mod tests {
                      align the per-thread element to 64 bytes."
                 .into(),
         }
+    }
+
+    #[test]
+    fn modes_serialize_as_the_schema_names_them() {
+        fn json<T: Serialize>(v: &T) -> String {
+            serde_json::to_string(v).unwrap()
+        }
+        assert_eq!(json(&TraceMode::Off), "\"off\"");
+        assert_eq!(json(&TraceMode::Full), "\"full\"");
+        assert_eq!(json(&TraceMode::Sampled), "\"sampled\"");
+        assert_eq!(json(&TraceMode::Floor), "\"floor\"");
+        assert_eq!(json(&AddressMode::Decoded), "\"decoded\"");
+        assert_eq!(json(&AddressMode::Precise), "\"precise\"");
+        for m in [
+            TraceMode::Off,
+            TraceMode::Full,
+            TraceMode::Sampled,
+            TraceMode::Floor,
+        ] {
+            assert_eq!(json(&m), format!("\"{m}\""), "Display matches the JSON");
+        }
+    }
+
+    #[test]
+    fn only_a_sampled_session_traced_in_part_gives_estimates() {
+        assert!(TraceMode::Sampled.estimates(0.5));
+        assert!(!TraceMode::Sampled.estimates(FULLY_TRACED));
+        assert!(!TraceMode::Full.estimates(0.5));
+        assert!(!TraceMode::Off.estimates(0.0));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use memprof_common::sharing::WORD_BYTES;
 
 use super::model::{
     source_label, AllocatorReport, LockEntry, LockTracing, MemoryReport, OpStats, Report,
-    SiteEntry, SyscallStats, WordEntry,
+    SiteEntry, SyscallStats, TraceMode, WordEntry,
 };
 
 /// Width the summary is laid out for.
@@ -254,7 +254,7 @@ fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option<&LockTraci
         "Locks (waits seen from the kernel; lock contention first, then other waits)"
     );
     match tracing {
-        Some(t) if t.mode == "sampled" && t.traced_fraction < 0.999 => {
+        Some(t) if t.estimates() => {
             let _ = writeln!(
                 out,
                 "  lock calls traced {:.1}% of the time: acquisitions are estimates",
@@ -365,13 +365,13 @@ fn write_allocator(out: &mut String, a: &AllocatorReport) {
 
 /// How the allocator was traced, and how much was traced and lost.
 fn write_allocator_mode(out: &mut String, a: &AllocatorReport) {
-    let mode = match a.mode.as_str() {
-        "full" => "full: every call traced".to_string(),
-        "sampled" => format!(
+    let mode = match a.mode {
+        TraceMode::Full => "full: every call traced".to_string(),
+        TraceMode::Sampled => format!(
             "sampled: probes attached {:.1}% of the time",
             a.traced_fraction * 100.0
         ),
-        other => other.to_string(),
+        other => other.name().to_string(),
     };
     let estimates = if a.sampled {
         "; counts are estimates"
@@ -544,10 +544,10 @@ fn write_kernel(out: &mut String, a: &AllocatorReport) {
     );
 }
 
-/// Whether the allocator was not traced: mode "off", or a report made
-/// without the allocator profiler (empty mode).
+/// Whether the allocator was not traced (mode off, also the default of a
+/// report made without the allocator profiler).
 pub fn allocator_off(a: &AllocatorReport) -> bool {
-    a.mode.is_empty() || a.mode == "off"
+    a.mode == TraceMode::Off
 }
 
 /// `glibc 2.36 (libc.so.6)`: the library and the short name of its file.
@@ -731,7 +731,7 @@ pub(crate) mod tests {
         AllocatorReport {
             library: Some("glibc 2.36".into()),
             path: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
-            mode: "full".into(),
+            mode: TraceMode::Full,
             traced_fraction: 1.0,
             sampled: false,
             large_rule: "glibc mmapped chunk".into(),
@@ -1037,7 +1037,7 @@ pub(crate) mod tests {
             hold_max_ns: 4_400_000,
         }];
         r.lock_tracing = Some(LockTracing {
-            mode: "full".into(),
+            mode: TraceMode::Full,
             library: "/lib/libc.so.6".into(),
             traced_fraction: 1.0,
             windows: 1,
@@ -1087,7 +1087,7 @@ pub(crate) mod tests {
 
     pub fn report_with_sharing() -> Report {
         let mut r = sample_report();
-        r.sampling.addresses.mode = "decoded".into();
+        r.sampling.addresses.mode = crate::report::model::AddressMode::Decoded;
         r.sampling.addresses.user_samples = 1000;
         r.sampling.addresses.with_address = 970;
         r.sampling.addresses.address_share = 0.97;
@@ -1176,7 +1176,7 @@ pub(crate) mod tests {
     fn allocator_off_is_one_line() {
         let mut r = report_with_allocator();
         r.allocator = AllocatorReport {
-            mode: "off".into(),
+            mode: TraceMode::Off,
             ..Default::default()
         };
         let section = allocator_section(&r);
@@ -1202,7 +1202,7 @@ pub(crate) mod tests {
     fn sampled_allocator_says_counts_are_estimates() {
         let mut r = report_with_allocator();
         let a = &mut r.allocator;
-        a.mode = "sampled".into();
+        a.mode = TraceMode::Sampled;
         a.sampled = true;
         a.traced_fraction = 0.048;
         a.memory = None;

@@ -16,6 +16,7 @@ use crate::{
     cli::AllocMode,
     report::model::{
         AllocatorReport, KernelThreadEntry, MemoryReport, OpStats, SiteEntry, SyscallStats,
+        TraceMode,
     },
     symbolize::Frame,
 };
@@ -169,6 +170,16 @@ impl AllocTracer {
     }
 }
 
+/// The report's name for `--alloc-mode`.
+fn trace_mode(mode: AllocMode) -> TraceMode {
+    match mode {
+        AllocMode::Full => TraceMode::Full,
+        AllocMode::Sampled => TraceMode::Sampled,
+        AllocMode::Off => TraceMode::Off,
+        AllocMode::Floor => TraceMode::Floor,
+    }
+}
+
 /// Builds the report's allocator section.
 pub fn report(
     tracer: Option<&AllocTracer>,
@@ -180,13 +191,13 @@ pub fn report(
 ) -> AllocatorReport {
     let (Some(tracer), Some(profile)) = (tracer, profile) else {
         return AllocatorReport {
-            mode: mode.name().into(),
+            mode: trace_mode(mode),
             traced_fraction: 0.0,
             ..Default::default()
         };
     };
     let fraction = tracer.traced_fraction();
-    let sampled = mode == AllocMode::Sampled && fraction < 0.999;
+    let sampled = trace_mode(mode).estimates(fraction);
     let scale_by = |n: u64, f: f64| -> u64 {
         if sampled && f > 0.0 {
             (n as f64 / f).round() as u64
@@ -256,7 +267,7 @@ pub fn report(
     AllocatorReport {
         library: Some(tracer.allocator.label()),
         path: Some(tracer.allocator.path.to_string()),
-        mode: mode.name().into(),
+        mode: trace_mode(mode),
         traced_fraction: fraction,
         sampled,
         large_rule: profile.rule().describe(),

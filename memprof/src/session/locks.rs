@@ -17,7 +17,8 @@ use crate::{
     },
     process::maps::ProcMaps,
     report::model::{
-        source_label, HolderSite, LockEntry, LockTracing, OwnerEntry, SectionEntry, WaiterSite,
+        source_label, HolderSite, LockEntry, LockTracing, OwnerEntry, SectionEntry, TraceMode,
+        WaiterSite, FULLY_TRACED,
     },
     symbolize::{Frame, Symbolizer},
 };
@@ -74,10 +75,9 @@ pub fn tracing(tracer: Option<&Windowed>, counters: &Counters) -> Option<LockTra
     always.dedup();
     Some(LockTracing {
         mode: match tracer.settings.mode {
-            Mode::Sampled => "sampled",
-            Mode::Full | Mode::Floor => "full",
-        }
-        .into(),
+            Mode::Sampled => TraceMode::Sampled,
+            Mode::Full | Mode::Floor => TraceMode::Full,
+        },
         library: tracer.path.to_string(),
         traced_fraction: tracer.traced_fraction(),
         windows: tracer.windows,
@@ -272,7 +272,7 @@ impl Traced {
     ) {
         let scale = |n: u64, op: u32| {
             let f = tracer.op_fraction(op);
-            if f > 0.0 && f < 0.999 {
+            if f > 0.0 && f < FULLY_TRACED {
                 (n as f64 / f).round() as u64
             } else {
                 n

@@ -34,7 +34,10 @@ use crate::{
     collect::{command_line, Collector},
     error::{Error, Result},
     report::{
-        model::{AddressSampling, Loader, Sampling, Target, ThreadEntry, SCHEMA},
+        model::{
+            AddressMode, AddressSampling, Loader, Sampling, Target, ThreadEntry, FULLY_TRACED,
+            SCHEMA,
+        },
         Report,
     },
     symbolize::Symbolizer,
@@ -506,11 +509,10 @@ impl Live {
         };
         AddressSampling {
             mode: if self.collector.precise_addresses {
-                "precise"
+                AddressMode::Precise
             } else {
-                "decoded"
-            }
-            .into(),
+                AddressMode::Decoded
+            },
             user_samples: counters.user_samples,
             with_address: counters.addresses,
             no_operand: counters.no_operand,
@@ -711,7 +713,7 @@ impl Live {
             ));
         }
         if let Some(tracer) = &self.tracer {
-            if self.alloc_mode == AllocMode::Sampled && tracer.traced_fraction() < 0.999 {
+            if self.alloc_mode == AllocMode::Sampled && tracer.traced_fraction() < FULLY_TRACED {
                 notes.push(format!(
                     "allocator calls were traced {:.1}% of the time ({} windows) to stay within \
                      the {:.0}% overhead budget; allocator counts are scaled estimates",
@@ -756,7 +758,7 @@ impl Live {
         }
         let lock_tracing = locks::tracing(self.lock_tracer.as_ref(), &counters);
         if let Some(t) = &lock_tracing {
-            if t.mode == "sampled" && t.traced_fraction < 0.999 {
+            if t.estimates() {
                 notes.push(format!(
                     "lock calls were traced {:.1}% of the time ({} windows) to stay within the \
                      budget; acquisitions are scaled estimates",

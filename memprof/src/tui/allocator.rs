@@ -20,7 +20,7 @@ use super::{
     App,
 };
 use crate::report::{
-    model::{AllocatorReport, MemoryReport, OpStats, SiteEntry, SyscallStats},
+    model::{AllocatorReport, MemoryReport, OpStats, SiteEntry, SyscallStats, TraceMode},
     text::{
         allocator_off, by_time, format_bytes, format_ns, group, library_label, live_label, percent,
         sites_by_bytes, syscall_origin,
@@ -227,13 +227,13 @@ fn render_header(a: &AllocatorReport, frame: &mut Frame, area: Rect) {
 
 /// `full: every call traced`, or for sampled mode how much was traced.
 fn mode_label(a: &AllocatorReport) -> String {
-    match a.mode.as_str() {
-        "full" => "full: every call traced".into(),
-        "sampled" => format!(
+    match a.mode {
+        TraceMode::Full => "full: every call traced".into(),
+        TraceMode::Sampled => format!(
             "sampled: probes attached {:.1}% of the time, counts scaled",
             a.traced_fraction * 100.0
         ),
-        other => other.into(),
+        other => other.name().into(),
     }
 }
 
@@ -591,7 +591,7 @@ mod tests {
     fn off_mode_is_one_centered_line() {
         let mut r = report_with_allocator();
         r.allocator = AllocatorReport {
-            mode: "off".into(),
+            mode: TraceMode::Off,
             ..Default::default()
         };
         let text = screen(&app_on(Tab::Allocator, r), 80, 24);
@@ -610,7 +610,7 @@ mod tests {
     #[test]
     fn sampled_mode_says_scaled_and_that_memory_needs_full() {
         let mut r = report_with_allocator();
-        r.allocator.mode = "sampled".into();
+        r.allocator.mode = TraceMode::Sampled;
         r.allocator.sampled = true;
         r.allocator.traced_fraction = 0.048;
         r.allocator.memory = None;

@@ -81,10 +81,7 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     render_table(locks, selected, frame, table_area);
     if let Some(lock) = chosen {
         if detail_area.height > 2 {
-            let estimates = report
-                .lock_tracing
-                .as_ref()
-                .is_some_and(|t| t.mode == "sampled" && t.traced_fraction < 0.999);
+            let estimates = report.lock_tracing.as_ref().is_some_and(|t| t.estimates());
             render_detail(lock, estimates, frame, detail_area);
         }
     }
@@ -685,7 +682,7 @@ mod tests {
             section("contend_cold", 180, None, 880, 5_000_000),
         ];
         r.lock_tracing = Some(LockTracing {
-            mode: "sampled".into(),
+            mode: crate::report::model::TraceMode::Sampled,
             library: "/lib/x86_64-linux-gnu/libc.so.6".into(),
             traced_fraction: 0.05,
             windows: 3,
@@ -833,7 +830,7 @@ mod tests {
         }
         assert!(!estimates(&r));
         if let Some(t) = r.lock_tracing.as_mut() {
-            t.mode = "full".into();
+            t.mode = crate::report::model::TraceMode::Full;
             t.traced_fraction = 1.0;
         }
         assert!(!estimates(&r));

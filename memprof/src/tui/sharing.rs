@@ -710,7 +710,7 @@ mod tests {
     fn report_with(entries: Vec<SharingEntry>) -> Report {
         let mut r = sample_report();
         let a = &mut r.sampling.addresses;
-        a.mode = "decoded".into();
+        a.mode = crate::report::model::AddressMode::Decoded;
         a.user_samples = 1000;
         a.with_address = 970;
         a.address_share = 0.97;
