@@ -25,7 +25,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use memprof_common::{maps, KernelStats, SampleEvent, TaskEvent};
+use memprof_common::{locks::HoldEvent, maps, KernelStats, SampleEvent, TaskEvent};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
@@ -456,15 +456,7 @@ impl Live {
                     self.lock_switch();
                 }
                 _ = drain.tick() => {
-                    // Thread and exec events first: they decide how the
-                    // samples taken after them are read.
-                    drain_tasks(self.tasks.get_mut(), &mut self.collector);
-                    drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
-                    drain_locks(self.lock_events.get_mut(), &mut self.collector);
-                    if let Some(holds) = &mut self.holds {
-                        drain_holds(holds.get_mut(), &mut self.collector);
-                    }
-                    drain_samples(self.samples.get_mut(), &mut self.collector);
+                    self.drain_all();
                     self.install_recipes();
                     // Soon after sampling, so the stack is read against the
                     // memory map it was taken in.
@@ -591,17 +583,25 @@ impl Live {
         }
     }
 
+    /// Hands every record waiting in the rings to the collector. Thread
+    /// and exec events first: they decide how the records taken after them
+    /// are read.
+    fn drain_all(&mut self) {
+        let collector = &mut self.collector;
+        drain_tasks(self.tasks.get_mut(), collector);
+        drain_alloc(self.alloc_events.get_mut(), collector);
+        drain_locks(self.lock_events.get_mut(), collector);
+        if let Some(holds) = &mut self.holds {
+            drain_holds(holds.get_mut(), collector);
+        }
+        drain_samples(self.samples.get_mut(), collector);
+    }
+
     /// Stops tracing: drains what the kernel still holds, detaches, and
     /// ends a launched command that is still running.
     async fn finish(&mut self, reason: StopReason) {
         self.traced = Some(self.started.elapsed());
-        drain_tasks(self.tasks.get_mut(), &mut self.collector);
-        drain_alloc(self.alloc_events.get_mut(), &mut self.collector);
-        drain_locks(self.lock_events.get_mut(), &mut self.collector);
-        if let Some(holds) = &mut self.holds {
-            drain_holds(holds.get_mut(), &mut self.collector);
-        }
-        drain_samples(self.samples.get_mut(), &mut self.collector);
+        self.drain_all();
         if let (Some(tracer), Some(probes)) = (&mut self.lock_tracer, &self.probes) {
             tracer.finish(probes);
         }
@@ -826,34 +826,44 @@ impl Live {
     }
 }
 
-fn drain_samples(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
+/// Hands every record waiting in `ring` to `handle`.
+fn drain(ring: &mut RingBuf<MapData>, mut handle: impl FnMut(&[u8])) {
     while let Some(item) = ring.next() {
-        match SampleEvent::from_bytes(&item) {
-            Some(ev) => collector.on_sample(&ev),
-            None => tracing::warn!("short sample record ({} bytes)", item.len()),
-        }
+        handle(&item);
     }
+}
+
+/// A fixed-size record decoded, or a warning that it was short.
+fn decoded<T>(bytes: &[u8], what: &str, decode: fn(&[u8]) -> Option<T>) -> Option<T> {
+    let ev = decode(bytes);
+    if ev.is_none() {
+        tracing::warn!("short {what} record ({} bytes)", bytes.len());
+    }
+    ev
+}
+
+fn drain_samples(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
+    drain(ring, |b| {
+        if let Some(ev) = decoded(b, "sample", SampleEvent::from_bytes) {
+            collector.on_sample(&ev);
+        }
+    });
 }
 
 fn drain_locks(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
-    while let Some(item) = ring.next() {
-        collector.on_lock_record(&item);
-    }
+    drain(ring, |b| collector.on_lock_record(b));
 }
 
 fn drain_holds(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
-    while let Some(item) = ring.next() {
-        match memprof_common::locks::HoldEvent::from_bytes(&item) {
-            Some(ev) => collector.on_hold(&ev),
-            None => tracing::warn!("short critical-section record ({} bytes)", item.len()),
+    drain(ring, |b| {
+        if let Some(ev) = decoded(b, "critical-section", HoldEvent::from_bytes) {
+            collector.on_hold(&ev);
         }
-    }
+    });
 }
 
 fn drain_alloc(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
-    while let Some(item) = ring.next() {
-        collector.on_alloc_record(&item);
-    }
+    drain(ring, |b| collector.on_alloc_record(b));
 }
 
 /// Where the target's pthread lock functions are, unless their probes are
@@ -925,12 +935,11 @@ fn find_allocator(opts: &Options, pid: u32, notes: &mut Vec<String>) -> Option<A
 }
 
 fn drain_tasks(ring: &mut RingBuf<MapData>, collector: &mut Collector) {
-    while let Some(item) = ring.next() {
-        match TaskEvent::from_bytes(&item) {
-            Some(ev) => collector.on_task(&ev),
-            None => tracing::warn!("short task record ({} bytes)", item.len()),
+    drain(ring, |b| {
+        if let Some(ev) = decoded(b, "task", TaskEvent::from_bytes) {
+            collector.on_task(&ev);
         }
-    }
+    });
 }
 
 /// Waits until the ring is readable; never, without a ring.
