@@ -48,8 +48,7 @@ pub fn marked_line(name: &str, marker: &str) -> u32 {
 /// xtask test` when run as root), or any CI run (`CI=true`), where a skip
 /// could hide a failure and cannot be turned off.
 pub fn strict() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-        || std::env::var("MEMPROF_TESTS_STRICT").as_deref() == Ok("1")
+    workloads::ci() || std::env::var("MEMPROF_TESTS_STRICT").as_deref() == Ok("1")
 }
 
 /// Whether a root-only test can run. Without root it prints a loud SKIPPED
@@ -231,10 +230,24 @@ pub fn finish(child: Child, start: Instant, limit: Duration) -> ToolRun {
 /// Runs the tool with `args` and `--json FILE`, expects success, and
 /// returns the run with its parsed report.
 pub fn trace(name: &str, args: &[&str]) -> (ToolRun, serde_json::Value) {
+    trace_env(name, args, &[], Duration::from_secs(60))
+}
+
+/// As [`trace`], with environment variables `env` (passed on to a launched
+/// command) and a time limit.
+fn trace_env(
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &Path)],
+    limit: Duration,
+) -> (ToolRun, serde_json::Value) {
     let json = report_path(name);
     let mut all = vec!["--json", json.to_str().expect("UTF-8 path")];
     all.extend_from_slice(args);
-    let run = run_tool(&all, Duration::from_secs(60));
+    let run = run_tool_with(
+        Command::new(tool()).args(&all).envs(env.iter().copied()),
+        limit,
+    );
     assert_eq!(
         run.code(),
         0,
@@ -529,22 +542,12 @@ pub fn assert_near(
 /// returns the run, the report and the truth.
 pub fn trace_truth(name: &str, args: &[&str]) -> (ToolRun, serde_json::Value, Truth) {
     let truth = Truth::path(name);
-    let json = report_path(name);
-    let mut all = vec!["--json", json.to_str().expect("UTF-8 path")];
-    all.extend_from_slice(args);
-    let run = run_tool_with(
-        Command::new(tool())
-            .args(&all)
-            .env("WORKLOAD_TRUTH", &truth),
+    let (run, report) = trace_env(
+        name,
+        args,
+        &[("WORKLOAD_TRUTH", &truth)],
         Duration::from_secs(120),
     );
-    assert_eq!(
-        run.code(),
-        0,
-        "memprof-ebpf {args:?} failed: {}",
-        run.stderr
-    );
-    let report = read_report(&json);
     (run, report, Truth::read(&truth))
 }
 

@@ -448,11 +448,22 @@ const ATTACH_PAIRS: &str = "20000";
 /// gate, in allocator mode `mode`: every call of its work is made while
 /// traced.
 fn attach_threads(name: &str, mode: &str, env: &[(&str, &str)]) -> (serde_json::Value, Truth) {
+    attach_threads_of(name, mode, ATTACH_THREADS, ATTACH_PAIRS, env)
+}
+
+/// As [`attach_threads`], for `alloc threads THREADS PAIRS`.
+fn attach_threads_of(
+    name: &str,
+    mode: &str,
+    threads: &str,
+    pairs: &str,
+    env: &[(&str, &str)],
+) -> (serde_json::Value, Truth) {
     let r = attach_gated(
         name,
         &["--alloc-mode", mode, "--lock-mode", "off"],
         &alloc_workload(),
-        &["threads", ATTACH_THREADS, ATTACH_PAIRS],
+        &["threads", threads, pairs],
         env,
     );
     assert_eq!(
@@ -832,7 +843,8 @@ const SLOW_MALLOC_NS: u64 = 2_000;
 /// preloaded: an allocator whose latencies are known.
 fn attach_slowalloc(name: &str) -> serde_json::Value {
     let lib = build_shared_lib("slowalloc").expect("building libslowalloc.so");
-    let (report, truth) = attach_gated_threads(name, lib.to_str().expect("UTF-8 path"));
+    let preload = [("LD_PRELOAD", lib.to_str().expect("UTF-8 path"))];
+    let (report, truth) = attach_threads_of(name, "full", "2", "5000", &preload);
     let path = report["allocator"]["path"].as_str().unwrap_or_default();
     assert!(
         path.ends_with("libslowalloc.so"),
@@ -840,17 +852,6 @@ fn attach_slowalloc(name: &str) -> serde_json::Value {
     );
     assert_attached_full(&report, &truth, 2, "slowalloc");
     report
-}
-
-fn attach_gated_threads(name: &str, preload: &str) -> (serde_json::Value, Truth) {
-    let r = attach_gated(
-        name,
-        &["--alloc-mode", "full", "--lock-mode", "off"],
-        &alloc_workload(),
-        &["threads", "2", "5000"],
-        &[("LD_PRELOAD", preload)],
-    );
-    (r.report, r.truth)
 }
 
 /// The p50 latency of `op` over its rows, weighted by calls (ns).
@@ -987,37 +988,21 @@ fn redis_heap_growth_matches_its_own_count() {
     }
     let before = redis_used_memory(&port);
     let json = report_path("alloc-redis");
-    let tool = std::process::Command::new(tool())
-        .args([
-            "-p",
-            &server.pid().to_string(),
-            "--alloc-mode",
-            "full",
-            "--lock-mode",
-            "off",
-        ])
-        .args(["--no-tui", "--duration", "60s", "-v", "--json"])
-        .arg(&json)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starting memprof-ebpf");
-    let tool_pid = tool.id();
-    let tool_start = Instant::now();
-    // Full mode attaches its probes before the session starts: wait for
-    // them, as seen from outside.
-    while !attached_programs(tool_pid)
-        .iter()
-        .any(|p| p.name.starts_with("mp_alloc"))
-    {
-        assert!(
-            tool_start.elapsed() < Duration::from_secs(30),
-            "no allocator probe attached"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    let pid = server.pid().to_string();
+    // Full mode attaches every probe before the tool says it traces.
+    let tool = TracingTool::start(&[
+        "-p",
+        &pid,
+        "--alloc-mode",
+        "full",
+        "--lock-mode",
+        "off",
+        "--no-tui",
+        "--duration",
+        "60s",
+        "--json",
+        json.to_str().expect("UTF-8 path"),
+    ]);
     let bench = std::process::Command::new(REDIS_BENCHMARK)
         .args([
             "-p", &port, "-t", "set", "-n", "20000", "-d", "1000", "-r", "100000", "-q",
@@ -1027,8 +1012,8 @@ fn redis_heap_growth_matches_its_own_count() {
     assert!(bench.status.success(), "redis-benchmark: {bench:?}");
     let after = redis_used_memory(&port);
     // SAFETY: kill with the pid of our own unreaped child.
-    unsafe { libc::kill(tool_pid as i32, libc::SIGINT) };
-    let run = finish(tool, tool_start, Duration::from_secs(60));
+    unsafe { libc::kill(tool.pid() as i32, libc::SIGINT) };
+    let run = tool.finish(Duration::from_secs(60));
     assert_eq!(run.code(), 0, "{}", run.stderr);
     let report = read_report(&json);
     let a = &report["allocator"];

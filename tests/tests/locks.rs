@@ -101,13 +101,18 @@ fn launch_with(
     program: &Path,
     args: &[&str],
 ) -> (ToolRun, serde_json::Value) {
+    let (run, report) = trace(name, &launch_args(flags, program, args));
+    check_locks(&report);
+    (run, report)
+}
+
+/// The tool's arguments to launch `program args` with options `flags`.
+fn launch_args<'a>(flags: &[&'a str], program: &'a Path, args: &[&'a str]) -> Vec<&'a str> {
     let mut all = vec!["--no-tui"];
     all.extend_from_slice(flags);
     all.extend(["--", program.to_str().expect("UTF-8 path")]);
     all.extend_from_slice(args);
-    let (run, report) = trace(name, &all);
-    check_locks(&report);
-    (run, report)
+    all
 }
 
 /// As [`launch_with`], also returning the workload's ground truth.
@@ -117,11 +122,7 @@ fn launch_truth(
     program: &Path,
     args: &[&str],
 ) -> (ToolRun, serde_json::Value, Truth) {
-    let mut all = vec!["--no-tui"];
-    all.extend_from_slice(flags);
-    all.extend(["--", program.to_str().expect("UTF-8 path")]);
-    all.extend_from_slice(args);
-    let (run, report, truth) = trace_truth(name, &all);
+    let (run, report, truth) = trace_truth(name, &launch_args(flags, program, args));
     check_locks(&report);
     (run, report, truth)
 }

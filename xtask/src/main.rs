@@ -143,7 +143,7 @@ fn test(extra: &[String]) -> Result<()> {
     // there, so a skip would hide a failure: make skips fail.
     // Under CI strict mode cannot be turned off (the test harness also
     // reads CI itself, for `cargo test` run directly).
-    if ci() || (is_root() && std::env::var_os("MEMPROF_TESTS_STRICT").is_none()) {
+    if workloads::ci() || (is_root() && std::env::var_os("MEMPROF_TESTS_STRICT").is_none()) {
         std::env::set_var("MEMPROF_TESTS_STRICT", "1");
     }
     if !is_root() {
@@ -193,11 +193,6 @@ struct Totals {
     /// "name: reason" of each ignored test.
     ignored: Vec<String>,
     ok: bool,
-}
-
-/// Whether this runs under CI (`CI=true`, as CI services set it).
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 /// "name: reason" from libtest's line for an ignored test

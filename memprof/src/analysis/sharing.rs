@@ -255,20 +255,19 @@ impl SharingProfile {
     /// suspect, so that each one not reported can be shown with the
     /// reason.
     pub fn busiest(&self, n: usize) -> Vec<SampledLine> {
-        let mut v: Vec<SampledLine> = self
-            .lines
-            .iter()
-            .map(|(&line, l)| SampledLine {
+        let mut v: Vec<(u64, &LineSamples)> = self.lines.iter().map(|(&k, l)| (k, l)).collect();
+        v.sort_by(|a, b| b.1.samples.cmp(&a.1.samples).then(a.0.cmp(&b.0)));
+        v.truncate(n);
+        // The lowest offset is looked up for the kept lines only.
+        v.into_iter()
+            .map(|(line, l)| SampledLine {
                 line,
                 samples: l.samples,
                 writes: l.writes,
                 shared: l.threads[1] != 0,
                 first_addr: line + u64::from(self.first_offset(line)),
             })
-            .collect();
-        v.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.line.cmp(&b.line)));
-        v.truncate(n);
-        v
+            .collect()
     }
 
     /// Decides whether `line` is a finding, given the kernel's state of it

@@ -99,6 +99,12 @@ pub fn run_ok(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether this runs under CI (`CI=true`, as CI services set it), where
+/// the tests are strict (a skip fails) whatever else is set.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
 /// File where skipped tests are recorded (libtest hides the output of
 /// passing tests, so `cargo xtask test` reads this and reports them).
 pub fn skip_log() -> PathBuf {
