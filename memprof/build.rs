@@ -1,5 +1,5 @@
 //! Builds the eBPF object (the `memprof-ebpf` crate) for `bpfel-unknown-none`
-//! and leaves it in `OUT_DIR`, where `session::probes` embeds it.
+//! and leaves it in `OUT_DIR`, where `kernel::loader` embeds it.
 //!
 //! The eBPF crate needs `-Z build-std=core` and so a compiler with its
 //! library source. This machine kind's one is Debian's `rustc-web`, linked by

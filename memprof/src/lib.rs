@@ -15,16 +15,17 @@
 //! - [`report`]: the model and its text and JSON forms;
 //! - [`tui`]: the live dashboard, rendering the same model.
 
-pub mod analysis;
 pub mod cli;
 pub mod collect;
 pub mod error;
+pub mod features;
+pub mod kernel;
+pub mod object;
 pub mod output;
 pub mod privilege;
 pub mod process;
 pub mod report;
 pub mod session;
-pub mod symbolize;
 pub mod tui;
 
 use std::io::IsTerminal;
@@ -59,7 +60,7 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
                     "-u/--user needs root to change the command's user".into(),
                 ));
             }
-            Some(session::launch::RunAs::lookup(user)?)
+            Some(process::launch::RunAs::lookup(user)?)
         }
         None => None,
     };
@@ -75,19 +76,19 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
     };
     let mut captured = None;
     let command_output = match &cli.command_output {
-        Some(path) => session::launch::Output::File(output::create(
+        Some(path) => process::launch::Output::File(output::create(
             path,
             output::REPORT_MODE,
             "the command's output",
         )?),
         // Under the dashboard a launched command's output would draw over it.
         None if live && launching => {
-            let c = session::launch::Captured::new();
+            let c = process::launch::Captured::new();
             captured = Some(c.clone());
-            session::launch::Output::Capture(c)
+            process::launch::Output::Capture(c)
         }
-        None if json_to_stdout => session::launch::Output::StdoutToStderr,
-        None => session::launch::Output::Inherit,
+        None if json_to_stdout => process::launch::Output::StdoutToStderr,
+        None => process::launch::Output::Inherit,
     };
     let opts = session::Options {
         target,
@@ -95,7 +96,7 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
         frequency_hz: cli.sample_freq,
         command_output,
         run_as,
-        alloc: session::alloc::AllocSettings {
+        alloc: features::alloc::tracer::AllocSettings {
             mode: cli.alloc_mode,
             large_threshold: cli.alloc_large_threshold,
             budget: cli.budget / 100.0,

@@ -4,11 +4,11 @@
 use std::{io::IsTerminal, process::ExitCode};
 
 use clap::Parser;
-use memprof::{cli::Cli, error::exit_code, session::launch, tui::LogRing};
+use memprof::{cli::Cli, error::exit_code, process::launch, tui::LogRing};
 
 fn main() -> ExitCode {
     // Our own binary doubles as the gate that holds a launched command
-    // until the probes are attached (see `session::launch`).
+    // until the probes are attached (see `process::launch`).
     if let Ok(fd) = std::env::var(launch::GATE_ENV) {
         launch::run_gate(&fd);
     }
@@ -26,7 +26,7 @@ fn main() -> ExitCode {
     };
     // Parsers of the target's files may panic on malformed input; those
     // panics are caught and must stay silent.
-    memprof::symbolize::install_quiet_panic_hook();
+    memprof::object::symbolize::install_quiet_panic_hook();
     let live = cli.duration.is_none() && !cli.no_tui && std::io::stdout().is_terminal();
     let log = match init_logging(&cli, live) {
         Ok(log) => log,

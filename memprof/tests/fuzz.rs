@@ -19,9 +19,13 @@ use std::{collections::BTreeMap, ops::Range, sync::Arc};
 
 use engine::{fuzz, hash, replaying, Seed, Sig};
 use memprof::{
-    collect::{access, code, unwind},
+    object::{
+        code,
+        symbolize::{dwarf, Symbolizer},
+        unwind,
+        x86::access,
+    },
     process::maps::{short_name, Place, ProcMaps},
-    symbolize::{dwarf, Symbolizer},
 };
 use memprof_common::sharing::recipe;
 use seeds::{Elf, Sym};

@@ -2,7 +2,7 @@
 //! `malloc`, its kind and version, and its entry points (one per address).
 //! Needs no root: it reads /proc and the ELF files.
 
-use memprof::session::allocator::{self, Allocator, AllocatorKind};
+use memprof::features::alloc::allocator::{self, Allocator, AllocatorKind};
 use memprof_tests::*;
 
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";

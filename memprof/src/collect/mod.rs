@@ -5,11 +5,6 @@
 //! memory map at once (while the process is alive) and feeds the pure
 //! analyses.
 
-pub mod access;
-pub mod code;
-pub mod threads;
-pub mod unwind;
-
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
@@ -23,16 +18,20 @@ use memprof_common::{
     TASK_EXIT, TASK_NEW_THREAD,
 };
 
-use crate::analysis::{
-    alloc::{AllocCall, AllocProfile, SyscallCall},
-    locks::{Chain, FutexWait, FutexWake, KernelWait, LockProfile, Section},
-    profile::{Profile, Sample, SampleAt, ThreadEvent},
-    sharing::{Access, SharingProfile},
+use crate::features::{
+    alloc::analysis::{AllocCall, AllocProfile, SyscallCall},
+    cpu::profile::{Profile, Sample, SampleAt, ThreadEvent},
+    locks::analysis::{Chain, FutexWait, FutexWake, KernelWait, LockProfile, Section},
+    sharing::analysis::{Access, SharingProfile},
     FastMap,
 };
+use crate::object::{
+    code::{CodeCache, FileCache},
+    unwind,
+    x86::access,
+};
 use crate::process::maps::{self, Place, ProcMaps};
-use code::{CodeCache, FileCache};
-use threads::LiveThreads;
+use crate::process::threads::LiveThreads;
 
 /// How often an unknown address may trigger a re-read of the memory map.
 const MAPS_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(100);

@@ -5,4 +5,6 @@
 //! target through this module, not through the collector that reads the
 //! events.
 
+pub mod launch;
 pub mod maps;
+pub mod threads;

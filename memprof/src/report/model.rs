@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::analysis::profile::HotFunction;
+use crate::features::cpu::profile::HotFunction;
 
 /// Version tag of the JSON form. Bump on incompatible changes.
 pub const SCHEMA: &str = "memprof-ebpf/1";

@@ -3,20 +3,6 @@
 //! Data flows one way: probes → [`crate::collect`] → [`crate::analysis`] →
 //! [`crate::report`] → (dashboard | summary | JSON).
 
-pub mod alloc;
-pub mod allocator;
-pub mod budget;
-pub mod launch;
-pub mod lock_tracer;
-pub mod locks;
-pub mod precise;
-pub mod preflight;
-pub mod probes;
-pub mod prologue;
-pub mod sharing;
-pub mod tracefs;
-pub mod windows;
-
 use std::{
     io::IsTerminal,
     os::fd::{FromRawFd, OwnedFd},
@@ -28,11 +14,26 @@ use aya::maps::{MapData, RingBuf};
 use memprof_common::{locks::HoldEvent, maps, KernelStats, SampleEvent, TaskEvent};
 use tokio::io::unix::AsyncFd;
 
+use crate::features::{
+    alloc::{
+        allocator::{self, Allocator, AllocatorKind},
+        tracer::{self as alloc, AllocTracer},
+    },
+    locks::{report as locks, tracer as lock_tracer},
+    sharing::report as sharing,
+};
+use crate::kernel::{
+    loader::{AllocLoad, Counters, Probes, SamplingSource},
+    preflight, tracefs,
+    windows::{self, Windowed},
+};
+use crate::process::launch::{self, Launched};
 use crate::{
-    analysis::alloc::AllocProfile,
     cli::{AllocMode, LockMode},
     collect::{command_line, Collector},
     error::{Error, Result},
+    features::alloc::analysis::AllocProfile,
+    object::symbolize::Symbolizer,
     report::{
         model::{
             AddressMode, AddressSampling, Loader, Sampling, Target, ThreadEntry, FULLY_TRACED,
@@ -40,14 +41,8 @@ use crate::{
         },
         Report,
     },
-    symbolize::Symbolizer,
     tui::{Action, Dashboard},
 };
-use alloc::AllocTracer;
-use allocator::{Allocator, AllocatorKind};
-use launch::Launched;
-use probes::{AllocLoad, Counters, Probes, SamplingSource};
-use windows::Windowed;
 
 /// Hot functions kept in a report.
 const HOT_FUNCTIONS: usize = 50;

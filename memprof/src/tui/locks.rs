@@ -28,7 +28,7 @@ use super::{
     App,
 };
 use crate::{
-    analysis::locks::is_contention,
+    features::locks::analysis::is_contention,
     report::{
         model::{source_label, LockEntry},
         text::{ellipsize, format_ns, group, percent},

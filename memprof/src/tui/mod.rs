@@ -49,7 +49,7 @@ impl Dashboard {
         let terminal = ratatui::try_init()?;
         // ratatui's hook restores the terminal on any panic, also one that
         // symbolization catches: those must skip it.
-        crate::symbolize::install_quiet_panic_hook();
+        crate::object::symbolize::install_quiet_panic_hook();
         let (tx, actions) = mpsc::unbounded_channel();
         let stop = Arc::new(AtomicBool::new(false));
         let reader = {

@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::object::symbolize::Frame;
 use crate::process::maps::Place;
-use crate::symbolize::Frame;
 
 /// Where a sample landed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

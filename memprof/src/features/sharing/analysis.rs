@@ -14,7 +14,7 @@ use memprof_common::sharing::{
     LineState, LineWords, LINE_BYTES, WORDS_PER_LINE, WORD_BYTES, WORD_MANY_THREADS,
 };
 
-use super::FastMap;
+use crate::features::FastMap;
 
 /// A line needs this many invalidations to be a finding...
 pub const MIN_INVALIDATIONS: u64 = 5;

@@ -1,6 +1,6 @@
 //! The lock uprobes of a session: which object defines the pthread lock
 //! functions, where to probe each, and their windows (shared with the
-//! allocator's probes, `session::windows`).
+//! allocator's probes, `kernel::windows`).
 //!
 //! Like `malloc`, `pthread_mutex_lock` is looked for in the object that
 //! defines it (the executable of a static binary, else libc). Rust's
@@ -13,13 +13,15 @@ use blazesym::inspect::Inspector;
 use iced_x86::Register;
 use memprof_common::locks::lock_op;
 
-use super::{
-    allocator,
-    probes::{Family, ProbePoint},
-    prologue,
-    windows::{Mode, WindowSettings, Windowed},
-};
 use crate::cli::LockMode;
+use crate::{
+    features::alloc::allocator,
+    kernel::{
+        loader::{Family, ProbePoint},
+        windows::{Mode, WindowSettings, Windowed},
+    },
+    object::x86::prologue,
+};
 
 /// Cost of one traced critical section whose probes the kernel emulates:
 /// lock entry, lock return and unlock traps (measured here: about 1 µs a

@@ -8,24 +8,24 @@ use std::collections::HashMap;
 use hdrhistogram::Histogram;
 
 use crate::{
-    analysis::{
-        alloc::AllocProfile,
-        locks::{
+    features::{
+        alloc::analysis::AllocProfile,
+        locks::analysis::{
             classify, is_contention, is_lock_implementation, kernel_lock_kind, Chain, Durations,
             HoldStats, LockProfile,
         },
     },
+    object::symbolize::{Frame, Symbolizer},
     process::maps::ProcMaps,
     report::model::{
         source_label, HolderSite, LockEntry, LockTracing, OwnerEntry, SectionEntry, TraceMode,
         WaiterSite, FULLY_TRACED,
     },
-    symbolize::{Frame, Symbolizer},
 };
 use memprof_common::locks::lock_op;
 
-use super::{
-    probes::Counters,
+use crate::kernel::{
+    loader::Counters,
     windows::{Mode, Windowed},
 };
 
@@ -458,7 +458,10 @@ fn key(f: Frame) -> SiteKey {
 fn name_of(
     uaddr: u64,
     maps: &ProcMaps,
-    blocks: Option<&(&AllocProfile, crate::analysis::alloc::BlockIndex<'_>)>,
+    blocks: Option<&(
+        &AllocProfile,
+        crate::features::alloc::analysis::BlockIndex<'_>,
+    )>,
     symbolizer: &mut Symbolizer,
 ) -> Option<String> {
     if let Some((path, base)) = maps.data_owner(uaddr) {

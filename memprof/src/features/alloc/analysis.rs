@@ -10,11 +10,8 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 use memprof_common::{alloc_op, syscall};
 
-use super::{
-    latency_histogram,
-    memory::{Composition, MemEvent, MemoryAccount},
-    FastMap, FastSet,
-};
+use super::memory::{Composition, MemEvent, MemoryAccount};
+use crate::features::{latency_histogram, FastMap, FastSet};
 use crate::process::maps::Place;
 
 /// How a block is classified as large.

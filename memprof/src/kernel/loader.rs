@@ -111,7 +111,7 @@ pub struct ProbePoint {
     pub op: u32,
     /// File offset of the probed instruction: the function's entry, or an
     /// instruction where the stack pointer still points at the return
-    /// address (see `session::prologue`). Return probes go there too.
+    /// address (see `object::x86::prologue`). Return probes go there too.
     pub file_offset: u64,
 }
 
@@ -342,7 +342,7 @@ impl Probes {
 
     /// Attaches a family's probes at `points` of `path`, for process `pid`
     /// only. The caller owns the links (each with its operation): dropping
-    /// one detaches it, which blocks for a while (see `session::windows`).
+    /// one detaches it, which blocks for a while (see `kernel::windows`).
     /// With `floor`, programs that do nothing are attached instead (the
     /// benchmark's measure of the trap cost alone; allocator only).
     pub fn attach_points(

@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 
 use memprof_common::locks::{hold_flag, lock_op};
 
-use super::{latency_histogram, FastMap, FastSet};
+use crate::features::{latency_histogram, FastMap, FastSet};
 use crate::process::maps::Place;
 
 /// Return addresses found on the stack at the futex call, innermost first

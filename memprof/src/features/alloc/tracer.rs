@@ -1,24 +1,26 @@
 //! Tracing the allocator: which entry points to probe and where, and the
 //! report's allocator section. The probes are attached in windows by
-//! [`Windowed`] (`session::windows`), shared with the lock probes.
+//! [`Windowed`] (`kernel::windows`), shared with the lock probes.
 
 use std::time::Duration;
 
-pub use super::windows::{ktime_ns, Detaching};
-use super::{
-    allocator::{Allocator, AllocatorKind},
-    probes::{Family, ProbePoint},
-    prologue,
-    windows::{Mode, WindowSettings, Windowed},
-};
+use super::allocator::{Allocator, AllocatorKind};
+pub use crate::kernel::windows::{ktime_ns, Detaching};
 use crate::{
-    analysis::alloc::{op_name, AllocProfile, LargeRule},
     cli::AllocMode,
+    features::alloc::analysis::{op_name, AllocProfile, LargeRule},
+    object::symbolize::Frame,
     report::model::{
         AllocatorReport, KernelThreadEntry, MemoryReport, OpStats, SiteEntry, SyscallStats,
         TraceMode,
     },
-    symbolize::Frame,
+};
+use crate::{
+    kernel::{
+        loader::{Family, ProbePoint},
+        windows::{Mode, WindowSettings, Windowed},
+    },
+    object::x86::prologue,
 };
 use memprof_common::{syscall, KernelStats};
 
@@ -310,7 +312,7 @@ fn sites(
 ) -> Vec<SiteEntry> {
     let all: Vec<_> = profile.sites().collect();
     let mut chosen: Vec<usize> = Vec::new();
-    let rankings: [&dyn Fn(&crate::analysis::alloc::SiteStats) -> u64; 3] =
+    let rankings: [&dyn Fn(&crate::features::alloc::analysis::SiteStats) -> u64; 3] =
         [&|s| s.bytes, &|s| s.count, &|s| s.live_bytes];
     for key in rankings {
         let mut order: Vec<usize> = (0..all.len()).filter(|&i| key(all[i].1) > 0).collect();

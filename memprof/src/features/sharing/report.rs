@@ -6,13 +6,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
 
 use crate::{
-    analysis::sharing::{Dismissal, LineFinding, SharingKind},
     collect::Collector,
+    features::sharing::analysis::{Dismissal, LineFinding, SharingKind},
+    object::symbolize::{dwarf::Layout, Symbolizer},
     process::maps::{short_name, Place},
     report::model::{
         CodeRef, Dependences, DismissedLine, SharedObject, SharingCode, SharingEntry, WordEntry,
     },
-    symbolize::{dwarf::Layout, Symbolizer},
 };
 
 /// Code sites kept per line.

@@ -1,8 +1,9 @@
-//! Pure analyses over plain event structs: no BPF, no I/O, unit-tested.
+//! The analyses, one directory each. An analysis (`analysis.rs` in each)
+//! is pure: plain event structs in, no BPF, no I/O, unit-tested.
 
 pub mod alloc;
-pub mod memory;
-pub mod profile;
+pub mod cpu;
+pub mod locks;
 pub mod sharing;
 
 /// A fast hasher for the per-event maps of the analyses (addresses and
@@ -49,6 +50,11 @@ pub type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherD
 /// A `HashSet` with [`FastHasher`].
 pub type FastSet<K> = std::collections::HashSet<K, std::hash::BuildHasherDefault<FastHasher>>;
 
+/// A latency histogram: 1 ns to about 18 minutes, 3 significant digits.
+pub fn latency_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid")
+}
+
 #[cfg(test)]
 mod tests {
     use std::hash::{BuildHasher, BuildHasherDefault};
@@ -64,10 +70,4 @@ mod tests {
         }
         assert!(low_bits.len() > 600, "{} distinct of 1024", low_bits.len());
     }
-}
-pub mod locks;
-
-/// A latency histogram: 1 ns to about 18 minutes, 3 significant digits.
-pub fn latency_histogram() -> hdrhistogram::Histogram<u64> {
-    hdrhistogram::Histogram::new_with_bounds(1, 1 << 40, 3).expect("static bounds are valid")
 }

@@ -341,7 +341,7 @@ mod tests {
         let offset = f - m.start + m.offset;
         let (mut u, mut files) = (
             Unwinder::default(),
-            crate::collect::code::FileCache::default(),
+            crate::object::code::FileCache::default(),
         );
         let rule = u
             .rule(&mut files, &exe, offset)

@@ -354,7 +354,7 @@ mod tests {
         let path = dir.path().join("bad.so");
         std::fs::write(
             &path,
-            include_bytes!("../../tests/fuzz/regressions/line-table-without-files.so"),
+            include_bytes!("../../../tests/fuzz/regressions/line-table-without-files.so"),
         )
         .unwrap();
         let path: Arc<str> = Arc::from(path.to_str().unwrap());

@@ -256,7 +256,11 @@ mod tests {
     #[test]
     fn a_global_s_layout_is_read_from_this_binary() {
         let exe = std::env::current_exe().expect("test binary");
-        let l = layout(&exe, "memprof::symbolize::dwarf::tests::TEST_LAYOUT").expect("found");
+        let l = layout(
+            &exe,
+            "memprof::object::symbolize::dwarf::tests::TEST_LAYOUT",
+        )
+        .expect("found");
         assert_eq!(l.element, Some(24), "{l:?}");
         let names: Vec<&str> = l.members.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "c"], "{l:?}");

@@ -20,7 +20,7 @@ use aya::programs::uprobe::UProbeLink;
 
 use super::{
     budget::{BudgetConfig, DutyCycle},
-    probes::{Family, ProbePoint, Probes},
+    loader::{Family, ProbePoint, Probes},
 };
 use crate::error::Result;
 

@@ -1,0 +1,3 @@
+//! CPU time: where the target's threads spend their samples.
+
+pub mod profile;

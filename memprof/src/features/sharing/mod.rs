@@ -1,0 +1,4 @@
+//! False sharing: sampled data accesses per cache line.
+
+pub mod analysis;
+pub mod report;

@@ -1,0 +1,4 @@
+//! x86-64 instruction decoding.
+
+pub mod access;
+pub mod prologue;
