@@ -16,7 +16,6 @@
 //! - [`tui`]: the live dashboard, rendering the same model.
 
 pub mod cli;
-pub mod collect;
 pub mod error;
 pub mod features;
 pub mod kernel;

@@ -20,10 +20,10 @@ use std::{collections::BTreeMap, ops::Range, sync::Arc};
 use engine::{fuzz, hash, replaying, Seed, Sig};
 use memprof::{
     object::{
-        code,
+        files,
         symbolize::{dwarf, Symbolizer},
         unwind,
-        x86::access,
+        x86::{access, calls},
     },
     process::maps::{short_name, Place, ProcMaps},
 };
@@ -277,7 +277,7 @@ fn fuzz_code() {
             }
         }
         for end in [access::LOOK_BEHIND, (h >> 30) % (n + 8), n, 0, u64::MAX] {
-            sig.add(u64::from(code::ends_with_call(input, end as usize)));
+            sig.add(u64::from(calls::ends_with_call(input, end as usize)));
         }
         sig.0
     });
@@ -355,7 +355,7 @@ fn probe_fn_addr_vaddr() -> u64 {
 /// The mini unwind object must give the very rules the original file
 /// gives (else it would not be a faithful seed).
 fn check_unwind_seed(path: &str, data: &[u8], queries: &[u64]) {
-    let (mut unwinder, mut files) = (unwind::Unwinder::default(), code::FileCache::default());
+    let (mut unwinder, mut files) = (unwind::Unwinder::default(), files::FileCache::default());
     let path: Arc<str> = Arc::from(path);
     let mut found = 0;
     for &q in queries {

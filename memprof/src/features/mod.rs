@@ -1,10 +1,172 @@
-//! The analyses, one directory each. An analysis (`analysis.rs` in each)
-//! is pure: plain event structs in, no BPF, no I/O, unit-tested.
+//! The analyses, one directory each, behind one seam: the [`Feature`]
+//! trait, which the session runs without knowing which analyses there are.
+//!
+//! A feature says what it needs loaded ([`Plan`]), then attaches its probes,
+//! drains its rings, handles its deadlines, finishes, and contributes its
+//! part of the report. Its analysis (`analysis.rs`) is pure: plain event
+//! structs in, no BPF, no I/O, unit-tested.
 
 pub mod alloc;
 pub mod cpu;
 pub mod locks;
 pub mod sharing;
+
+use std::{
+    path::PathBuf,
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use memprof_common::{KernelStats, SampleEvent};
+
+use crate::{
+    error::Result,
+    kernel::{
+        loader::{Counters, Load, Probes},
+        windows::Detaching,
+    },
+    object::symbolize::Symbolizer,
+    process::state::Process,
+    report::Report,
+    session::Options,
+};
+use alloc::analysis::AllocProfile;
+use cpu::profile::ThreadEvent;
+
+/// The features of a session, in the order they contribute to the report.
+/// A new analysis is one more line here.
+pub fn plans(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Vec<Box<dyn Plan>> {
+    vec![
+        cpu::plan(opts),
+        sharing::plan(),
+        alloc::plan(opts, target, notes),
+        locks::plan(opts, target, notes),
+    ]
+}
+
+/// What a feature may look at while it plans: the process it will trace.
+pub struct Target<'a> {
+    pub pid: u32,
+    /// The launched command's executable (None when attached).
+    pub exe: Option<&'a std::path::Path>,
+}
+
+impl Target<'_> {
+    /// The launched command's executable resolved on `PATH`.
+    pub fn resolve(command: &[String]) -> Option<PathBuf> {
+        command
+            .first()
+            .and_then(|p| crate::process::launch::resolve(p, std::env::var_os("PATH")))
+    }
+}
+
+/// A feature before the programs are loaded.
+pub trait Plan {
+    /// Asks for the programs and load-time settings the feature needs.
+    fn load(&self, _load: &mut Load) {}
+    /// Takes the feature's rings from the loaded programs and attaches
+    /// what it attaches itself.
+    fn start(
+        self: Box<Self>,
+        probes: &mut Probes,
+        process: &mut Process,
+    ) -> Result<Box<dyn Feature>>;
+}
+
+/// What a feature reads when it writes its part of the report.
+pub struct ReportContext<'a> {
+    /// The programs, while attached (None once detached).
+    pub probes: Option<&'a Probes>,
+    /// The kernel's counters (live, or as read when detaching).
+    pub counters: &'a Counters,
+    /// The kernel's own threads' statistics.
+    pub kernel_stats: &'a [(u32, KernelStats)],
+    pub process: &'a mut Process,
+    pub symbolizer: &'a mut Symbolizer,
+    /// The allocator's live blocks, when a feature profiles them.
+    pub heap: Option<&'a AllocProfile>,
+    /// Notes for the reader, in the order the features add them.
+    pub notes: &'a mut Vec<String>,
+    /// The command was launched (its first exec is our gate's).
+    pub launched: bool,
+    pub duration_s: f64,
+}
+
+/// Lets tests and views reach a feature's own type behind `dyn Feature`.
+pub trait AsAny {
+    fn as_any(&self) -> &dyn std::any::Any;
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+impl<T: std::any::Any> AsAny for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// One analysis, as the session runs it. Every hook but `report` does
+/// nothing unless the feature needs it.
+pub trait Feature: AsAny {
+    /// A thread appeared, exited or exec'd (or existed at attach).
+    fn on_thread(&mut self, _ev: &ThreadEvent, _process: &mut Process) {}
+    /// A sample of the target (a CPU sample, or a precise memory event),
+    /// past the launch gate.
+    fn on_sample(&mut self, _ev: &SampleEvent, _process: &mut Process) {}
+    /// Ready when one of the feature's rings has records.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Pending
+    }
+    /// Hands the records waiting in the feature's rings to its analysis.
+    fn drain(&mut self, _process: &mut Process) {}
+    /// After each drain: give the programs what the drained records asked
+    /// for.
+    fn after_drain(&mut self, _probes: &mut Probes, _process: &mut Process) {}
+    /// When the feature wants to be called back (a uprobe window).
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+    /// The deadline came.
+    fn on_deadline(&mut self, _probes: &mut Probes, _notes: &mut Vec<String>) {}
+    /// Whether the feature re-attaches probes while tracing (which needs
+    /// privileges kept after attaching).
+    fn windowed(&self) -> bool {
+        false
+    }
+    /// Resolves what could not be resolved when it came; `heap` is another
+    /// feature's view of the allocator's live blocks.
+    fn settle(&mut self, _process: &mut Process, _heap: Option<&AllocProfile>) {}
+    /// Tracing stops: stop the feature's probes and read what only the
+    /// programs know, before they are detached.
+    fn finish(&mut self, _probes: &mut Probes, _process: &mut Process) {}
+    /// The allocator's live blocks, for the features that name memory.
+    fn heap(&self) -> Option<&AllocProfile> {
+        None
+    }
+    /// Writes the feature's part of the report.
+    fn report(&mut self, ctx: &mut ReportContext<'_>, report: &mut Report);
+    /// The probes the kernel is still removing.
+    fn take_detaching(&mut self) -> Detaching {
+        Detaching::default()
+    }
+}
+
+/// Calls `f` on each feature with the heap another feature keeps.
+pub fn each_with_heap(
+    features: &mut [Box<dyn Feature>],
+    mut f: impl FnMut(&mut dyn Feature, Option<&AllocProfile>),
+) {
+    for i in 0..features.len() {
+        let (before, rest) = features.split_at_mut(i);
+        let Some((me, after)) = rest.split_first_mut() else {
+            return;
+        };
+        let heap = before.iter().chain(after.iter()).find_map(|g| g.heap());
+        f(me.as_mut(), heap);
+    }
+}
 
 /// A fast hasher for the per-event maps of the analyses (addresses and
 /// small keys): std's SipHash resists hash flooding, which the target's own

@@ -137,88 +137,20 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Loads the object for process `tgid` and attaches all programs.
-    /// With `alloc`, also loads the allocator programs and attaches the
-    /// allocator's syscall and kernel tracepoints (the uprobes are attached
-    /// later, in windows, by [`Probes::attach_alloc`]).
+    /// Loads the object for process `tgid` and attaches all programs the
+    /// session and `load` ask for. The allocator's syscall and kernel
+    /// tracepoints are attached here; its uprobes and the lock uprobes are
+    /// only loaded: the features attach them, in windows, with
+    /// [`Probes::attach_points`].
     pub fn attach(
         tgid: u32,
         tracefs_dir: &Path,
         frequency_hz: u64,
         try_hardware: bool,
-        alloc: Option<AllocLoad>,
-        lock_uprobes: bool,
+        load: &Load,
     ) -> Result<Self> {
-        let pid_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "pid", 4)?;
-        let flags_off =
-            tracefs::field_offset(tracefs_dir, "task", "task_newtask", "clone_flags", 8)?;
-        let glibc_header = u32::from(alloc.is_some_and(|a| a.glibc_header));
-        // The allocator's and the futex syscalls' arguments.
-        let args_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_enter_mmap", "addr", 8)?;
-        let ret_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_exit_mmap", "ret", 8)?;
-        // Optional: kernels without lock:contention_* just miss that part.
-        let klock_addr =
-            tracefs::field_offset(tracefs_dir, "lock", "contention_begin", "lock_addr", 8)
-                .unwrap_or(8);
-        let klock_flags =
-            tracefs::field_offset(tracefs_dir, "lock", "contention_begin", "flags", 4)
-                .unwrap_or(16);
-        let mut ebpf = EbpfLoader::new()
-            .override_global(globals::TARGET_TGID, &tgid, true)
-            .override_global(globals::NEWTASK_PID_OFFSET, &pid_off, true)
-            .override_global(globals::NEWTASK_FLAGS_OFFSET, &flags_off, true)
-            .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
-            .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)
-            .override_global(globals::SYSCALL_RET_OFFSET, &ret_off, true)
-            .override_global(globals::KLOCK_ADDR_OFFSET, &klock_addr, true)
-            .override_global(globals::KLOCK_FLAGS_OFFSET, &klock_flags, true)
-            .load(OBJECT)
-            .map_err(|e| classify(anyhow::Error::new(e).context("loading the eBPF object")))?;
-        // Must exist before the programs load (they reference its map).
-        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
-            Ok(logger) => Some(logger),
-            Err(e) => {
-                tracing::warn!("eBPF-side logging unavailable: {e}");
-                None
-            }
-        };
-
-        attach_tracepoint(&mut ebpf, programs::TASK_NEW, "task", "task_newtask")?;
-        attach_tracepoint(
-            &mut ebpf,
-            programs::TASK_EXIT,
-            "sched",
-            "sched_process_exit",
-        )?;
-        attach_tracepoint(
-            &mut ebpf,
-            programs::TASK_EXEC,
-            "sched",
-            "sched_process_exec",
-        )?;
-        if alloc.is_some() {
-            attach_alloc_tracepoints(&mut ebpf)?;
-            for name in [
-                programs::ALLOC_ENTER,
-                programs::ALLOC_EXIT,
-                programs::ALLOC_FLOOR_ENTER,
-                programs::ALLOC_FLOOR_EXIT,
-            ] {
-                let prog: &mut UProbe = program(&mut ebpf, name)?;
-                prog.load().map_err(|e| {
-                    classify(anyhow::Error::new(e).context(format!("loading {name}")))
-                })?;
-            }
-        }
-        attach_lock_tracepoints(&mut ebpf)?;
-        if lock_uprobes {
-            for name in [programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK] {
-                let prog: &mut UProbe = program(&mut ebpf, name)?;
-                prog.load().map_err(|e| {
-                    classify(anyhow::Error::new(e).context(format!("loading {name}")))
-                })?;
-            }
-        }
+        let (mut ebpf, logger) = load_object(tgid, tracefs_dir, load)?;
+        attach_programs(&mut ebpf, load)?;
         let source = attach_sampler(&mut ebpf, frequency_hz, try_hardware)?;
         let mut probes = Self {
             ebpf,
@@ -494,6 +426,84 @@ where
         .program_mut(name)
         .ok_or_else(|| anyhow::anyhow!("program {name} missing from the eBPF object"))?;
     Ok(prog.try_into().map_err(anyhow::Error::new)?)
+}
+
+/// What the features ask to load besides the programs every session runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// The allocator programs, and what they need to know.
+    pub alloc: Option<AllocLoad>,
+    /// The pthread lock uprobes.
+    pub lock_uprobes: bool,
+}
+
+type Logger = Option<aya_log::EbpfLogger<&'static dyn log::Log>>;
+
+/// Loads the object with the load-time settings for `tgid` and this
+/// kernel's tracepoint layouts.
+fn load_object(tgid: u32, tracefs_dir: &Path, load: &Load) -> Result<(Ebpf, Logger)> {
+    let pid_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "pid", 4)?;
+    let flags_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "clone_flags", 8)?;
+    let glibc_header = u32::from(load.alloc.is_some_and(|a| a.glibc_header));
+    // The allocator's and the futex syscalls' arguments.
+    let args_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_enter_mmap", "addr", 8)?;
+    let ret_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_exit_mmap", "ret", 8)?;
+    // Optional: kernels without lock:contention_* just miss that part.
+    let klock_addr =
+        tracefs::field_offset(tracefs_dir, "lock", "contention_begin", "lock_addr", 8).unwrap_or(8);
+    let klock_flags =
+        tracefs::field_offset(tracefs_dir, "lock", "contention_begin", "flags", 4).unwrap_or(16);
+    let mut ebpf = EbpfLoader::new()
+        .override_global(globals::TARGET_TGID, &tgid, true)
+        .override_global(globals::NEWTASK_PID_OFFSET, &pid_off, true)
+        .override_global(globals::NEWTASK_FLAGS_OFFSET, &flags_off, true)
+        .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
+        .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)
+        .override_global(globals::SYSCALL_RET_OFFSET, &ret_off, true)
+        .override_global(globals::KLOCK_ADDR_OFFSET, &klock_addr, true)
+        .override_global(globals::KLOCK_FLAGS_OFFSET, &klock_flags, true)
+        .load(OBJECT)
+        .map_err(|e| classify(anyhow::Error::new(e).context("loading the eBPF object")))?;
+    // Must exist before the programs load (they reference its map).
+    let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+        Ok(logger) => Some(logger),
+        Err(e) => {
+            tracing::warn!("eBPF-side logging unavailable: {e}");
+            None
+        }
+    };
+
+    Ok((ebpf, logger))
+}
+
+/// Attaches the thread, allocator-syscall and lock tracepoints, and loads
+/// the uprobe programs the features attach later.
+fn attach_programs(ebpf: &mut Ebpf, load: &Load) -> Result<()> {
+    attach_tracepoint(ebpf, programs::TASK_NEW, "task", "task_newtask")?;
+    attach_tracepoint(ebpf, programs::TASK_EXIT, "sched", "sched_process_exit")?;
+    attach_tracepoint(ebpf, programs::TASK_EXEC, "sched", "sched_process_exec")?;
+    if load.alloc.is_some() {
+        attach_alloc_tracepoints(ebpf)?;
+        for name in [
+            programs::ALLOC_ENTER,
+            programs::ALLOC_EXIT,
+            programs::ALLOC_FLOOR_ENTER,
+            programs::ALLOC_FLOOR_EXIT,
+        ] {
+            let prog: &mut UProbe = program(ebpf, name)?;
+            prog.load()
+                .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
+        }
+    }
+    attach_lock_tracepoints(ebpf)?;
+    if load.lock_uprobes {
+        for name in [programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK] {
+            let prog: &mut UProbe = program(ebpf, name)?;
+            prog.load()
+                .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
+        }
+    }
+    Ok(())
 }
 
 fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -> Result<()> {

@@ -5,5 +5,6 @@ pub mod budget;
 pub mod loader;
 pub mod precise;
 pub mod preflight;
+pub mod rings;
 pub mod tracefs;
 pub mod windows;

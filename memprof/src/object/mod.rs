@@ -1,6 +1,6 @@
 //! The target's object files: code, call-frame information, symbols.
 
-pub mod code;
+pub mod files;
 pub mod symbolize;
 pub mod unwind;
 pub mod x86;

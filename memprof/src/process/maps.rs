@@ -6,6 +6,14 @@
 
 use std::{path::Path, sync::Arc};
 
+/// The address of the call instruction that returns to `return_address`,
+/// as close as an address in it can be told without decoding: the byte
+/// before. Stack frames and the callers the probes see are return
+/// addresses; places and symbols are looked up here.
+pub fn call_of(return_address: u64) -> u64 {
+    return_address.saturating_sub(1)
+}
+
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapping {
@@ -49,9 +57,9 @@ pub struct ProcMaps {
 impl ProcMaps {
     /// Reads `/proc/PID/maps`.
     pub fn read(pid: u32) -> std::io::Result<Self> {
-        Ok(Self::parse(&String::from_utf8_lossy(&read_proc(
-            pid, "maps",
-        )?)))
+        Ok(Self::parse(&String::from_utf8_lossy(
+            &super::procfs::read_proc(pid, "maps")?,
+        )))
     }
 
     /// Parses the text of a maps file; malformed lines are skipped.
@@ -201,25 +209,6 @@ fn parse_line(line: &str) -> Option<Mapping> {
         executable: perms[2] == b'x',
         name: Arc::from(name),
     })
-}
-
-/// Reads `/proc/PID/NAME`. When the main thread has exited (pthread_exit)
-/// while others run, that file is empty, so the first live thread's
-/// `/proc/PID/task/TID/NAME` is read instead.
-pub fn read_proc(pid: u32, name: &str) -> std::io::Result<Vec<u8>> {
-    let main = std::fs::read(format!("/proc/{pid}/{name}"))?;
-    if !main.is_empty() {
-        return Ok(main);
-    }
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))?;
-    for task in tasks.filter_map(|t| t.ok()) {
-        if let Ok(text) = std::fs::read(task.path().join(name)) {
-            if !text.is_empty() {
-                return Ok(text);
-            }
-        }
-    }
-    Ok(main)
 }
 
 /// The file name part of a path, for display (`/usr/lib/libc.so.6` →

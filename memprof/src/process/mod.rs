@@ -1,10 +1,14 @@
-//! The traced process as the rest of the program sees it: where its
-//! addresses lie ([`maps`]: the memory map, [`maps::Place`]).
+//! The traced process as the rest of the program sees it: its handle
+//! (attached or launched), where its addresses lie ([`maps`], with
+//! [`maps::Place`]), what `/proc` says of it ([`procfs`]), and the state
+//! every feature shares while it runs ([`state::Process`]).
 //!
 //! The pure analyses, the report and the symbolizer name places in the
-//! target through this module, not through the collector that reads the
-//! events.
+//! target through this module.
 
+pub mod handle;
 pub mod launch;
 pub mod maps;
+pub mod procfs;
+pub mod state;
 pub mod threads;

@@ -1,6 +1,236 @@
 //! The allocator: calls, latencies, sites and memory overhead.
+//!
+//! [`allocator`] finds the target's allocator, [`tracer`] attaches its
+//! entry points in windows, [`collect`] turns the records into the pure
+//! [`analysis`] (with [`memory`], the overhead account).
 
 pub mod allocator;
 pub mod analysis;
+pub mod collect;
 pub mod memory;
 pub mod tracer;
+
+use std::{
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use memprof_common::maps;
+
+use super::{Feature, Plan, ReportContext, Target};
+use crate::{
+    cli::AllocMode,
+    error::Result,
+    kernel::{
+        loader::{AllocLoad, Load, Probes},
+        rings::{drain, poll_ring, readable, Ring},
+        windows::{ktime_ns, Detaching},
+    },
+    process::state::Process,
+    report::{model::FULLY_TRACED, Report},
+    session::Options,
+};
+use allocator::{Allocator, AllocatorKind};
+use analysis::AllocProfile;
+use collect::AllocCollector;
+use tracer::{AllocSettings, AllocTracer};
+
+/// Finds the target's allocator, unless allocator tracing is off. Not
+/// finding one is not an error: the rest of the profile still works.
+pub fn plan(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Box<dyn Plan> {
+    let allocator = (opts.alloc.mode != AllocMode::Off)
+        .then(|| find(target, notes))
+        .flatten();
+    Box::new(AllocPlan {
+        settings: opts.alloc,
+        allocator,
+        pid: target.pid,
+        launched: target.exe.is_some(),
+    })
+}
+
+fn find(target: &Target<'_>, notes: &mut Vec<String>) -> Option<Allocator> {
+    let found = match target.exe {
+        None => allocator::find(target.pid),
+        Some(exe) => allocator::find_for_command(exe),
+    };
+    match found {
+        Ok(Some(a)) => Some(a),
+        Ok(None) => {
+            notes
+                .push("no object in the target defines malloc: the allocator is not traced".into());
+            None
+        }
+        Err(e) => {
+            notes.push(format!("cannot find the target's allocator: {e:#}"));
+            None
+        }
+    }
+}
+
+struct AllocPlan {
+    settings: AllocSettings,
+    allocator: Option<Allocator>,
+    pid: u32,
+    launched: bool,
+}
+
+impl Plan for AllocPlan {
+    fn load(&self, load: &mut Load) {
+        load.alloc = self.allocator.as_ref().map(|a| AllocLoad {
+            glibc_header: a.kind == AllocatorKind::Glibc,
+        });
+    }
+
+    fn start(
+        self: Box<Self>,
+        probes: &mut Probes,
+        _process: &mut Process,
+    ) -> Result<Box<dyn Feature>> {
+        let Some(allocator) = self.allocator else {
+            return Ok(Box::new(Alloc {
+                settings: self.settings,
+                traced: None,
+            }));
+        };
+        let ring = readable(
+            probes.take_ring(maps::ALLOC_EVENTS)?,
+            "the allocator ring buffer",
+        )?;
+        let rule = tracer::large_rule(allocator.kind, self.settings.large_threshold);
+        let glibc = allocator.kind == AllocatorKind::Glibc;
+        let mut collector = AllocCollector::new(AllocProfile::new(rule, self.launched, glibc));
+        let mut tracer = AllocTracer::new(allocator, self.settings, self.pid);
+        let started = tracer.open(probes)?;
+        collector.window(true, started);
+        Ok(Box::new(Alloc {
+            settings: self.settings,
+            traced: Some(Traced {
+                ring,
+                tracer,
+                collector,
+            }),
+        }))
+    }
+}
+
+/// The allocator feature: off, not found, or traced.
+pub struct Alloc {
+    settings: AllocSettings,
+    traced: Option<Traced>,
+}
+
+struct Traced {
+    ring: Ring,
+    tracer: AllocTracer,
+    collector: AllocCollector,
+}
+
+impl Feature for Alloc {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.traced {
+            Some(t) => poll_ring(&mut t.ring, cx),
+            None => Poll::Pending,
+        }
+    }
+
+    fn drain(&mut self, process: &mut Process) {
+        if let Some(t) = &mut self.traced {
+            let collector = &mut t.collector;
+            drain(&mut t.ring, |b| {
+                // A launched command's process runs our gate until its exec.
+                if !process.awaiting_exec() {
+                    collector.on_record(b, process);
+                }
+            });
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.traced.as_ref().and_then(|t| t.tracer.deadline())
+    }
+
+    /// Ends or starts a window when the controller says so.
+    fn on_deadline(&mut self, probes: &mut Probes, notes: &mut Vec<String>) {
+        let Some(t) = &mut self.traced else { return };
+        match t.tracer.on_deadline(probes) {
+            Ok(Some(opened)) => t.collector.window(opened, ktime_ns()),
+            Ok(None) => {}
+            Err(e) => {
+                // The allocator's file may be gone (e.g. upgraded): keep
+                // tracing the rest rather than fail the session.
+                tracing::warn!("cannot re-attach the allocator probes: {e}");
+                notes.push(format!("allocator probes could not be re-attached: {e}"));
+                t.collector.window(false, ktime_ns());
+                t.tracer.finish(probes);
+                t.tracer.wait_detached();
+            }
+        }
+    }
+
+    fn windowed(&self) -> bool {
+        self.traced.is_some() && self.settings.mode == AllocMode::Sampled
+    }
+
+    fn settle(&mut self, process: &mut Process, _heap: Option<&AllocProfile>) {
+        if let Some(t) = &mut self.traced {
+            t.collector.settle(process);
+        }
+    }
+
+    fn finish(&mut self, probes: &mut Probes, _process: &mut Process) {
+        if let Some(t) = &mut self.traced {
+            if t.tracer.attached() {
+                t.collector.window(false, ktime_ns());
+            }
+            // Starts detaching; the report is built and shown meanwhile
+            // (the kernel takes a while), and the session waits for the
+            // detach before the process ends.
+            t.tracer.finish(probes);
+        }
+    }
+
+    fn heap(&self) -> Option<&AllocProfile> {
+        self.traced.as_ref().map(|t| &t.collector.profile)
+    }
+
+    fn report(&mut self, ctx: &mut ReportContext<'_>, out: &mut Report) {
+        let lost = ctx.counters.alloc_events_lost;
+        if lost > 0 {
+            ctx.notes.push(format!(
+                "{lost} allocator events were lost (ring buffer full): allocator counts are low"
+            ));
+        }
+        let (tracer, profile) = match &self.traced {
+            Some(t) => (Some(&t.tracer), Some(&t.collector.profile)),
+            None => (None, None),
+        };
+        if let Some(tracer) = tracer {
+            if self.settings.mode == AllocMode::Sampled && tracer.traced_fraction() < FULLY_TRACED {
+                ctx.notes.push(format!(
+                    "allocator calls were traced {:.1}% of the time ({} windows) to stay within \
+                     the {:.0}% overhead budget; allocator counts are scaled estimates",
+                    tracer.traced_fraction() * 100.0,
+                    tracer.windows,
+                    tracer.settings.budget * 100.0
+                ));
+            }
+        }
+        let symbolizer = &mut *ctx.symbolizer;
+        out.allocator = tracer::report(
+            tracer,
+            profile,
+            self.settings.mode,
+            lost,
+            ctx.kernel_stats,
+            |place| symbolizer.code(place),
+        );
+    }
+
+    fn take_detaching(&mut self) -> Detaching {
+        self.traced
+            .as_mut()
+            .map(|t| t.tracer.take_detaching())
+            .unwrap_or_default()
+    }
+}

@@ -1,6 +1,211 @@
-//! Locks: contention seen from the kernel and critical sections from the
-//! lock functions.
+//! Locks: contention seen from the kernel (futex waits and wakes, kernel
+//! locks) and critical sections from the pthread lock functions.
+//!
+//! [`tracer`] finds and probes the lock functions in windows, [`collect`]
+//! turns the records into the pure [`analysis`], and [`report`] assembles
+//! the report's lock entries.
 
 pub mod analysis;
+pub mod collect;
 pub mod report;
 pub mod tracer;
+
+use std::{
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use memprof_common::{locks::HoldEvent, maps};
+
+use super::{alloc::analysis::AllocProfile, Feature, Plan, ReportContext, Target};
+use crate::{
+    cli::LockMode,
+    error::Result,
+    kernel::{
+        loader::{Load, Probes},
+        rings::{decoded, drain, poll_ring, readable, Ring},
+        windows::{Detaching, Windowed},
+    },
+    process::state::Process,
+    report::Report,
+    session::Options,
+};
+use collect::LockCollector;
+use tracer::LockLibrary;
+
+/// Finds the target's pthread lock functions unless their probes are off.
+/// Not finding them (a program with no pthread locks, e.g. Rust's
+/// futex-based std) is not an error: contention is still seen from the
+/// kernel.
+pub fn plan(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Box<dyn Plan> {
+    let library = (opts.lock_mode != LockMode::Off)
+        .then(|| find(target, notes))
+        .flatten();
+    Box::new(LockPlan {
+        library,
+        mode: opts.lock_mode,
+        budget: opts.alloc.budget,
+        pid: target.pid,
+    })
+}
+
+fn find(target: &Target<'_>, notes: &mut Vec<String>) -> Option<LockLibrary> {
+    match tracer::find(target.pid, target.exe) {
+        Ok(Some(library)) => Some(library),
+        Ok(None) => {
+            notes.push(
+                "no object in the target defines pthread_mutex_lock: lock calls are not traced \
+                 (contention still is, from the kernel)"
+                    .into(),
+            );
+            None
+        }
+        Err(e) => {
+            notes.push(format!("cannot find the target's lock functions: {e:#}"));
+            None
+        }
+    }
+}
+
+struct LockPlan {
+    library: Option<LockLibrary>,
+    mode: LockMode,
+    budget: f64,
+    pid: u32,
+}
+
+impl Plan for LockPlan {
+    fn load(&self, load: &mut Load) {
+        load.lock_uprobes = self.library.is_some();
+    }
+
+    fn start(
+        self: Box<Self>,
+        probes: &mut Probes,
+        _process: &mut Process,
+    ) -> Result<Box<dyn Feature>> {
+        let futex = readable(probes.take_ring(maps::LOCK_EVENTS)?, "the lock ring buffer")?;
+        let calls = match self.library {
+            Some(library) => {
+                let holds = readable(
+                    probes.take_ring(maps::HOLD_EVENTS)?,
+                    "the critical-section ring buffer",
+                )?;
+                let mut tracer = tracer::tracer(library, self.mode, self.budget, self.pid);
+                tracer.open(probes)?;
+                Some((holds, tracer))
+            }
+            None => None,
+        };
+        Ok(Box::new(Locks {
+            futex,
+            calls,
+            mode: self.mode,
+            collector: LockCollector::default(),
+        }))
+    }
+}
+
+/// The locks feature.
+pub struct Locks {
+    /// Futex and kernel-lock records.
+    futex: Ring,
+    /// Critical sections and the lock uprobes (None when they are off or
+    /// no pthread library was found).
+    calls: Option<(Ring, Windowed)>,
+    mode: LockMode,
+    collector: LockCollector,
+}
+
+impl Feature for Locks {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if let Poll::Ready(r) = poll_ring(&mut self.futex, cx) {
+            return Poll::Ready(r);
+        }
+        match &mut self.calls {
+            Some((holds, _)) => poll_ring(holds, cx),
+            None => Poll::Pending,
+        }
+    }
+
+    fn drain(&mut self, process: &mut Process) {
+        let collector = &mut self.collector;
+        drain(&mut self.futex, |b| collector.on_record(b, process));
+        if let Some((holds, _)) = &mut self.calls {
+            drain(holds, |b| {
+                if let Some(ev) = decoded(b, "critical-section", HoldEvent::from_bytes) {
+                    collector.on_hold(&ev, process);
+                }
+            });
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.calls.as_ref().and_then(|(_, t)| t.deadline())
+    }
+
+    /// Ends or starts a window when the controller says so.
+    fn on_deadline(&mut self, probes: &mut Probes, notes: &mut Vec<String>) {
+        let Some((_, tracer)) = &mut self.calls else {
+            return;
+        };
+        if let Err(e) = tracer.on_deadline(probes) {
+            tracing::warn!("cannot re-attach the lock probes: {e}");
+            notes.push(format!("lock probes could not be re-attached: {e}"));
+            tracer.finish(probes);
+        }
+    }
+
+    fn windowed(&self) -> bool {
+        self.calls.is_some() && self.mode == LockMode::Sampled
+    }
+
+    fn finish(&mut self, probes: &mut Probes, _process: &mut Process) {
+        if let Some((_, tracer)) = &mut self.calls {
+            tracer.finish(probes);
+        }
+    }
+
+    fn report(&mut self, ctx: &mut ReportContext<'_>, out: &mut Report) {
+        let counters = ctx.counters;
+        if counters.lock_events_lost > 0 {
+            ctx.notes.push(format!(
+                "{} lock events were lost (ring buffer full): lock counts are low",
+                counters.lock_events_lost
+            ));
+        }
+        if counters.hold_events_lost > 0 {
+            ctx.notes.push(format!(
+                "{} critical sections were lost (ring buffer full): acquisitions are low",
+                counters.hold_events_lost
+            ));
+        }
+        let tracer = self.calls.as_ref().map(|(_, t)| t);
+        out.lock_tracing = report::tracing(tracer, counters);
+        if let Some(t) = &out.lock_tracing {
+            if t.estimates() {
+                ctx.notes.push(format!(
+                    "lock calls were traced {:.1}% of the time ({} windows) to stay within the \
+                     budget; acquisitions are scaled estimates",
+                    t.traced_fraction * 100.0,
+                    t.windows
+                ));
+            }
+        }
+        let heap: Option<&AllocProfile> = ctx.heap;
+        out.locks = report::report(
+            &self.collector.profile,
+            ctx.process.maps(),
+            heap,
+            tracer,
+            ctx.symbolizer,
+        );
+    }
+
+    fn take_detaching(&mut self) -> Detaching {
+        self.calls
+            .as_mut()
+            .map(|(_, t)| t.take_detaching())
+            .unwrap_or_default()
+    }
+}

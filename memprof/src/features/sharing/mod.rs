@@ -1,4 +1,333 @@
-//! False sharing: sampled data accesses per cache line.
+//! False sharing: sampled data accesses per cache line, the kernel's
+//! per-line history, and the report's false-sharing section.
+//!
+//! Each user-mode sample gives a data address — from a precise memory
+//! event, or computed in the kernel from a recipe decoded here for the
+//! sampled instruction ([`crate::object::x86::access`]) — which the pure
+//! analysis ([`analysis`]) aggregates per line.
 
 pub mod analysis;
 pub mod report;
+
+use memprof_common::{
+    sharing::{recipe, AccessRecipe},
+    SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY, SAMPLE_FLAG_NO_RECIPE,
+};
+
+use super::{alloc::analysis::AllocProfile, cpu::profile::ThreadEvent, FastMap};
+use super::{Feature, Plan, ReportContext};
+use crate::{
+    error::Result,
+    kernel::loader::{Counters, Probes},
+    object::x86::access,
+    process::{maps::ProcMaps, state::Process},
+    report::{
+        model::{AddressMode, AddressSampling},
+        Report,
+    },
+};
+use analysis::{Access, SharingProfile};
+use report::KernelLines;
+
+pub fn plan() -> Box<dyn Plan> {
+    Box::new(SharingPlan)
+}
+
+struct SharingPlan;
+
+impl Plan for SharingPlan {
+    fn start(
+        self: Box<Self>,
+        probes: &mut Probes,
+        _process: &mut Process,
+    ) -> Result<Box<dyn Feature>> {
+        Ok(Box::new(Sharing::new(probes.precise)))
+    }
+}
+
+/// The heap block a shared line lies in, as it was when first seen shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineBlock {
+    pub start: u64,
+    pub size: u64,
+    /// The allocating call ([`AllocProfile::site_place`]).
+    pub site: u64,
+}
+
+/// The false-sharing feature's state.
+pub struct Sharing {
+    /// Sampled data accesses, per cache line.
+    pub profile: SharingProfile,
+    /// "pebs" or "ibs" when precise memory events give the addresses.
+    precise: Option<&'static str>,
+    /// Decoded instructions: the recipe for each sampled IP and which
+    /// instruction it describes.
+    decoded: FastMap<u64, access::Decoded>,
+    /// Recipes decoded since they were last installed.
+    new_recipes: Vec<(u64, AccessRecipe)>,
+    /// The target called exec: the kernel's recipes are stale.
+    recipes_reset: bool,
+    /// Decoded recipes the kernel's map had no room for.
+    recipes_dropped: usize,
+    /// The heap block under each shared line, looked up while it is live.
+    line_blocks: FastMap<u64, Option<LineBlock>>,
+    /// CPU samples seen (the share of each line is taken of them).
+    cpu_samples: u64,
+    /// The kernel's lines and their count, as read when detaching.
+    final_lines: Option<(KernelLines, u64)>,
+}
+
+/// What the report reads of the sharing feature and the target.
+pub struct Seen<'a> {
+    pub sharing: &'a SharingProfile,
+    maps: &'a ProcMaps,
+    line_blocks: &'a FastMap<u64, Option<LineBlock>>,
+    pub alloc: Option<&'a AllocProfile>,
+}
+
+impl Seen<'_> {
+    /// The memory map as last read (for naming data addresses).
+    pub fn maps(&self) -> &ProcMaps {
+        self.maps
+    }
+
+    /// The heap block under `line` (recorded while it was live).
+    pub fn line_block(&self, line: u64) -> Option<LineBlock> {
+        self.line_blocks.get(&line).copied().flatten()
+    }
+}
+
+impl Sharing {
+    pub fn new(precise: Option<&'static str>) -> Self {
+        Self {
+            profile: SharingProfile::new(),
+            precise,
+            decoded: FastMap::default(),
+            new_recipes: Vec::new(),
+            recipes_reset: false,
+            recipes_dropped: 0,
+            line_blocks: FastMap::default(),
+            cpu_samples: 0,
+            final_lines: None,
+        }
+    }
+
+    /// The memory side of a user-mode sample: its address, or a request
+    /// to decode its instruction.
+    fn on_user_access(&mut self, ev: &SampleEvent, process: &mut Process) {
+        if ev.flags & SAMPLE_FLAG_NO_RECIPE != 0 {
+            if !process.of_old_image(ev.time_ns) {
+                self.decode(ev.ip, process);
+            }
+            return;
+        }
+        if ev.flags & SAMPLE_FLAG_ADDR == 0 {
+            return; // no memory operand (counted in the kernel)
+        }
+        let insn = self.decoded.get(&ev.ip).map_or(ev.ip, |d| d.insn);
+        self.profile.on_access(Access {
+            tid: ev.tid,
+            insn,
+            addr: ev.addr,
+            size: ev.size,
+            read: ev.access & recipe::READ != 0,
+            write: ev.access & recipe::WRITE != 0,
+        });
+    }
+
+    /// Decodes the instruction at `ip` once, for the kernel to use.
+    fn decode(&mut self, ip: u64, process: &mut Process) {
+        if self.decoded.contains_key(&ip) {
+            return; // decoded, not yet installed when this was sampled
+        }
+        let decoded = match code_around(process, ip) {
+            Some((code, code_ip)) => access::decode(&code, code_ip, ip, self.precise.is_some()),
+            None => access::Decoded {
+                recipe: AccessRecipe::none(),
+                insn: ip,
+            },
+        };
+        self.decoded.insert(ip, decoded);
+        self.new_recipes.push((ip, decoded.recipe));
+    }
+
+    /// Recipes decoded since the last call, to install in the kernel.
+    pub fn take_new_recipes(&mut self) -> Vec<(u64, AccessRecipe)> {
+        std::mem::take(&mut self.new_recipes)
+    }
+
+    /// Whether the kernel's recipes must be dropped first (the target
+    /// called exec since the last call).
+    pub fn take_recipes_reset(&mut self) -> bool {
+        std::mem::take(&mut self.recipes_reset)
+    }
+
+    /// Instructions decoded, and how many of them access memory we can
+    /// place.
+    pub fn decoded_counts(&self) -> (usize, usize) {
+        let usable = self
+            .decoded
+            .values()
+            .filter(|d| d.recipe.flags & recipe::NO_OPERAND == 0)
+            .count();
+        (self.decoded.len(), usable)
+    }
+
+    /// The kernel's state of the lines the samples show shared.
+    fn kernel_lines(&self, probes: Option<&Probes>) -> KernelLines {
+        match (probes, &self.final_lines) {
+            (_, Some((lines, _))) => lines.clone(),
+            (Some(probes), None) => KernelLines {
+                lines: self
+                    .profile
+                    .candidates()
+                    .into_iter()
+                    .map(|line| (line, probes.line_state(line), probes.line_words(line)))
+                    .collect(),
+            },
+            (None, None) => KernelLines::default(),
+        }
+    }
+
+    /// How many samples yielded a data address, and what the line table
+    /// holds.
+    fn address_sampling(&self, counters: &Counters) -> AddressSampling {
+        let (decoded, usable) = self.decoded_counts();
+        // Walking the table is for the end; live, the lines created are
+        // shown (evictions are known only then).
+        let lines_tracked = self.final_lines.as_ref().map(|(_, n)| *n);
+        AddressSampling {
+            mode: if self.precise.is_some() {
+                AddressMode::Precise
+            } else {
+                AddressMode::Decoded
+            },
+            user_samples: counters.user_samples,
+            with_address: counters.addresses,
+            no_operand: counters.no_operand,
+            not_decoded: counters.no_recipe,
+            address_share: counters.addresses as f64 / counters.user_samples.max(1) as f64,
+            instructions_decoded: decoded,
+            instructions_with_operand: usable,
+            lines_tracked: lines_tracked.unwrap_or(counters.lines_new),
+            lines_evicted: lines_tracked.map_or(0, |t| counters.lines_new.saturating_sub(t)),
+        }
+    }
+}
+
+/// The code bytes around `ip` (see [`access::decode`]) and the address of
+/// the first, from the object file or, for anonymous code, from the
+/// process's memory.
+fn code_around(process: &mut Process, ip: u64) -> Option<(Vec<u8>, u64)> {
+    if process.find(ip).is_none() {
+        process.place(ip); // re-reads the map
+    }
+    let m = process.find(ip)?.clone();
+    let lo = ip.saturating_sub(access::LOOK_BEHIND).max(m.start);
+    let hi = (ip + access::LOOK_AHEAD).min(m.end);
+    if m.is_file() {
+        let bytes = process.files.get(&m.name)?;
+        let off = |a: u64| (a - m.start + m.offset) as usize;
+        let code = bytes.get(off(lo)..off(hi).min(bytes.len()))?;
+        return Some((code.to_vec(), lo));
+    }
+    let mut code = vec![0u8; (hi - lo) as usize];
+    let mem = std::fs::File::open(format!("/proc/{}/mem", process.pid())).ok()?;
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut code, lo).ok()?;
+    Some((code, lo))
+}
+
+impl Feature for Sharing {
+    fn on_thread(&mut self, ev: &ThreadEvent, _process: &mut Process) {
+        if let ThreadEvent::Exec { .. } = ev {
+            // Instructions of the old image are not those of the new one
+            // at the same addresses: decode afresh.
+            self.decoded.clear();
+            self.new_recipes.clear();
+            self.recipes_reset = true;
+        }
+    }
+
+    fn on_sample(&mut self, ev: &SampleEvent, process: &mut Process) {
+        let user = ev.flags & SAMPLE_FLAG_KERNEL == 0 && ev.ip != 0;
+        if ev.flags & SAMPLE_FLAG_MEMORY == 0 {
+            self.cpu_samples += 1;
+        }
+        if user {
+            self.on_user_access(ev, process);
+        }
+    }
+
+    fn after_drain(&mut self, probes: &mut Probes, _process: &mut Process) {
+        if self.take_recipes_reset() {
+            probes.clear_recipes();
+        }
+        let new = self.take_new_recipes();
+        if !new.is_empty() {
+            self.recipes_dropped += probes.install_recipes(&new);
+        }
+    }
+
+    /// Looks up the heap blocks under newly shared lines now, while they
+    /// are live: the report may come after the target freed them.
+    fn settle(&mut self, _process: &mut Process, heap: Option<&AllocProfile>) {
+        let new: Vec<u64> = self
+            .profile
+            .candidates()
+            .into_iter()
+            .filter(|l| !self.line_blocks.contains_key(l))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        let index = heap.map(AllocProfile::block_index);
+        for line in new {
+            let block = index.as_ref().and_then(|index| {
+                // Any byte of the line: a block may start inside it.
+                let first = line + u64::from(self.profile.first_offset(line));
+                let (start, b) = index.containing(first)?;
+                Some(LineBlock {
+                    start,
+                    size: b.size,
+                    site: b.site,
+                })
+            });
+            self.line_blocks.insert(line, block);
+        }
+    }
+
+    fn finish(&mut self, probes: &mut Probes, _process: &mut Process) {
+        let lines = self.kernel_lines(Some(probes));
+        self.final_lines = Some((lines, probes.lines_tracked()));
+    }
+
+    fn report(&mut self, ctx: &mut ReportContext<'_>, out: &mut Report) {
+        let lines = self.kernel_lines(ctx.probes);
+        // A line's cost is its share of the samples the line table saw:
+        // all CPU samples with timer sampling; with precise memory events
+        // (which are not CPU samples), all memory events.
+        let sampled = if self.precise.is_some() {
+            ctx.counters.user_samples
+        } else {
+            self.cpu_samples
+        };
+        let seen = Seen {
+            sharing: &self.profile,
+            maps: ctx.process.maps(),
+            line_blocks: &self.line_blocks,
+            alloc: ctx.heap,
+        };
+        out.false_sharing = report::report(&seen, &lines, sampled, ctx.symbolizer);
+        out.false_sharing_dismissed = report::dismissed(&seen, &lines, sampled, ctx.symbolizer);
+        out.sampling.addresses = self.address_sampling(ctx.counters);
+        if let Some(source) = self.precise {
+            out.sampling.source = source.into();
+        }
+        if self.recipes_dropped > 0 {
+            ctx.notes.push(format!(
+                "{} sampled instructions were not decoded (recipe map full)",
+                self.recipes_dropped
+            ));
+        }
+    }
+}

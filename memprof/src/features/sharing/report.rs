@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
 
+use super::Seen;
 use crate::{
-    collect::Collector,
     features::sharing::analysis::{Dismissal, LineFinding, SharingKind},
     object::symbolize::{dwarf::Layout, Symbolizer},
     process::maps::{short_name, Place},
@@ -34,7 +34,7 @@ pub struct KernelLines {
 
 /// The report's entries, most costly first.
 pub fn report(
-    collector: &Collector,
+    seen: &Seen<'_>,
     kernel: &KernelLines,
     total_samples: u64,
     symbolizer: &mut Symbolizer,
@@ -43,8 +43,7 @@ pub fn report(
         .lines
         .iter()
         .filter_map(|(line, state, words)| {
-            collector
-                .sharing
+            seen.sharing
                 .analyse(*line, state.as_ref(), words.as_ref(), total_samples)
         })
         .collect();
@@ -58,8 +57,8 @@ pub fn report(
     findings
         .into_iter()
         .map(|f| {
-            let (object, layout) = object_of(collector, f.first_addr, f.line, symbolizer);
-            entry(f, object, layout, collector, symbolizer)
+            let (object, layout) = object_of(seen, f.first_addr, f.line, symbolizer);
+            entry(f, object, layout, seen, symbolizer)
         })
         .collect()
 }
@@ -68,13 +67,12 @@ pub fn report(
 /// evidence that a quiet answer comes from looking, not from missing the
 /// line.
 pub fn dismissed(
-    collector: &Collector,
+    seen: &Seen<'_>,
     kernel: &KernelLines,
     total_samples: u64,
     symbolizer: &mut Symbolizer,
 ) -> Vec<DismissedLine> {
-    collector
-        .sharing
+    seen.sharing
         .busiest(DISMISSED_LINES)
         .into_iter()
         .filter_map(|l| {
@@ -87,14 +85,13 @@ pub fn dismissed(
                     .find(|(line, _, _)| *line == l.line)
                     .map(|(_, s, w)| (s.as_ref(), w.as_ref()))
                     .unwrap_or((None, None));
-                collector
-                    .sharing
+                seen.sharing
                     .judge(l.line, state, words, total_samples)
                     .err()?
             } else {
                 Dismissal::OneThread
             };
-            let (object, _) = object_of(collector, l.first_addr, l.line, symbolizer);
+            let (object, _) = object_of(seen, l.first_addr, l.line, symbolizer);
             Some(DismissedLine {
                 line: format!("{:#x}", l.line),
                 object: object.label(),
@@ -112,7 +109,7 @@ fn entry(
     f: LineFinding,
     object: SharedObject,
     layout: Option<Layout>,
-    collector: &Collector,
+    seen: &Seen<'_>,
     symbolizer: &mut Symbolizer,
 ) -> SharingEntry {
     // The field at a byte of the line, for a global with debug info.
@@ -124,7 +121,7 @@ fn entry(
     let mut code: BTreeMap<(String, Option<String>, Option<u32>, String), SharingCode> =
         BTreeMap::new();
     for c in &f.code {
-        let frame = symbolizer.code_innermost(&collector.maps().place(c.insn));
+        let frame = symbolizer.code_innermost(&seen.maps().place(c.insn));
         let key = (
             frame.function.clone(),
             frame.file.clone(),
@@ -184,16 +181,12 @@ fn entry(
 /// layout when there is debug info), a heap block (its allocation site), a
 /// stack, or a mapping.
 fn object_of(
-    collector: &Collector,
+    seen: &Seen<'_>,
     addr: u64,
     line: u64,
     symbolizer: &mut Symbolizer,
 ) -> (SharedObject, Option<Layout>) {
-    let (maps, block, alloc) = (
-        collector.maps(),
-        collector.line_block(line),
-        collector.alloc.as_ref(),
-    );
+    let (maps, block, alloc) = (seen.maps(), seen.line_block(line), seen.alloc);
     let line = line as i64;
     if let Some((path, base)) = maps.data_owner(addr) {
         let (name, offset, size, layout) = match symbolizer.data(&path, base, addr) {

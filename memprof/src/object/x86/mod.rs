@@ -1,4 +1,5 @@
 //! x86-64 instruction decoding.
 
 pub mod access;
+pub mod calls;
 pub mod prologue;

@@ -1,17 +1,15 @@
-//! Telling return addresses from other numbers on a stack.
+//! The target's object files, read once each, and which offsets in them
+//! are return addresses.
 //!
 //! A word on the stack that points into executable file-backed code right
 //! after a call instruction is almost certainly a return address: that is
 //! how the lock waits' call chains are found without frame pointers (libc
-//! has none). The code bytes come from the files, read once each.
+//! has none).
 
 use std::{collections::HashMap, sync::Arc};
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl};
+use super::x86::calls::ends_with_call;
 
-/// Longest x86 call instruction we look for (`call [rip+disp32]` with a
-/// prefix, or `call [base+index*s+disp32]`).
-const MAX_CALL_LEN: usize = 7;
 /// Files larger than this are not read (no lock implementation is).
 const MAX_FILE: u64 = 512 << 20;
 
@@ -59,42 +57,9 @@ impl CodeCache {
     }
 }
 
-/// Whether some call instruction ends exactly at `end` in `code`.
-pub fn ends_with_call(code: &[u8], end: usize) -> bool {
-    (2..=MAX_CALL_LEN).any(|len| {
-        let Some(start) = end.checked_sub(len) else {
-            return false;
-        };
-        let Some(bytes) = code.get(start..end) else {
-            return false;
-        };
-        let insn = Decoder::new(64, bytes, DecoderOptions::NONE).decode();
-        !insn.is_invalid()
-            && insn.len() == len
-            && matches!(
-                insn.flow_control(),
-                FlowControl::Call | FlowControl::IndirectCall
-            )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn calls_are_recognised_by_the_bytes_before_the_return_address() {
-        // call rel32 at 0, then mov.
-        let code = [0xe8, 1, 2, 3, 4, 0x48, 0x89, 0xc7];
-        assert!(ends_with_call(&code, 5));
-        assert!(!ends_with_call(&code, 8), "after a mov");
-        assert!(!ends_with_call(&code, 4), "inside the call");
-        // call *%rax (ff d0)
-        assert!(ends_with_call(&[0x90, 0xff, 0xd0], 3));
-        // call *0x10(%rip) (ff 15 disp32)
-        assert!(ends_with_call(&[0xff, 0x15, 0x10, 0, 0, 0], 6));
-        assert!(!ends_with_call(&[], 0));
-    }
 
     #[test]
     fn verdicts_are_cached_and_missing_files_say_no() {

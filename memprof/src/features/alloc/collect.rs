@@ -1,0 +1,136 @@
+//! Allocator records → the allocator profile: calls with their sites and
+//! the live-thread count, and the allocator's system calls with whether
+//! its probes were attached then.
+
+use memprof_common::{record_kind, AllocEvent, SyscallEvent, EVENT_ALLOC, EVENT_SYSCALL};
+
+use super::analysis::{AllocCall, AllocProfile, SyscallCall};
+use crate::process::{
+    maps::{call_of, Place},
+    state::Process,
+};
+
+/// The allocator profile and the windows its probes were attached in.
+pub struct AllocCollector {
+    pub profile: AllocProfile,
+    /// Probe windows, as ktime ranges (the last may be open).
+    windows: Vec<(u64, Option<u64>)>,
+}
+
+impl AllocCollector {
+    pub fn new(profile: AllocProfile) -> Self {
+        Self {
+            profile,
+            windows: Vec::new(),
+        }
+    }
+
+    /// The probes were attached (`open`) or detached at `ktime`.
+    pub fn window(&mut self, open: bool, ktime: u64) {
+        if open {
+            self.windows.push((ktime, None));
+        } else if let Some(last) = self.windows.last_mut() {
+            last.1.get_or_insert(ktime);
+        }
+    }
+
+    /// Whether the probes were attached at `ktime`.
+    fn traced_at(&self, ktime: u64) -> bool {
+        self.windows
+            .iter()
+            .rev()
+            .any(|&(start, end)| start <= ktime && end.is_none_or(|e| ktime < e))
+    }
+
+    /// One record of the allocator ring buffer.
+    pub fn on_record(&mut self, bytes: &[u8], process: &mut Process) {
+        match record_kind(bytes) {
+            Some(EVENT_ALLOC) => {
+                if let Some(ev) = AllocEvent::from_bytes(bytes) {
+                    self.on_alloc(&ev, process);
+                }
+            }
+            Some(EVENT_SYSCALL) => {
+                if let Some(ev) = SyscallEvent::from_bytes(bytes) {
+                    self.on_syscall(&ev, process);
+                }
+            }
+            other => tracing::warn!("unknown allocator record kind {other:?}"),
+        }
+    }
+
+    fn on_alloc(&mut self, ev: &AllocEvent, process: &mut Process) {
+        if process.before_launch(ev.start_ns) {
+            return;
+        }
+        // Sites are keyed by the call (frees carry no caller: their site
+        // is their block's), resolved once per site.
+        let site = call_of(ev.caller);
+        if ev.caller != 0 && !self.profile.knows_site(site) {
+            let place = process.place(site);
+            // Not mapped in our snapshot yet (a library loaded a moment
+            // ago): tried again at the next call, or when settling.
+            if !matches!(place, Place::Unmapped { .. }) {
+                self.profile.set_site_place(site, place);
+            }
+        }
+        self.profile.add_call(AllocCall {
+            op: ev.op,
+            tid: ev.tid,
+            start_ns: ev.start_ns,
+            duration_ns: ev.duration_ns,
+            ptr: ev.ptr,
+            old_ptr: ev.old_ptr,
+            size: ev.size,
+            chunk: ev.chunk,
+            site,
+            live_threads: process.live.at(ev.start_ns),
+        });
+    }
+
+    fn on_syscall(&mut self, ev: &SyscallEvent, process: &mut Process) {
+        if process.before_launch(ev.start_ns) {
+            return;
+        }
+        let traced = self.traced_at(ev.start_ns);
+        self.profile.add_syscall(SyscallCall {
+            nr: ev.nr,
+            inside: ev.inside.checked_sub(1),
+            traced,
+            duration_ns: ev.duration_ns,
+            args: ev.args,
+            ret: ev.ret,
+        });
+    }
+
+    /// Places the sites that were not mapped when their calls came.
+    pub fn settle(&mut self, process: &mut Process) {
+        let unplaced = self.profile.unplaced_sites();
+        if unplaced.is_empty() {
+            return;
+        }
+        process.refresh_maps();
+        for addr in unplaced {
+            let place = process.maps().place(addr);
+            self.profile.set_site_place(addr, place);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::alloc::analysis::LargeRule;
+
+    #[test]
+    fn syscalls_know_whether_the_probes_were_attached() {
+        let mut c = AllocCollector::new(AllocProfile::new(LargeRule::Above(1 << 20), false, true));
+        c.window(true, 100);
+        c.window(false, 200);
+        c.window(true, 300);
+        assert!(!c.traced_at(50));
+        assert!(c.traced_at(150));
+        assert!(!c.traced_at(250));
+        assert!(c.traced_at(1_000), "the last window is still open");
+    }
+}

@@ -1,0 +1,69 @@
+//! What the loader reads of the target from `/proc`: its threads, their
+//! names and its command line. Memory maps are in [`super::maps`].
+
+/// Reads `/proc/PID/NAME`. When the main thread has exited (pthread_exit)
+/// while others run, that file is empty, so the first live thread's
+/// `/proc/PID/task/TID/NAME` is read instead.
+pub fn read_proc(pid: u32, name: &str) -> std::io::Result<Vec<u8>> {
+    let main = std::fs::read(format!("/proc/{pid}/{name}"))?;
+    if !main.is_empty() {
+        return Ok(main);
+    }
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))?;
+    for task in tasks.filter_map(|t| t.ok()) {
+        if let Ok(text) = std::fs::read(task.path().join(name)) {
+            if !text.is_empty() {
+                return Ok(text);
+            }
+        }
+    }
+    Ok(main)
+}
+
+/// Thread ids of a process, from `/proc/PID/task`.
+pub fn list_threads(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    tids
+}
+
+/// A thread's name (`comm`), or None when the thread is gone.
+pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
+    let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+    Some(name.trim_end().to_string())
+}
+
+/// The command line of a process, space-separated.
+pub fn command_line(pid: u32) -> Option<String> {
+    let raw = read_proc(pid, "cmdline").ok()?;
+    let parts: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id();
+        assert!(list_threads(me).contains(&me));
+        assert!(thread_name(me, me).is_some());
+        assert!(command_line(me).is_some());
+    }
+
+    #[test]
+    fn a_gone_process_reads_as_nothing() {
+        assert!(list_threads(u32::MAX - 1).is_empty());
+        assert_eq!(command_line(u32::MAX - 1), None);
+    }
+}

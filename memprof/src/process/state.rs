@@ -1,0 +1,315 @@
+//! What every feature needs to know about the target while it runs: its
+//! memory map (re-read when an address is not in it, and kept from before
+//! an `exec` for late records of the old image), its threads' names and
+//! live count, the launch gate, and its object files' bytes.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use memprof_common::{SampleEvent, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD};
+
+use super::{
+    maps::{call_of, Mapping, Place, ProcMaps},
+    procfs,
+    threads::LiveThreads,
+};
+use crate::{features::cpu::profile::ThreadEvent, object::files::FileCache};
+
+/// How often an unknown address may trigger a re-read of the memory map.
+pub const MAPS_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// Samples held while waiting for a launched command's `exec`.
+const MAX_HELD_SAMPLES: usize = 100_000;
+
+/// The target as the features see it.
+pub struct Process {
+    pid: u32,
+    maps: ProcMaps,
+    maps_read_at: Option<Instant>,
+    /// The memory map before the last `exec`, with the exec's time: records
+    /// taken before it but drained after it belong to the old image.
+    before_exec: Option<(u64, ProcMaps)>,
+    names: HashMap<u32, String>,
+    /// For a launched command: samples held until its `exec`, because
+    /// those taken before it are of our launch gate, not of the command.
+    held: Option<Vec<SampleEvent>>,
+    /// Time of that `exec`: records older than it, drained later, are the
+    /// gate's too.
+    launch_exec_ns: Option<u64>,
+    /// Samples dropped because the hold buffer was full.
+    pub dropped: u64,
+    /// Threads alive over time.
+    pub live: LiveThreads,
+    /// The object files' bytes, read once each.
+    pub files: FileCache,
+}
+
+/// What a thread record changed, for the features.
+pub enum TaskChange {
+    /// A thread event to hand to every feature.
+    Thread(ThreadEvent),
+    /// The target called exec: hand the event to every feature, then the
+    /// samples held until then (a launched command's first exec).
+    Exec(ThreadEvent, Vec<SampleEvent>),
+}
+
+impl Process {
+    /// Starts following `pid`: reads its memory map and its threads, which
+    /// are returned as `Existing` thread events.
+    pub fn new(pid: u32) -> (Self, Vec<ThreadEvent>) {
+        let mut process = Self {
+            pid,
+            maps: ProcMaps::default(),
+            maps_read_at: None,
+            before_exec: None,
+            names: HashMap::new(),
+            held: None,
+            launch_exec_ns: None,
+            dropped: 0,
+            live: LiveThreads::default(),
+            files: FileCache::default(),
+        };
+        process.refresh_maps();
+        let tids = procfs::list_threads(pid);
+        process.live = LiveThreads::new(tids.len());
+        let events = tids
+            .into_iter()
+            .map(|tid| {
+                process.learn_name(tid);
+                ThreadEvent::Existing { tid }
+            })
+            .collect();
+        (process, events)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Re-reads `/proc/PID/maps`; keeps the old snapshot if the process is
+    /// gone, so late records still resolve.
+    pub fn refresh_maps(&mut self) {
+        match ProcMaps::read(self.pid) {
+            Ok(maps) if !maps.is_empty() => self.maps = maps,
+            Ok(_) => {}
+            Err(e) => tracing::debug!("re-reading maps of {}: {e}", self.pid),
+        }
+        self.maps_read_at = Some(Instant::now());
+    }
+
+    /// Re-reads the map unless it was read less than `interval` ago.
+    pub fn refresh_maps_within(&mut self, interval: Duration) -> bool {
+        let stale = self.maps_read_at.is_none_or(|t| t.elapsed() >= interval);
+        if stale {
+            self.refresh_maps();
+        }
+        stale
+    }
+
+    /// The memory map as last read.
+    pub fn maps(&self) -> &ProcMaps {
+        &self.maps
+    }
+
+    /// The mapping holding `addr`, in the map as last read.
+    pub fn find(&self, addr: u64) -> Option<&Mapping> {
+        self.maps.find(addr)
+    }
+
+    /// Where `addr` is, re-reading the map once if it is not in our
+    /// snapshot (a library loaded since, or the first records after
+    /// `exec`).
+    pub fn place(&mut self, addr: u64) -> Place {
+        let place = self.maps.place(addr);
+        if !matches!(place, Place::Unmapped { .. }) {
+            return place;
+        }
+        if self.refresh_maps_within(MAPS_REFRESH_MIN_INTERVAL) {
+            return self.maps.place(addr);
+        }
+        place
+    }
+
+    /// Where the call that returns to `return_address` is.
+    pub fn call_site(&mut self, return_address: u64) -> Place {
+        self.place(call_of(return_address))
+    }
+
+    /// Where `ip`, sampled at `time_ns`, was: in the image before the last
+    /// exec if the sample predates it.
+    pub fn place_at(&mut self, time_ns: u64, ip: u64) -> Place {
+        match &self.before_exec {
+            Some((exec_ns, old)) if time_ns < *exec_ns => old.place(ip),
+            _ => self.place(ip),
+        }
+    }
+
+    /// Whether a record taken at `time_ns` is of the image before the last
+    /// exec.
+    pub fn of_old_image(&self, time_ns: u64) -> bool {
+        self.before_exec
+            .as_ref()
+            .is_some_and(|(exec_ns, _)| time_ns < *exec_ns)
+    }
+
+    /// Counts only records from the next `exec` on (a launched command,
+    /// whose process runs our gate until then).
+    pub fn start_at_exec(&mut self) {
+        self.held = Some(Vec::new());
+    }
+
+    /// Still waiting for the launched command's `exec` (it never ran).
+    pub fn awaiting_exec(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Whether a record taken at `time_ns` is of our launch gate rather
+    /// than of the command: before its exec, or while it is awaited.
+    pub fn before_launch(&self, time_ns: u64) -> bool {
+        self.held.is_some() || self.launch_exec_ns.is_some_and(|t| time_ns < t)
+    }
+
+    /// Keeps a sample until the launched command's exec; false when no
+    /// exec is awaited.
+    pub fn hold(&mut self, ev: &SampleEvent) -> bool {
+        let Some(held) = &mut self.held else {
+            return false;
+        };
+        if held.len() < MAX_HELD_SAMPLES {
+            held.push(*ev);
+        } else {
+            self.dropped += 1;
+        }
+        true
+    }
+
+    /// Reads a thread's name unless it is known. A thread already gone
+    /// keeps an empty name (or the one it had), so its later records do not
+    /// retry the read.
+    pub fn know_thread(&mut self, tid: u32) {
+        if !self.names.contains_key(&tid) {
+            self.learn_name(tid);
+        }
+    }
+
+    fn learn_name(&mut self, tid: u32) {
+        match procfs::thread_name(self.pid, tid) {
+            Some(name) => {
+                self.names.insert(tid, name);
+            }
+            None => {
+                self.names.entry(tid).or_default();
+            }
+        }
+    }
+
+    /// Thread names, re-read for the threads in `alive` (names are often
+    /// set after creation, e.g. with `pthread_setname_np`).
+    pub fn thread_names(&mut self, alive: impl IntoIterator<Item = u32>) -> &HashMap<u32, String> {
+        for tid in alive {
+            self.learn_name(tid);
+        }
+        &self.names
+    }
+
+    /// Follows one thread record; returns what the features must hear.
+    pub fn on_task(&mut self, ev: &TaskEvent) -> Option<TaskChange> {
+        let event = match ev.kind {
+            TASK_NEW_THREAD => {
+                self.live.change(ev.time_ns, 1);
+                ThreadEvent::Created {
+                    tid: ev.tid,
+                    parent: ev.parent_tid,
+                    time_ns: ev.time_ns,
+                }
+            }
+            TASK_EXIT => {
+                self.live.change(ev.time_ns, -1);
+                // The kernel sends the final name: short-lived threads may
+                // already be gone from /proc.
+                let comm = ev.comm_str();
+                if !comm.is_empty() {
+                    self.names.insert(ev.tid, comm.to_string());
+                }
+                ThreadEvent::Exited {
+                    tid: ev.tid,
+                    time_ns: ev.time_ns,
+                }
+            }
+            TASK_EXEC => {
+                // A new program image: keep the old map for late records of
+                // the old image; the thread has the new program's name.
+                self.before_exec = Some((ev.time_ns, self.maps.clone()));
+                self.refresh_maps();
+                // Other threads are gone; their names stay for the report.
+                self.learn_name(ev.tid);
+                let held = match self.held.take() {
+                    Some(held) => {
+                        self.launch_exec_ns = Some(ev.time_ns);
+                        held
+                    }
+                    None => Vec::new(),
+                };
+                let exec = ThreadEvent::Exec {
+                    tid: ev.tid,
+                    time_ns: ev.time_ns,
+                };
+                return Some(TaskChange::Exec(exec, held));
+            }
+            other => {
+                tracing::warn!("unknown task event kind {other}");
+                return None;
+            }
+        };
+        Some(TaskChange::Thread(event))
+    }
+
+    /// Replaces the map from before the last exec (tests).
+    #[cfg(test)]
+    pub fn set_before_exec(&mut self, exec_ns: u64, old: ProcMaps) {
+        self.before_exec = Some((exec_ns, old));
+    }
+
+    /// The name known for `tid` (tests).
+    #[cfg(test)]
+    pub fn name(&self, tid: u32) -> Option<&str> {
+        self.names.get(&tid).map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gone_process_keeps_an_empty_but_usable_state() {
+        let (mut p, threads) = Process::new(u32::MAX - 1);
+        assert!(threads.is_empty());
+        assert!(matches!(p.place(0x1000), Place::Unmapped { .. }));
+    }
+
+    #[test]
+    fn the_launch_gate_holds_samples_until_exec() {
+        let me = std::process::id();
+        let (mut p, _) = Process::new(me);
+        assert!(!p.before_launch(1));
+        p.start_at_exec();
+        assert!(p.before_launch(1));
+        assert!(p.hold(&SampleEvent::default()));
+        let exec = TaskEvent {
+            time_ns: 10,
+            kind: TASK_EXEC,
+            tid: me,
+            tgid: me,
+            ..Default::default()
+        };
+        let Some(TaskChange::Exec(_, held)) = p.on_task(&exec) else {
+            panic!("an exec")
+        };
+        assert_eq!(held.len(), 1);
+        assert!(p.before_launch(9), "older than the exec: the gate's");
+        assert!(!p.before_launch(11));
+        assert!(!p.hold(&SampleEvent::default()));
+    }
+}
