@@ -12,7 +12,6 @@ pub mod locks;
 pub mod sharing;
 
 use std::{
-    path::PathBuf,
     task::{Context, Poll},
     time::Instant,
 };
@@ -22,7 +21,8 @@ use memprof_common::{KernelStats, SampleEvent};
 use crate::{
     error::Result,
     kernel::{
-        loader::{Counters, Load, Probes},
+        loader::{Load, Probes},
+        maps::Counters,
         windows::Detaching,
     },
     object::symbolize::Symbolizer,
@@ -49,15 +49,6 @@ pub struct Target<'a> {
     pub pid: u32,
     /// The launched command's executable (None when attached).
     pub exe: Option<&'a std::path::Path>,
-}
-
-impl Target<'_> {
-    /// The launched command's executable resolved on `PATH`.
-    pub fn resolve(command: &[String]) -> Option<PathBuf> {
-        command
-            .first()
-            .and_then(|p| crate::process::launch::resolve(p, std::env::var_os("PATH")))
-    }
 }
 
 /// A feature before the programs are loaded.

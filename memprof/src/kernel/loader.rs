@@ -5,24 +5,15 @@
 
 use std::path::Path;
 
-use std::num::NonZeroU32;
-
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, MapData, RingBuf},
     programs::{
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
         PerfEvent, ProgramError, TracePoint, UProbe,
     },
     Ebpf, EbpfLoader,
 };
-use memprof_common::{
-    counter, globals,
-    locks::{lock_op, LOCK_CTL_GENERATION},
-    maps, programs,
-    sharing::{AccessRecipe, LineState, LineWords},
-    syscall, KernelStats, ALLOC_CTL_GENERATION,
-};
+use memprof_common::{globals, maps, programs, syscall};
 
 use super::{precise, tracefs};
 use crate::error::{Error, Result};
@@ -48,73 +39,6 @@ impl SamplingSource {
     }
 }
 
-/// Totals of the per-CPU counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub samples_seen: u64,
-    pub samples_lost: u64,
-    pub task_events_lost: u64,
-    pub stack_errors: u64,
-    pub alloc_events_lost: u64,
-    pub alloc_state_errors: u64,
-    /// Allocator calls that hit an entry probe.
-    pub alloc_calls: u64,
-    pub lock_events_lost: u64,
-    /// Critical sections lost (ring full), unlocks of locks not seen
-    /// taken, locks taken beyond the held-locks table, state not stored.
-    pub hold_events_lost: u64,
-    pub unmatched_unlocks: u64,
-    pub held_overflow: u64,
-    pub lock_state_errors: u64,
-    /// User-mode samples, and of those: no recipe yet (sent to decode),
-    /// no usable memory operand, and an address computed.
-    pub user_samples: u64,
-    pub no_recipe: u64,
-    pub no_operand: u64,
-    pub addresses: u64,
-    /// Line and word-table entries created, and lines lost to errors.
-    pub lines_new: u64,
-    pub words_new: u64,
-    pub line_errors: u64,
-}
-
-impl Counters {
-    pub fn lost(&self) -> u64 {
-        self.samples_lost + self.task_events_lost
-    }
-}
-
-/// The families of hot uprobes, attached in windows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// The allocator's entry points (`memprof_common::alloc_op`).
-    Alloc,
-    /// pthread lock, unlock and condvar-wait functions
-    /// (`memprof_common::locks::lock_op`).
-    Locks,
-}
-
-impl Family {
-    /// The first per-operation call counter, and how many there are.
-    fn counters(self) -> (u32, u32) {
-        match self {
-            Family::Alloc => (counter::ALLOC_OP_CALLS, memprof_common::alloc_op::COUNT),
-            Family::Locks => (counter::LOCK_OP_CALLS, lock_op::COUNT),
-        }
-    }
-}
-
-/// One function to probe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbePoint {
-    /// Operation code of the family (the attach cookie).
-    pub op: u32,
-    /// File offset of the probed instruction: the function's entry, or an
-    /// instruction where the stack pointer still points at the return
-    /// address (see `object::x86::prologue`). Return probes go there too.
-    pub file_offset: u64,
-}
-
 /// What the allocator programs need to know at load time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocLoad {
@@ -124,7 +48,7 @@ pub struct AllocLoad {
 
 /// The loaded and attached programs.
 pub struct Probes {
-    ebpf: Ebpf,
+    pub(super) ebpf: Ebpf,
     /// Forwards the programs' `aya_log` messages to our logs.
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     pub source: SamplingSource,
@@ -212,213 +136,9 @@ impl Probes {
             .ok_or_else(|| anyhow::anyhow!("map {name} missing from the eBPF object"))?;
         Ok(RingBuf::try_from(map).map_err(anyhow::Error::new)?)
     }
-
-    /// Current totals of the kernel-side counters.
-    pub fn counters(&self) -> Counters {
-        let Some(map) = self.ebpf.map(maps::COUNTERS) else {
-            return Counters::default();
-        };
-        let Ok(array) = PerCpuArray::<_, u64>::try_from(map) else {
-            return Counters::default();
-        };
-        let sum = |i: u32| array.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0);
-        Counters {
-            samples_seen: sum(counter::SAMPLES_SEEN),
-            samples_lost: sum(counter::SAMPLES_LOST),
-            task_events_lost: sum(counter::TASK_EVENTS_LOST),
-            stack_errors: sum(counter::STACK_ERRORS),
-            alloc_events_lost: sum(counter::ALLOC_EVENTS_LOST),
-            alloc_state_errors: sum(counter::ALLOC_STATE_ERRORS),
-            alloc_calls: (0..memprof_common::alloc_op::COUNT)
-                .map(|op| sum(counter::ALLOC_OP_CALLS + op))
-                .sum(),
-            hold_events_lost: sum(counter::HOLD_EVENTS_LOST),
-            unmatched_unlocks: sum(counter::UNMATCHED_UNLOCKS),
-            held_overflow: sum(counter::HELD_OVERFLOW),
-            lock_state_errors: sum(counter::LOCK_STATE_ERRORS),
-            lock_events_lost: sum(counter::LOCK_EVENTS_LOST),
-            user_samples: sum(counter::USER_SAMPLES),
-            no_recipe: sum(counter::NO_RECIPE),
-            no_operand: sum(counter::NO_OPERAND),
-            addresses: sum(counter::ADDRESSES),
-            lines_new: sum(counter::LINES_NEW),
-            words_new: sum(counter::WORDS_NEW),
-            line_errors: sum(counter::LINE_ERRORS),
-        }
-    }
-
-    /// Calls seen so far by a family's entry probes, per operation code.
-    pub fn op_calls(&self, family: Family) -> Vec<u64> {
-        let Some(array) = self
-            .ebpf
-            .map(maps::COUNTERS)
-            .and_then(|m| PerCpuArray::<_, u64>::try_from(m).ok())
-        else {
-            return Vec::new();
-        };
-        let (first, count) = family.counters();
-        (0..count)
-            .map(|op| {
-                array
-                    .get(&(first + op), 0)
-                    .map(|v| v.iter().sum())
-                    .unwrap_or(0)
-            })
-            .collect()
-    }
-
-    /// Calls seen so far by a family's entry probes.
-    pub fn calls(&self, family: Family) -> u64 {
-        self.op_calls(family).iter().sum()
-    }
-
-    /// Attaches a family's probes at `points` of `path`, for process `pid`
-    /// only. The caller owns the links (each with its operation): dropping
-    /// one detaches it, which blocks for a while (see `kernel::windows`).
-    /// With `floor`, programs that do nothing are attached instead (the
-    /// benchmark's measure of the trap cost alone; allocator only).
-    pub fn attach_points(
-        &mut self,
-        family: Family,
-        path: &str,
-        points: &[ProbePoint],
-        pid: u32,
-        floor: bool,
-    ) -> Result<Vec<(u32, UProbeLink)>> {
-        // Return probes first: a return without a recorded entry is
-        // ignored, but entries recorded before their return probe exists
-        // would wait for returns that never come.
-        let plan: Vec<(&str, Vec<ProbePoint>)> = match family {
-            Family::Alloc if floor => vec![
-                (programs::ALLOC_FLOOR_EXIT, points.to_vec()),
-                (programs::ALLOC_FLOOR_ENTER, points.to_vec()),
-            ],
-            Family::Alloc => vec![
-                (programs::ALLOC_EXIT, points.to_vec()),
-                (programs::ALLOC_ENTER, points.to_vec()),
-            ],
-            Family::Locks => {
-                let (unlocks, calls): (Vec<ProbePoint>, Vec<ProbePoint>) =
-                    points.iter().partition(|p| lock_op::is_unlock(p.op));
-                vec![
-                    (programs::LOCK_EXIT, calls.clone()),
-                    (programs::LOCK_ENTER, calls),
-                    (programs::UNLOCK, unlocks),
-                ]
-            }
-        };
-        let scope = UProbeScope::OneProcess(
-            NonZeroU32::new(pid).ok_or_else(|| anyhow::anyhow!("pid 0 cannot be probed"))?,
-        );
-        let mut links = Vec::with_capacity(points.len() * 2);
-        for (name, points) in plan {
-            let prog: &mut UProbe = program(&mut self.ebpf, name)?;
-            for point in points {
-                let at = UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(point.file_offset),
-                    cookie: Some(u64::from(point.op)),
-                };
-                let id = prog.attach(at, path, scope).map_err(|e| {
-                    classify(anyhow::Error::new(e).context(format!(
-                        "attaching {name} to {path} at {:#x}",
-                        point.file_offset
-                    )))
-                })?;
-                links.push((point.op, prog.take_link(id).map_err(anyhow::Error::new)?));
-            }
-        }
-        Ok(links)
-    }
-
-    /// Starts a new tracing window of a family: per-thread state left from
-    /// the previous one (a return probe detached mid-call, an unlock
-    /// missed) becomes stale.
-    pub fn set_generation(&mut self, family: Family, generation: u64) {
-        let (name, index) = match family {
-            Family::Alloc => (maps::ALLOC_CTL, ALLOC_CTL_GENERATION),
-            Family::Locks => (maps::LOCK_CTL, LOCK_CTL_GENERATION),
-        };
-        let Some(map) = self.ebpf.map_mut(name) else {
-            return;
-        };
-        if let Ok(mut array) = Array::<_, u64>::try_from(map) {
-            if let Err(e) = array.set(index, generation, 0) {
-                tracing::warn!("cannot start a {family:?} window: {e}");
-            }
-        }
-    }
-
-    /// Page faults and `mmap_lock` waits per thread of the target.
-    pub fn kernel_stats(&self) -> Vec<(u32, KernelStats)> {
-        let Some(map) = self.ebpf.map(maps::KERNEL_STATS) else {
-            return Vec::new();
-        };
-        let Ok(stats) = BpfHashMap::<_, u32, KernelStats>::try_from(map) else {
-            return Vec::new();
-        };
-        stats.iter().filter_map(|r| r.ok()).collect()
-    }
-
-    /// Installs decoded operand recipes for the sampler; returns how many
-    /// did not fit (the map is full: those IPs stay undecoded).
-    pub fn install_recipes(&mut self, recipes: &[(u64, AccessRecipe)]) -> usize {
-        let Some(mut map) = self
-            .ebpf
-            .map_mut(maps::RECIPES)
-            .and_then(|m| BpfHashMap::<_, u64, AccessRecipe>::try_from(m).ok())
-        else {
-            return recipes.len();
-        };
-        recipes
-            .iter()
-            .filter(|(ip, r)| map.insert(ip, r, 0).is_err())
-            .count()
-    }
-
-    /// Drops every recipe (the target's program image changed).
-    pub fn clear_recipes(&mut self) {
-        let Some(mut map) = self
-            .ebpf
-            .map_mut(maps::RECIPES)
-            .and_then(|m| BpfHashMap::<_, u64, AccessRecipe>::try_from(m).ok())
-        else {
-            return;
-        };
-        let keys: Vec<u64> = map.keys().filter_map(|k| k.ok()).collect();
-        for ip in keys {
-            let _ = map.remove(&ip);
-        }
-    }
-
-    /// The kernel's state of `line`, if it is still in the table.
-    pub fn line_state(&self, line: u64) -> Option<LineState> {
-        let map = BpfHashMap::<_, u64, LineState>::try_from(self.ebpf.map(maps::LINES)?).ok()?;
-        map.get(&line, 0).ok()
-    }
-
-    /// The kernel's word detail of `line`, if it has any.
-    pub fn line_words(&self, line: u64) -> Option<LineWords> {
-        let map = BpfHashMap::<_, u64, LineWords>::try_from(self.ebpf.map(maps::WORDS)?).ok()?;
-        map.get(&line, 0).ok()
-    }
-
-    /// Lines in the kernel's table now (walks the keys: call it once).
-    pub fn lines_tracked(&self) -> u64 {
-        self.ebpf
-            .map(maps::LINES)
-            .and_then(|m| BpfHashMap::<_, u64, LineState>::try_from(m).ok())
-            .map_or(0, |map| map.keys().filter(|k| k.is_ok()).count() as u64)
-    }
-
-    /// The user stack recorded under `id` (innermost frame first).
-    pub fn stack(&self, id: u32) -> Option<Vec<u64>> {
-        let map = StackTraceMap::try_from(self.ebpf.map(maps::STACKS)?).ok()?;
-        let trace = map.get(&id, 0).ok()?;
-        Some(trace.frames().iter().map(|f| f.ip).collect())
-    }
 }
 
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
+pub(super) fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
 {
@@ -665,7 +385,7 @@ fn attach_sampler(
 
 /// Turns a load/attach failure into a privilege error when the kernel said
 /// EPERM/EACCES anywhere in the chain, and an internal error otherwise.
-fn classify(err: anyhow::Error) -> Error {
+pub(super) fn classify(err: anyhow::Error) -> Error {
     let denied = err.chain().any(|e| {
         let io = e
             .downcast_ref::<std::io::Error>()
@@ -712,16 +432,5 @@ mod tests {
     fn the_embedded_object_is_an_ebpf_elf() {
         assert_eq!(&OBJECT[..4], b"\x7fELF");
         assert_eq!(u16::from_le_bytes([OBJECT[18], OBJECT[19]]), 247, "EM_BPF");
-    }
-
-    #[test]
-    fn counters_sum_losses() {
-        let c = Counters {
-            samples_lost: 2,
-            task_events_lost: 3,
-            ..Default::default()
-        };
-        assert_eq!(c.lost(), 5);
-        assert_eq!(SamplingSource::CpuClock.name(), "cpu-clock");
     }
 }

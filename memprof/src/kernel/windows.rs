@@ -20,7 +20,8 @@ use aya::programs::uprobe::UProbeLink;
 
 use super::{
     budget::{BudgetConfig, DutyCycle},
-    loader::{Family, ProbePoint, Probes},
+    loader::Probes,
+    uprobes::{Family, ProbePoint},
 };
 use crate::error::Result;
 
@@ -294,32 +295,7 @@ impl Windowed {
                 for h in handles.drain(..) {
                     let _ = h.join();
                 }
-                // The target trapped until now: all of it was traced time.
-                let len = opened.elapsed();
-                let traced = probes.calls(self.family).saturating_sub(calls_at_open);
-                if let (Some(before), Some(after)) = (stime_at_open, system_time(self.pid)) {
-                    if traced >= MIN_CALLS_TO_MEASURE {
-                        self.cycle.measured_trap_cost(
-                            (after - before) / traced as f64,
-                            self.settings.trap_cost_s,
-                        );
-                    }
-                }
-                self.cycle.observe(traced, len, Duration::ZERO);
-                let gap = self.cycle.gap_after(len).max(DETACH_POLL);
-                tracing::debug!(
-                    "{:?} window {}: attached {len:?}, {traced} calls, {:.0} calls/s, \
-                     {:.2} µs per call, next gap {gap:?}",
-                    self.family,
-                    self.windows,
-                    self.cycle.rate().unwrap_or(0.0),
-                    self.cycle.trap_cost() * 1e6
-                );
-                let now = Instant::now();
-                self.state = State::Gap {
-                    since: now,
-                    until: now + gap,
-                };
+                self.window_ended(probes, opened, calls_at_open, stime_at_open);
                 Ok(Some(false))
             }
             State::Gap { .. } => {
@@ -328,6 +304,43 @@ impl Windowed {
             }
             State::Idle => Ok(None),
         }
+    }
+
+    /// The window's probes are gone: learn the trap cost and the call rate
+    /// from it, and wait for the gap the budget allows.
+    fn window_ended(
+        &mut self,
+        probes: &Probes,
+        opened: Instant,
+        calls_at_open: u64,
+        stime_at_open: Option<f64>,
+    ) {
+        // The target trapped until now: all of it was traced time.
+        let len = opened.elapsed();
+        let traced = probes.calls(self.family).saturating_sub(calls_at_open);
+        if let (Some(before), Some(after)) = (stime_at_open, system_time(self.pid)) {
+            if traced >= MIN_CALLS_TO_MEASURE {
+                self.cycle.measured_trap_cost(
+                    (after - before) / traced as f64,
+                    self.settings.trap_cost_s,
+                );
+            }
+        }
+        self.cycle.observe(traced, len, Duration::ZERO);
+        let gap = self.cycle.gap_after(len).max(DETACH_POLL);
+        tracing::debug!(
+            "{:?} window {}: attached {len:?}, {traced} calls, {:.0} calls/s, \
+             {:.2} µs per call, next gap {gap:?}",
+            self.family,
+            self.windows,
+            self.cycle.rate().unwrap_or(0.0),
+            self.cycle.trap_cost() * 1e6
+        );
+        let now = Instant::now();
+        self.state = State::Gap {
+            since: now,
+            until: now + gap,
+        };
     }
 
     /// Ends a window without detaching: a new one starts now (so the next

@@ -14,6 +14,11 @@ pub fn call_of(return_address: u64) -> u64 {
     return_address.saturating_sub(1)
 }
 
+/// Whether an object's file name (see [`short_name`]) is the C library's.
+pub fn is_libc(name: &str) -> bool {
+    name.starts_with("libc.so") || name.starts_with("libc-")
+}
+
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapping {

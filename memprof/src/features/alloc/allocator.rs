@@ -183,8 +183,7 @@ fn candidates(maps: &ProcMaps, exe: Option<&Path>) -> Vec<Arc<str>> {
 }
 
 fn is_libc(path: &str) -> bool {
-    let name = maps::short_name(path);
-    name.starts_with("libc.so") || name.starts_with("libc-")
+    maps::is_libc(maps::short_name(path))
 }
 
 /// The allocator defined in `path`, if it defines `malloc`.

@@ -17,7 +17,7 @@ use crate::{
 };
 use crate::{
     kernel::{
-        loader::{Family, ProbePoint},
+        uprobes::{Family, ProbePoint},
         windows::{Mode, WindowSettings, Windowed},
     },
     object::x86::prologue,
@@ -78,7 +78,7 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, bool) {
                 .position(|s| entry.names.first().is_some_and(|n| n == s))?;
             // Enough for early-exit branches to be followed to their `ret`.
             let code =
-                prologue::read_code(&allocator.path, entry.file_offset, 512).unwrap_or_default();
+                prologue::read_code(&allocator.path, entry.file_offset).unwrap_or_default();
             let (offset, emulated) = prologue::probe_site(&code);
             if op as u32 == memprof_common::alloc_op::MALLOC {
                 malloc_emulated = emulated;

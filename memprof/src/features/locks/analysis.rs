@@ -395,8 +395,7 @@ pub fn is_contention(kind: &str) -> bool {
 /// that took the lock: libc and the dynamic linker, and the standard
 /// libraries' synchronization modules.
 pub fn is_lock_implementation(module: &str, function: &str) -> bool {
-    let module_is_libc = module.starts_with("libc.so")
-        || module.starts_with("libc-")
+    let module_is_libc = crate::process::maps::is_libc(module)
         || module.starts_with("libpthread")
         || module.starts_with("ld-linux");
     module_is_libc

@@ -25,7 +25,7 @@ use crate::{
 use memprof_common::locks::lock_op;
 
 use crate::kernel::{
-    loader::Counters,
+    maps::Counters,
     windows::{Mode, Windowed},
 };
 

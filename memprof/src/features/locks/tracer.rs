@@ -17,7 +17,7 @@ use crate::cli::LockMode;
 use crate::{
     features::alloc::allocator,
     kernel::{
-        loader::{Family, ProbePoint},
+        uprobes::{Family, ProbePoint},
         windows::{Mode, WindowSettings, Windowed},
     },
     object::x86::prologue,
@@ -40,8 +40,6 @@ const MAX_GAP: Duration = Duration::from_secs(60);
 /// Share of `--budget` the lock probes may use: the uncontended case is
 /// the common one, and its slowdown must stay within 2%.
 pub const BUDGET_SHARE: f64 = 0.3;
-/// How many bytes of a function to read to place its probes.
-const CODE_BYTES: usize = 1024;
 
 /// The object defining the pthread lock functions, and where to probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +81,7 @@ pub fn find(pid: u32, exe: Option<&Path>) -> anyhow::Result<Option<LockLibrary>>
             };
             let op = op as u32;
             let code =
-                prologue::read_code(&path, entry.file_offset, CODE_BYTES).unwrap_or_default();
+                prologue::read_code(&path, entry.file_offset).unwrap_or_default();
             let (sites, all_emulated) = prologue::probe_sites(&code, registers_read(op));
             if matches!(op, lock_op::MUTEX_LOCK | lock_op::MUTEX_UNLOCK) {
                 emulated &= all_emulated;

@@ -18,7 +18,7 @@ use super::{alloc::analysis::AllocProfile, cpu::profile::ThreadEvent, FastMap};
 use super::{Feature, Plan, ReportContext};
 use crate::{
     error::Result,
-    kernel::loader::{Counters, Probes},
+    kernel::{loader::Probes, maps::Counters},
     object::x86::access,
     process::{maps::ProcMaps, state::Process},
     report::{

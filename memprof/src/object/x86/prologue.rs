@@ -158,14 +158,18 @@ fn is_lone_tail_jump(code: &[u8], base: u64, target: u64, from: u64) -> bool {
     reached
 }
 
-/// Up to `len` bytes of a function's code at `offset` in the object file
-/// `path` (fewer at the end of the file): what the probe sites are
+/// How many bytes of a function are read to place its probes: enough for
+/// the instructions scanned and the side exits followed.
+pub const CODE_BYTES: usize = 1024;
+
+/// Up to [`CODE_BYTES`] of a function's code at `offset` in the object
+/// file `path` (fewer at the end of the file): what the probe sites are
 /// decided from.
-pub fn read_code(path: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+pub fn read_code(path: &str, offset: u64) -> std::io::Result<Vec<u8>> {
     use std::io::{Read, Seek, SeekFrom};
     let mut file = std::fs::File::open(path)?;
     file.seek(SeekFrom::Start(offset))?;
-    let mut buf = vec![0; len];
+    let mut buf = vec![0; CODE_BYTES];
     let n = file.read(&mut buf)?;
     buf.truncate(n);
     Ok(buf)

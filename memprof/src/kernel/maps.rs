@@ -1,0 +1,214 @@
+//! Reading and writing the programs' maps: counters, per-thread kernel
+//! statistics, the operand recipes, the cache-line tables and the stacks.
+
+use aya::maps::{Array, HashMap as BpfHashMap, PerCpuArray, StackTraceMap};
+use memprof_common::{
+    counter,
+    locks::LOCK_CTL_GENERATION,
+    maps,
+    sharing::{AccessRecipe, LineState, LineWords},
+    KernelStats, ALLOC_CTL_GENERATION,
+};
+
+use super::{loader::Probes, uprobes::Family};
+
+/// Totals of the per-CPU counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub samples_seen: u64,
+    pub samples_lost: u64,
+    pub task_events_lost: u64,
+    pub stack_errors: u64,
+    pub alloc_events_lost: u64,
+    pub alloc_state_errors: u64,
+    /// Allocator calls that hit an entry probe.
+    pub alloc_calls: u64,
+    pub lock_events_lost: u64,
+    /// Critical sections lost (ring full), unlocks of locks not seen
+    /// taken, locks taken beyond the held-locks table, state not stored.
+    pub hold_events_lost: u64,
+    pub unmatched_unlocks: u64,
+    pub held_overflow: u64,
+    pub lock_state_errors: u64,
+    /// User-mode samples, and of those: no recipe yet (sent to decode),
+    /// no usable memory operand, and an address computed.
+    pub user_samples: u64,
+    pub no_recipe: u64,
+    pub no_operand: u64,
+    pub addresses: u64,
+    /// Line and word-table entries created, and lines lost to errors.
+    pub lines_new: u64,
+    pub words_new: u64,
+    pub line_errors: u64,
+}
+
+impl Counters {
+    pub fn lost(&self) -> u64 {
+        self.samples_lost + self.task_events_lost
+    }
+}
+
+impl Probes {
+    /// Current totals of the kernel-side counters.
+    pub fn counters(&self) -> Counters {
+        let Some(map) = self.ebpf.map(maps::COUNTERS) else {
+            return Counters::default();
+        };
+        let Ok(array) = PerCpuArray::<_, u64>::try_from(map) else {
+            return Counters::default();
+        };
+        let sum = |i: u32| array.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0);
+        Counters {
+            samples_seen: sum(counter::SAMPLES_SEEN),
+            samples_lost: sum(counter::SAMPLES_LOST),
+            task_events_lost: sum(counter::TASK_EVENTS_LOST),
+            stack_errors: sum(counter::STACK_ERRORS),
+            alloc_events_lost: sum(counter::ALLOC_EVENTS_LOST),
+            alloc_state_errors: sum(counter::ALLOC_STATE_ERRORS),
+            alloc_calls: (0..memprof_common::alloc_op::COUNT)
+                .map(|op| sum(counter::ALLOC_OP_CALLS + op))
+                .sum(),
+            hold_events_lost: sum(counter::HOLD_EVENTS_LOST),
+            unmatched_unlocks: sum(counter::UNMATCHED_UNLOCKS),
+            held_overflow: sum(counter::HELD_OVERFLOW),
+            lock_state_errors: sum(counter::LOCK_STATE_ERRORS),
+            lock_events_lost: sum(counter::LOCK_EVENTS_LOST),
+            user_samples: sum(counter::USER_SAMPLES),
+            no_recipe: sum(counter::NO_RECIPE),
+            no_operand: sum(counter::NO_OPERAND),
+            addresses: sum(counter::ADDRESSES),
+            lines_new: sum(counter::LINES_NEW),
+            words_new: sum(counter::WORDS_NEW),
+            line_errors: sum(counter::LINE_ERRORS),
+        }
+    }
+
+    /// Calls seen so far by a family's entry probes, per operation code.
+    pub fn op_calls(&self, family: Family) -> Vec<u64> {
+        let Some(array) = self
+            .ebpf
+            .map(maps::COUNTERS)
+            .and_then(|m| PerCpuArray::<_, u64>::try_from(m).ok())
+        else {
+            return Vec::new();
+        };
+        let (first, count) = family.counters();
+        (0..count)
+            .map(|op| {
+                array
+                    .get(&(first + op), 0)
+                    .map(|v| v.iter().sum())
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    /// Calls seen so far by a family's entry probes.
+    pub fn calls(&self, family: Family) -> u64 {
+        self.op_calls(family).iter().sum()
+    }
+
+    /// Starts a new tracing window of a family: per-thread state left from
+    /// the previous one (a return probe detached mid-call, an unlock
+    /// missed) becomes stale.
+    pub fn set_generation(&mut self, family: Family, generation: u64) {
+        let (name, index) = match family {
+            Family::Alloc => (maps::ALLOC_CTL, ALLOC_CTL_GENERATION),
+            Family::Locks => (maps::LOCK_CTL, LOCK_CTL_GENERATION),
+        };
+        let Some(map) = self.ebpf.map_mut(name) else {
+            return;
+        };
+        if let Ok(mut array) = Array::<_, u64>::try_from(map) {
+            if let Err(e) = array.set(index, generation, 0) {
+                tracing::warn!("cannot start a {family:?} window: {e}");
+            }
+        }
+    }
+
+    /// Page faults and `mmap_lock` waits per thread of the target.
+    pub fn kernel_stats(&self) -> Vec<(u32, KernelStats)> {
+        let Some(map) = self.ebpf.map(maps::KERNEL_STATS) else {
+            return Vec::new();
+        };
+        let Ok(stats) = BpfHashMap::<_, u32, KernelStats>::try_from(map) else {
+            return Vec::new();
+        };
+        stats.iter().filter_map(|r| r.ok()).collect()
+    }
+
+    /// Installs decoded operand recipes for the sampler; returns how many
+    /// did not fit (the map is full: those IPs stay undecoded).
+    pub fn install_recipes(&mut self, recipes: &[(u64, AccessRecipe)]) -> usize {
+        let Some(mut map) = self
+            .ebpf
+            .map_mut(maps::RECIPES)
+            .and_then(|m| BpfHashMap::<_, u64, AccessRecipe>::try_from(m).ok())
+        else {
+            return recipes.len();
+        };
+        recipes
+            .iter()
+            .filter(|(ip, r)| map.insert(ip, r, 0).is_err())
+            .count()
+    }
+
+    /// Drops every recipe (the target's program image changed).
+    pub fn clear_recipes(&mut self) {
+        let Some(mut map) = self
+            .ebpf
+            .map_mut(maps::RECIPES)
+            .and_then(|m| BpfHashMap::<_, u64, AccessRecipe>::try_from(m).ok())
+        else {
+            return;
+        };
+        let keys: Vec<u64> = map.keys().filter_map(|k| k.ok()).collect();
+        for ip in keys {
+            let _ = map.remove(&ip);
+        }
+    }
+
+    /// The kernel's state of `line`, if it is still in the table.
+    pub fn line_state(&self, line: u64) -> Option<LineState> {
+        let map = BpfHashMap::<_, u64, LineState>::try_from(self.ebpf.map(maps::LINES)?).ok()?;
+        map.get(&line, 0).ok()
+    }
+
+    /// The kernel's word detail of `line`, if it has any.
+    pub fn line_words(&self, line: u64) -> Option<LineWords> {
+        let map = BpfHashMap::<_, u64, LineWords>::try_from(self.ebpf.map(maps::WORDS)?).ok()?;
+        map.get(&line, 0).ok()
+    }
+
+    /// Lines in the kernel's table now (walks the keys: call it once).
+    pub fn lines_tracked(&self) -> u64 {
+        self.ebpf
+            .map(maps::LINES)
+            .and_then(|m| BpfHashMap::<_, u64, LineState>::try_from(m).ok())
+            .map_or(0, |map| map.keys().filter(|k| k.is_ok()).count() as u64)
+    }
+
+    /// The user stack recorded under `id` (innermost frame first).
+    pub fn stack(&self, id: u32) -> Option<Vec<u64>> {
+        let map = StackTraceMap::try_from(self.ebpf.map(maps::STACKS)?).ok()?;
+        let trace = map.get(&id, 0).ok()?;
+        Some(trace.frames().iter().map(|f| f.ip).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::loader::SamplingSource;
+
+    #[test]
+    fn counters_sum_losses() {
+        let c = Counters {
+            samples_lost: 2,
+            task_events_lost: 3,
+            ..Default::default()
+        };
+        assert_eq!(c.lost(), 5);
+        assert_eq!(SamplingSource::CpuClock.name(), "cpu-clock");
+    }
+}

@@ -1,0 +1,104 @@
+//! Attaching uprobes at chosen instructions of a file, for one process:
+//! the hot families (allocator, locks) the features attach in windows.
+
+use std::num::NonZeroU32;
+
+use aya::programs::{
+    uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
+    UProbe,
+};
+use memprof_common::{counter, locks::lock_op, programs};
+
+use super::loader::{classify, program, Probes};
+use crate::error::Result;
+
+/// The families of hot uprobes, attached in windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// The allocator's entry points (`memprof_common::alloc_op`).
+    Alloc,
+    /// pthread lock, unlock and condvar-wait functions
+    /// (`memprof_common::locks::lock_op`).
+    Locks,
+}
+
+impl Family {
+    /// The first per-operation call counter, and how many there are.
+    pub(super) fn counters(self) -> (u32, u32) {
+        match self {
+            Family::Alloc => (counter::ALLOC_OP_CALLS, memprof_common::alloc_op::COUNT),
+            Family::Locks => (counter::LOCK_OP_CALLS, lock_op::COUNT),
+        }
+    }
+}
+
+/// One function to probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbePoint {
+    /// Operation code of the family (the attach cookie).
+    pub op: u32,
+    /// File offset of the probed instruction: the function's entry, or an
+    /// instruction where the stack pointer still points at the return
+    /// address (see `object::x86::prologue`). Return probes go there too.
+    pub file_offset: u64,
+}
+
+impl Probes {
+    /// Attaches a family's probes at `points` of `path`, for process `pid`
+    /// only. The caller owns the links (each with its operation): dropping
+    /// one detaches it, which blocks for a while (see `kernel::windows`).
+    /// With `floor`, programs that do nothing are attached instead (the
+    /// benchmark's measure of the trap cost alone; allocator only).
+    pub fn attach_points(
+        &mut self,
+        family: Family,
+        path: &str,
+        points: &[ProbePoint],
+        pid: u32,
+        floor: bool,
+    ) -> Result<Vec<(u32, UProbeLink)>> {
+        // Return probes first: a return without a recorded entry is
+        // ignored, but entries recorded before their return probe exists
+        // would wait for returns that never come.
+        let plan: Vec<(&str, Vec<ProbePoint>)> = match family {
+            Family::Alloc if floor => vec![
+                (programs::ALLOC_FLOOR_EXIT, points.to_vec()),
+                (programs::ALLOC_FLOOR_ENTER, points.to_vec()),
+            ],
+            Family::Alloc => vec![
+                (programs::ALLOC_EXIT, points.to_vec()),
+                (programs::ALLOC_ENTER, points.to_vec()),
+            ],
+            Family::Locks => {
+                let (unlocks, calls): (Vec<ProbePoint>, Vec<ProbePoint>) =
+                    points.iter().partition(|p| lock_op::is_unlock(p.op));
+                vec![
+                    (programs::LOCK_EXIT, calls.clone()),
+                    (programs::LOCK_ENTER, calls),
+                    (programs::UNLOCK, unlocks),
+                ]
+            }
+        };
+        let scope = UProbeScope::OneProcess(
+            NonZeroU32::new(pid).ok_or_else(|| anyhow::anyhow!("pid 0 cannot be probed"))?,
+        );
+        let mut links = Vec::with_capacity(points.len() * 2);
+        for (name, points) in plan {
+            let prog: &mut UProbe = program(&mut self.ebpf, name)?;
+            for point in points {
+                let at = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(point.file_offset),
+                    cookie: Some(u64::from(point.op)),
+                };
+                let id = prog.attach(at, path, scope).map_err(|e| {
+                    classify(anyhow::Error::new(e).context(format!(
+                        "attaching {name} to {path} at {:#x}",
+                        point.file_offset
+                    )))
+                })?;
+                links.push((point.op, prog.take_link(id).map_err(anyhow::Error::new)?));
+            }
+        }
+        Ok(links)
+    }
+}
