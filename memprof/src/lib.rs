@@ -31,9 +31,67 @@ use std::io::IsTerminal;
 
 pub use error::{Error, Result};
 
+/// Where the results go, opened before tracing starts.
+struct Outputs {
+    json_to_stdout: bool,
+    json_file: Option<(std::fs::File, std::path::PathBuf)>,
+    /// A launched command's output, held while the dashboard is up.
+    captured: Option<process::launch::Captured>,
+}
+
 /// Runs the command line: a session, then the summary and JSON output.
 /// `log` holds the log lines kept while the dashboard is on screen.
 pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result<()> {
+    let (opts, outputs) = options(&cli, live)?;
+    let mut dashboard = if live {
+        let title = match &opts.target {
+            session::TargetSpec::Pid(pid) => format!("pid {pid}"),
+            session::TargetSpec::Command(cmd) => cmd.join(" "),
+        };
+        Some(
+            tui::Dashboard::start(title, log.clone().unwrap_or_default())
+                .map_err(|e| anyhow::anyhow!("starting the dashboard: {e}"))?,
+        )
+    } else {
+        if std::io::stderr().is_terminal() {
+            announce(&opts);
+        }
+        None
+    };
+    let result = session::run(opts, dashboard.as_mut()).await;
+    drop(dashboard); // restore the terminal before printing anything
+                     // What was held back while the dashboard was on screen; later lines
+                     // (detaching, the end of the session) go straight to stderr.
+    if let Some(log) = &log {
+        log.release_to_stderr();
+    }
+    let captured = outputs.captured.as_ref();
+    if let Some(text) = captured.and_then(|c| c.text(std::time::Duration::from_millis(500))) {
+        eprintln!("memprof-ebpf: output of the command:");
+        eprint!("{text}");
+        if !text.ends_with('\n') {
+            eprintln!();
+        }
+    }
+    let (report, reason, detaching) = result?;
+    tracing::info!("session ended: {reason:?}");
+    write_report(&report, outputs)?;
+    // No probe may outlive the tool: wait for the kernel to remove the last
+    // ones (it takes about 0.2 s per allocator probe).
+    if !detaching.is_empty() && std::io::stderr().is_terminal() {
+        eprintln!(
+            "memprof-ebpf: waiting for the kernel to remove {} probes…",
+            detaching.len()
+        );
+    }
+    detaching.wait();
+    Ok(())
+}
+
+/// The session's options from the command line, and the output files,
+/// opened now: a bad path fails before any tracing, and nothing needs the
+/// privilege to create files once probes are attached.
+fn options(cli: &cli::Cli, live: bool) -> Result<(session::Options, Outputs)> {
     let target = match cli.pid {
         Some(pid) => session::TargetSpec::Pid(pid),
         None => session::TargetSpec::Command(cli.command.clone()),
@@ -64,8 +122,6 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
         None => None,
     };
     let json_to_stdout = cli.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
-    // Output files are opened now: a bad path fails before any tracing, and
-    // nothing needs the privilege to create files once probes are attached.
     let json_file = match &cli.json {
         Some(path) if !json_to_stdout => Some((
             output::create(path, output::REPORT_MODE, "the JSON report")?,
@@ -102,48 +158,24 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
         },
         lock_mode: cli.lock_mode,
     };
-
-    let mut dashboard = if live {
-        let title = match &opts.target {
-            session::TargetSpec::Pid(pid) => format!("pid {pid}"),
-            session::TargetSpec::Command(cmd) => cmd.join(" "),
-        };
-        Some(
-            tui::Dashboard::start(title, log.clone().unwrap_or_default())
-                .map_err(|e| anyhow::anyhow!("starting the dashboard: {e}"))?,
-        )
-    } else {
-        if std::io::stderr().is_terminal() {
-            announce(&opts);
-        }
-        None
+    let outputs = Outputs {
+        json_to_stdout,
+        json_file,
+        captured,
     };
-    let result = session::run(opts, dashboard.as_mut()).await;
-    drop(dashboard); // restore the terminal before printing anything
-                     // What was held back while the dashboard was on screen; later lines
-                     // (detaching, the end of the session) go straight to stderr.
-    if let Some(log) = &log {
-        log.release_to_stderr();
-    }
-    if let Some(text) = captured.and_then(|c| c.text(std::time::Duration::from_millis(500))) {
-        eprintln!("memprof-ebpf: output of the command:");
-        eprint!("{text}");
-        if !text.ends_with('\n') {
-            eprintln!();
-        }
-    }
-    let (report, reason, detaching) = result?;
-    tracing::info!("session ended: {reason:?}");
+    Ok((opts, outputs))
+}
 
-    if json_to_stdout {
+/// Prints the summary and writes the JSON report.
+fn write_report(report: &report::Report, outputs: Outputs) -> Result<()> {
+    if outputs.json_to_stdout {
         // stdout carries the JSON alone, so it can be piped to a parser.
-        eprint!("{}", report::text::render(&report));
-    } else {
-        print!("{}", report::text::render(&report));
-    }
-    if json_to_stdout {
+        eprint!("{}", report::text::render(report));
         println!("{}", report.to_json());
-    } else if let Some((mut file, path)) = json_file {
+    } else {
+        print!("{}", report::text::render(report));
+    }
+    if let Some((mut file, path)) = outputs.json_file {
         use std::io::Write as _;
         writeln!(file, "{}", report.to_json()).map_err(|source| Error::Output {
             what: "the JSON report",
@@ -152,15 +184,6 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
         })?;
         eprintln!("memprof-ebpf: report written to {}", path.display());
     }
-    // No probe may outlive the tool: wait for the kernel to remove the last
-    // ones (it takes about 0.2 s per allocator probe).
-    if !detaching.is_empty() && std::io::stderr().is_terminal() {
-        eprintln!(
-            "memprof-ebpf: waiting for the kernel to remove {} probes…",
-            detaching.len()
-        );
-    }
-    detaching.wait();
     Ok(())
 }
 

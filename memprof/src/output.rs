@@ -136,30 +136,8 @@ pub fn create_for(path: &Path, mode: u32, what: &'static str, invoker: Invoker) 
     // SAFETY: open returned a new descriptor that nothing else owns.
     let handle = unsafe { File::from_raw_fd(fd) };
     let meta = handle.metadata().map_err(io_error)?;
-    let kind = meta.file_type();
-    if kind.is_symlink() {
-        return Err(refuse("it is a symbolic link".into()));
-    }
-    if kind.is_dir() {
-        return Err(refuse("it is a directory".into()));
-    }
-    if !kind.is_file() {
-        return Err(refuse(
-            "it is not a regular file (a FIFO, socket or device)".into(),
-        ));
-    }
-    if meta.uid() != invoker.uid {
-        return Err(refuse(format!(
-            "it belongs to uid {}, not to you (uid {}); remove it or choose another path",
-            meta.uid(),
-            invoker.uid
-        )));
-    }
-    if meta.nlink() != 1 {
-        return Err(refuse(format!(
-            "it has {} hard links, so writing it would change another file too",
-            meta.nlink()
-        )));
+    if let Some(reason) = unsafe_to_reuse(&meta, &invoker) {
+        return Err(refuse(reason));
     }
     // Open that very inode for writing through the handle.
     let reopen = std::ffi::CString::new(format!("/proc/self/fd/{}", handle.as_raw_fd()))
@@ -182,6 +160,35 @@ pub fn create_for(path: &Path, mode: u32, what: &'static str, invoker: Invoker) 
         return Err(io_error(std::io::Error::last_os_error()));
     }
     blocking(file).map_err(io_error)
+}
+
+/// Why an existing file must not be written over, if it must not: only a
+/// regular file of the invoker's, with no other name, is reused.
+fn unsafe_to_reuse(meta: &std::fs::Metadata, invoker: &Invoker) -> Option<String> {
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return Some("it is a symbolic link".into());
+    }
+    if kind.is_dir() {
+        return Some("it is a directory".into());
+    }
+    if !kind.is_file() {
+        return Some("it is not a regular file (a FIFO, socket or device)".into());
+    }
+    if meta.uid() != invoker.uid {
+        return Some(format!(
+            "it belongs to uid {}, not to you (uid {}); remove it or choose another path",
+            meta.uid(),
+            invoker.uid
+        ));
+    }
+    if meta.nlink() != 1 {
+        return Some(format!(
+            "it has {} hard links, so writing it would change another file too",
+            meta.nlink()
+        ));
+    }
+    None
 }
 
 /// Clears `O_NONBLOCK` (set only so that opening a FIFO cannot hang).

@@ -149,6 +149,25 @@ pub fn raise_memlock_limit() {
     }
 }
 
+/// The checks that need no target, in the order a user fixes them; then
+/// tracefs mounted and the memlock limit raised. Returns where tracefs is.
+pub fn check_system(root: &Path, frequency_hz: u64) -> Result<std::path::PathBuf> {
+    check_privilege(root)?;
+    check_perf_events(root)?;
+    check_btf(root)?;
+    if let Some(max) = max_sample_rate(root) {
+        if frequency_hz > max {
+            return Err(Error::Usage(format!(
+                "--sample-freq {frequency_hz} is above the kernel's limit of {max} Hz \
+                 (kernel.perf_event_max_sample_rate)"
+            )));
+        }
+    }
+    let tracefs_dir = super::tracefs::ensure_mounted(root)?;
+    raise_memlock_limit();
+    Ok(tracefs_dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,16 +2,17 @@
 
 use std::{
     os::fd::{FromRawFd, OwnedFd},
-    path::Path,
+    path::{Path, PathBuf},
     time::Duration,
 };
 
 use tokio::io::unix::AsyncFd;
 
-use super::launch::Launched;
+use super::{launch::Launched, procfs::command_line};
 use crate::{
     error::{Error, Result},
-    kernel::rings::readable,
+    kernel::{preflight, rings::readable},
+    session::{Options, TargetSpec},
 };
 
 /// How long a launched command gets to exit after SIGTERM before SIGKILL.
@@ -27,12 +28,37 @@ pub enum TargetHandle {
 }
 
 impl TargetHandle {
-    /// Follows the running process `pid`.
-    pub fn attach(pid: u32) -> Result<Self> {
-        Ok(TargetHandle::Attached {
-            pid,
-            exit: pidfd(pid)?,
-        })
+    /// The process to trace: attached, or launched and held at its gate.
+    /// Returns it with its command line and, when launched, its
+    /// executable.
+    pub fn open(
+        root: &Path,
+        opts: &Options,
+        notes: &mut Vec<String>,
+    ) -> Result<(Self, String, Option<PathBuf>)> {
+        match &opts.target {
+            TargetSpec::Pid(pid) => {
+                let tgid = preflight::check_pid(root, *pid)?;
+                if tgid != *pid {
+                    notes.push(format!(
+                        "{pid} is a thread of process {tgid}: all of its threads are traced"
+                    ));
+                }
+                let handle = TargetHandle::Attached {
+                    pid: tgid,
+                    exit: pidfd(tgid)?,
+                };
+                let command = command_line(tgid).ok_or(Error::NoSuchProcess { pid: *pid })?;
+                Ok((handle, command, None))
+            }
+            TargetSpec::Command(cmd) => {
+                let launched = Launched::spawn(cmd, &opts.command_output, opts.run_as.as_ref())?;
+                let exe = cmd
+                    .first()
+                    .and_then(|p| super::launch::resolve(p, std::env::var_os("PATH")));
+                Ok((TargetHandle::Launched(launched), cmd.join(" "), exe))
+            }
+        }
     }
 
     pub fn pid(&self) -> u32 {

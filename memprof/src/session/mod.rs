@@ -16,28 +16,23 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memprof_common::{maps, KernelStats, SampleEvent, TaskEvent};
+use memprof_common::{maps, SampleEvent, TaskEvent};
 
 use crate::{
     cli::LockMode,
     error::{Error, Result},
-    features::{self, each_with_heap, ReportContext, Target as FeatureTarget},
+    features::{self, Target as FeatureTarget},
     kernel::{
-        loader::{Counters, Load, Probes, SamplingSource},
+        loader::{Load, Probes, SamplingSource},
         preflight,
         rings::{decoded, drain, readable, Ring},
-        tracefs,
         windows::Detaching,
+        Kernel,
     },
     object::symbolize::Symbolizer,
-    process::{
-        handle::TargetHandle,
-        launch::{self, Launched},
-        procfs::command_line,
-        state::Process,
-    },
+    process::{handle::TargetHandle, launch, state::Process},
     report::{
-        model::{AddressSampling, AllocatorReport, Loader, Sampling, Target, SCHEMA},
+        model::{Loader, Target},
         Report,
     },
     tui::{Action, Dashboard},
@@ -78,37 +73,6 @@ pub enum StopReason {
     Interrupted,
     TargetExited,
     UserQuit,
-}
-
-/// The programs while attached, and what was read from them when they
-/// were detached.
-struct Kernel {
-    probes: Option<Probes>,
-    counters: Counters,
-    stats: Vec<(u32, KernelStats)>,
-}
-
-impl Kernel {
-    fn counters(&self) -> Counters {
-        self.probes.as_ref().map_or(self.counters, Probes::counters)
-    }
-
-    fn stats(&self) -> Vec<(u32, KernelStats)> {
-        match &self.probes {
-            Some(p) => p.kernel_stats(),
-            None => self.stats.clone(),
-        }
-    }
-
-    /// Reads the last counters and detaches every program.
-    fn detach(&mut self) {
-        if let Some(mut probes) = self.probes.take() {
-            self.stats = probes.kernel_stats();
-            self.counters = probes.counters();
-            probes.flush_logs();
-            drop(probes);
-        }
-    }
 }
 
 /// Everything the live loop owns.
@@ -172,8 +136,8 @@ pub async fn run(
 async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let mut notes = Vec::new();
     let root = Path::new("/");
-    let tracefs_dir = check_system(root, opts)?;
-    let (mut target, command, exe) = open_target(root, opts, &mut notes)?;
+    let tracefs_dir = preflight::check_system(root, opts.frequency_hz)?;
+    let (mut target, command, exe) = TargetHandle::open(root, opts, &mut notes)?;
     let pid = target.pid();
     let plans = features::plans(
         opts,
@@ -218,11 +182,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         signals,
         notes,
         source: probes.source,
-        kernel: Kernel {
-            probes: Some(probes),
-            counters: Counters::default(),
-            stats: Vec::new(),
-        },
+        kernel: Kernel::new(probes),
         samples,
         tasks,
         pipeline,
@@ -235,55 +195,6 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         target_exited: false,
         announce: quiet && std::io::stderr().is_terminal(),
     })
-}
-
-/// The checks that need no target; returns where tracefs is.
-fn check_system(root: &Path, opts: &Options) -> Result<std::path::PathBuf> {
-    preflight::check_privilege(root)?;
-    preflight::check_perf_events(root)?;
-    preflight::check_btf(root)?;
-    if let Some(max) = preflight::max_sample_rate(root) {
-        if opts.frequency_hz > max {
-            return Err(Error::Usage(format!(
-                "--sample-freq {} is above the kernel's limit of {max} Hz \
-                 (kernel.perf_event_max_sample_rate)",
-                opts.frequency_hz
-            )));
-        }
-    }
-    let tracefs_dir = tracefs::ensure_mounted(root)?;
-    preflight::raise_memlock_limit();
-    Ok(tracefs_dir)
-}
-
-/// The process to trace: attached, or launched and held at its gate.
-/// Returns it with its command line and, when launched, its executable.
-fn open_target(
-    root: &Path,
-    opts: &Options,
-    notes: &mut Vec<String>,
-) -> Result<(TargetHandle, String, Option<std::path::PathBuf>)> {
-    match &opts.target {
-        TargetSpec::Pid(pid) => {
-            let tgid = preflight::check_pid(root, *pid)?;
-            if tgid != *pid {
-                notes.push(format!(
-                    "{pid} is a thread of process {tgid}: all of its threads are traced"
-                ));
-            }
-            let handle = TargetHandle::attach(tgid)?;
-            let command = command_line(tgid).ok_or(Error::NoSuchProcess { pid: *pid })?;
-            Ok((handle, command, None))
-        }
-        TargetSpec::Command(cmd) => {
-            let launched = Launched::spawn(cmd, &opts.command_output, opts.run_as.as_ref())?;
-            Ok((
-                TargetHandle::Launched(launched),
-                cmd.join(" "),
-                FeatureTarget::resolve(cmd),
-            ))
-        }
-    }
 }
 
 impl Live {
@@ -423,65 +334,28 @@ impl Live {
             .traced
             .unwrap_or_else(|| self.started.elapsed())
             .as_secs_f64();
-        let counters = self.kernel.counters();
-        let stats = self.kernel.stats();
         let mut notes = self.notes.clone();
         if self.target_exited {
             notes.push(format!("the target exited after {duration_s:.1} s"));
         }
-        let mut report = self.empty_report(duration_s);
         let launched = self.target.launched();
-        let Pipeline { process, features } = &mut self.pipeline;
-        let (probes, symbolizer) = (self.kernel.probes.as_ref(), &mut self.symbolizer);
-        each_with_heap(features, |f, heap| {
-            let mut ctx = ReportContext {
-                probes,
-                counters: &counters,
-                kernel_stats: &stats,
-                process,
-                symbolizer,
-                heap,
-                notes: &mut notes,
-                launched,
-                duration_s,
-            };
-            f.report(&mut ctx, &mut report);
-        });
+        let target = Target {
+            pid: self.target.pid(),
+            command: self.command.clone(),
+            threads_seen: 0,
+            exited: self.target_exited,
+        };
+        let sampling = (self.source.name(), self.frequency_hz);
+        let mut report = pipeline::empty_report(target, duration_s, sampling);
+        self.pipeline.report(
+            &mut report,
+            &self.kernel,
+            &mut self.symbolizer,
+            &mut notes,
+            launched,
+        );
         report.loader = Loader::measure(duration_s);
         report.notes = notes;
         report
-    }
-
-    /// The session's part of the report; the features fill in the rest.
-    fn empty_report(&self, duration_s: f64) -> Report {
-        Report {
-            schema: SCHEMA,
-            target: Target {
-                pid: self.target.pid(),
-                command: self.command.clone(),
-                threads_seen: 0,
-                exited: self.target_exited,
-            },
-            duration_s,
-            sampling: Sampling {
-                source: self.source.name().into(),
-                frequency_hz: self.frequency_hz,
-                samples: 0,
-                lost: 0,
-                lost_thread_events: 0,
-                stack_errors: 0,
-                kernel_samples: 0,
-                addresses: AddressSampling::default(),
-            },
-            hot_functions: Vec::new(),
-            threads: Vec::new(),
-            false_sharing: Vec::new(),
-            false_sharing_dismissed: Vec::new(),
-            allocator: AllocatorReport::default(),
-            locks: Vec::new(),
-            lock_tracing: None,
-            loader: Loader::default(),
-            notes: Vec::new(),
-        }
     }
 }

@@ -7,10 +7,48 @@ use std::task::{Context, Poll};
 use memprof_common::{SampleEvent, TaskEvent};
 
 use crate::{
-    features::{cpu::profile::ThreadEvent, each_with_heap, Feature},
-    kernel::loader::Probes,
+    features::{cpu::profile::ThreadEvent, each_with_heap, Feature, ReportContext},
+    kernel::{loader::Probes, Kernel},
+    object::symbolize::Symbolizer,
     process::state::{Process, TaskChange},
+    report::{
+        model::{AddressSampling, AllocatorReport, Loader, Sampling, Target, SCHEMA},
+        Report,
+    },
 };
+
+/// The session's part of a report (the target, the sampling source and
+/// frequency); the features fill in the rest.
+pub fn empty_report(
+    target: Target,
+    duration_s: f64,
+    (source, frequency_hz): (&str, u64),
+) -> Report {
+    Report {
+        schema: SCHEMA,
+        target,
+        duration_s,
+        sampling: Sampling {
+            source: source.into(),
+            frequency_hz,
+            samples: 0,
+            lost: 0,
+            lost_thread_events: 0,
+            stack_errors: 0,
+            kernel_samples: 0,
+            addresses: AddressSampling::default(),
+        },
+        hot_functions: Vec::new(),
+        threads: Vec::new(),
+        false_sharing: Vec::new(),
+        false_sharing_dismissed: Vec::new(),
+        allocator: AllocatorReport::default(),
+        locks: Vec::new(),
+        lock_tracing: None,
+        loader: Loader::default(),
+        notes: Vec::new(),
+    }
+}
 
 /// The target's state and the features of a session.
 pub struct Pipeline {
@@ -114,6 +152,35 @@ impl Pipeline {
         }
     }
 
+    /// Asks every feature for its part of `report`, in order.
+    pub fn report(
+        &mut self,
+        report: &mut Report,
+        kernel: &Kernel,
+        symbolizer: &mut Symbolizer,
+        notes: &mut Vec<String>,
+        launched: bool,
+    ) {
+        let counters = kernel.counters();
+        let stats = kernel.stats();
+        let duration_s = report.duration_s;
+        let process = &mut self.process;
+        each_with_heap(&mut self.features, |f, heap| {
+            let mut ctx = ReportContext {
+                probes: kernel.probes.as_ref(),
+                counters: &counters,
+                kernel_stats: &stats,
+                process,
+                symbolizer,
+                heap,
+                notes,
+                launched,
+                duration_s,
+            };
+            f.report(&mut ctx, report);
+        });
+    }
+
     /// Whether a feature re-attaches probes while tracing.
     pub fn windowed(&self) -> bool {
         self.features.iter().any(|f| f.windowed())
@@ -175,6 +242,64 @@ mod tests {
             parent_tid,
             ..Default::default()
         }
+    }
+
+    /// An analysis added the way every analysis is: it implements
+    /// `Feature`, and a session lists it (one line in `features::plans`).
+    /// Nothing in the runner or the pipeline changes for it.
+    #[derive(Default)]
+    struct KernelShare {
+        samples: u64,
+        kernel: u64,
+    }
+
+    impl Feature for KernelShare {
+        fn on_sample(&mut self, ev: &SampleEvent, _process: &mut Process) {
+            self.samples += 1;
+            self.kernel += u64::from(ev.flags & SAMPLE_FLAG_KERNEL != 0);
+        }
+
+        fn report(&mut self, ctx: &mut ReportContext<'_>, _report: &mut Report) {
+            ctx.notes.push(format!(
+                "{} of {} samples in the kernel",
+                self.kernel, self.samples
+            ));
+        }
+    }
+
+    #[test]
+    fn a_new_feature_needs_no_change_in_the_runner() {
+        let me = std::process::id();
+        let (process, existing) = Process::new(me);
+        let features: Vec<Box<dyn Feature>> =
+            vec![Box::new(Cpu::default()), Box::new(KernelShare::default())];
+        let mut p = Pipeline::new(process, existing, features);
+        let ip = a_new_feature_needs_no_change_in_the_runner as *const () as u64;
+        p.on_sample(&sample(1, ip, me, 0));
+        p.on_sample(&sample(2, 0, me, SAMPLE_FLAG_KERNEL));
+        p.on_sample(&sample(3, 0, me, SAMPLE_FLAG_KERNEL));
+        let target = Target {
+            pid: me,
+            command: "test".into(),
+            threads_seen: 0,
+            exited: false,
+        };
+        let mut report = empty_report(target, 1.0, ("cpu-clock", 99));
+        let mut notes = Vec::new();
+        p.report(
+            &mut report,
+            &Kernel::default(),
+            &mut Symbolizer::new(),
+            &mut notes,
+            false,
+        );
+        assert_eq!(report.sampling.samples, 3, "the CPU feature's part");
+        assert_eq!(report.sampling.kernel_samples, 2);
+        assert_eq!(
+            notes,
+            ["2 of 3 samples in the kernel"],
+            "the new feature's part"
+        );
     }
 
     #[test]
