@@ -45,10 +45,11 @@ impl Default for AllocSettings {
 }
 
 /// Cost of one traced call whose probes the kernel emulates: entry trap
-/// plus return trap (measured here: +2.5 µs for malloc).
+/// plus return trap: the model's starting point, raised when a window
+/// measures more system time per call.
 const TRAP_COST_S: f64 = 2.5e-6;
-/// Extra cost when the probed instruction must be single-stepped (a second
-/// trap; measured: +3.3 µs).
+/// Extra cost when the probed instruction must be single-stepped (a
+/// second trap).
 const SINGLE_STEP_COST_S: f64 = 3.3e-6;
 
 /// The "large" rule of an allocator, unless the user gave one.
@@ -77,8 +78,7 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, bool) {
                 .iter()
                 .position(|s| entry.names.first().is_some_and(|n| n == s))?;
             // Enough for early-exit branches to be followed to their `ret`.
-            let code =
-                prologue::read_code(&allocator.path, entry.file_offset).unwrap_or_default();
+            let code = prologue::read_code(&allocator.path, entry.file_offset).unwrap_or_default();
             let (offset, emulated) = prologue::probe_site(&code);
             if op as u32 == memprof_common::alloc_op::MALLOC {
                 malloc_emulated = emulated;

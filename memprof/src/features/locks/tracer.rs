@@ -24,8 +24,8 @@ use crate::{
 };
 
 /// Cost of one traced critical section whose probes the kernel emulates:
-/// lock entry, lock return and unlock traps (measured here: about 1 µs a
-/// trap, 1.5 µs for the return).
+/// lock entry, lock return and unlock traps (about 1 µs a trap, 1.5 µs for
+/// the return, on a virtualised x86-64).
 const TRAP_COST_S: f64 = 3.5e-6;
 /// Extra cost when the lock call's probe must be single-stepped.
 const SINGLE_STEP_COST_S: f64 = 3.3e-6;
@@ -80,8 +80,7 @@ pub fn find(pid: u32, exe: Option<&Path>) -> anyhow::Result<Option<LockLibrary>>
                 continue;
             };
             let op = op as u32;
-            let code =
-                prologue::read_code(&path, entry.file_offset).unwrap_or_default();
+            let code = prologue::read_code(&path, entry.file_offset).unwrap_or_default();
             let (sites, all_emulated) = prologue::probe_sites(&code, registers_read(op));
             if matches!(op, lock_op::MUTEX_LOCK | lock_op::MUTEX_UNLOCK) {
                 emulated &= all_emulated;
