@@ -2,7 +2,10 @@
 //! to every feature, the target's shared state beside them. No BPF here:
 //! the runner drains the rings into it, and tests drive it directly.
 
-use std::task::{Context, Poll};
+use std::{
+    task::{Context, Poll},
+    time::Instant,
+};
 
 use memprof_common::{SampleEvent, TaskEvent};
 
@@ -54,6 +57,8 @@ pub fn empty_report(
 pub struct Pipeline {
     pub process: Process,
     pub features: Vec<Box<dyn Feature>>,
+    /// Each feature's deadline as last asked.
+    due: Vec<Option<Instant>>,
 }
 
 impl Pipeline {
@@ -64,7 +69,11 @@ impl Pipeline {
         existing: Vec<ThreadEvent>,
         features: Vec<Box<dyn Feature>>,
     ) -> Self {
-        let mut pipeline = Self { process, features };
+        let mut pipeline = Self {
+            process,
+            features,
+            due: Vec::new(),
+        };
         for ev in existing {
             pipeline.thread(ev);
         }
@@ -126,16 +135,19 @@ impl Pipeline {
         }
     }
 
-    /// The earliest deadline of a feature.
-    pub fn deadline(&self) -> Option<std::time::Instant> {
-        self.features.iter().filter_map(|f| f.deadline()).min()
+    /// The earliest deadline of a feature. Each feature's deadline is
+    /// kept: a feature may compute it afresh from the clock, so it is
+    /// called back when the deadline it gave has come.
+    pub fn deadline(&mut self) -> Option<Instant> {
+        self.due = self.features.iter().map(|f| f.deadline()).collect();
+        self.due.iter().flatten().min().copied()
     }
 
     /// Calls back the features whose deadline has come.
     pub fn on_deadlines(&mut self, probes: &mut Probes, notes: &mut Vec<String>) {
-        let now = std::time::Instant::now();
-        for f in &mut self.features {
-            if f.deadline().is_some_and(|d| d <= now) {
+        let now = Instant::now();
+        for (f, due) in self.features.iter_mut().zip(&self.due) {
+            if due.is_some_and(|d| d <= now) {
                 f.on_deadline(probes, notes);
             }
         }
