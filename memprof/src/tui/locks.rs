@@ -621,7 +621,7 @@ fn render_histograms(l: &LockEntry, shown: Histograms, frame: &mut Frame, area: 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use ratatui::{backend::TestBackend, style::Modifier, Terminal};
 
     use super::*;
@@ -640,7 +640,7 @@ mod tests {
     /// [`report_with_locks`] with the lock uprobes' fields set on the
     /// mutex: acquisitions, hold times, two critical sections and both
     /// histograms, traced in sampled mode (acquisitions are estimates).
-    fn traced_report() -> Report {
+    pub(crate) fn traced_report() -> Report {
         let mut r = report_with_locks();
         let hot = &mut r.locks[0];
         hot.acquisitions = Some(65_880);

@@ -11,6 +11,8 @@ mod locks;
 pub mod log;
 mod overview;
 mod sharing;
+#[cfg(test)]
+mod snapshot_tests;
 mod widgets;
 
 use std::{

@@ -649,7 +649,7 @@ fn render_detail(e: &SharingEntry, frame: &mut Frame, area: Rect) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use ratatui::{backend::TestBackend, buffer::Buffer, style::Modifier, Terminal};
 
     use super::*;
@@ -707,7 +707,7 @@ mod tests {
         }
     }
 
-    fn report_with(entries: Vec<SharingEntry>) -> Report {
+    pub(crate) fn report_with(entries: Vec<SharingEntry>) -> Report {
         let mut r = sample_report();
         let a = &mut r.sampling.addresses;
         a.mode = crate::report::model::AddressMode::Decoded;
@@ -719,7 +719,7 @@ mod tests {
         r
     }
 
-    fn report_with_sharing() -> Report {
+    pub(crate) fn report_with_sharing() -> Report {
         report_with(vec![false_entry(), true_entry()])
     }
 
