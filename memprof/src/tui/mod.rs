@@ -5,14 +5,11 @@
 //! same. Keys are read on a plain thread (crossterm's reads block) and come
 //! to the session as [`Action`]s; rendering is a pure function of [`App`].
 
-mod allocator;
 mod app;
-mod locks;
 pub mod log;
-mod overview;
-mod sharing;
 #[cfg(test)]
 mod snapshot_tests;
+mod tabs;
 mod widgets;
 
 use std::{
@@ -24,12 +21,13 @@ use std::{
     time::Duration,
 };
 
-pub use app::{Action, App, Tab};
+pub use app::{Action, App};
 pub use log::LogRing;
 use ratatui::{
     crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers},
     DefaultTerminal,
 };
+pub use tabs::Tab;
 use tokio::sync::mpsc;
 
 use crate::report::Report;

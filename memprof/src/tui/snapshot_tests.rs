@@ -143,7 +143,7 @@ fn overview() {
 
 #[test]
 fn false_sharing() {
-    use super::sharing::tests::{report_with, report_with_sharing};
+    use super::tabs::sharing::tests::{report_with, report_with_sharing};
     let cases = vec![
         ("waiting", app(Tab::FalseSharing, None, 0)),
         (
@@ -188,7 +188,7 @@ fn allocator() {
 
 #[test]
 fn locks() {
-    use super::locks::tests::traced_report;
+    use super::tabs::locks::tests::traced_report;
     let cases = vec![
         ("waiting", app(Tab::Locks, None, 0)),
         ("none", app(Tab::Locks, Some(sample_report()), 0)),

@@ -20,7 +20,7 @@ use ratatui::{
     Frame,
 };
 
-use super::{
+use crate::tui::{
     widgets::{
         count_label, ellipsize_line, first_width, has_counts, histogram_spans, render_histogram,
         render_message, split_height, styled_table, Column, Selection,

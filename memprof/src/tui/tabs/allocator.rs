@@ -13,18 +13,18 @@ use ratatui::{
     Frame,
 };
 
-use super::{
-    widgets::{
-        count_label, histogram_spans, render_histogram, render_message, table, Column, Selection,
-    },
-    App,
-};
 use crate::report::{
     model::{AllocatorReport, MemoryReport, OpStats, SiteEntry, SyscallStats, TraceMode},
     text::{
         allocator_off, by_time, format_bytes, format_ns, group, library_label, live_label, percent,
         sites_by_bytes, syscall_origin,
     },
+};
+use crate::tui::{
+    widgets::{
+        count_label, histogram_spans, render_histogram, render_message, table, Column, Selection,
+    },
+    App,
 };
 
 /// The tab's frame title, for its one-line messages.

@@ -20,7 +20,7 @@ use ratatui::{
     Frame,
 };
 
-use super::{
+use crate::tui::{
     widgets::{
         column_width, count_label, ellipsize_line, first_width, render_lines, render_message,
         split_height, styled_table, table, wrap_words, Column, Selection,

@@ -8,8 +8,8 @@ use ratatui::{
     Frame,
 };
 
-use super::App;
 use crate::report::text::{ellipsize, format_bytes, format_duration, group};
+use crate::tui::App;
 
 pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     let Some(report) = &app.report else {
