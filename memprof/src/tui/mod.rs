@@ -6,6 +6,7 @@
 //! to the session as [`Action`]s; rendering is a pure function of [`App`].
 
 mod app;
+mod layout;
 pub mod log;
 #[cfg(test)]
 mod snapshot_tests;

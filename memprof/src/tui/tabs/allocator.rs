@@ -21,9 +21,8 @@ use crate::report::{
     },
 };
 use crate::tui::{
-    widgets::{
-        count_label, histogram_spans, render_histogram, render_message, table, Column, Selection,
-    },
+    layout::{LineBudget, Selection},
+    widgets::{count_label, histogram_spans, render_histogram, render_message, table, Column},
     App,
 };
 
@@ -178,19 +177,20 @@ fn wants(a: &AllocatorReport, wide: bool) -> Vec<Want> {
 /// rows left then go to each shown pane up to its maximum. Rows nobody
 /// wants stay empty at the bottom.
 fn fit_panes(height: u16, wants: &[Want]) -> Vec<u16> {
-    let mut heights = vec![0u16; wants.len()];
-    let mut left = height;
-    for (h, w) in heights.iter_mut().zip(wants) {
-        if w.min <= left {
-            *h = w.min;
-            left -= w.min;
-        }
-    }
+    let mut budget = LineBudget::new(height);
+    let mut heights: Vec<u16> = wants
+        .iter()
+        .map(|w| {
+            if budget.take(usize::from(w.min)) {
+                w.min
+            } else {
+                0
+            }
+        })
+        .collect();
     for (h, w) in heights.iter_mut().zip(wants) {
         if *h > 0 {
-            let extra = w.max.saturating_sub(*h).min(left);
-            *h += extra;
-            left -= extra;
+            *h += budget.take_up_to(w.max.saturating_sub(*h));
         }
     }
     heights

@@ -21,9 +21,10 @@ use ratatui::{
 };
 
 use crate::tui::{
+    layout::{split_height, LineBudget, Selection},
     widgets::{
         count_label, ellipsize_line, first_width, has_counts, histogram_spans, render_histogram,
-        render_message, split_height, styled_table, Column, Selection,
+        render_message, styled_table, Column,
     },
     App,
 };
@@ -239,29 +240,22 @@ fn stacked(n: usize, width: u16) -> bool {
 /// histograms, as charts or else one line each. Nothing is shown without
 /// the first waiting site.
 fn fit_detail(l: &LockEntry, width: u16, height: u16) -> DetailFit {
-    let mut left = usize::from(height);
-    let mut take = |n: usize| {
-        let fits = n <= left;
-        if fits {
-            left -= n;
-        }
-        fits
-    };
+    let mut budget = LineBudget::new(height);
     let mut fit = DetailFit::default();
     let (waiters, holders, sections) = (l.waiters.len(), l.holders.len(), l.sections.len());
-    if !take(1 + waiters.min(1)) {
+    if !budget.take(1 + waiters.min(1)) {
         return fit;
     }
     fit.waiters = Some(waiters.min(1));
-    if take(1 + holders.min(1)) {
+    if budget.take(1 + holders.min(1)) {
         fit.holders = Some(holders.min(1));
     }
-    fit.owners = l.owner_seen && take(1);
+    fit.owners = l.owner_seen && budget.take(1);
     let note = note_lines(l, false, usize::from(width)).len();
-    if traced(l) && take(note) {
+    if traced(l) && budget.take(note) {
         fit.note = note;
     }
-    if (traced(l) || sections > 0) && take(1 + sections.min(1)) {
+    if (traced(l) || sections > 0) && budget.take(1 + sections.min(1)) {
         fit.sections = Some(sections.min(1));
     }
     for (rows, all) in [
@@ -270,21 +264,21 @@ fn fit_detail(l: &LockEntry, width: u16, height: u16) -> DetailFit {
         (&mut fit.sections, sections),
     ] {
         if let Some(shown) = rows {
-            while *shown < all && take(1) {
+            while *shown < all && budget.take(1) {
                 *shown += 1;
             }
         }
     }
-    if !traced(l) && take(note) {
+    if !traced(l) && budget.take(note) {
         fit.note = note;
     }
     let shown = histograms(l).len();
     let charts = if stacked(shown, width) { shown } else { 1 } * CHART_HEIGHT;
     fit.histograms = if shown == 0 {
         Histograms::Hidden
-    } else if take(charts) {
+    } else if budget.take(charts) {
         Histograms::Charts(charts)
-    } else if let Some(n) = (1..=shown).rev().find(|&n| take(n)) {
+    } else if let Some(n) = (1..=shown).rev().find(|&n| budget.take(n)) {
         Histograms::Lines(n)
     } else {
         Histograms::Hidden

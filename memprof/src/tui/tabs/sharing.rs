@@ -21,9 +21,10 @@ use ratatui::{
 };
 
 use crate::tui::{
+    layout::{split_height, LineBudget, Selection},
     widgets::{
         column_width, count_label, ellipsize_line, first_width, render_lines, render_message,
-        split_height, styled_table, table, wrap_words, Column, Selection,
+        styled_table, table, wrap_words, Column,
     },
     App,
 };
@@ -444,45 +445,38 @@ impl Detail {
     /// the allocation site, the rest of the legend, the other code rows,
     /// the dependences. Nothing is shown without the object.
     fn fit(&self, height: u16) -> DetailFit {
-        let mut left = usize::from(height);
-        let mut take = |n: usize| {
-            let fits = n <= left;
-            if fits {
-                left -= n;
-            }
-            fits
-        };
+        let mut budget = LineBudget::new(height);
         let mut fit = DetailFit::default();
-        if !take(1) {
+        if !budget.take(1) {
             return fit;
         }
         fit.object = true;
-        if !take(2) {
+        if !budget.take(2) {
             return fit;
         }
         fit.grid = true;
         fit.legend = 1;
-        if !self.advice.is_empty() && take(1) {
+        if !self.advice.is_empty() && budget.take(1) {
             fit.advice = 1;
         }
         let code = self.code.len();
-        if take(1 + code.min(1)) {
+        if budget.take(1 + code.min(1)) {
             fit.code = Some(code.min(1));
         }
-        while fit.advice > 0 && fit.advice < self.advice.len() && take(1) {
+        while fit.advice > 0 && fit.advice < self.advice.len() && budget.take(1) {
             fit.advice += 1;
         }
-        fit.offsets = self.offsets.is_some() && take(1);
-        fit.alloc = self.alloc.is_some() && take(1);
-        while fit.legend < self.legend.len() && take(1) {
+        fit.offsets = self.offsets.is_some() && budget.take(1);
+        fit.alloc = self.alloc.is_some() && budget.take(1);
+        while fit.legend < self.legend.len() && budget.take(1) {
             fit.legend += 1;
         }
         if let Some(shown) = &mut fit.code {
-            while *shown < code && take(1) {
+            while *shown < code && budget.take(1) {
                 *shown += 1;
             }
         }
-        fit.dependences = self.dependences.is_some() && take(1);
+        fit.dependences = self.dependences.is_some() && budget.take(1);
         fit
     }
 
