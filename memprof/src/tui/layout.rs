@@ -1,8 +1,19 @@
 //! How a tab shares out its lines. Parts of a view take lines from a
 //! [`LineBudget`] in order of importance, so that on a small terminal the
-//! least important go first; a tab with a table of entries and the
-//! selected entry's detail under it splits its height with
-//! [`split_height`].
+//! least important go first. A master/detail tab (Locks, False sharing)
+//! is a table of entries with the selected entry's detail in a frame
+//! under it ([`render_master_detail`]): the table keeps a few rows, the
+//! detail then gets the lines it wants ([`split_height`]), and the detail
+//! shows what of it fits ([`DetailView`]).
+
+use ratatui::{
+    layout::{Constraint, Layout, Rect},
+    style::Style,
+    widgets::{Block, Table, TableState},
+    Frame,
+};
+
+use crate::report::text::ellipsize;
 
 /// Table rows kept on a small terminal before the detail gets any room.
 const MIN_TABLE_ROWS: usize = 3;
@@ -91,6 +102,65 @@ pub fn split_height(height: u16, rows: usize, detail_want: u16) -> (u16, u16) {
     budget.take_up_to(detail_want);
     let table = table_min + budget.take_up_to(table_full - table_min);
     (table, height - table)
+}
+
+/// The lines a detail's parts use.
+pub trait Lines {
+    fn lines(&self) -> u16;
+}
+
+/// The selected entry's detail, laid out for the width inside its frame:
+/// what of it fits a height, and how to draw that.
+pub trait DetailView {
+    /// What of the detail is shown.
+    type Fit: Lines;
+
+    /// The frame's title (cut to the frame's width).
+    fn title(&self) -> String;
+
+    /// The parts that fit in `height` lines, the most important first.
+    fn fit(&self, height: u16) -> Self::Fit;
+
+    /// Draws the parts `fit` keeps in `area`, inside the frame.
+    fn render(&self, fit: &Self::Fit, frame: &mut Frame, area: Rect);
+}
+
+/// A master/detail view in `area`: the table of `entries` that `table`
+/// makes for its area, the selected entry highlighted (the table scrolls
+/// to it), and under it in a frame the detail `detail` lays out for an
+/// entry and a width, given the lines [`split_height`] leaves it.
+pub fn render_master_detail<'a, T, V: DetailView>(
+    frame: &mut Frame,
+    area: Rect,
+    entries: &'a [T],
+    selection: Selection,
+    table: impl FnOnce(Rect) -> Table<'static>,
+    detail: impl FnOnce(&'a T, u16) -> V,
+) {
+    let selected = selection.selected(entries.len());
+    let inner_width = area.width.saturating_sub(2);
+    let view = selected
+        .and_then(|i| entries.get(i))
+        .map(|entry| detail(entry, inner_width));
+    let detail_want = view
+        .as_ref()
+        .map_or(0, |v| v.fit(u16::MAX).lines().saturating_add(2));
+    let (table_height, detail_height) = split_height(area.height, entries.len(), detail_want);
+    let [table_area, detail_area] = Layout::vertical([
+        Constraint::Length(table_height),
+        Constraint::Length(detail_height),
+    ])
+    .areas(area);
+    let table = table(table_area).row_highlight_style(Style::new().reversed());
+    let mut state = TableState::new().with_selected(selected);
+    frame.render_stateful_widget(table, table_area, &mut state);
+    if let Some(view) = view.filter(|_| detail_area.height > 2) {
+        let title = ellipsize(&view.title(), usize::from(inner_width));
+        let block = Block::bordered().title(title);
+        let inner = block.inner(detail_area);
+        frame.render_widget(block, detail_area);
+        view.render(&view.fit(inner.height), frame, inner);
+    }
 }
 
 #[cfg(test)]

@@ -16,12 +16,12 @@ use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Style, Stylize},
     text::{Line, Span},
-    widgets::{Block, Cell, Paragraph, Row, Table, TableState},
+    widgets::{Block, Cell, Paragraph, Row, Table},
     Frame,
 };
 
 use crate::tui::{
-    layout::{split_height, LineBudget, Selection},
+    layout::{render_master_detail, DetailView, LineBudget, Lines, Selection},
     widgets::{
         count_label, ellipsize_line, first_width, has_counts, histogram_spans, render_histogram,
         render_message, styled_table, Column,
@@ -65,27 +65,19 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         render_message(frame, area, TITLE, "no thread waited for a lock");
         return;
     }
-    let selected = app.locks.selected(locks.len());
-    let chosen = selected.and_then(|i| locks.get(i));
-    let detail_width = area.width.saturating_sub(2);
-    let detail_want = chosen.map_or(0, |l| {
-        fit_detail(l, detail_width, u16::MAX)
-            .lines()
-            .saturating_add(2)
-    });
-    let (table_height, detail_height) = split_height(area.height, locks.len(), detail_want);
-    let [table_area, detail_area] = Layout::vertical([
-        Constraint::Length(table_height),
-        Constraint::Length(detail_height),
-    ])
-    .areas(area);
-    render_table(locks, selected, frame, table_area);
-    if let Some(lock) = chosen {
-        if detail_area.height > 2 {
-            let estimates = report.lock_tracing.as_ref().is_some_and(|t| t.estimates());
-            render_detail(lock, estimates, frame, detail_area);
-        }
-    }
+    let estimates = report.lock_tracing.as_ref().is_some_and(|t| t.estimates());
+    render_master_detail(
+        frame,
+        area,
+        locks,
+        app.locks,
+        |area| locks_table(locks, area),
+        |lock, width| LockDetail {
+            lock,
+            estimates,
+            width,
+        },
+    );
 }
 
 /// The locks table's columns; on a narrow pane threads, p99, waits, kind
@@ -100,8 +92,8 @@ const LOCK_COLUMNS: [Column; 7] = [
     Column::number("threads", 7, 6),
 ];
 
-/// The ranked locks, the selected one highlighted, other waits dimmed.
-fn render_table(locks: &[LockEntry], selected: Option<usize>, frame: &mut Frame, area: Rect) {
+/// The ranked locks for `area`, other waits dimmed.
+fn locks_table(locks: &[LockEntry], area: Rect) -> Table<'static> {
     let block =
         Block::bordered().title(" Locks (contention first, other waits dimmed; ↑/↓ select) ");
     let width = block.inner(area).width;
@@ -124,11 +116,7 @@ fn render_table(locks: &[LockEntry], selected: Option<usize>, frame: &mut Frame,
         };
         (cells, style)
     });
-    let table = styled_table(&LOCK_COLUMNS, rows, width)
-        .row_highlight_style(Style::new().reversed())
-        .block(block);
-    let mut state = TableState::new().with_selected(selected);
-    frame.render_stateful_widget(table, area, &mut state);
+    styled_table(&LOCK_COLUMNS, rows, width).block(block)
 }
 
 /// The lock's name, or its address when it has none.
@@ -192,7 +180,7 @@ struct DetailFit {
     histograms: Histograms,
 }
 
-impl DetailFit {
+impl Lines for DetailFit {
     /// Lines used: each section is a header and its rows, or one line.
     fn lines(&self) -> u16 {
         let total = section_lines(self.waiters)
@@ -286,15 +274,41 @@ fn fit_detail(l: &LockEntry, width: u16, height: u16) -> DetailFit {
     fit
 }
 
-/// The selected lock: waiting sites, releasing sites, critical sections,
-/// owners, acquisitions and hold times (`estimates` when the lock calls
-/// were traced only part of the time), and the wait and hold histograms.
-fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) {
-    let title = ellipsize(&detail_title(l), usize::from(area.width.saturating_sub(2)));
-    let block = Block::bordered().title(title);
-    let inner = block.inner(area);
-    frame.render_widget(block, area);
-    let fit = fit_detail(l, inner.width, inner.height);
+/// The selected lock's detail in `width` columns: waiting sites,
+/// releasing sites, critical sections, owners, acquisitions and hold
+/// times (`estimates` when the lock calls were traced only part of the
+/// time), and the wait and hold histograms.
+struct LockDetail<'a> {
+    lock: &'a LockEntry,
+    estimates: bool,
+    width: u16,
+}
+
+impl DetailView for LockDetail<'_> {
+    type Fit = DetailFit;
+
+    /// `g_hot_lock · mutex at 0x5555aaaa0040 · mean wait 41.0 µs`.
+    fn title(&self) -> String {
+        let l = self.lock;
+        let what = match (&l.name, l.kind.as_str()) {
+            (Some(name), "kernel") => name.clone(),
+            (Some(name), kind) => format!("{name} · {kind} at {}", l.address),
+            (None, kind) => format!("{kind} at {}", l.address),
+        };
+        format!(" {what} · mean wait {} ", format_ns(l.wait_mean_ns))
+    }
+
+    fn fit(&self, height: u16) -> DetailFit {
+        fit_detail(self.lock, self.width, height)
+    }
+
+    fn render(&self, fit: &DetailFit, frame: &mut Frame, area: Rect) {
+        render_detail(self.lock, self.estimates, fit, frame, area);
+    }
+}
+
+/// The parts of `l`'s detail that `fit` keeps, in `inner`.
+fn render_detail(l: &LockEntry, estimates: bool, fit: &DetailFit, frame: &mut Frame, inner: Rect) {
     let length = |lines: usize| Constraint::Length(u16::try_from(lines).unwrap_or(u16::MAX));
     let [waiters_area, holders_area, sections_area, owners_area, note_area, histograms_area] =
         Layout::vertical([
@@ -379,16 +393,6 @@ fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) 
         frame.render_widget(Paragraph::new(lines), note_area);
     }
     render_histograms(l, fit.histograms, frame, histograms_area);
-}
-
-/// `g_hot_lock · mutex at 0x5555aaaa0040 · mean wait 41.0 µs`.
-fn detail_title(l: &LockEntry) -> String {
-    let what = match (&l.name, l.kind.as_str()) {
-        (Some(name), "kernel") => name.clone(),
-        (Some(name), kind) => format!("{name} · {kind} at {}", l.address),
-        (None, kind) => format!("{kind} at {}", l.address),
-    };
-    format!(" {what} · mean wait {} ", format_ns(l.wait_mean_ns))
 }
 
 /// Widths of the site tables' columns (function, source, two numbers) in

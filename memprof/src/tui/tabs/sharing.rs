@@ -16,12 +16,12 @@ use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Color, Style, Stylize},
     text::{Line, Span},
-    widgets::{Block, Paragraph, TableState},
+    widgets::{Block, Paragraph, Table},
     Frame,
 };
 
 use crate::tui::{
-    layout::{split_height, LineBudget, Selection},
+    layout::{render_master_detail, DetailView, LineBudget, Lines, Selection},
     widgets::{
         column_width, count_label, ellipsize_line, first_width, render_lines, render_message,
         styled_table, table, wrap_words, Column,
@@ -92,27 +92,14 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     let footer = u16::from(area.height >= FOOTER_FROM);
     let [main, footer_area] =
         Layout::vertical([Constraint::Fill(1), Constraint::Length(footer)]).areas(area);
-    let selected = app.sharing.selected(entries.len());
-    let chosen = selected.and_then(|i| entries.get(i));
-    let inner_width = main.width.saturating_sub(2);
-    let detail_want = chosen.map_or(0, |e| {
-        Detail::new(e, inner_width)
-            .fit(u16::MAX)
-            .lines()
-            .saturating_add(2)
-    });
-    let (table_height, detail_height) = split_height(main.height, entries.len(), detail_want);
-    let [table_area, detail_area] = Layout::vertical([
-        Constraint::Length(table_height),
-        Constraint::Length(detail_height),
-    ])
-    .areas(main);
-    render_table(entries, selected, frame, table_area);
-    if let Some(entry) = chosen {
-        if detail_area.height > 2 {
-            render_detail(entry, frame, detail_area);
-        }
-    }
+    render_master_detail(
+        frame,
+        main,
+        entries,
+        app.sharing,
+        |area| lines_table(entries, area),
+        Detail::new,
+    );
     if footer > 0 {
         frame.render_widget(
             footer_line(addresses, usize::from(footer_area.width)),
@@ -179,8 +166,8 @@ const LINE_COLUMNS: [Column; 7] = [
 /// The object column, which takes what the others leave.
 const OBJECT_COLUMN: usize = 3;
 
-/// The ranked lines, the selected one highlighted.
-fn render_table(entries: &[SharingEntry], selected: Option<usize>, frame: &mut Frame, area: Rect) {
+/// The ranked lines for `area`.
+fn lines_table(entries: &[SharingEntry], area: Rect) -> Table<'static> {
     // Too low for borders, a header and a row: the rows go unframed.
     let block = if area.height >= 4 {
         Block::bordered().title(" Contended cache lines (most costly first; ↑/↓ select) ")
@@ -201,16 +188,12 @@ fn render_table(entries: &[SharingEntry], selected: Option<usize>, frame: &mut F
         ];
         (cells, Style::new())
     });
-    let table = styled_table(&LINE_COLUMNS, rows, width)
-        .row_highlight_style(Style::new().reversed())
-        .block(block);
-    let mut state = TableState::new().with_selected(selected);
-    frame.render_stateful_widget(table, area, &mut state);
+    styled_table(&LINE_COLUMNS, rows, width).block(block)
 }
 
 /// ` line 0x5555deadbe40 · false sharing · 3,753 invalidations (99% of
 /// accesses) `.
-fn detail_title(e: &SharingEntry) -> String {
+fn line_title(e: &SharingEntry) -> String {
     format!(
         " line {} · {} sharing · {} invalidations ({:.0}% of accesses) ",
         e.line,
@@ -312,6 +295,7 @@ fn grid_geometry(width: u16) -> (u16, u16) {
 /// The selected line's detail, laid out for a width; [`Detail::fit`]
 /// chooses what of it a height shows.
 struct Detail {
+    title: String,
     object: Line<'static>,
     alloc: Option<Line<'static>>,
     /// Byte offsets above the words, when the words are wide enough.
@@ -340,7 +324,7 @@ struct DetailFit {
     dependences: bool,
 }
 
-impl DetailFit {
+impl Lines for DetailFit {
     /// Lines used.
     fn lines(&self) -> u16 {
         let total = usize::from(self.object)
@@ -427,6 +411,7 @@ impl Detail {
                 )
             });
         Self {
+            title: line_title(e),
             object: ellipsize_line(object, room),
             alloc,
             offsets,
@@ -437,47 +422,6 @@ impl Detail {
             dependences,
             width,
         }
-    }
-
-    /// The parts that fit in `height` lines, the most important first: the
-    /// object, the words with the first legend line, the first line of
-    /// advice, the first code row, the rest of the advice, the offsets,
-    /// the allocation site, the rest of the legend, the other code rows,
-    /// the dependences. Nothing is shown without the object.
-    fn fit(&self, height: u16) -> DetailFit {
-        let mut budget = LineBudget::new(height);
-        let mut fit = DetailFit::default();
-        if !budget.take(1) {
-            return fit;
-        }
-        fit.object = true;
-        if !budget.take(2) {
-            return fit;
-        }
-        fit.grid = true;
-        fit.legend = 1;
-        if !self.advice.is_empty() && budget.take(1) {
-            fit.advice = 1;
-        }
-        let code = self.code.len();
-        if budget.take(1 + code.min(1)) {
-            fit.code = Some(code.min(1));
-        }
-        while fit.advice > 0 && fit.advice < self.advice.len() && budget.take(1) {
-            fit.advice += 1;
-        }
-        fit.offsets = self.offsets.is_some() && budget.take(1);
-        fit.alloc = self.alloc.is_some() && budget.take(1);
-        while fit.legend < self.legend.len() && budget.take(1) {
-            fit.legend += 1;
-        }
-        if let Some(shown) = &mut fit.code {
-            while *shown < code && budget.take(1) {
-                *shown += 1;
-            }
-        }
-        fit.dependences = self.dependences.is_some() && budget.take(1);
-        fit
     }
 
     /// The advice lines shown (`shown` of them), led by `fix`; a cut
@@ -595,50 +539,96 @@ fn threads_label(threads: &[u32]) -> String {
 
 /// The selected line: object, allocation site, the word grid and its
 /// legend, the advice, the code and the dependences.
-fn render_detail(e: &SharingEntry, frame: &mut Frame, area: Rect) {
-    let title = ellipsize(&detail_title(e), usize::from(area.width.saturating_sub(2)));
-    let block = Block::bordered().title(title);
-    let inner = block.inner(area);
-    frame.render_widget(block, area);
-    let detail = Detail::new(e, inner.width);
-    let fit = detail.fit(inner.height);
-    let length = |n: usize| Constraint::Length(u16::try_from(n).unwrap_or(u16::MAX));
-    let [object, alloc, offsets, words, legend, advice, code, dependences] = Layout::vertical([
-        length(usize::from(fit.object)),
-        length(usize::from(fit.alloc)),
-        length(usize::from(fit.offsets)),
-        length(usize::from(fit.grid)),
-        length(fit.legend),
-        length(fit.advice),
-        length(fit.code.map_or(0, |n| 1 + n)),
-        length(usize::from(fit.dependences)),
-    ])
-    .areas(inner);
-    if fit.object {
-        frame.render_widget(detail.object.clone(), object);
+impl DetailView for Detail {
+    type Fit = DetailFit;
+
+    fn title(&self) -> String {
+        self.title.clone()
     }
-    if let (true, Some(line)) = (fit.alloc, &detail.alloc) {
-        frame.render_widget(line.clone(), alloc);
-    }
-    if let (true, Some(line)) = (fit.offsets, &detail.offsets) {
-        frame.render_widget(line.clone(), offsets);
-    }
-    if fit.grid {
-        frame.render_widget(detail.words.clone(), words);
-        let lines: Vec<Line> = detail.legend.iter().take(fit.legend).cloned().collect();
-        frame.render_widget(Paragraph::new(lines), legend);
-    }
-    frame.render_widget(Paragraph::new(detail.advice_lines(fit.advice)), advice);
-    match fit.code {
-        Some(0) => frame.render_widget(Line::from("no code seen touching the line").dim(), code),
-        Some(rows) => {
-            let rows = detail.code.iter().take(rows).cloned().collect();
-            frame.render_widget(table(&CODE_COLUMNS, rows, inner.width), code);
+
+    /// The parts that fit in `height` lines, the most important first: the
+    /// object, the words with the first legend line, the first line of
+    /// advice, the first code row, the rest of the advice, the offsets,
+    /// the allocation site, the rest of the legend, the other code rows,
+    /// the dependences. Nothing is shown without the object.
+    fn fit(&self, height: u16) -> DetailFit {
+        let mut budget = LineBudget::new(height);
+        let mut fit = DetailFit::default();
+        if !budget.take(1) {
+            return fit;
         }
-        None => {}
+        fit.object = true;
+        if !budget.take(2) {
+            return fit;
+        }
+        fit.grid = true;
+        fit.legend = 1;
+        if !self.advice.is_empty() && budget.take(1) {
+            fit.advice = 1;
+        }
+        let code = self.code.len();
+        if budget.take(1 + code.min(1)) {
+            fit.code = Some(code.min(1));
+        }
+        while fit.advice > 0 && fit.advice < self.advice.len() && budget.take(1) {
+            fit.advice += 1;
+        }
+        fit.offsets = self.offsets.is_some() && budget.take(1);
+        fit.alloc = self.alloc.is_some() && budget.take(1);
+        while fit.legend < self.legend.len() && budget.take(1) {
+            fit.legend += 1;
+        }
+        if let Some(shown) = &mut fit.code {
+            while *shown < code && budget.take(1) {
+                *shown += 1;
+            }
+        }
+        fit.dependences = self.dependences.is_some() && budget.take(1);
+        fit
     }
-    if let (true, Some(line)) = (fit.dependences, &detail.dependences) {
-        frame.render_widget(line.clone(), dependences);
+
+    fn render(&self, fit: &DetailFit, frame: &mut Frame, inner: Rect) {
+        let length = |n: usize| Constraint::Length(u16::try_from(n).unwrap_or(u16::MAX));
+        let [object, alloc, offsets, words, legend, advice, code, dependences] =
+            Layout::vertical([
+                length(usize::from(fit.object)),
+                length(usize::from(fit.alloc)),
+                length(usize::from(fit.offsets)),
+                length(usize::from(fit.grid)),
+                length(fit.legend),
+                length(fit.advice),
+                length(fit.code.map_or(0, |n| 1 + n)),
+                length(usize::from(fit.dependences)),
+            ])
+            .areas(inner);
+        if fit.object {
+            frame.render_widget(self.object.clone(), object);
+        }
+        if let (true, Some(line)) = (fit.alloc, &self.alloc) {
+            frame.render_widget(line.clone(), alloc);
+        }
+        if let (true, Some(line)) = (fit.offsets, &self.offsets) {
+            frame.render_widget(line.clone(), offsets);
+        }
+        if fit.grid {
+            frame.render_widget(self.words.clone(), words);
+            let lines: Vec<Line> = self.legend.iter().take(fit.legend).cloned().collect();
+            frame.render_widget(Paragraph::new(lines), legend);
+        }
+        frame.render_widget(Paragraph::new(self.advice_lines(fit.advice)), advice);
+        match fit.code {
+            Some(0) => {
+                frame.render_widget(Line::from("no code seen touching the line").dim(), code)
+            }
+            Some(rows) => {
+                let rows = self.code.iter().take(rows).cloned().collect();
+                frame.render_widget(table(&CODE_COLUMNS, rows, inner.width), code);
+            }
+            None => {}
+        }
+        if let (true, Some(line)) = (fit.dependences, &self.dependences) {
+            frame.render_widget(line.clone(), dependences);
+        }
     }
 }
 
