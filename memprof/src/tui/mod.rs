@@ -8,8 +8,6 @@
 mod app;
 mod layout;
 pub mod log;
-#[cfg(test)]
-mod snapshot_tests;
 mod tabs;
 mod widgets;
 
@@ -141,3 +139,6 @@ fn read_keys(tx: &mpsc::UnboundedSender<Action>, stop: &AtomicBool) {
         }
     }
 }
+
+#[cfg(test)]
+mod snapshot_tests;
