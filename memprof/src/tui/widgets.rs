@@ -1,7 +1,7 @@
 //! What the tabs draw alike: a centred message in a tab's frame, tables
 //! that drop columns on a narrow pane rather than cut numbers, counts
-//! short enough for their columns, text cut or wrapped to a width, and
-//! log2 latency histograms (a bar chart, or one line).
+//! short enough for their columns, text cut, wrapped or packed to a
+//! width, and log2 latency histograms (a bar chart, or one line).
 
 use ratatui::{
     layout::{Constraint, Layout, Rect},
@@ -64,6 +64,39 @@ pub fn ellipsize_line(line: Line<'static>, width: usize) -> Line<'static> {
         break;
     }
     Line::from(spans).style(line.style)
+}
+
+/// `groups` of spans packed into lines of `width`: `gap` spaces apart,
+/// each line led by `indent` spaces; a group that does not fit the line
+/// starts the next one, and a line still too long is cut.
+pub fn pack_groups(
+    groups: Vec<Vec<Span<'static>>>,
+    gap: usize,
+    indent: usize,
+    width: usize,
+) -> Vec<Line<'static>> {
+    let mut lines = Vec::new();
+    let mut line: Vec<Span<'static>> = Vec::new();
+    let mut used = 0;
+    for group in groups {
+        let n: usize = group.iter().map(|s| s.content.chars().count()).sum();
+        if !line.is_empty() && used + gap + n > width {
+            lines.push(ellipsize_line(Line::from(std::mem::take(&mut line)), width));
+        }
+        if line.is_empty() {
+            if indent > 0 {
+                line.push(Span::raw(" ".repeat(indent)));
+            }
+            used = indent;
+        } else {
+            line.push(Span::raw(" ".repeat(gap)));
+            used += gap;
+        }
+        line.extend(group);
+        used += n;
+    }
+    lines.push(ellipsize_line(Line::from(line), width));
+    lines
 }
 
 /// `text` wrapped at word boundaries into lines of at most `width`
@@ -353,6 +386,22 @@ mod tests {
         assert_eq!(cut.spans.len(), 1);
         assert_eq!(cut.spans[0].content, "a…");
         assert!(ellipsize_line(line, 0).spans.is_empty());
+    }
+
+    #[test]
+    fn groups_pack_into_lines_of_the_width() {
+        let groups = || {
+            vec![
+                vec!["ab".into(), "c".bold()],
+                vec!["de".into()],
+                vec!["fgh".into()],
+            ]
+        };
+        let text = |lines: Vec<Line>| lines.iter().map(Line::to_string).collect::<Vec<_>>();
+        assert_eq!(text(pack_groups(groups(), 2, 0, 20)), ["abc  de  fgh"]);
+        assert_eq!(text(pack_groups(groups(), 3, 1, 9)), [" abc   de", " fgh"]);
+        assert_eq!(text(pack_groups(groups(), 1, 0, 2)), ["a…", "de", "f…"]);
+        assert_eq!(text(pack_groups(vec![], 1, 0, 2)), [""]);
     }
 
     #[test]

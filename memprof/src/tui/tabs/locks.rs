@@ -23,8 +23,8 @@ use ratatui::{
 use crate::tui::{
     layout::{render_master_detail, DetailView, LineBudget, Lines, Selection},
     widgets::{
-        count_label, ellipsize_line, first_width, has_counts, histogram_spans, render_histogram,
-        render_message, styled_table, Column,
+        count_label, ellipsize_line, first_width, has_counts, histogram_spans, pack_groups,
+        render_histogram, render_message, styled_table, Column,
     },
     App,
 };
@@ -567,21 +567,8 @@ fn note_lines(l: &LockEntry, estimates: bool, width: usize) -> Vec<Line<'static>
 /// `groups` of spans three spaces apart, as many as fit in `width` (the
 /// first one cut when it alone does not).
 fn fit_groups(groups: Vec<Vec<Span<'static>>>, width: usize) -> Line<'static> {
-    let mut spans = Vec::new();
-    let mut used = 0;
-    for group in groups {
-        let n: usize = group.iter().map(|s| s.content.chars().count()).sum();
-        if !spans.is_empty() {
-            if used + 3 + n > width {
-                break;
-            }
-            spans.push(Span::raw("   "));
-            used += 3;
-        }
-        used += n;
-        spans.extend(group);
-    }
-    ellipsize_line(Line::from(spans), width)
+    let lines = pack_groups(groups, 3, 0, width);
+    lines.into_iter().next().unwrap_or_default()
 }
 
 /// The wait and hold histograms with data: bar charts side by side (or

@@ -23,8 +23,8 @@ use ratatui::{
 use crate::tui::{
     layout::{render_master_detail, DetailView, LineBudget, Lines, Selection},
     widgets::{
-        column_width, count_label, ellipsize_line, first_width, render_lines, render_message,
-        styled_table, table, wrap_words, Column,
+        column_width, count_label, ellipsize_line, first_width, pack_groups, render_lines,
+        render_message, styled_table, table, wrap_words, Column,
     },
     App,
 };
@@ -472,27 +472,7 @@ fn legend_lines(palette: &Palette, shared: bool, indent: u16, width: usize) -> V
     for mark in ["W written", "R read only", "· untouched"] {
         items.push(vec![mark.dim()]);
     }
-    let indent = usize::from(indent);
-    let mut lines = Vec::new();
-    let mut line: Vec<Span<'static>> = Vec::new();
-    let mut used = 0;
-    for item in items {
-        let n: usize = item.iter().map(|s| s.content.chars().count()).sum();
-        if !line.is_empty() && used + 2 + n > width {
-            lines.push(ellipsize_line(Line::from(std::mem::take(&mut line)), width));
-        }
-        if line.is_empty() {
-            line.push(Span::raw(" ".repeat(indent)));
-            used = indent;
-        } else {
-            line.push(Span::raw("  "));
-            used += 2;
-        }
-        line.extend(item);
-        used += n;
-    }
-    lines.push(ellipsize_line(Line::from(line), width));
-    lines
+    pack_groups(items, 2, usize::from(indent), width)
 }
 
 /// The code table's columns; on a narrow pane the byte, the source, the
