@@ -320,51 +320,12 @@ fn render_detail(l: &LockEntry, estimates: bool, fit: &DetailFit, frame: &mut Fr
             length(fit.histograms.lines()),
         ])
         .areas(inner);
-    let waiters = site_rows(&l.waiters, |w| {
-        let numbers = [count_label(w.count), format_ns(w.wait_ns)];
-        (&w.function, w.file.as_deref(), w.line, &w.module, numbers)
-    });
-    let holders = site_rows(&l.holders, |h| {
-        let numbers = [count_label(h.count), count_label(h.woken)];
-        (&h.function, h.file.as_deref(), h.line, &h.module, numbers)
-    });
-    let sections = site_rows(&l.sections, |s| {
-        let numbers = [count_label(s.count), format_ns(s.hold_ns)];
-        (&s.function, s.file.as_deref(), s.line, &s.module, numbers)
-    });
-    let longest = |sites: &[[String; 4]], column: usize, least: &str| {
-        let longest = sites.iter().map(|site| site[column].chars().count()).max();
-        longest.unwrap_or(0).max(least.chars().count())
-    };
-    let released: Vec<String> = l
-        .sections
-        .iter()
-        .map(|s| s.released_at.clone().unwrap_or_else(|| "-".into()))
-        .collect();
-    let longest_released = released
-        .iter()
-        .map(|r| r.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(RELEASED.chars().count());
-    // The critical sections' source and release share the source column.
-    let longest_section = if fit.sections.is_some() && !sections.is_empty() {
-        longest(&sections, 1, "source") + 1 + longest_released
-    } else {
-        0
-    };
-    let longest_source = longest(&waiters, 1, "")
-        .max(longest(&holders, 1, ""))
-        .max(longest_section);
-    let longest_function = longest(&waiters, 0, "released by")
-        .max(longest(&holders, 0, ""))
-        .max(longest(&sections, 0, ""));
-    let widths = site_widths(inner.width, longest_function, longest_source);
+    let sites = Sites::new(l, fit.sections.is_some(), inner.width);
     if let Some(rows) = fit.waiters {
         let header = ["waited in", "source", "waits", "wait time"];
         let none = "no waiting code seen";
-        let sites = waiters.into_iter().take(rows);
-        render_sites(frame, waiters_area, header, sites, widths, none);
+        let rows = sites.waiters.into_iter().take(rows);
+        render_sites(frame, waiters_area, header, rows, sites.widths, none);
     }
     if let Some(rows) = fit.holders {
         let header = ["released by", "source", "wakes", "woken"];
@@ -373,17 +334,21 @@ fn render_detail(l: &LockEntry, estimates: bool, fit: &DetailFit, frame: &mut Fr
         } else {
             "no wake seen"
         };
-        let sites = holders.into_iter().take(rows);
-        render_sites(frame, holders_area, header, sites, widths, none);
+        let rows = sites.holders.into_iter().take(rows);
+        render_sites(frame, holders_area, header, rows, sites.widths, none);
     }
     if let Some(rows) = fit.sections {
-        let widths = section_widths(widths, longest(&sections, 1, "source"), longest_released);
         let header = ["held in", "source", RELEASED, "holds", "hold time"];
         let none = "no critical section traced";
-        let sites = sections.into_iter().zip(released).take(rows).map(
-            |([function, source, count, hold], released)| [function, source, released, count, hold],
+        let rows = sites.sections.into_iter().take(rows);
+        render_sites(
+            frame,
+            sections_area,
+            header,
+            rows,
+            sites.section_widths,
+            none,
         );
-        render_sites(frame, sections_area, header, sites, widths, none);
     }
     if fit.owners {
         frame.render_widget(owners_line(l, usize::from(inner.width)), owners_area);
@@ -393,6 +358,73 @@ fn render_detail(l: &LockEntry, estimates: bool, fit: &DetailFit, frame: &mut Fr
         frame.render_widget(Paragraph::new(lines), note_area);
     }
     render_histograms(l, fit.histograms, frame, histograms_area);
+}
+
+/// The detail's site tables as text, with the widths of their columns,
+/// which line up across the tables.
+struct Sites {
+    waiters: Vec<[String; 4]>,
+    holders: Vec<[String; 4]>,
+    /// Function, source, where the lock was released, two numbers.
+    sections: Vec<[String; 5]>,
+    widths: [u16; 4],
+    section_widths: [u16; 5],
+}
+
+impl Sites {
+    /// `l`'s sites in `width` columns; the critical sections take part in
+    /// the widths only when shown (`sections_shown`).
+    fn new(l: &LockEntry, sections_shown: bool, width: u16) -> Self {
+        let waiters = site_rows(&l.waiters, |w| {
+            let numbers = [count_label(w.count), format_ns(w.wait_ns)];
+            (&w.function, w.file.as_deref(), w.line, &w.module, numbers)
+        });
+        let holders = site_rows(&l.holders, |h| {
+            let numbers = [count_label(h.count), count_label(h.woken)];
+            (&h.function, h.file.as_deref(), h.line, &h.module, numbers)
+        });
+        let sections = site_rows(&l.sections, |s| {
+            let numbers = [count_label(s.count), format_ns(s.hold_ns)];
+            (&s.function, s.file.as_deref(), s.line, &s.module, numbers)
+        });
+        let sections: Vec<[String; 5]> = sections
+            .into_iter()
+            .zip(&l.sections)
+            .map(|([function, source, count, hold], s)| {
+                let released = s.released_at.clone().unwrap_or_else(|| "-".into());
+                [function, source, released, count, hold]
+            })
+            .collect();
+        let longest_released = longest(&sections, 2, RELEASED);
+        let section_source = longest(&sections, 1, "source");
+        // The critical sections' source and release share the source column.
+        let longest_section = if sections_shown && !sections.is_empty() {
+            section_source + 1 + longest_released
+        } else {
+            0
+        };
+        let longest_source = longest(&waiters, 1, "")
+            .max(longest(&holders, 1, ""))
+            .max(longest_section);
+        let longest_function = longest(&waiters, 0, "released by")
+            .max(longest(&holders, 0, ""))
+            .max(longest(&sections, 0, ""));
+        let widths = site_widths(width, longest_function, longest_source);
+        Self {
+            section_widths: section_widths(widths, section_source, longest_released),
+            widths,
+            waiters,
+            holders,
+            sections,
+        }
+    }
+}
+
+/// The characters of the longest text in `column` of `rows`, or of
+/// `least` when longer.
+fn longest<const N: usize>(rows: &[[String; N]], column: usize, least: &str) -> usize {
+    let longest = rows.iter().map(|row| row[column].chars().count()).max();
+    longest.unwrap_or(0).max(least.chars().count())
 }
 
 /// Widths of the site tables' columns (function, source, two numbers) in
