@@ -10,10 +10,11 @@ use ratatui::{
     Frame,
 };
 
-use super::{
+use super::tabs::{
     allocator::AllocatorState,
     locks::{same_lock, LocksState},
     sharing::{same_line, SharingState},
+    Tab,
 };
 use crate::report::Report;
 
@@ -27,28 +28,6 @@ pub enum Action {
     Up,
     Down,
     Redraw,
-}
-
-/// The tabs, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tab {
-    Overview,
-    FalseSharing,
-    Allocator,
-    Locks,
-}
-
-impl Tab {
-    pub const ALL: [Tab; 4] = [Tab::Overview, Tab::FalseSharing, Tab::Allocator, Tab::Locks];
-
-    pub fn title(self) -> &'static str {
-        match self {
-            Tab::Overview => "1 Overview",
-            Tab::FalseSharing => "2 False sharing",
-            Tab::Allocator => "3 Allocator",
-            Tab::Locks => "4 Locks",
-        }
-    }
 }
 
 /// Samples per second, from the last two reports.
@@ -187,12 +166,7 @@ impl App {
             .select(self.tab)
             .highlight_style(Style::new().bold().reversed());
         frame.render_widget(tabs, tabs_area);
-        match self.current_tab() {
-            Tab::Overview => super::overview::render(self, frame, body),
-            Tab::FalseSharing => super::sharing::render(self, frame, body),
-            Tab::Allocator => super::allocator::render(self, frame, body),
-            Tab::Locks => super::locks::render(self, frame, body),
-        }
+        self.current_tab().render(self, frame, body);
         let arrows = if self.current_tab() != Tab::Overview {
             "select"
         } else {

@@ -5,12 +5,10 @@
 //! same. Keys are read on a plain thread (crossterm's reads block) and come
 //! to the session as [`Action`]s; rendering is a pure function of [`App`].
 
-mod allocator;
 mod app;
-mod locks;
+mod layout;
 pub mod log;
-mod overview;
-mod sharing;
+mod tabs;
 mod widgets;
 
 use std::{
@@ -22,12 +20,13 @@ use std::{
     time::Duration,
 };
 
-pub use app::{Action, App, Tab};
+pub use app::{Action, App};
 pub use log::LogRing;
 use ratatui::{
     crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers},
     DefaultTerminal,
 };
+pub use tabs::Tab;
 use tokio::sync::mpsc;
 
 use crate::report::Report;
@@ -140,3 +139,6 @@ fn read_keys(tx: &mpsc::UnboundedSender<Action>, stop: &AtomicBool) {
         }
     }
 }
+
+#[cfg(test)]
+mod snapshot_tests;

@@ -1,8 +1,7 @@
-//! What the tabs share: the selected row of a table, the heights of a
-//! table and the selected row's detail, a centred message in a tab's
-//! frame, tables that drop columns on a narrow pane rather than cut
-//! numbers, counts short enough for their columns, text cut or wrapped
-//! to a width, and log2 latency histograms (a bar chart, or one line).
+//! What the tabs draw alike: a centred message in a tab's frame, tables
+//! that drop columns on a narrow pane rather than cut numbers, counts
+//! short enough for their columns, text cut, wrapped or packed to a
+//! width, and log2 latency histograms (a bar chart, or one line).
 
 use ratatui::{
     layout::{Constraint, Layout, Rect},
@@ -13,64 +12,6 @@ use ratatui::{
 };
 
 use crate::report::text::{ellipsize, format_ns, group};
-
-/// Table rows kept on a small terminal before the detail gets any room.
-const MIN_TABLE_ROWS: usize = 3;
-
-/// A tab's selected row: ↑/↓ on the tab move it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Selection {
-    selected: usize,
-}
-
-impl Selection {
-    /// Selects the next row of a table of `rows` rows.
-    pub fn down(&mut self, rows: usize) {
-        self.selected = (self.selected + 1).min(rows.saturating_sub(1));
-    }
-
-    /// Selects the previous row.
-    pub fn up(&mut self) {
-        self.selected = self.selected.saturating_sub(1);
-    }
-
-    /// The selected row of a table of `rows` rows (the table may have
-    /// shrunk since the selection was made).
-    pub fn selected(&self, rows: usize) -> Option<usize> {
-        (rows > 0).then(|| self.selected.min(rows - 1))
-    }
-
-    /// Keeps the same item selected when a new report ranks the items
-    /// differently (`same` says whether two rows are the same item); an
-    /// item gone from the list leaves the row selected.
-    pub fn follow<T>(&mut self, old: &[T], new: &[T], same: impl Fn(&T, &T) -> bool) {
-        let Some(was) = self.selected(old.len()).and_then(|i| old.get(i)) else {
-            return;
-        };
-        if let Some(i) = new.iter().position(|item| same(was, item)) {
-            self.selected = i;
-        }
-    }
-}
-
-/// Heights of a table of `rows` rows (borders and header included) and of
-/// the selected row's detail below it in `height` rows: the table keeps a
-/// few rows, the detail then gets what it wants (`detail_want`, borders
-/// included), the table the rows left up to all its rows, and the detail
-/// whatever remains after that.
-pub fn split_height(height: u16, rows: usize, detail_want: u16) -> (u16, u16) {
-    let rows = u16::try_from(rows).unwrap_or(u16::MAX);
-    let table_min = 3 + rows.clamp(1, MIN_TABLE_ROWS as u16);
-    let table_full = rows.saturating_add(3);
-    let table = if height <= table_min {
-        height
-    } else {
-        height
-            .saturating_sub(detail_want)
-            .clamp(table_min, table_full.max(table_min))
-    };
-    (table, height - table)
-}
 
 /// One centred line in a tab's frame titled `title`.
 pub fn render_message(frame: &mut Frame, area: Rect, title: &str, text: &str) {
@@ -123,6 +64,39 @@ pub fn ellipsize_line(line: Line<'static>, width: usize) -> Line<'static> {
         break;
     }
     Line::from(spans).style(line.style)
+}
+
+/// `groups` of spans packed into lines of `width`: `gap` spaces apart,
+/// each line led by `indent` spaces; a group that does not fit the line
+/// starts the next one, and a line still too long is cut.
+pub fn pack_groups(
+    groups: Vec<Vec<Span<'static>>>,
+    gap: usize,
+    indent: usize,
+    width: usize,
+) -> Vec<Line<'static>> {
+    let mut lines = Vec::new();
+    let mut line: Vec<Span<'static>> = Vec::new();
+    let mut used = 0;
+    for group in groups {
+        let n: usize = group.iter().map(|s| s.content.chars().count()).sum();
+        if !line.is_empty() && used + gap + n > width {
+            lines.push(ellipsize_line(Line::from(std::mem::take(&mut line)), width));
+        }
+        if line.is_empty() {
+            if indent > 0 {
+                line.push(Span::raw(" ".repeat(indent)));
+            }
+            used = indent;
+        } else {
+            line.push(Span::raw(" ".repeat(gap)));
+            used += gap;
+        }
+        line.extend(group);
+        used += n;
+    }
+    lines.push(ellipsize_line(Line::from(line), width));
+    lines
 }
 
 /// `text` wrapped at word boundaries into lines of at most `width`
@@ -401,51 +375,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn selection_is_clamped_to_the_rows() {
-        let mut s = Selection::default();
-        assert_eq!(s.selected(0), None);
-        s.down(3);
-        s.down(3);
-        s.down(3);
-        assert_eq!(s.selected(3), Some(2));
-        assert_eq!(s.selected(1), Some(0), "the table shrank");
-        s.up();
-        s.up();
-        s.up();
-        assert_eq!(s.selected(3), Some(0));
-        s.down(0);
-        assert_eq!(s.selected(3), Some(0));
-    }
-
-    #[test]
-    fn selection_follows_its_item() {
-        let mut s = Selection::default();
-        s.down(3);
-        s.follow(&[1, 2, 3], &[3, 2, 1, 0], |a, b| a == b);
-        assert_eq!(s.selected(4), Some(1));
-        s.down(4);
-        s.follow(&[3, 2, 1, 0], &[0, 3, 2], |a, b| a == b);
-        assert_eq!(s.selected(3), Some(2), "gone: the row stays selected");
-        s.follow(&[], &[1], |a: &i32, b| a == b);
-        assert_eq!(s.selected(3), Some(2));
-    }
-
-    #[test]
-    fn the_table_keeps_a_few_rows_and_the_detail_gets_the_rest() {
-        // 80x24 leaves 22 rows: all three rows, the detail the rest.
-        assert_eq!(split_height(22, 3, 9), (6, 16));
-        // Many rows: the table keeps three while the detail wants more.
-        assert_eq!(split_height(22, 40, 30), (6, 16));
-        // Tall: the detail gets what it wants, the table the rest.
-        assert_eq!(split_height(50, 40, 9), (41, 9));
-        // Taller than both want: the detail takes the spare rows.
-        assert_eq!(split_height(50, 3, 9), (6, 44));
-        // Too small for the detail.
-        assert_eq!(split_height(5, 3, 9), (5, 0));
-        assert_eq!(split_height(0, 0, 0), (0, 0));
-    }
-
-    #[test]
     fn lines_are_cut_with_an_ellipsis_in_their_style() {
         let line = Line::from(vec!["ab".dim(), "cdef".bold()]);
         assert_eq!(ellipsize_line(line.clone(), 6), line);
@@ -457,6 +386,22 @@ mod tests {
         assert_eq!(cut.spans.len(), 1);
         assert_eq!(cut.spans[0].content, "a…");
         assert!(ellipsize_line(line, 0).spans.is_empty());
+    }
+
+    #[test]
+    fn groups_pack_into_lines_of_the_width() {
+        let groups = || {
+            vec![
+                vec!["ab".into(), "c".bold()],
+                vec!["de".into()],
+                vec!["fgh".into()],
+            ]
+        };
+        let text = |lines: Vec<Line>| lines.iter().map(Line::to_string).collect::<Vec<_>>();
+        assert_eq!(text(pack_groups(groups(), 2, 0, 20)), ["abc  de  fgh"]);
+        assert_eq!(text(pack_groups(groups(), 3, 1, 9)), [" abc   de", " fgh"]);
+        assert_eq!(text(pack_groups(groups(), 1, 0, 2)), ["a…", "de", "f…"]);
+        assert_eq!(text(pack_groups(vec![], 1, 0, 2)), [""]);
     }
 
     #[test]

@@ -8,9 +8,14 @@ use ratatui::{
     Frame,
 };
 
-use super::App;
-use crate::report::text::{ellipsize, format_bytes, format_duration, group};
+use crate::report::{
+    text::{ellipsize, format_bytes, format_duration, group},
+    Report,
+};
+use crate::tui::App;
 
+/// Draws the tab: the target and sampling health on top, the hot
+/// functions and the threads side by side under it.
 pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     let Some(report) = &app.report else {
         let text = Paragraph::new(format!("{}: waiting for the first samples…", app.title))
@@ -19,7 +24,16 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         return;
     };
     let [info, tables] = Layout::vertical([Constraint::Length(6), Constraint::Fill(1)]).areas(area);
+    render_info(report, app.samples_per_s(), frame, info);
+    let [hot, threads] =
+        Layout::horizontal([Constraint::Percentage(72), Constraint::Percentage(28)]).areas(tables);
+    render_hot_functions(report, app.scroll, frame, hot);
+    render_threads(report, frame, threads);
+}
 
+/// The target, elapsed time and threads, samples (`per_s` over the last
+/// refresh) and those lost, and what the profiler itself costs.
+fn render_info(report: &Report, per_s: f64, frame: &mut Frame, area: Rect) {
     let t = &report.target;
     let s = &report.sampling;
     let live = report.threads.iter().filter(|t| !t.exited).count();
@@ -48,13 +62,7 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         Line::from(vec![
             "samples ".dim(),
             group(s.samples).into(),
-            format!(
-                " ({:.0}/s, {} at {} Hz)",
-                app.samples_per_s(),
-                s.source,
-                s.frequency_hz
-            )
-            .into(),
+            format!(" ({:.0}/s, {} at {} Hz)", per_s, s.source, s.frequency_hz).into(),
             "   lost ".dim(),
             ratatui::text::Span::styled(group(s.lost), lost_style),
         ]),
@@ -77,13 +85,13 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     ]));
     frame.render_widget(
         Paragraph::new(lines).block(Block::bordered().title(" Overview ")),
-        info,
+        area,
     );
+}
 
-    let [hot, threads] =
-        Layout::horizontal([Constraint::Percentage(72), Constraint::Percentage(28)]).areas(tables);
-
-    let rows = report.hot_functions.iter().skip(app.scroll).map(|h| {
+/// The hot functions from row `scroll` on.
+fn render_hot_functions(report: &Report, scroll: usize, frame: &mut Frame, area: Rect) {
+    let rows = report.hot_functions.iter().skip(scroll).map(|h| {
         Row::new(vec![
             format!("{:5.1}%", h.share * 100.0),
             format!("{:5.1}%", h.total_share * 100.0),
@@ -104,8 +112,11 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     )
     .header(Row::new(["self", "total", "samples", "function", "source"]).bold())
     .block(Block::bordered().title(" Hot functions (self time; total with callees) "));
-    frame.render_widget(table, hot);
+    frame.render_widget(table, area);
+}
 
+/// The threads seen, an exited one marked `†`.
+fn render_threads(report: &Report, frame: &mut Frame, area: Rect) {
     let rows = report.threads.iter().map(|t| {
         let name = if t.exited {
             format!("{} †", t.name)
@@ -124,5 +135,5 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     )
     .header(Row::new(["tid", "name", "samples"]).bold())
     .block(Block::bordered().title(" Threads "));
-    frame.render_widget(table, threads);
+    frame.render_widget(table, area);
 }

@@ -12,32 +12,34 @@
 //! after its first line, the code, the advice, the grid. The grid's words
 //! narrow before the grid goes.
 
+mod grid;
+
 use ratatui::{
     layout::{Constraint, Layout, Rect},
-    style::{Color, Style, Stylize},
+    style::{Style, Stylize},
     text::{Line, Span},
-    widgets::{Block, Paragraph, TableState},
+    widgets::{Block, Paragraph, Table},
     Frame,
 };
 
-use super::{
+use grid::Grid;
+
+use crate::tui::{
+    layout::{render_master_detail, DetailView, LineBudget, Lines, Selection},
     widgets::{
         column_width, count_label, ellipsize_line, first_width, render_lines, render_message,
-        split_height, styled_table, table, wrap_words, Column, Selection,
+        styled_table, table, wrap_words, Column,
     },
     App,
 };
-use memprof_common::sharing::{WORDS_PER_LINE as WORDS, WORD_BYTES};
 
 use crate::report::{
-    model::{source_label, AddressSampling, SharingCode, SharingEntry, WordEntry},
+    model::{source_label, AddressSampling, SharingCode, SharingEntry},
     text::{ellipsize, format_bytes, group},
 };
 
 /// The tab's frame title, for its messages.
 const TITLE: &str = " False sharing ";
-/// Width of the label left of the grid (`byte `).
-const GRID_LABEL: u16 = 5;
 /// The footer is shown from this tab height.
 const FOOTER_FROM: u16 = 6;
 /// Width of the tab's count columns ("9,999,999").
@@ -46,26 +48,6 @@ const NUMBER: u16 = 9;
 const SOURCE: u16 = 18;
 /// Width of the code table's threads column: two thread ids.
 const THREADS: u16 = 11;
-
-/// The threads' colours, in the order of the entry's threads; they repeat
-/// past ten threads. Red is kept for words several threads touch.
-const THREAD_COLOURS: [Color; 10] = [
-    Color::Blue,
-    Color::Green,
-    Color::Yellow,
-    Color::Magenta,
-    Color::Cyan,
-    Color::LightBlue,
-    Color::LightGreen,
-    Color::LightYellow,
-    Color::LightMagenta,
-    Color::LightCyan,
-];
-
-/// A word several threads touch.
-fn shared_style() -> Style {
-    Style::new().bg(Color::Red).fg(Color::White).bold()
-}
 
 /// The tab's own state: which line is selected. A new report keeps the
 /// same line selected ([`Selection::follow`] with [`same_line`]).
@@ -91,27 +73,14 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     let footer = u16::from(area.height >= FOOTER_FROM);
     let [main, footer_area] =
         Layout::vertical([Constraint::Fill(1), Constraint::Length(footer)]).areas(area);
-    let selected = app.sharing.selected(entries.len());
-    let chosen = selected.and_then(|i| entries.get(i));
-    let inner_width = main.width.saturating_sub(2);
-    let detail_want = chosen.map_or(0, |e| {
-        Detail::new(e, inner_width)
-            .fit(u16::MAX)
-            .lines()
-            .saturating_add(2)
-    });
-    let (table_height, detail_height) = split_height(main.height, entries.len(), detail_want);
-    let [table_area, detail_area] = Layout::vertical([
-        Constraint::Length(table_height),
-        Constraint::Length(detail_height),
-    ])
-    .areas(main);
-    render_table(entries, selected, frame, table_area);
-    if let Some(entry) = chosen {
-        if detail_area.height > 2 {
-            render_detail(entry, frame, detail_area);
-        }
-    }
+    render_master_detail(
+        frame,
+        main,
+        entries,
+        app.sharing,
+        |area| lines_table(entries, area),
+        Detail::new,
+    );
     if footer > 0 {
         frame.render_widget(
             footer_line(addresses, usize::from(footer_area.width)),
@@ -178,8 +147,8 @@ const LINE_COLUMNS: [Column; 7] = [
 /// The object column, which takes what the others leave.
 const OBJECT_COLUMN: usize = 3;
 
-/// The ranked lines, the selected one highlighted.
-fn render_table(entries: &[SharingEntry], selected: Option<usize>, frame: &mut Frame, area: Rect) {
+/// The ranked lines for `area`.
+fn lines_table(entries: &[SharingEntry], area: Rect) -> Table<'static> {
     // Too low for borders, a header and a row: the rows go unframed.
     let block = if area.height >= 4 {
         Block::bordered().title(" Contended cache lines (most costly first; ↑/↓ select) ")
@@ -200,16 +169,12 @@ fn render_table(entries: &[SharingEntry], selected: Option<usize>, frame: &mut F
         ];
         (cells, Style::new())
     });
-    let table = styled_table(&LINE_COLUMNS, rows, width)
-        .row_highlight_style(Style::new().reversed())
-        .block(block);
-    let mut state = TableState::new().with_selected(selected);
-    frame.render_stateful_widget(table, area, &mut state);
+    styled_table(&LINE_COLUMNS, rows, width).block(block)
 }
 
 /// ` line 0x5555deadbe40 · false sharing · 3,753 invalidations (99% of
 /// accesses) `.
-fn detail_title(e: &SharingEntry) -> String {
+fn line_title(e: &SharingEntry) -> String {
     format!(
         " line {} · {} sharing · {} invalidations ({:.0}% of accesses) ",
         e.line,
@@ -219,98 +184,10 @@ fn detail_title(e: &SharingEntry) -> String {
     )
 }
 
-/// What one word of the line saw.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Word {
-    reads: u64,
-    writes: u64,
-    threads: Vec<u32>,
-}
-
-/// The line's sixteen words; entries past the line are ignored.
-fn line_words(words: &[WordEntry]) -> [Word; WORDS] {
-    let mut grid: [Word; WORDS] = Default::default();
-    for w in words {
-        let Some(cell) = grid.get_mut((w.offset / WORD_BYTES) as usize) else {
-            continue;
-        };
-        cell.reads = cell.reads.saturating_add(w.reads);
-        cell.writes = cell.writes.saturating_add(w.writes);
-        for tid in &w.threads {
-            if !cell.threads.contains(tid) {
-                cell.threads.push(*tid);
-            }
-        }
-    }
-    grid
-}
-
-/// The threads of a line and their colours: the entry's threads in order,
-/// then any other thread its words name.
-struct Palette {
-    tids: Vec<u32>,
-}
-
-impl Palette {
-    fn new(e: &SharingEntry, words: &[Word]) -> Self {
-        let mut tids = e.threads.clone();
-        for tid in words.iter().flat_map(|w| &w.threads) {
-            if !tids.contains(tid) {
-                tids.push(*tid);
-            }
-        }
-        Self { tids }
-    }
-
-    fn style(&self, tid: u32) -> Style {
-        let i = self.tids.iter().position(|t| *t == tid).unwrap_or(0);
-        Style::new()
-            .bg(THREAD_COLOURS[i % THREAD_COLOURS.len()])
-            .fg(Color::Black)
-    }
-}
-
-/// A word's mark (`W` written, `R` read only, `·` untouched) and style:
-/// its thread's colour, red when several threads touch it.
-fn word_cell(w: &Word, palette: &Palette) -> (char, Style) {
-    let mark = if w.writes > 0 {
-        'W'
-    } else if w.reads > 0 {
-        'R'
-    } else {
-        '·'
-    };
-    let style = match w.threads.as_slice() {
-        [] if mark == '·' => Style::new().dim(),
-        // Touched by a thread not recorded.
-        [] => Style::new().reversed(),
-        [tid] => palette.style(*tid),
-        _ => shared_style(),
-    };
-    (mark, style)
-}
-
-/// The grid's label width and the width of a word in `width` columns: the
-/// widest words (up to 4 columns) that fit with the label, else without
-/// it; one column each on a pane narrower than the line (the rest is cut).
-fn grid_geometry(width: u16) -> (u16, u16) {
-    let words = WORDS as u16;
-    (1..=4u16)
-        .rev()
-        .find(|cell| GRID_LABEL + words * cell <= width)
-        .map(|cell| (GRID_LABEL, cell))
-        .or_else(|| {
-            (1..=4u16)
-                .rev()
-                .find(|cell| words * cell <= width)
-                .map(|cell| (0, cell))
-        })
-        .unwrap_or((0, 1))
-}
-
 /// The selected line's detail, laid out for a width; [`Detail::fit`]
 /// chooses what of it a height shows.
 struct Detail {
+    title: String,
     object: Line<'static>,
     alloc: Option<Line<'static>>,
     /// Byte offsets above the words, when the words are wide enough.
@@ -339,7 +216,7 @@ struct DetailFit {
     dependences: bool,
 }
 
-impl DetailFit {
+impl Lines for DetailFit {
     /// Lines used.
     fn lines(&self) -> u16 {
         let total = usize::from(self.object)
@@ -359,9 +236,6 @@ const FIX: &str = "fix ";
 
 impl Detail {
     fn new(e: &SharingEntry, width: u16) -> Self {
-        let words = line_words(&e.words);
-        let palette = Palette::new(e, &words);
-        let (label, cell) = grid_geometry(width);
         let room = usize::from(width);
         let o = &e.object;
         let mut what = vec![o.kind.clone()];
@@ -383,32 +257,11 @@ impl Detail {
             }
             ellipsize_line(Line::from(spans), room)
         });
-        let offsets = (cell >= 3).then(|| {
-            let mut text = if label > 0 {
-                format!("{:<1$}", "byte", usize::from(label))
-            } else {
-                String::new()
-            };
-            for i in 0..WORDS as u32 {
-                text.push_str(&format!("{:<1$}", i * WORD_BYTES, usize::from(cell)));
-            }
-            Line::from(text.trim_end().to_string()).dim()
-        });
-        let mut spans = vec![Span::raw(" ".repeat(usize::from(label)))];
-        // The coloured part of a word, and the gap after it.
-        let paint = if cell >= 2 { cell - 1 } else { 1 };
-        for w in &words {
-            let (mark, style) = word_cell(w, &palette);
-            let left = usize::from((paint - 1) / 2);
-            let right = usize::from(paint - 1) - left;
-            let text = format!("{}{mark}{}", " ".repeat(left), " ".repeat(right));
-            spans.push(Span::styled(text, style));
-            if cell > paint {
-                spans.push(Span::raw(" ".repeat(usize::from(cell - paint))));
-            }
-        }
-        let shared = words.iter().any(|w| w.threads.len() > 1);
-        let legend = legend_lines(&palette, shared, label, room);
+        let Grid {
+            offsets,
+            words,
+            legend,
+        } = Grid::new(e, width);
         let advice = wrap_words(&e.advice, room.saturating_sub(FIX.len()));
         let code = code_rows(&e.code, width);
         let d = e.dependences;
@@ -426,64 +279,17 @@ impl Detail {
                 )
             });
         Self {
+            title: line_title(e),
             object: ellipsize_line(object, room),
             alloc,
             offsets,
-            words: Line::from(spans),
+            words,
             legend,
             advice,
             code,
             dependences,
             width,
         }
-    }
-
-    /// The parts that fit in `height` lines, the most important first: the
-    /// object, the words with the first legend line, the first line of
-    /// advice, the first code row, the rest of the advice, the offsets,
-    /// the allocation site, the rest of the legend, the other code rows,
-    /// the dependences. Nothing is shown without the object.
-    fn fit(&self, height: u16) -> DetailFit {
-        let mut left = usize::from(height);
-        let mut take = |n: usize| {
-            let fits = n <= left;
-            if fits {
-                left -= n;
-            }
-            fits
-        };
-        let mut fit = DetailFit::default();
-        if !take(1) {
-            return fit;
-        }
-        fit.object = true;
-        if !take(2) {
-            return fit;
-        }
-        fit.grid = true;
-        fit.legend = 1;
-        if !self.advice.is_empty() && take(1) {
-            fit.advice = 1;
-        }
-        let code = self.code.len();
-        if take(1 + code.min(1)) {
-            fit.code = Some(code.min(1));
-        }
-        while fit.advice > 0 && fit.advice < self.advice.len() && take(1) {
-            fit.advice += 1;
-        }
-        fit.offsets = self.offsets.is_some() && take(1);
-        fit.alloc = self.alloc.is_some() && take(1);
-        while fit.legend < self.legend.len() && take(1) {
-            fit.legend += 1;
-        }
-        if let Some(shown) = &mut fit.code {
-            while *shown < code && take(1) {
-                *shown += 1;
-            }
-        }
-        fit.dependences = self.dependences.is_some() && take(1);
-        fit
     }
 
     /// The advice lines shown (`shown` of them), led by `fix`; a cut
@@ -509,52 +315,6 @@ impl Detail {
             })
             .collect()
     }
-}
-
-/// The legend under the words: each thread's colour, the shared colour
-/// when a word has several threads, and the marks; packed into lines of
-/// `width`, indented like the words.
-fn legend_lines(palette: &Palette, shared: bool, indent: u16, width: usize) -> Vec<Line<'static>> {
-    let mut items: Vec<Vec<Span<'static>>> = palette
-        .tids
-        .iter()
-        .map(|tid| {
-            vec![
-                Span::styled("  ", palette.style(*tid)),
-                format!(" {tid}").into(),
-            ]
-        })
-        .collect();
-    if shared {
-        items.push(vec![
-            Span::styled("  ", shared_style()),
-            " several threads".into(),
-        ]);
-    }
-    for mark in ["W written", "R read only", "· untouched"] {
-        items.push(vec![mark.dim()]);
-    }
-    let indent = usize::from(indent);
-    let mut lines = Vec::new();
-    let mut line: Vec<Span<'static>> = Vec::new();
-    let mut used = 0;
-    for item in items {
-        let n: usize = item.iter().map(|s| s.content.chars().count()).sum();
-        if !line.is_empty() && used + 2 + n > width {
-            lines.push(ellipsize_line(Line::from(std::mem::take(&mut line)), width));
-        }
-        if line.is_empty() {
-            line.push(Span::raw(" ".repeat(indent)));
-            used = indent;
-        } else {
-            line.push(Span::raw("  "));
-            used += 2;
-        }
-        line.extend(item);
-        used += n;
-    }
-    lines.push(ellipsize_line(Line::from(line), width));
-    lines
 }
 
 /// The code table's columns; on a narrow pane the byte, the source, the
@@ -601,56 +361,107 @@ fn threads_label(threads: &[u32]) -> String {
 
 /// The selected line: object, allocation site, the word grid and its
 /// legend, the advice, the code and the dependences.
-fn render_detail(e: &SharingEntry, frame: &mut Frame, area: Rect) {
-    let title = ellipsize(&detail_title(e), usize::from(area.width.saturating_sub(2)));
-    let block = Block::bordered().title(title);
-    let inner = block.inner(area);
-    frame.render_widget(block, area);
-    let detail = Detail::new(e, inner.width);
-    let fit = detail.fit(inner.height);
-    let length = |n: usize| Constraint::Length(u16::try_from(n).unwrap_or(u16::MAX));
-    let [object, alloc, offsets, words, legend, advice, code, dependences] = Layout::vertical([
-        length(usize::from(fit.object)),
-        length(usize::from(fit.alloc)),
-        length(usize::from(fit.offsets)),
-        length(usize::from(fit.grid)),
-        length(fit.legend),
-        length(fit.advice),
-        length(fit.code.map_or(0, |n| 1 + n)),
-        length(usize::from(fit.dependences)),
-    ])
-    .areas(inner);
-    if fit.object {
-        frame.render_widget(detail.object.clone(), object);
+impl DetailView for Detail {
+    type Fit = DetailFit;
+
+    fn title(&self) -> String {
+        self.title.clone()
     }
-    if let (true, Some(line)) = (fit.alloc, &detail.alloc) {
-        frame.render_widget(line.clone(), alloc);
-    }
-    if let (true, Some(line)) = (fit.offsets, &detail.offsets) {
-        frame.render_widget(line.clone(), offsets);
-    }
-    if fit.grid {
-        frame.render_widget(detail.words.clone(), words);
-        let lines: Vec<Line> = detail.legend.iter().take(fit.legend).cloned().collect();
-        frame.render_widget(Paragraph::new(lines), legend);
-    }
-    frame.render_widget(Paragraph::new(detail.advice_lines(fit.advice)), advice);
-    match fit.code {
-        Some(0) => frame.render_widget(Line::from("no code seen touching the line").dim(), code),
-        Some(rows) => {
-            let rows = detail.code.iter().take(rows).cloned().collect();
-            frame.render_widget(table(&CODE_COLUMNS, rows, inner.width), code);
+
+    /// The parts that fit in `height` lines, the most important first: the
+    /// object, the words with the first legend line, the first line of
+    /// advice, the first code row, the rest of the advice, the offsets,
+    /// the allocation site, the rest of the legend, the other code rows,
+    /// the dependences. Nothing is shown without the object.
+    fn fit(&self, height: u16) -> DetailFit {
+        let mut budget = LineBudget::new(height);
+        let mut fit = DetailFit::default();
+        if !budget.take(1) {
+            return fit;
         }
-        None => {}
+        fit.object = true;
+        if !budget.take(2) {
+            return fit;
+        }
+        fit.grid = true;
+        fit.legend = 1;
+        if !self.advice.is_empty() && budget.take(1) {
+            fit.advice = 1;
+        }
+        let code = self.code.len();
+        if budget.take(1 + code.min(1)) {
+            fit.code = Some(code.min(1));
+        }
+        while fit.advice > 0 && fit.advice < self.advice.len() && budget.take(1) {
+            fit.advice += 1;
+        }
+        fit.offsets = self.offsets.is_some() && budget.take(1);
+        fit.alloc = self.alloc.is_some() && budget.take(1);
+        while fit.legend < self.legend.len() && budget.take(1) {
+            fit.legend += 1;
+        }
+        if let Some(shown) = &mut fit.code {
+            while *shown < code && budget.take(1) {
+                *shown += 1;
+            }
+        }
+        fit.dependences = self.dependences.is_some() && budget.take(1);
+        fit
     }
-    if let (true, Some(line)) = (fit.dependences, &detail.dependences) {
-        frame.render_widget(line.clone(), dependences);
+
+    fn render(&self, fit: &DetailFit, frame: &mut Frame, inner: Rect) {
+        let length = |n: usize| Constraint::Length(u16::try_from(n).unwrap_or(u16::MAX));
+        let [object, alloc, offsets, words, legend, advice, code, dependences] =
+            Layout::vertical([
+                length(usize::from(fit.object)),
+                length(usize::from(fit.alloc)),
+                length(usize::from(fit.offsets)),
+                length(usize::from(fit.grid)),
+                length(fit.legend),
+                length(fit.advice),
+                length(fit.code.map_or(0, |n| 1 + n)),
+                length(usize::from(fit.dependences)),
+            ])
+            .areas(inner);
+        if fit.object {
+            frame.render_widget(self.object.clone(), object);
+        }
+        if let (true, Some(line)) = (fit.alloc, &self.alloc) {
+            frame.render_widget(line.clone(), alloc);
+        }
+        if let (true, Some(line)) = (fit.offsets, &self.offsets) {
+            frame.render_widget(line.clone(), offsets);
+        }
+        if fit.grid {
+            frame.render_widget(self.words.clone(), words);
+            let lines: Vec<Line> = self.legend.iter().take(fit.legend).cloned().collect();
+            frame.render_widget(Paragraph::new(lines), legend);
+        }
+        frame.render_widget(Paragraph::new(self.advice_lines(fit.advice)), advice);
+        match fit.code {
+            Some(0) => {
+                frame.render_widget(Line::from("no code seen touching the line").dim(), code)
+            }
+            Some(rows) => {
+                let rows = self.code.iter().take(rows).cloned().collect();
+                frame.render_widget(table(&CODE_COLUMNS, rows, inner.width), code);
+            }
+            None => {}
+        }
+        if let (true, Some(line)) = (fit.dependences, &self.dependences) {
+            frame.render_widget(line.clone(), dependences);
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use ratatui::{backend::TestBackend, buffer::Buffer, style::Modifier, Terminal};
+pub(crate) mod tests {
+    use ratatui::{
+        backend::TestBackend,
+        buffer::Buffer,
+        style::{Color, Modifier},
+        Terminal,
+    };
 
     use super::*;
     use crate::{
@@ -660,6 +471,7 @@ mod tests {
         },
         tui::{
             app::tests::{app_on, assert_centred, assert_fits, assert_shows, screen_at as screen},
+            tabs::sharing::grid::{grid_geometry, GRID_LABEL},
             widgets::shown,
             Action, Tab,
         },
@@ -707,7 +519,7 @@ mod tests {
         }
     }
 
-    fn report_with(entries: Vec<SharingEntry>) -> Report {
+    pub(crate) fn report_with(entries: Vec<SharingEntry>) -> Report {
         let mut r = sample_report();
         let a = &mut r.sampling.addresses;
         a.mode = crate::report::model::AddressMode::Decoded;
@@ -719,7 +531,7 @@ mod tests {
         r
     }
 
-    fn report_with_sharing() -> Report {
+    pub(crate) fn report_with_sharing() -> Report {
         report_with(vec![false_entry(), true_entry()])
     }
 

@@ -13,18 +13,17 @@ use ratatui::{
     Frame,
 };
 
-use super::{
-    widgets::{
-        count_label, histogram_spans, render_histogram, render_message, table, Column, Selection,
-    },
-    App,
-};
 use crate::report::{
     model::{AllocatorReport, MemoryReport, OpStats, SiteEntry, SyscallStats, TraceMode},
     text::{
         allocator_off, by_time, format_bytes, format_ns, group, library_label, live_label, percent,
         sites_by_bytes, syscall_origin,
     },
+};
+use crate::tui::{
+    layout::{LineBudget, Selection},
+    widgets::{count_label, histogram_spans, render_histogram, render_message, table, Column},
+    App,
 };
 
 /// The tab's frame title, for its one-line messages.
@@ -178,19 +177,20 @@ fn wants(a: &AllocatorReport, wide: bool) -> Vec<Want> {
 /// rows left then go to each shown pane up to its maximum. Rows nobody
 /// wants stay empty at the bottom.
 fn fit_panes(height: u16, wants: &[Want]) -> Vec<u16> {
-    let mut heights = vec![0u16; wants.len()];
-    let mut left = height;
-    for (h, w) in heights.iter_mut().zip(wants) {
-        if w.min <= left {
-            *h = w.min;
-            left -= w.min;
-        }
-    }
+    let mut budget = LineBudget::new(height);
+    let mut heights: Vec<u16> = wants
+        .iter()
+        .map(|w| {
+            if budget.take(usize::from(w.min)) {
+                w.min
+            } else {
+                0
+            }
+        })
+        .collect();
     for (h, w) in heights.iter_mut().zip(wants) {
         if *h > 0 {
-            let extra = w.max.saturating_sub(*h).min(left);
-            *h += extra;
-            left -= extra;
+            *h += budget.take_up_to(w.max.saturating_sub(*h));
         }
     }
     heights

@@ -12,25 +12,30 @@
 //! the first critical section, a traced lock's acquisitions and hold
 //! times, the owners, the first releasing site.
 
+mod sites;
+
 use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Style, Stylize},
     text::{Line, Span},
-    widgets::{Block, Cell, Paragraph, Row, Table, TableState},
+    widgets::{Block, Paragraph, Table},
     Frame,
 };
 
-use super::{
+use sites::{render_sites, Sites};
+
+use crate::tui::{
+    layout::{render_master_detail, DetailView, LineBudget, Lines, Selection},
     widgets::{
-        count_label, ellipsize_line, first_width, has_counts, histogram_spans, render_histogram,
-        render_message, split_height, styled_table, Column, Selection,
+        count_label, ellipsize_line, first_width, has_counts, histogram_spans, pack_groups,
+        render_histogram, render_message, styled_table, Column,
     },
     App,
 };
 use crate::{
     features::locks::analysis::is_contention,
     report::{
-        model::{source_label, LockEntry},
+        model::LockEntry,
         text::{ellipsize, format_ns, group, percent},
     },
 };
@@ -64,27 +69,19 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         render_message(frame, area, TITLE, "no thread waited for a lock");
         return;
     }
-    let selected = app.locks.selected(locks.len());
-    let chosen = selected.and_then(|i| locks.get(i));
-    let detail_width = area.width.saturating_sub(2);
-    let detail_want = chosen.map_or(0, |l| {
-        fit_detail(l, detail_width, u16::MAX)
-            .lines()
-            .saturating_add(2)
-    });
-    let (table_height, detail_height) = split_height(area.height, locks.len(), detail_want);
-    let [table_area, detail_area] = Layout::vertical([
-        Constraint::Length(table_height),
-        Constraint::Length(detail_height),
-    ])
-    .areas(area);
-    render_table(locks, selected, frame, table_area);
-    if let Some(lock) = chosen {
-        if detail_area.height > 2 {
-            let estimates = report.lock_tracing.as_ref().is_some_and(|t| t.estimates());
-            render_detail(lock, estimates, frame, detail_area);
-        }
-    }
+    let estimates = report.lock_tracing.as_ref().is_some_and(|t| t.estimates());
+    render_master_detail(
+        frame,
+        area,
+        locks,
+        app.locks,
+        |area| locks_table(locks, area),
+        |lock, width| LockDetail {
+            lock,
+            estimates,
+            width,
+        },
+    );
 }
 
 /// The locks table's columns; on a narrow pane threads, p99, waits, kind
@@ -99,8 +96,8 @@ const LOCK_COLUMNS: [Column; 7] = [
     Column::number("threads", 7, 6),
 ];
 
-/// The ranked locks, the selected one highlighted, other waits dimmed.
-fn render_table(locks: &[LockEntry], selected: Option<usize>, frame: &mut Frame, area: Rect) {
+/// The ranked locks for `area`, other waits dimmed.
+fn locks_table(locks: &[LockEntry], area: Rect) -> Table<'static> {
     let block =
         Block::bordered().title(" Locks (contention first, other waits dimmed; ↑/↓ select) ");
     let width = block.inner(area).width;
@@ -123,11 +120,7 @@ fn render_table(locks: &[LockEntry], selected: Option<usize>, frame: &mut Frame,
         };
         (cells, style)
     });
-    let table = styled_table(&LOCK_COLUMNS, rows, width)
-        .row_highlight_style(Style::new().reversed())
-        .block(block);
-    let mut state = TableState::new().with_selected(selected);
-    frame.render_stateful_widget(table, area, &mut state);
+    styled_table(&LOCK_COLUMNS, rows, width).block(block)
 }
 
 /// The lock's name, or its address when it has none.
@@ -191,7 +184,7 @@ struct DetailFit {
     histograms: Histograms,
 }
 
-impl DetailFit {
+impl Lines for DetailFit {
     /// Lines used: each section is a header and its rows, or one line.
     fn lines(&self) -> u16 {
         let total = section_lines(self.waiters)
@@ -239,29 +232,22 @@ fn stacked(n: usize, width: u16) -> bool {
 /// histograms, as charts or else one line each. Nothing is shown without
 /// the first waiting site.
 fn fit_detail(l: &LockEntry, width: u16, height: u16) -> DetailFit {
-    let mut left = usize::from(height);
-    let mut take = |n: usize| {
-        let fits = n <= left;
-        if fits {
-            left -= n;
-        }
-        fits
-    };
+    let mut budget = LineBudget::new(height);
     let mut fit = DetailFit::default();
     let (waiters, holders, sections) = (l.waiters.len(), l.holders.len(), l.sections.len());
-    if !take(1 + waiters.min(1)) {
+    if !budget.take(1 + waiters.min(1)) {
         return fit;
     }
     fit.waiters = Some(waiters.min(1));
-    if take(1 + holders.min(1)) {
+    if budget.take(1 + holders.min(1)) {
         fit.holders = Some(holders.min(1));
     }
-    fit.owners = l.owner_seen && take(1);
+    fit.owners = l.owner_seen && budget.take(1);
     let note = note_lines(l, false, usize::from(width)).len();
-    if traced(l) && take(note) {
+    if traced(l) && budget.take(note) {
         fit.note = note;
     }
-    if (traced(l) || sections > 0) && take(1 + sections.min(1)) {
+    if (traced(l) || sections > 0) && budget.take(1 + sections.min(1)) {
         fit.sections = Some(sections.min(1));
     }
     for (rows, all) in [
@@ -270,21 +256,21 @@ fn fit_detail(l: &LockEntry, width: u16, height: u16) -> DetailFit {
         (&mut fit.sections, sections),
     ] {
         if let Some(shown) = rows {
-            while *shown < all && take(1) {
+            while *shown < all && budget.take(1) {
                 *shown += 1;
             }
         }
     }
-    if !traced(l) && take(note) {
+    if !traced(l) && budget.take(note) {
         fit.note = note;
     }
     let shown = histograms(l).len();
     let charts = if stacked(shown, width) { shown } else { 1 } * CHART_HEIGHT;
     fit.histograms = if shown == 0 {
         Histograms::Hidden
-    } else if take(charts) {
+    } else if budget.take(charts) {
         Histograms::Charts(charts)
-    } else if let Some(n) = (1..=shown).rev().find(|&n| take(n)) {
+    } else if let Some(n) = (1..=shown).rev().find(|&n| budget.take(n)) {
         Histograms::Lines(n)
     } else {
         Histograms::Hidden
@@ -292,15 +278,41 @@ fn fit_detail(l: &LockEntry, width: u16, height: u16) -> DetailFit {
     fit
 }
 
-/// The selected lock: waiting sites, releasing sites, critical sections,
-/// owners, acquisitions and hold times (`estimates` when the lock calls
-/// were traced only part of the time), and the wait and hold histograms.
-fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) {
-    let title = ellipsize(&detail_title(l), usize::from(area.width.saturating_sub(2)));
-    let block = Block::bordered().title(title);
-    let inner = block.inner(area);
-    frame.render_widget(block, area);
-    let fit = fit_detail(l, inner.width, inner.height);
+/// The selected lock's detail in `width` columns: waiting sites,
+/// releasing sites, critical sections, owners, acquisitions and hold
+/// times (`estimates` when the lock calls were traced only part of the
+/// time), and the wait and hold histograms.
+struct LockDetail<'a> {
+    lock: &'a LockEntry,
+    estimates: bool,
+    width: u16,
+}
+
+impl DetailView for LockDetail<'_> {
+    type Fit = DetailFit;
+
+    /// `g_hot_lock · mutex at 0x5555aaaa0040 · mean wait 41.0 µs`.
+    fn title(&self) -> String {
+        let l = self.lock;
+        let what = match (&l.name, l.kind.as_str()) {
+            (Some(name), "kernel") => name.clone(),
+            (Some(name), kind) => format!("{name} · {kind} at {}", l.address),
+            (None, kind) => format!("{kind} at {}", l.address),
+        };
+        format!(" {what} · mean wait {} ", format_ns(l.wait_mean_ns))
+    }
+
+    fn fit(&self, height: u16) -> DetailFit {
+        fit_detail(self.lock, self.width, height)
+    }
+
+    fn render(&self, fit: &DetailFit, frame: &mut Frame, area: Rect) {
+        render_detail(self.lock, self.estimates, fit, frame, area);
+    }
+}
+
+/// The parts of `l`'s detail that `fit` keeps, in `inner`.
+fn render_detail(l: &LockEntry, estimates: bool, fit: &DetailFit, frame: &mut Frame, inner: Rect) {
     let length = |lines: usize| Constraint::Length(u16::try_from(lines).unwrap_or(u16::MAX));
     let [waiters_area, holders_area, sections_area, owners_area, note_area, histograms_area] =
         Layout::vertical([
@@ -312,51 +324,12 @@ fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) 
             length(fit.histograms.lines()),
         ])
         .areas(inner);
-    let waiters = site_rows(&l.waiters, |w| {
-        let numbers = [count_label(w.count), format_ns(w.wait_ns)];
-        (&w.function, w.file.as_deref(), w.line, &w.module, numbers)
-    });
-    let holders = site_rows(&l.holders, |h| {
-        let numbers = [count_label(h.count), count_label(h.woken)];
-        (&h.function, h.file.as_deref(), h.line, &h.module, numbers)
-    });
-    let sections = site_rows(&l.sections, |s| {
-        let numbers = [count_label(s.count), format_ns(s.hold_ns)];
-        (&s.function, s.file.as_deref(), s.line, &s.module, numbers)
-    });
-    let longest = |sites: &[[String; 4]], column: usize, least: &str| {
-        let longest = sites.iter().map(|site| site[column].chars().count()).max();
-        longest.unwrap_or(0).max(least.chars().count())
-    };
-    let released: Vec<String> = l
-        .sections
-        .iter()
-        .map(|s| s.released_at.clone().unwrap_or_else(|| "-".into()))
-        .collect();
-    let longest_released = released
-        .iter()
-        .map(|r| r.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(RELEASED.chars().count());
-    // The critical sections' source and release share the source column.
-    let longest_section = if fit.sections.is_some() && !sections.is_empty() {
-        longest(&sections, 1, "source") + 1 + longest_released
-    } else {
-        0
-    };
-    let longest_source = longest(&waiters, 1, "")
-        .max(longest(&holders, 1, ""))
-        .max(longest_section);
-    let longest_function = longest(&waiters, 0, "released by")
-        .max(longest(&holders, 0, ""))
-        .max(longest(&sections, 0, ""));
-    let widths = site_widths(inner.width, longest_function, longest_source);
+    let sites = Sites::new(l, fit.sections.is_some(), inner.width);
     if let Some(rows) = fit.waiters {
         let header = ["waited in", "source", "waits", "wait time"];
         let none = "no waiting code seen";
-        let sites = waiters.into_iter().take(rows);
-        render_sites(frame, waiters_area, header, sites, widths, none);
+        let rows = sites.waiters.into_iter().take(rows);
+        render_sites(frame, waiters_area, header, rows, sites.widths, none);
     }
     if let Some(rows) = fit.holders {
         let header = ["released by", "source", "wakes", "woken"];
@@ -365,17 +338,21 @@ fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) 
         } else {
             "no wake seen"
         };
-        let sites = holders.into_iter().take(rows);
-        render_sites(frame, holders_area, header, sites, widths, none);
+        let rows = sites.holders.into_iter().take(rows);
+        render_sites(frame, holders_area, header, rows, sites.widths, none);
     }
     if let Some(rows) = fit.sections {
-        let widths = section_widths(widths, longest(&sections, 1, "source"), longest_released);
         let header = ["held in", "source", RELEASED, "holds", "hold time"];
         let none = "no critical section traced";
-        let sites = sections.into_iter().zip(released).take(rows).map(
-            |([function, source, count, hold], released)| [function, source, released, count, hold],
+        let rows = sites.sections.into_iter().take(rows);
+        render_sites(
+            frame,
+            sections_area,
+            header,
+            rows,
+            sites.section_widths,
+            none,
         );
-        render_sites(frame, sections_area, header, sites, widths, none);
     }
     if fit.owners {
         frame.render_widget(owners_line(l, usize::from(inner.width)), owners_area);
@@ -385,104 +362,6 @@ fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) 
         frame.render_widget(Paragraph::new(lines), note_area);
     }
     render_histograms(l, fit.histograms, frame, histograms_area);
-}
-
-/// `g_hot_lock · mutex at 0x5555aaaa0040 · mean wait 41.0 µs`.
-fn detail_title(l: &LockEntry) -> String {
-    let what = match (&l.name, l.kind.as_str()) {
-        (Some(name), "kernel") => name.clone(),
-        (Some(name), kind) => format!("{name} · {kind} at {}", l.address),
-        (None, kind) => format!("{kind} at {}", l.address),
-    };
-    format!(" {what} · mean wait {} ", format_ns(l.wait_mean_ns))
-}
-
-/// Widths of the site tables' columns (function, source, two numbers) in
-/// `width`, shared by the site tables so that they line up: the source
-/// gets what its longest label needs, up to half, or up to what the
-/// longest function leaves.
-fn site_widths(width: u16, longest_function: usize, longest_source: usize) -> [u16; 4] {
-    let rest = width.saturating_sub(2 * NUMBER + 3);
-    let to_u16 = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
-    let longest = to_u16(longest_source.max("source".len()));
-    let beside_functions = rest.saturating_sub(to_u16(longest_function));
-    let source = longest.min((rest / 2).max(beside_functions));
-    [rest - source, source, NUMBER, NUMBER]
-}
-
-/// Widths of the critical sections' columns (function, source, release,
-/// two numbers), lined up with the other site tables' `widths`: the
-/// source and the release share their source column; the release gets
-/// what its longest label needs (`longest_released`), leaving the source
-/// what its longest label needs (`longest_source`) or at least half.
-fn section_widths(widths: [u16; 4], longest_source: usize, longest_released: usize) -> [u16; 5] {
-    let [function, shared, first, second] = widths;
-    let room = shared.saturating_sub(1);
-    let to_u16 = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
-    let source = to_u16(longest_source).min(room / 2);
-    let release = to_u16(longest_released).min(room - source);
-    [function, room - release, release, first, second]
-}
-
-/// The rows of a site table (function, source, two numbers) for `sites`;
-/// `parts` gives a site's function, file, line, module and two numbers.
-fn site_rows<S>(
-    sites: &[S],
-    parts: impl Fn(&S) -> (&str, Option<&str>, Option<u32>, &str, [String; 2]),
-) -> Vec<[String; 4]> {
-    sites
-        .iter()
-        .map(|site| {
-            let (function, file, line, module, [first, second]) = parts(site);
-            [
-                function.into(),
-                source_label(file, line, module),
-                first,
-                second,
-            ]
-        })
-        .collect()
-}
-
-/// A table of sites (text columns, then two numbers) under a bold header,
-/// or `none` when there are no sites.
-fn render_sites<const N: usize>(
-    frame: &mut Frame,
-    area: Rect,
-    header: [&'static str; N],
-    sites: impl Iterator<Item = [String; N]>,
-    widths: [u16; N],
-    none: &'static str,
-) {
-    let cell = |i: usize, text: String| {
-        let text = ellipsize(&text, usize::from(widths[i]));
-        if i + 2 < N {
-            Cell::from(text)
-        } else {
-            Cell::from(Line::from(text).right_aligned())
-        }
-    };
-    let rows: Vec<Row> = sites
-        .map(|site| {
-            site.into_iter()
-                .enumerate()
-                .map(|(i, t)| cell(i, t))
-                .collect()
-        })
-        .collect();
-    if rows.is_empty() {
-        let line = ellipsize_line(Line::from(none).dim(), usize::from(area.width));
-        frame.render_widget(line, area);
-        return;
-    }
-    let header: Row = header
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| cell(i, t.to_string()))
-        .collect::<Row>()
-        .bold();
-    let table = Table::new(rows, widths.map(Constraint::Length)).header(header);
-    frame.render_widget(table, area);
 }
 
 /// `held by thread(s) 24692 (9 waits), 24700 (3 waits)`, cut to `width`.
@@ -569,21 +448,8 @@ fn note_lines(l: &LockEntry, estimates: bool, width: usize) -> Vec<Line<'static>
 /// `groups` of spans three spaces apart, as many as fit in `width` (the
 /// first one cut when it alone does not).
 fn fit_groups(groups: Vec<Vec<Span<'static>>>, width: usize) -> Line<'static> {
-    let mut spans = Vec::new();
-    let mut used = 0;
-    for group in groups {
-        let n: usize = group.iter().map(|s| s.content.chars().count()).sum();
-        if !spans.is_empty() {
-            if used + 3 + n > width {
-                break;
-            }
-            spans.push(Span::raw("   "));
-            used += 3;
-        }
-        used += n;
-        spans.extend(group);
-    }
-    ellipsize_line(Line::from(spans), width)
+    let lines = pack_groups(groups, 3, 0, width);
+    lines.into_iter().next().unwrap_or_default()
 }
 
 /// The wait and hold histograms with data: bar charts side by side (or
@@ -621,7 +487,7 @@ fn render_histograms(l: &LockEntry, shown: Histograms, frame: &mut Frame, area: 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use ratatui::{backend::TestBackend, style::Modifier, Terminal};
 
     use super::*;
@@ -632,6 +498,7 @@ mod tests {
         },
         tui::{
             app::tests::{app_on, assert_centred, assert_fits, assert_shows, screen_at as screen},
+            tabs::locks::sites::{section_widths, site_widths},
             widgets::shown,
             Action, Tab,
         },
@@ -640,7 +507,7 @@ mod tests {
     /// [`report_with_locks`] with the lock uprobes' fields set on the
     /// mutex: acquisitions, hold times, two critical sections and both
     /// histograms, traced in sampled mode (acquisitions are estimates).
-    fn traced_report() -> Report {
+    pub(crate) fn traced_report() -> Report {
         let mut r = report_with_locks();
         let hot = &mut r.locks[0];
         hot.acquisitions = Some(65_880);
