@@ -17,6 +17,7 @@ use tokio::io::unix::AsyncFd;
 use crate::features::{
     alloc::{
         allocator::{self, Allocator, AllocatorKind},
+        report as alloc_report,
         tracer::{self as alloc, AllocTracer},
     },
     locks::{report as locks, tracer as lock_tracer},
@@ -737,7 +738,7 @@ impl Live {
             None => self.final_kernel.clone(),
         };
         let symbolizer = &mut self.symbolizer;
-        let allocator = alloc::report(
+        let allocator = alloc_report::report(
             self.tracer.as_ref(),
             self.collector.alloc.as_ref(),
             self.alloc_mode,

@@ -3,4 +3,5 @@
 pub mod allocator;
 pub mod analysis;
 pub mod memory;
+pub mod report;
 pub mod tracer;
