@@ -72,6 +72,268 @@ impl std::fmt::Display for AddressMode {
     }
 }
 
+/// An enum whose JSON form is one fixed string per variant: `name()` is
+/// that string (also the `Display` form, which honours width and
+/// alignment), `from_name` reads it back, `ALL` lists the variants.
+macro_rules! schema_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $text:tt,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant,)+
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The schema's name for the value.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+
+            /// The value the schema calls `name`, if there is one.
+            pub fn from_name(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|v| v.name() == name)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.name())
+            }
+        }
+    };
+}
+
+schema_enum! {
+    /// The event that drove sampling, and so gave the data addresses.
+    pub enum SampleSource {
+        /// Software timer (works everywhere, including VMs without a PMU).
+        CpuClock = "cpu-clock",
+        /// Hardware cycle counter.
+        Cycles = "cycles",
+        /// Intel's precise memory events.
+        Pebs = "pebs",
+        /// AMD's instruction-based sampling.
+        Ibs = "ibs",
+    }
+}
+
+impl SampleSource {
+    /// The source of a session's data addresses: the precise memory events
+    /// named `precise` ("pebs", "ibs") when they were used, else the
+    /// sampling event.
+    pub fn of(sampling: crate::kernel::loader::SamplingSource, precise: Option<&str>) -> Self {
+        precise
+            .and_then(Self::from_name)
+            .unwrap_or_else(|| sampling.into())
+    }
+}
+
+impl From<crate::kernel::loader::SamplingSource> for SampleSource {
+    fn from(source: crate::kernel::loader::SamplingSource) -> Self {
+        use crate::kernel::loader::SamplingSource;
+        match source {
+            SamplingSource::Cycles => SampleSource::Cycles,
+            SamplingSource::CpuClock => SampleSource::CpuClock,
+        }
+    }
+}
+
+schema_enum! {
+    /// How threads share a cache line.
+    pub enum SharingKind {
+        /// Threads write different words: the fix is layout.
+        False = "false",
+        /// A written word is used by several threads: the data is shared.
+        True = "true",
+        /// Both.
+        Mixed = "mixed",
+    }
+}
+
+schema_enum! {
+    /// What kind of memory lies on a cache line.
+    pub enum ObjectKind {
+        /// A global variable (an ELF data symbol) or a mapped file's data.
+        Global = "global",
+        /// A heap block, or heap memory whose block is unknown.
+        Heap = "heap",
+        /// A thread's stack.
+        Stack = "stack",
+        /// Another mapping: a file, a named region, anonymous memory.
+        Mapped = "mapped",
+        /// Not mapped when the report was made.
+        Unknown = "unknown",
+    }
+}
+
+schema_enum! {
+    /// Why a busy cache line is not a false-sharing finding.
+    pub enum DismissReason {
+        /// Only one thread was sampled on it.
+        OneThread = "one thread",
+        /// No sampled access wrote it.
+        NoWrites = "no sampled write",
+        /// The kernel's line table did not hold it at the end.
+        NotInTable = "not in the kernel's line table",
+        /// Too few sampled invalidations.
+        FewInvalidations = "few invalidations",
+        /// Its writes invalidate too few of its accesses.
+        ReadMostly = "read-mostly",
+        /// Too small a share of the program's samples.
+        LowCost = "little of the program's time",
+        /// No written word is used by another thread, and no thread writes
+        /// next to another's words.
+        NothingWrittenShared = "nothing written is shared",
+    }
+}
+
+schema_enum! {
+    /// An allocator entry point.
+    pub enum AllocOp {
+        Malloc = "malloc",
+        Calloc = "calloc",
+        Realloc = "realloc",
+        Reallocarray = "reallocarray",
+        Free = "free",
+        PosixMemalign = "posix_memalign",
+        AlignedAlloc = "aligned_alloc",
+        Memalign = "memalign",
+        Valloc = "valloc",
+        Pvalloc = "pvalloc",
+        /// C++ `operator new(size_t)`.
+        New = "operator new",
+        NewArray = "operator new[]",
+        Delete = "operator delete",
+        DeleteArray = "operator delete[]",
+        /// A code the profiler does not know.
+        Unknown = "unknown",
+    }
+}
+
+impl AllocOp {
+    /// The operation of an `alloc_op` code.
+    pub fn from_code(op: u32) -> Self {
+        use memprof_common::alloc_op;
+        match op {
+            alloc_op::MALLOC => AllocOp::Malloc,
+            alloc_op::CALLOC => AllocOp::Calloc,
+            alloc_op::REALLOC => AllocOp::Realloc,
+            alloc_op::REALLOCARRAY => AllocOp::Reallocarray,
+            alloc_op::FREE => AllocOp::Free,
+            alloc_op::POSIX_MEMALIGN => AllocOp::PosixMemalign,
+            alloc_op::ALIGNED_ALLOC => AllocOp::AlignedAlloc,
+            alloc_op::MEMALIGN => AllocOp::Memalign,
+            alloc_op::VALLOC => AllocOp::Valloc,
+            alloc_op::PVALLOC => AllocOp::Pvalloc,
+            alloc_op::NEW => AllocOp::New,
+            alloc_op::NEW_ARRAY => AllocOp::NewArray,
+            alloc_op::DELETE => AllocOp::Delete,
+            alloc_op::DELETE_ARRAY => AllocOp::DeleteArray,
+            _ => AllocOp::Unknown,
+        }
+    }
+}
+
+schema_enum! {
+    /// Size class of an allocator call.
+    pub enum SizeClass {
+        Small = "small",
+        Large = "large",
+        /// A free of a block allocated before tracing, by an allocator
+        /// without a readable block header.
+        Unknown = "unknown",
+    }
+}
+
+schema_enum! {
+    /// Whether the address an allocation handed out was handed out before.
+    pub enum BlockOrigin {
+        /// Never handed out before.
+        New = "new",
+        Reused = "reused",
+    }
+}
+
+schema_enum! {
+    /// How many threads of the target were alive during a call.
+    pub enum ThreadPhase {
+        /// One.
+        Serial = "serial",
+        /// Several.
+        Parallel = "parallel",
+    }
+}
+
+schema_enum! {
+    /// A syscall the allocator makes to get or give back memory.
+    pub enum Syscall {
+        Mmap = "mmap",
+        Munmap = "munmap",
+        Mremap = "mremap",
+        Madvise = "madvise",
+        Brk = "brk",
+        Mprotect = "mprotect",
+        /// A code the profiler does not know.
+        Unknown = "?",
+    }
+}
+
+impl Syscall {
+    /// The syscall of a `memprof_common::syscall` code.
+    pub fn from_code(nr: u32) -> Self {
+        use memprof_common::syscall;
+        match nr {
+            syscall::MMAP => Syscall::Mmap,
+            syscall::MUNMAP => Syscall::Munmap,
+            syscall::MREMAP => Syscall::Mremap,
+            syscall::MADVISE => Syscall::Madvise,
+            syscall::BRK => Syscall::Brk,
+            syscall::MPROTECT => Syscall::Mprotect,
+            _ => Syscall::Unknown,
+        }
+    }
+}
+
+schema_enum! {
+    /// What threads waited for.
+    #[derive(Default)]
+    pub enum LockKind {
+        Mutex = "mutex",
+        Rwlock = "rwlock",
+        /// A futex word whose lock functions were not recognized.
+        #[default]
+        Futex = "futex",
+        /// A kernel lock (all of one kind are one entry).
+        Kernel = "kernel",
+        Condvar = "condvar",
+        Barrier = "barrier",
+        /// A thread waiting for another to exit.
+        Join = "join",
+        Semaphore = "semaphore",
+    }
+}
+
+impl LockKind {
+    /// Whether waiting on this kind of object is lock contention (a
+    /// condvar, barrier, join or semaphore wait is waiting for an event).
+    pub fn is_contention(self) -> bool {
+        matches!(
+            self,
+            LockKind::Mutex | LockKind::Rwlock | LockKind::Futex | LockKind::Kernel
+        )
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub schema: &'static str,
@@ -112,8 +374,9 @@ pub struct Target {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Sampling {
-    /// "cpu-clock" (software timer) or "cycles" (hardware PMU).
-    pub source: String,
+    /// The sampling event ("cpu-clock", "cycles"), or the precise memory
+    /// events ("pebs", "ibs") when they gave the data addresses.
+    pub source: SampleSource,
     pub frequency_hz: u64,
     /// Samples of the target's threads received.
     pub samples: u64,
@@ -162,7 +425,7 @@ pub struct SharingEntry {
     pub line: String,
     /// "false" (threads write different words), "true" (a written word is
     /// used by several threads) or "mixed".
-    pub kind: String,
+    pub kind: SharingKind,
     /// Sampled writes that invalidated another thread's copy (two-entry
     /// rule), and their share of the line's sampled accesses.
     pub invalidations: u64,
@@ -190,24 +453,23 @@ pub struct DismissedLine {
     pub line: String,
     /// What lies on it (as [`SharedObject::label`]) and its kind.
     pub object: String,
-    pub object_kind: String,
+    pub object_kind: ObjectKind,
     /// Sampled accesses, and how many of them wrote.
     pub samples: u64,
     pub writes: u64,
     /// Sampled from two threads or more.
     pub shared: bool,
     /// "one thread", "no sampled write", "read-mostly", "few
-    /// invalidations", "little of the
-    /// program's time", "nothing written is shared" or "not in the
-    /// kernel's line table".
-    pub reason: String,
+    /// invalidations", "little of the program's time", "nothing written is
+    /// shared" or "not in the kernel's line table".
+    pub reason: DismissReason,
 }
 
 /// What lies on a shared line.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SharedObject {
-    /// "global", "heap", "stack", "tls", "mapped" or "unknown".
-    pub kind: String,
+    /// "global", "heap", "stack", "mapped" or "unknown".
+    pub kind: ObjectKind,
     pub name: String,
     /// Offset of the line in the object (negative: the object starts
     /// inside the line).
@@ -359,7 +621,7 @@ pub struct AllocatorReport {
     pub calls_traced: u64,
     /// Sampled mode: operations called so rarely that their probes stay
     /// attached all the time (their counts are exact, not scaled).
-    pub always_traced: Vec<String>,
+    pub always_traced: Vec<AllocOp>,
     /// Allocator events lost (ring buffer full), unscaled.
     pub lost: u64,
     /// Latency per split, busiest first.
@@ -378,15 +640,15 @@ pub struct AllocatorReport {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OpStats {
     /// "malloc", "free", "calloc", "realloc", "operator new", ...
-    pub op: String,
+    pub op: AllocOp,
     /// "small", "large", or "unknown" (a free of a block allocated before
     /// tracing, by an allocator without a readable block header).
-    pub class: String,
+    pub class: SizeClass,
     /// "new" (address never handed out before) or "reused"; for frees, the
     /// origin of the block freed; null when unknown.
-    pub origin: Option<String>,
+    pub origin: Option<BlockOrigin>,
     /// "serial" (one live thread) or "parallel".
-    pub phase: String,
+    pub phase: ThreadPhase,
     /// Calls (scaled when sampled).
     pub count: u64,
     /// Calls traced (unscaled).
@@ -403,11 +665,11 @@ pub struct OpStats {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SyscallStats {
     /// "mmap", "munmap", "mremap", "madvise", "brk", "mprotect".
-    pub name: String,
+    pub name: Syscall,
     /// The allocator operation in progress on that thread, or null
     /// (outside the allocator, or while the probes were detached: see
     /// `traced`).
-    pub inside: Option<String>,
+    pub inside: Option<AllocOp>,
     /// false for calls made while the allocator probes were detached
     /// (sampled mode): where they came from is unknown.
     pub traced: bool,
@@ -471,8 +733,9 @@ pub struct LockEntry {
     /// Global symbol, heap block ("heap block from file:line"), kernel
     /// lock kind, or null.
     pub name: Option<String>,
-    /// "mutex", "rwlock", "condvar", "futex" or "kernel".
-    pub kind: String,
+    /// "mutex", "rwlock", "futex" or "kernel" (lock contention), or
+    /// "condvar", "barrier", "join" or "semaphore" (waits for an event).
+    pub kind: LockKind,
     /// Acquisitions (needs the lock uprobes: null when not traced; an
     /// estimate scaled by the traced time in sampled mode).
     pub acquisitions: Option<u64>,
@@ -657,7 +920,7 @@ pub(crate) mod tests {
             },
             duration_s: 2.5,
             sampling: Sampling {
-                source: "cpu-clock".into(),
+                source: SampleSource::CpuClock,
                 frequency_hz: 999,
                 samples: 1000,
                 lost: 0,
@@ -730,14 +993,14 @@ pub(crate) mod tests {
     pub fn false_sharing_entry() -> SharingEntry {
         SharingEntry {
             line: "0x5555deadbe40".into(),
-            kind: "false".into(),
+            kind: SharingKind::False,
             invalidations: 3753,
             invalidation_rate: 0.99,
             samples: 3779,
             cost_share: 0.951,
             threads: vec![15027, 15028],
             object: SharedObject {
-                kind: "heap".into(),
+                kind: ObjectKind::Heap,
                 name: "64-byte heap block from sharing.c:120".into(),
                 offset: 0,
                 size: Some(64),
@@ -781,6 +1044,61 @@ pub(crate) mod tests {
         ] {
             assert_eq!(json(&m), format!("\"{m}\""), "Display matches the JSON");
         }
+    }
+
+    /// Each value serializes as its name, reads back from it, and shows
+    /// as it (with the width and alignment asked for).
+    fn assert_named<T>(all: &[T], from_name: fn(&str) -> Option<T>)
+    where
+        T: Serialize + std::fmt::Display + std::fmt::Debug + Copy + PartialEq,
+    {
+        for &v in all {
+            let name = v.to_string();
+            assert_eq!(serde_json::to_string(&v).unwrap(), format!("\"{name}\""));
+            assert_eq!(from_name(&name), Some(v));
+            assert_eq!(format!("{v:>20}"), format!("{name:>20}"));
+        }
+        assert_eq!(from_name("no such name"), None);
+    }
+
+    #[test]
+    fn schema_enums_serialize_as_their_names() {
+        assert_named(SampleSource::ALL, SampleSource::from_name);
+        assert_named(SharingKind::ALL, SharingKind::from_name);
+        assert_named(ObjectKind::ALL, ObjectKind::from_name);
+        assert_named(DismissReason::ALL, DismissReason::from_name);
+        assert_named(AllocOp::ALL, AllocOp::from_name);
+        assert_named(SizeClass::ALL, SizeClass::from_name);
+        assert_named(BlockOrigin::ALL, BlockOrigin::from_name);
+        assert_named(ThreadPhase::ALL, ThreadPhase::from_name);
+        assert_named(Syscall::ALL, Syscall::from_name);
+        assert_named(LockKind::ALL, LockKind::from_name);
+        assert_eq!(
+            serde_json::to_string(&Some(BlockOrigin::Reused)).unwrap(),
+            "\"reused\""
+        );
+        assert_eq!(serde_json::to_string(&None::<BlockOrigin>).unwrap(), "null");
+    }
+
+    #[test]
+    fn the_sample_source_is_the_precise_events_when_they_gave_addresses() {
+        use crate::kernel::loader::SamplingSource;
+        for s in [SamplingSource::CpuClock, SamplingSource::Cycles] {
+            assert_eq!(SampleSource::of(s, None).name(), s.name());
+            assert_eq!(SampleSource::of(s, Some("pebs")), SampleSource::Pebs);
+            assert_eq!(SampleSource::of(s, Some("ibs")), SampleSource::Ibs);
+        }
+    }
+
+    #[test]
+    fn only_lock_kinds_are_contention() {
+        let contention: Vec<&str> = LockKind::ALL
+            .iter()
+            .filter(|k| k.is_contention())
+            .map(|k| k.name())
+            .collect();
+        assert_eq!(contention, ["mutex", "rwlock", "futex", "kernel"]);
+        assert_eq!(LockKind::default(), LockKind::Futex);
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use memprof_common::sharing::WORD_BYTES;
 
 use super::model::{
-    source_label, AllocatorReport, LockEntry, LockTracing, MemoryReport, OpStats, Report,
-    SiteEntry, SyscallStats, TraceMode, WordEntry,
+    source_label, AllocOp, AllocatorReport, BlockOrigin, LockEntry, LockTracing, MemoryReport,
+    OpStats, Report, SiteEntry, SyscallStats, TraceMode, WordEntry,
 };
 
 /// Width the summary is laid out for.
@@ -277,7 +277,7 @@ fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option<&LockTraci
             out,
             "    {:<20} {:<9} {:>8} {:>9} {:>9} {:>9}",
             ellipsize(&name, 20),
-            ellipsize(&l.kind, 9),
+            ellipsize(l.kind.name(), 9),
             group(l.contentions),
             format_ns(l.wait_total_ns),
             format_ns(l.wait_p99_ns),
@@ -383,7 +383,7 @@ fn write_allocator_mode(out: &mut String, a: &AllocatorReport) {
         let _ = writeln!(
             out,
             "  always traced (rare, exact counts): {}",
-            a.always_traced.join(", ")
+            names(&a.always_traced)
         );
     }
     let mut line = format!(
@@ -414,10 +414,10 @@ fn write_ops(out: &mut String, ops: &[OpStats]) {
         let _ = writeln!(
             out,
             "    {:<17} {:<7} {:<6} {:<8} {:>9} {:>7} {:>7} {:>7}",
-            ellipsize(&op.op, 17),
-            ellipsize(&op.class, 7),
-            ellipsize(op.origin.as_deref().unwrap_or("-"), 6),
-            ellipsize(&op.phase, 8),
+            ellipsize(op.op.name(), 17),
+            ellipsize(op.class.name(), 7),
+            ellipsize(op.origin.map_or("-", BlockOrigin::name), 6),
+            ellipsize(op.phase.name(), 8),
             group(op.count),
             format_ns(op.mean_ns),
             format_ns(op.p99_ns),
@@ -444,7 +444,7 @@ fn write_syscalls(out: &mut String, syscalls: &[SyscallStats]) {
         let _ = writeln!(
             out,
             "    {:<9} {:<14} {:>9} {:>9} {:>10}",
-            ellipsize(&s.name, 9),
+            ellipsize(s.name.name(), 9),
             ellipsize(syscall_origin(s), 14),
             group(s.count),
             format_ns(s.total_ns),
@@ -564,10 +564,16 @@ pub fn library_label(a: &AllocatorReport) -> String {
 /// allocator call in progress) or `untraced` (probes were detached).
 pub fn syscall_origin(s: &SyscallStats) -> &str {
     match (&s.inside, s.traced) {
-        (Some(op), _) => op,
+        (Some(op), _) => op.name(),
         (None, true) => "outside",
         (None, false) => "untraced",
     }
+}
+
+/// `malloc, calloc`: the operations' names, comma-separated.
+fn names(ops: &[AllocOp]) -> String {
+    let names: Vec<&str> = ops.iter().map(|op| op.name()).collect();
+    names.join(", ")
 }
 
 /// Syscall rows, the most time first.
@@ -687,16 +693,23 @@ pub fn ellipsize(s: &str, max: usize) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::report::model::{
-        tests::sample_report, HolderSite, KernelThreadEntry, OwnerEntry, SectionEntry, WaiterSite,
+        tests::sample_report, BlockOrigin::*, HolderSite, KernelThreadEntry, LockKind, OwnerEntry,
+        SectionEntry, SizeClass, SizeClass::*, Syscall, ThreadPhase, WaiterSite,
     };
 
     /// One split of the latency table.
-    fn op(op: &str, class: &str, origin: Option<&str>, count: u64, mean_ns: u64) -> OpStats {
+    fn op(
+        op: AllocOp,
+        class: SizeClass,
+        origin: Option<BlockOrigin>,
+        count: u64,
+        mean_ns: u64,
+    ) -> OpStats {
         OpStats {
-            op: op.into(),
-            class: class.into(),
-            origin: origin.map(Into::into),
-            phase: "parallel".into(),
+            op,
+            class,
+            origin,
+            phase: ThreadPhase::Parallel,
             count,
             traced: count,
             mean_ns,
@@ -739,23 +752,23 @@ pub(crate) mod tests {
             always_traced: vec![],
             lost: 0,
             ops: vec![
-                op("malloc", "small", Some("reused"), 60_000, 45),
-                op("free", "small", Some("reused"), 59_000, 30),
-                op("malloc", "large", Some("new"), 120, 12_500),
-                op("free", "large", Some("new"), 118, 9_000),
-                op("realloc", "small", None, 900, 210),
+                op(AllocOp::Malloc, Small, Some(Reused), 60_000, 45),
+                op(AllocOp::Free, Small, Some(Reused), 59_000, 30),
+                op(AllocOp::Malloc, Large, Some(New), 120, 12_500),
+                op(AllocOp::Free, Large, Some(New), 118, 9_000),
+                op(AllocOp::Realloc, Small, None, 900, 210),
             ],
             syscalls: vec![
                 SyscallStats {
-                    name: "mmap".into(),
-                    inside: Some("malloc".into()),
+                    name: Syscall::Mmap,
+                    inside: Some(AllocOp::Malloc),
                     traced: true,
                     count: 120,
                     total_ns: 1_500_000,
                     bytes: 120 << 20,
                 },
                 SyscallStats {
-                    name: "munmap".into(),
+                    name: Syscall::Munmap,
                     inside: None,
                     traced: true,
                     count: 4,
@@ -763,7 +776,7 @@ pub(crate) mod tests {
                     bytes: 4 << 20,
                 },
                 SyscallStats {
-                    name: "madvise".into(),
+                    name: Syscall::Madvise,
                     inside: None,
                     traced: false,
                     count: 2,
@@ -844,7 +857,7 @@ pub(crate) mod tests {
         let mutex = LockEntry {
             address: "0x5555aaaa0040".into(),
             name: Some("g_hot_lock".into()),
-            kind: "mutex".into(),
+            kind: LockKind::Mutex,
             acquisitions: None,
             contentions: 43_683,
             wait_total_ns: 1_810_000_000,
@@ -874,7 +887,7 @@ pub(crate) mod tests {
         let kernel = LockEntry {
             address: "kernel".into(),
             name: Some("kernel rwsem (read)".into()),
-            kind: "kernel".into(),
+            kind: LockKind::Kernel,
             contentions: 12,
             wait_total_ns: 3_400_000,
             wait_mean_ns: 283_000,
@@ -893,7 +906,7 @@ pub(crate) mod tests {
         let condvar = LockEntry {
             address: "0x7f00deadbe00".into(),
             name: None,
-            kind: "condvar".into(),
+            kind: LockKind::Condvar,
             contentions: 40,
             wait_total_ns: 9_000_000_000,
             wait_mean_ns: 225_000_000,
@@ -908,6 +921,68 @@ pub(crate) mod tests {
         };
         r.locks = vec![mutex, kernel, condvar];
         r
+    }
+
+    /// Every part of the report filled: the allocator's, the locks' (one
+    /// traced in sampled mode), a false-sharing finding and a dismissed line.
+    pub(crate) fn full_report() -> Report {
+        let mut r = report_with_allocator();
+        r.locks = report_with_locks().locks;
+        let hot = &mut r.locks[0];
+        hot.acquisitions = Some(65_880);
+        hot.contention_rate = Some(0.6);
+        hot.hold_mean_ns = Some(21_800);
+        hot.hold_p99_ns = Some(28_500);
+        hot.hold_max_ns = Some(4_400_000);
+        hot.sections = vec![SectionEntry {
+            function: "contend_hot".into(),
+            file: Some("/src/locks.c".into()),
+            line: Some(166),
+            module: "locks".into(),
+            released_at: Some("locks.c:169".into()),
+            count: 65_880,
+            hold_ns: 1_435_000_000,
+            hold_max_ns: 4_400_000,
+        }];
+        r.lock_tracing = Some(LockTracing {
+            mode: TraceMode::Sampled,
+            library: "/lib/libc.so.6".into(),
+            traced_fraction: 0.25,
+            windows: 7,
+            functions: vec!["pthread_mutex_lock".into()],
+            always_traced: vec!["pthread_cond_wait".into()],
+            sections_lost: 1,
+            unmatched_unlocks: 2,
+            held_overflow: 3,
+        });
+        let sharing = report_with_sharing();
+        r.sampling.addresses = sharing.sampling.addresses;
+        r.false_sharing = sharing.false_sharing;
+        r.false_sharing_dismissed = vec![crate::report::model::DismissedLine {
+            line: "0x1000".into(),
+            object: "g_padded+64".into(),
+            object_kind: crate::report::model::ObjectKind::Global,
+            samples: 10,
+            writes: 10,
+            shared: false,
+            reason: crate::report::model::DismissReason::OneThread,
+        }];
+        r.allocator.always_traced = vec![AllocOp::Calloc];
+        r.notes.push("a note".into());
+        r
+    }
+
+    /// The JSON form of [`full_report`], byte for byte as the schema has it.
+    #[test]
+    fn json_of_the_full_report_is_unchanged() {
+        let json = full_report().to_json();
+        assert_eq!(json, include_str!("testdata/report.json"));
+    }
+
+    /// The summary of [`full_report`], byte for byte.
+    #[test]
+    fn summary_of_the_full_report_is_unchanged() {
+        assert_eq!(render(&full_report()), include_str!("testdata/summary.txt"));
     }
 
     /// The lines of the summary's Allocator section.
@@ -981,12 +1056,15 @@ pub(crate) mod tests {
         a.lost = 12;
         let long = "operator new[](unsigned long, std::align_val_t)".to_string();
         a.ops = (0..20)
-            .map(|i| op(&long, "unknown", Some("reused"), 1 << 40 | i, u64::MAX / 2))
+            .map(|i| {
+                let longest = AllocOp::DeleteArray;
+                op(longest, Unknown, Some(Reused), 1 << 40 | i, u64::MAX / 2)
+            })
             .collect();
         a.syscalls = (0..10).map(|_| a.syscalls[0].clone()).collect();
         for s in &mut a.syscalls {
-            s.name = "mprotect_long_name".into();
-            s.inside = Some(long.clone());
+            s.name = Syscall::Mprotect;
+            s.inside = Some(AllocOp::DeleteArray);
             s.count = u64::MAX;
             s.bytes = u64::MAX;
             s.total_ns = u64::MAX;
@@ -1001,13 +1079,16 @@ pub(crate) mod tests {
         let section = allocator_section(&r);
         let ops = section
             .iter()
-            .filter(|l| l.contains("operator new") && l.contains("unknown"))
+            .filter(|l| l.contains("operator delete[]") && l.contains("unknown"))
             .count();
         assert_eq!(ops, TOP_OPS, "{section:?}");
         assert!(section
             .iter()
             .any(|l| l.contains("12 more in the JSON report")));
-        let syscalls = section.iter().filter(|l| l.contains("mprotect…")).count();
+        let syscalls = section
+            .iter()
+            .filter(|l| l.contains("mprotect  operator dele…"))
+            .count();
         assert_eq!(syscalls, TOP_SYSCALLS);
         let sites = section.iter().filter(|l| l.contains("work.c:")).count();
         assert_eq!(sites, TOP_SITES);
@@ -1102,11 +1183,11 @@ pub(crate) mod tests {
         r.false_sharing_dismissed = vec![crate::report::model::DismissedLine {
             line: "0x1000".into(),
             object: "g_padded+64".into(),
-            object_kind: "global".into(),
+            object_kind: crate::report::model::ObjectKind::Global,
             samples: 10,
             writes: 10,
             shared: false,
-            reason: "one thread".into(),
+            reason: crate::report::model::DismissReason::OneThread,
         }];
         let text = render(&r);
         assert!(

@@ -37,8 +37,8 @@ use crate::{
     object::symbolize::Symbolizer,
     report::{
         model::{
-            AddressMode, AddressSampling, Loader, Sampling, Target, ThreadEntry, FULLY_TRACED,
-            SCHEMA,
+            AddressMode, AddressSampling, Loader, SampleSource, Sampling, Target, ThreadEntry,
+            FULLY_TRACED, SCHEMA,
         },
         Report,
     },
@@ -800,7 +800,7 @@ impl Live {
             },
             duration_s,
             sampling: Sampling {
-                source: self.address_source.unwrap_or(self.source.name()).into(),
+                source: SampleSource::of(self.source, self.address_source),
                 frequency_hz: self.frequency_hz,
                 samples: profile.samples(),
                 lost: lost_samples,

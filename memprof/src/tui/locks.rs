@@ -27,12 +27,9 @@ use super::{
     },
     App,
 };
-use crate::{
-    features::locks::analysis::is_contention,
-    report::{
-        model::{source_label, LockEntry},
-        text::{ellipsize, format_ns, group, percent},
-    },
+use crate::report::{
+    model::{source_label, LockEntry, LockKind},
+    text::{ellipsize, format_ns, group, percent},
 };
 
 /// The tab's frame title, for its one-line messages.
@@ -109,14 +106,14 @@ fn render_table(locks: &[LockEntry], selected: Option<usize>, frame: &mut Frame,
     let rows = locks.iter().map(|l| {
         let cells = vec![
             ellipsize(lock_name(l), name_width),
-            l.kind.clone(),
+            l.kind.to_string(),
             count_label(l.contentions),
             format_ns(l.wait_total_ns),
             format_ns(l.wait_p99_ns),
             format_ns(l.wait_max_ns),
             threads_label(l.threads),
         ];
-        let style = if is_contention(&l.kind) {
+        let style = if l.kind.is_contention() {
             Style::new()
         } else {
             Style::new().dim()
@@ -360,7 +357,7 @@ fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) 
     }
     if let Some(rows) = fit.holders {
         let header = ["released by", "source", "wakes", "woken"];
-        let none = if l.kind == "kernel" {
+        let none = if l.kind == LockKind::Kernel {
             "releasing code: not traced for kernel locks"
         } else {
             "no wake seen"
@@ -389,8 +386,8 @@ fn render_detail(l: &LockEntry, estimates: bool, frame: &mut Frame, area: Rect) 
 
 /// `g_hot_lock · mutex at 0x5555aaaa0040 · mean wait 41.0 µs`.
 fn detail_title(l: &LockEntry) -> String {
-    let what = match (&l.name, l.kind.as_str()) {
-        (Some(name), "kernel") => name.clone(),
+    let what = match (&l.name, l.kind) {
+        (Some(name), LockKind::Kernel) => name.clone(),
         (Some(name), kind) => format!("{name} · {kind} at {}", l.address),
         (None, kind) => format!("{kind} at {}", l.address),
     };

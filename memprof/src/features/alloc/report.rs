@@ -1,18 +1,46 @@
 //! The report's allocator section: latency per split, syscalls, the
 //! memory account, the top sites and the kernel-side cost per thread.
 
-use memprof_common::{syscall, KernelStats};
+use memprof_common::KernelStats;
 
 use super::tracer::AllocTracer;
 use crate::{
     cli::AllocMode,
-    features::alloc::analysis::{op_name, AllocProfile},
+    features::alloc::analysis::{AllocProfile, Class, Origin, Phase},
     object::symbolize::Frame,
     report::model::{
-        AllocatorReport, KernelThreadEntry, MemoryReport, OpStats, SiteEntry, SyscallStats,
-        TraceMode,
+        AllocOp, AllocatorReport, BlockOrigin, KernelThreadEntry, MemoryReport, OpStats, SiteEntry,
+        SizeClass, Syscall, SyscallStats, ThreadPhase, TraceMode,
     },
 };
+
+impl From<Class> for SizeClass {
+    fn from(class: Class) -> Self {
+        match class {
+            Class::Small => SizeClass::Small,
+            Class::Large => SizeClass::Large,
+            Class::Unknown => SizeClass::Unknown,
+        }
+    }
+}
+
+impl From<Origin> for BlockOrigin {
+    fn from(origin: Origin) -> Self {
+        match origin {
+            Origin::New => BlockOrigin::New,
+            Origin::Reused => BlockOrigin::Reused,
+        }
+    }
+}
+
+impl From<Phase> for ThreadPhase {
+    fn from(phase: Phase) -> Self {
+        match phase {
+            Phase::Serial => ThreadPhase::Serial,
+            Phase::Parallel => ThreadPhase::Parallel,
+        }
+    }
+}
 
 /// The report's name for `--alloc-mode`.
 fn trace_mode(mode: AllocMode) -> TraceMode {
@@ -58,10 +86,10 @@ pub fn report(
         .map(|(key, stats)| {
             let h = &stats.histogram;
             OpStats {
-                op: op_name(key.op).into(),
-                class: key.class.name().into(),
-                origin: key.origin.map(|o| o.name().into()),
-                phase: key.phase.name().into(),
+                op: AllocOp::from_code(key.op),
+                class: key.class.into(),
+                origin: key.origin.map(Into::into),
+                phase: key.phase.into(),
                 count: scale_by(h.len(), tracer.op_fraction(key.op)),
                 traced: h.len(),
                 mean_ns: h.mean().round() as u64,
@@ -82,12 +110,8 @@ pub fn report(
         .syscalls()
         .into_iter()
         .map(|((nr, inside, traced), s)| SyscallStats {
-            name: syscall::NAMES
-                .get(nr as usize)
-                .copied()
-                .unwrap_or("?")
-                .into(),
-            inside: inside.map(|op| op_name(op).into()),
+            name: Syscall::from_code(nr),
+            inside: inside.map(AllocOp::from_code),
             traced,
             count: s.count,
             total_ns: s.total_ns,
@@ -125,7 +149,7 @@ pub fn report(
             tracer
                 .resident_ops()
                 .into_iter()
-                .map(|op| op_name(op).into())
+                .map(AllocOp::from_code)
                 .collect()
         } else {
             Vec::new()
@@ -182,4 +206,33 @@ fn sites(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use memprof_common::{alloc_op, syscall};
+
+    use super::*;
+    use crate::features::alloc::analysis::op_name;
+
+    /// The report's names are the analysis's.
+    #[test]
+    fn report_names_are_the_analysis_names() {
+        for c in [Class::Small, Class::Large, Class::Unknown] {
+            assert_eq!(SizeClass::from(c).name(), c.name());
+        }
+        for o in [Origin::New, Origin::Reused] {
+            assert_eq!(BlockOrigin::from(o).name(), o.name());
+        }
+        for p in [Phase::Serial, Phase::Parallel] {
+            assert_eq!(ThreadPhase::from(p).name(), p.name());
+        }
+        for op in 0..=alloc_op::COUNT {
+            assert_eq!(AllocOp::from_code(op).name(), op_name(op), "op {op}");
+        }
+        for nr in 0..=syscall::COUNT {
+            let name = syscall::NAMES.get(nr as usize).copied().unwrap_or("?");
+            assert_eq!(Syscall::from_code(nr).name(), name, "syscall {nr}");
+        }
+    }
 }

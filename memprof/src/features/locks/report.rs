@@ -11,15 +11,15 @@ use crate::{
     features::{
         alloc::analysis::AllocProfile,
         locks::analysis::{
-            classify, is_contention, is_lock_implementation, kernel_lock_kind, Chain, Durations,
-            HoldStats, LockProfile,
+            classify, is_lock_implementation, kernel_lock_kind, Chain, Durations, HoldStats,
+            LockProfile,
         },
     },
     object::symbolize::{Frame, Symbolizer},
     process::maps::ProcMaps,
     report::model::{
-        source_label, HolderSite, LockEntry, LockTracing, OwnerEntry, SectionEntry, TraceMode,
-        WaiterSite, FULLY_TRACED,
+        source_label, HolderSite, LockEntry, LockKind, LockTracing, OwnerEntry, SectionEntry,
+        TraceMode, WaiterSite, FULLY_TRACED,
     },
 };
 use memprof_common::locks::lock_op;
@@ -54,7 +54,7 @@ struct Traced {
 struct Merged {
     address: u64,
     name: Option<String>,
-    kind: &'static str,
+    kind: LockKind,
     waits: Durations,
     threads: usize,
     owners: HashMap<u32, u64>,
@@ -112,9 +112,11 @@ pub fn report(
             .map(|(chain, _)| chain);
         let traced_lock = profile.lock_of_futex(uaddr);
         let address = traced_lock.unwrap_or(uaddr);
-        let kind = match top.map_or("futex", |c| kind_of(c, symbolizer)) {
+        let kind = match top.map_or(LockKind::Futex, |c| kind_of(c, symbolizer)) {
             // The uprobes know an rwlock's inner words for sure.
-            "futex" | "mutex" if traced_lock.is_some_and(|a| a != uaddr) => "rwlock",
+            LockKind::Futex | LockKind::Mutex if traced_lock.is_some_and(|a| a != uaddr) => {
+                LockKind::Rwlock
+            }
             kind => kind,
         };
         // Only a glibc mutex keeps its owner 8 bytes after the futex word.
@@ -126,7 +128,7 @@ pub fn report(
         let m = table.slot(address, name, kind);
         m.waits.add(&f.waits);
         m.threads = m.threads.max(f.threads.len());
-        if kind == "mutex" && glibc {
+        if kind == LockKind::Mutex && glibc {
             for (tid, n) in &f.owners {
                 *m.owners.entry(*tid).or_default() += n;
             }
@@ -152,7 +154,11 @@ pub fn report(
                 }
                 uncontended += 1;
             }
-            let kind = if h.is_rwlock() { "rwlock" } else { "mutex" };
+            let kind = if h.is_rwlock() {
+                LockKind::Rwlock
+            } else {
+                LockKind::Mutex
+            };
             let name = name_of(lock, maps, blocks.as_ref(), symbolizer);
             let m = table.slot(lock, name, kind);
             m.threads = m.threads.max(h.threads.len());
@@ -182,7 +188,7 @@ pub fn report(
         entries.push(LockEntry {
             address: "kernel".into(),
             name: Some(kernel_lock_kind(flags).into()),
-            kind: "kernel".into(),
+            kind: LockKind::Kernel,
             contentions: k.waits.count(),
             wait_total_ns: k.waits.total_ns,
             wait_mean_ns: k.waits.mean_ns(),
@@ -196,8 +202,8 @@ pub fn report(
     // Lock contention first, then other waits (condvars, joins...), each
     // by wait time; locks nobody waited for last, by hold time.
     entries.sort_by(|a, b| {
-        is_contention(&b.kind)
-            .cmp(&is_contention(&a.kind))
+        (b.kind.is_contention())
+            .cmp(&a.kind.is_contention())
             .then((b.contentions > 0).cmp(&(a.contentions > 0)))
             .then(b.wait_total_ns.cmp(&a.wait_total_ns))
             .then(b.hold_total_ns.cmp(&a.hold_total_ns))
@@ -210,12 +216,12 @@ pub fn report(
 #[derive(Default)]
 struct Table {
     merged: Vec<Merged>,
-    by_name: HashMap<(String, &'static str), usize>,
+    by_name: HashMap<(String, LockKind), usize>,
     by_address: HashMap<u64, usize>,
 }
 
 impl Table {
-    fn slot(&mut self, address: u64, name: Option<String>, kind: &'static str) -> &mut Merged {
+    fn slot(&mut self, address: u64, name: Option<String>, kind: LockKind) -> &mut Merged {
         if let Some(&i) = self.by_address.get(&address) {
             return &mut self.merged[i];
         }
@@ -305,7 +311,7 @@ impl Traced {
 }
 
 impl Merged {
-    fn new(address: u64, name: Option<String>, kind: &'static str) -> Self {
+    fn new(address: u64, name: Option<String>, kind: LockKind) -> Self {
         Self {
             address,
             name,
@@ -363,7 +369,7 @@ impl Merged {
         let mut entry = LockEntry {
             address: format!("{:#x}", self.address),
             name: self.name,
-            kind: self.kind.into(),
+            kind: self.kind,
             contentions,
             wait_total_ns: self.waits.total_ns,
             wait_mean_ns: self.waits.mean_ns(),
@@ -420,7 +426,7 @@ impl Merged {
 }
 
 /// The kind of lock, from the functions around the futex call.
-fn kind_of(chain: &Chain, symbolizer: &mut Symbolizer) -> &'static str {
+fn kind_of(chain: &Chain, symbolizer: &mut Symbolizer) -> LockKind {
     let mut names = vec![symbolizer.code(&chain.ip).function];
     for place in &chain.frames {
         let f = symbolizer.code(place);
@@ -431,7 +437,7 @@ fn kind_of(chain: &Chain, symbolizer: &mut Symbolizer) -> &'static str {
         }
     }
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    classify(&refs)
+    LockKind::from_name(classify(&refs)).unwrap_or_default()
 }
 
 /// The first frame of the chain outside the lock implementation: the
@@ -476,4 +482,32 @@ fn name_of(
         "heap block from {}",
         crate::report::model::source_label(site.file.as_deref(), site.line, &site.module)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::locks::analysis::is_contention;
+
+    /// Every kind the analysis names is one of the report's, with the same
+    /// idea of what is lock contention.
+    #[test]
+    fn report_kinds_are_the_analysis_kinds() {
+        let names = [
+            "pthread_cond_wait",
+            "pthread_rwlock_rdlock",
+            "pthread_barrier_wait",
+            "pthread_join",
+            "sem_wait",
+            "pthread_mutex_lock",
+            "syscall",
+        ];
+        for name in names {
+            let kind = classify(&[name]);
+            assert_eq!(LockKind::from_name(kind).map(LockKind::name), Some(kind));
+        }
+        for kind in LockKind::ALL {
+            assert_eq!(kind.is_contention(), is_contention(kind.name()), "{kind}");
+        }
+    }
 }

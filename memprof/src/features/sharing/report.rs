@@ -7,13 +7,38 @@ use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
 
 use crate::{
     collect::Collector,
-    features::sharing::analysis::{Dismissal, LineFinding, SharingKind},
+    features::sharing::analysis::{self, Dismissal, LineFinding},
     object::symbolize::{dwarf::Layout, Symbolizer},
     process::maps::{short_name, Place},
     report::model::{
-        CodeRef, Dependences, DismissedLine, SharedObject, SharingCode, SharingEntry, WordEntry,
+        CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind, SharedObject, SharingCode,
+        SharingEntry, SharingKind, WordEntry,
     },
 };
+
+impl From<analysis::SharingKind> for SharingKind {
+    fn from(kind: analysis::SharingKind) -> Self {
+        match kind {
+            analysis::SharingKind::False => SharingKind::False,
+            analysis::SharingKind::True => SharingKind::True,
+            analysis::SharingKind::Mixed => SharingKind::Mixed,
+        }
+    }
+}
+
+impl From<Dismissal> for DismissReason {
+    fn from(why: Dismissal) -> Self {
+        match why {
+            Dismissal::OneThread => DismissReason::OneThread,
+            Dismissal::NoWrites => DismissReason::NoWrites,
+            Dismissal::NotInTable => DismissReason::NotInTable,
+            Dismissal::FewInvalidations => DismissReason::FewInvalidations,
+            Dismissal::ReadMostly => DismissReason::ReadMostly,
+            Dismissal::LowCost => DismissReason::LowCost,
+            Dismissal::NothingWrittenShared => DismissReason::NothingWrittenShared,
+        }
+    }
+}
 
 /// Code sites kept per line.
 const CODE_SITES: usize = 8;
@@ -102,7 +127,7 @@ pub fn dismissed(
                 samples: l.samples,
                 writes: l.writes,
                 shared: l.shared,
-                reason: why.reason().into(),
+                reason: why.into(),
             })
         })
         .collect()
@@ -152,7 +177,7 @@ fn entry(
     code.truncate(CODE_SITES);
     SharingEntry {
         line: format!("{:#x}", f.line),
-        kind: f.kind.name().into(),
+        kind: f.kind.into(),
         invalidations: f.invalidations,
         invalidation_rate: f.invalidation_rate,
         samples: f.samples,
@@ -211,7 +236,7 @@ fn object_of(
             ),
         };
         let object = SharedObject {
-            kind: "global".into(),
+            kind: ObjectKind::Global,
             name,
             offset,
             size,
@@ -224,7 +249,7 @@ fn object_of(
         let label =
             crate::report::model::source_label(site.file.as_deref(), site.line, &site.module);
         let object = SharedObject {
-            kind: "heap".into(),
+            kind: ObjectKind::Heap,
             name: format!("{}-byte heap block from {label}", b.size),
             offset: line - b.start as i64,
             size: Some(b.size),
@@ -237,21 +262,25 @@ fn object_of(
         return (object, None);
     }
     let (kind, name) = match maps.place(addr) {
-        Place::Region { name, .. } if &*name == "[heap]" => ("heap", UNSEEN_BLOCK.to_string()),
-        Place::Region { name, .. } if name.starts_with("[stack") => ("stack", name.to_string()),
-        Place::Region { name, .. } => ("mapped", name.to_string()),
-        Place::File { path, .. } => ("mapped", path.to_string()),
+        Place::Region { name, .. } if &*name == "[heap]" => {
+            (ObjectKind::Heap, UNSEEN_BLOCK.to_string())
+        }
+        Place::Region { name, .. } if name.starts_with("[stack") => {
+            (ObjectKind::Stack, name.to_string())
+        }
+        Place::Region { name, .. } => (ObjectKind::Mapped, name.to_string()),
+        Place::File { path, .. } => (ObjectKind::Mapped, path.to_string()),
         Place::Anonymous { .. } if alloc.is_some_and(|a| a.maps_address(addr)) => {
-            ("heap", UNSEEN_BLOCK.to_string())
+            (ObjectKind::Heap, UNSEEN_BLOCK.to_string())
         }
         Place::Anonymous { .. } if maps.in_thread_stack(addr) => {
-            ("stack", "a thread's stack".to_string())
+            (ObjectKind::Stack, "a thread's stack".to_string())
         }
-        Place::Anonymous { .. } => ("mapped", "anonymous memory".to_string()),
-        Place::Unmapped { .. } => ("unknown", "unmapped at the end".to_string()),
+        Place::Anonymous { .. } => (ObjectKind::Mapped, "anonymous memory".to_string()),
+        Place::Unmapped { .. } => (ObjectKind::Unknown, "unmapped at the end".to_string()),
     };
     let object = SharedObject {
-        kind: kind.into(),
+        kind,
         name,
         offset: 0,
         size: None,
@@ -315,13 +344,38 @@ fn advice(
          end, or update the shared value less often.",
         shared.join(", ")
     );
-    let what = match object.kind.as_str() {
-        "global" | "heap" => format!(" ({})", object.name),
+    let what = match object.kind {
+        ObjectKind::Global | ObjectKind::Heap => format!(" ({})", object.name),
         _ => String::new(),
     };
     match f.kind {
-        SharingKind::False => format!("{layout_fix}{what}"),
-        SharingKind::True => format!("{data}{what}"),
-        SharingKind::Mixed => format!("{layout_fix} {data}{what}"),
+        analysis::SharingKind::False => format!("{layout_fix}{what}"),
+        analysis::SharingKind::True => format!("{data}{what}"),
+        analysis::SharingKind::Mixed => format!("{layout_fix} {data}{what}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The report's names are the analysis's.
+    #[test]
+    fn report_names_are_the_analysis_names() {
+        use analysis::SharingKind as Kind;
+        for k in [Kind::False, Kind::True, Kind::Mixed] {
+            assert_eq!(SharingKind::from(k).name(), k.name());
+        }
+        for d in [
+            Dismissal::OneThread,
+            Dismissal::NoWrites,
+            Dismissal::NotInTable,
+            Dismissal::FewInvalidations,
+            Dismissal::ReadMostly,
+            Dismissal::LowCost,
+            Dismissal::NothingWrittenShared,
+        ] {
+            assert_eq!(DismissReason::from(d).name(), d.reason());
+        }
     }
 }
