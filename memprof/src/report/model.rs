@@ -908,122 +908,10 @@ impl Report {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    pub fn sample_report() -> Report {
-        Report {
-            schema: SCHEMA,
-            target: Target {
-                pid: 42,
-                command: "./work 2".into(),
-                threads_seen: 3,
-                exited: false,
-            },
-            duration_s: 2.5,
-            sampling: Sampling {
-                source: SampleSource::CpuClock,
-                frequency_hz: 999,
-                samples: 1000,
-                lost: 0,
-                lost_thread_events: 0,
-                stack_errors: 0,
-                kernel_samples: 10,
-                addresses: AddressSampling::default(),
-            },
-            hot_functions: vec![HotFunctionEntry {
-                function: "spin".into(),
-                file: Some("/src/work.c".into()),
-                line: Some(12),
-                module: "work".into(),
-                samples: 900,
-                share: 0.9,
-                total_samples: 950,
-                total_share: 0.95,
-            }],
-            threads: vec![ThreadEntry {
-                tid: 42,
-                name: "work".into(),
-                samples: 1000,
-                created_by: None,
-                exited: false,
-            }],
-            false_sharing: vec![],
-            false_sharing_dismissed: vec![],
-            allocator: Default::default(),
-            locks: vec![],
-            lock_tracing: None,
-            loader: Loader {
-                cpu_s: 0.01,
-                cpu_share: 0.004,
-                peak_rss_bytes: 20 << 20,
-            },
-            notes: vec![],
-        }
-    }
-
-    pub fn fixture_word(offset: u32, reads: u64, writes: u64, threads: &[u32]) -> WordEntry {
-        WordEntry {
-            offset,
-            reads,
-            writes,
-            threads: threads.to_vec(),
-            field: None,
-        }
-    }
-
-    pub fn fixture_code(
-        function: &str,
-        line: u32,
-        reads: u64,
-        writes: u64,
-        threads: &[u32],
-    ) -> SharingCode {
-        SharingCode {
-            function: function.into(),
-            file: Some("/src/sharing.c".into()),
-            line: Some(line),
-            module: "sharing".into(),
-            reads,
-            writes,
-            threads: threads.to_vec(),
-            offset: 0,
-        }
-    }
-
-    /// Threads 15027 and 15028 write bytes 0-7 and 8-15 of a heap block.
-    pub fn false_sharing_entry() -> SharingEntry {
-        SharingEntry {
-            line: "0x5555deadbe40".into(),
-            kind: SharingKind::False,
-            invalidations: 3753,
-            invalidation_rate: 0.99,
-            samples: 3779,
-            cost_share: 0.951,
-            threads: vec![15027, 15028],
-            object: SharedObject {
-                kind: ObjectKind::Heap,
-                name: "64-byte heap block from sharing.c:120".into(),
-                offset: 0,
-                size: Some(64),
-                alloc_site: Some(CodeRef {
-                    function: "main".into(),
-                    file: Some("/src/sharing.c".into()),
-                    line: Some(120),
-                }),
-            },
-            words: vec![
-                fixture_word(0, 0, 90, &[15027]),
-                fixture_word(4, 0, 90, &[15027]),
-                fixture_word(8, 0, 90, &[15028]),
-                fixture_word(12, 0, 90, &[15028]),
-            ],
-            code: vec![fixture_code("worker", 80, 0, 3779, &[15027, 15028])],
-            dependences: Dependences::default(),
-            advice: "Threads write different parts of this line (thread 15027 bytes 0-7, \
-                     thread 15028 bytes 8-15). Give each thread's part its own cache line: \
-                     align the per-thread element to 64 bytes."
-                .into(),
-        }
-    }
+    /// The fixtures the dashboard's tests take from here.
+    pub(crate) use crate::report::fixtures::{
+        false_sharing_entry, fixture_code, fixture_word, sample_report,
+    };
 
     #[test]
     fn modes_serialize_as_the_schema_names_them() {
@@ -1155,5 +1043,13 @@ pub(crate) mod tests {
         assert!(l.peak_rss_bytes > 0);
         assert!(l.cpu_s >= 0.0);
         assert_eq!(Loader::measure(0.0).cpu_share, 0.0);
+    }
+
+    /// The JSON form of the fully filled fixture report, byte for byte as
+    /// the schema has it.
+    #[test]
+    fn json_of_the_full_report_is_unchanged() {
+        let json = crate::report::fixtures::full_report().to_json();
+        assert_eq!(json, include_str!("testdata/report.json"));
     }
 }
