@@ -1,13 +1,15 @@
 //! The report's allocator section: latency per split, syscalls, the
 //! memory account, the top sites and the kernel-side cost per thread.
 
-use memprof_common::KernelStats;
+use memprof_common::{alloc_op, KernelStats};
 
 use super::tracer::AllocTracer;
 use crate::{
     cli::AllocMode,
-    features::alloc::analysis::{AllocProfile, Class, Origin, Phase},
+    features::alloc::analysis::{AllocProfile, Class, Origin, Phase, SiteStats},
+    kernel::windows::Windowed,
     object::symbolize::Frame,
+    process::maps::Place,
     report::model::{
         AllocOp, AllocatorReport, BlockOrigin, KernelThreadEntry, MemoryReport, OpStats, SiteEntry,
         SizeClass, Syscall, SyscallStats, ThreadPhase, TraceMode,
@@ -42,13 +44,14 @@ impl From<Phase> for ThreadPhase {
     }
 }
 
-/// The report's name for `--alloc-mode`.
-fn trace_mode(mode: AllocMode) -> TraceMode {
-    match mode {
-        AllocMode::Full => TraceMode::Full,
-        AllocMode::Sampled => TraceMode::Sampled,
-        AllocMode::Off => TraceMode::Off,
-        AllocMode::Floor => TraceMode::Floor,
+impl From<AllocMode> for TraceMode {
+    fn from(mode: AllocMode) -> Self {
+        match mode {
+            AllocMode::Full => TraceMode::Full,
+            AllocMode::Sampled => TraceMode::Sampled,
+            AllocMode::Off => TraceMode::Off,
+            AllocMode::Floor => TraceMode::Floor,
+        }
     }
 }
 
@@ -59,28 +62,81 @@ pub fn report(
     mode: AllocMode,
     lost: u64,
     kernel: &[(u32, KernelStats)],
-    mut symbolize: impl FnMut(&crate::process::maps::Place) -> Frame,
+    mut symbolize: impl FnMut(&Place) -> Frame,
 ) -> AllocatorReport {
     let (Some(tracer), Some(profile)) = (tracer, profile) else {
         return AllocatorReport {
-            mode: trace_mode(mode),
+            mode: mode.into(),
             traced_fraction: 0.0,
             ..Default::default()
         };
     };
-    let fraction = tracer.traced_fraction();
-    let sampled = trace_mode(mode).estimates(fraction);
-    let scale_by = |n: u64, f: f64| -> u64 {
-        if sampled && f > 0.0 {
+    let scaling = Scaling::of(mode.into(), tracer);
+    let always_traced = match scaling.sampled {
+        true => tracer
+            .resident_ops()
+            .into_iter()
+            .map(AllocOp::from_code)
+            .collect(),
+        false => Vec::new(),
+    };
+    AllocatorReport {
+        library: Some(tracer.allocator.label()),
+        path: Some(tracer.allocator.path.to_string()),
+        mode: mode.into(),
+        traced_fraction: scaling.fraction,
+        sampled: scaling.sampled,
+        large_rule: profile.rule().describe(),
+        calls_traced: profile.calls(),
+        always_traced,
+        lost,
+        ops: ops(profile, &scaling),
+        syscalls: syscalls(profile),
+        // The composition needs every call.
+        memory: (mode == AllocMode::Full).then(|| memory(profile)),
+        sites: sites(profile, &scaling, &mut symbolize),
+        kernel: kernel_threads(kernel),
+    }
+}
+
+/// How counts traced in windows become estimates for the whole session.
+#[derive(Debug, Clone, PartialEq)]
+struct Scaling {
+    /// Fraction of the session the windowed probes were attached.
+    fraction: f64,
+    /// Whether counts are estimates (sampled, and traced in part).
+    sampled: bool,
+    /// Fraction of the session each operation was traced, by code.
+    op_fractions: Vec<f64>,
+}
+
+impl Scaling {
+    fn of(mode: TraceMode, tracer: &Windowed) -> Self {
+        let fraction = tracer.traced_fraction();
+        Self {
+            fraction,
+            sampled: mode.estimates(fraction),
+            op_fractions: (0..alloc_op::COUNT)
+                .map(|op| tracer.op_fraction(op))
+                .collect(),
+        }
+    }
+
+    /// `n` calls of operation `op` traced, as an estimate for the session
+    /// when counts are scaled.
+    fn calls(&self, n: u64, op: u32) -> u64 {
+        let f = (self.op_fractions.get(op as usize)).map_or(self.fraction, |f| *f);
+        if self.sampled && f > 0.0 {
             (n as f64 / f).round() as u64
         } else {
             n
         }
-    };
-    // Sites are mostly malloc's calls: scale them like malloc.
-    let malloc_fraction = tracer.op_fraction(memprof_common::alloc_op::MALLOC);
-    let scale = |n: u64| scale_by(n, malloc_fraction);
-    let ops = profile
+    }
+}
+
+/// Latency per split, busiest first.
+fn ops(profile: &AllocProfile, scaling: &Scaling) -> Vec<OpStats> {
+    profile
         .splits()
         .into_iter()
         .map(|(key, stats)| {
@@ -90,23 +146,30 @@ pub fn report(
                 class: key.class.into(),
                 origin: key.origin.map(Into::into),
                 phase: key.phase.into(),
-                count: scale_by(h.len(), tracer.op_fraction(key.op)),
+                count: scaling.calls(h.len(), key.op),
                 traced: h.len(),
                 mean_ns: h.mean().round() as u64,
                 p50_ns: h.value_at_quantile(0.5),
                 p99_ns: h.value_at_quantile(0.99),
                 max_ns: h.max(),
-                histogram: stats
-                    .log2
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &n)| n > 0)
-                    .map(|(i, &n)| (1u64 << (i + 1), n))
-                    .collect(),
+                histogram: log2_histogram(&stats.log2),
             }
         })
-        .collect();
-    let syscalls = profile
+        .collect()
+}
+
+/// The non-empty log2 buckets: (upper bound in ns, calls).
+fn log2_histogram(log2: &[u64]) -> Vec<(u64, u64)> {
+    log2.iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(i, &n)| (1u64 << (i + 1), n))
+        .collect()
+}
+
+/// The allocator's syscalls, most time first.
+fn syscalls(profile: &AllocProfile) -> Vec<SyscallStats> {
+    profile
         .syscalls()
         .into_iter()
         .map(|((nr, inside, traced), s)| SyscallStats {
@@ -117,69 +180,52 @@ pub fn report(
             total_ns: s.total_ns,
             bytes: s.bytes,
         })
-        .collect();
-    let memory = (mode == AllocMode::Full).then(|| {
-        let peak = profile.memory_at_peak();
-        MemoryReport {
-            requested_peak: profile.requested_peak(),
-            requested_at_peak: peak.requested,
-            usable_peak: peak.usable,
-            internal_fragmentation: peak.internal_fragmentation(),
-            blowup: peak.blowup,
-            external_fragmentation: peak.external_fragmentation(),
-            mapped_peak: peak.mapped,
-            requested_end: profile.memory_now().requested,
-            usable_known: profile.usable_known(),
-        }
-    });
-    AllocatorReport {
-        library: Some(tracer.allocator.label()),
-        path: Some(tracer.allocator.path.to_string()),
-        mode: trace_mode(mode),
-        traced_fraction: fraction,
-        sampled,
-        large_rule: profile.rule().describe(),
-        calls_traced: profile.calls(),
-        lost,
-        ops,
-        syscalls,
-        memory,
-        sites: sites(profile, &scale, &mut symbolize),
-        always_traced: if sampled {
-            tracer
-                .resident_ops()
-                .into_iter()
-                .map(AllocOp::from_code)
-                .collect()
-        } else {
-            Vec::new()
-        },
-        kernel: kernel
-            .iter()
-            .map(|(tid, k)| KernelThreadEntry {
-                tid: *tid,
-                page_faults: k.page_faults,
-                page_faults_in_allocator: k.page_faults_in_alloc,
-                mmap_lock_waits: k.mmap_lock_waits,
-                mmap_lock_wait_ns: k.mmap_lock_wait_ns,
-            })
-            .collect(),
+        .collect()
+}
+
+/// Where the memory went at the peak of mapped memory.
+fn memory(profile: &AllocProfile) -> MemoryReport {
+    let peak = profile.memory_at_peak();
+    MemoryReport {
+        requested_peak: profile.requested_peak(),
+        requested_at_peak: peak.requested,
+        usable_peak: peak.usable,
+        internal_fragmentation: peak.internal_fragmentation(),
+        blowup: peak.blowup,
+        external_fragmentation: peak.external_fragmentation(),
+        mapped_peak: peak.mapped,
+        requested_end: profile.memory_now().requested,
+        usable_known: profile.usable_known(),
     }
+}
+
+/// Page faults and `mmap_lock` waits per thread.
+fn kernel_threads(kernel: &[(u32, KernelStats)]) -> Vec<KernelThreadEntry> {
+    kernel
+        .iter()
+        .map(|(tid, k)| KernelThreadEntry {
+            tid: *tid,
+            page_faults: k.page_faults,
+            page_faults_in_allocator: k.page_faults_in_alloc,
+            mmap_lock_waits: k.mmap_lock_waits,
+            mmap_lock_wait_ns: k.mmap_lock_wait_ns,
+        })
+        .collect()
 }
 
 /// Sites kept per ranking.
 const SITES_PER_RANKING: usize = 10;
 
-/// The top sites by bytes, by count and by live bytes, each once.
+/// The top sites by bytes, by count and by live bytes, each once. Sites
+/// are mostly malloc's calls: their counts are scaled like malloc's.
 fn sites(
     profile: &AllocProfile,
-    scale: &impl Fn(u64) -> u64,
-    symbolize: &mut impl FnMut(&crate::process::maps::Place) -> Frame,
+    scaling: &Scaling,
+    symbolize: &mut impl FnMut(&Place) -> Frame,
 ) -> Vec<SiteEntry> {
     let all: Vec<_> = profile.sites().collect();
     let mut chosen: Vec<usize> = Vec::new();
-    let rankings: [&dyn Fn(&crate::features::alloc::analysis::SiteStats) -> u64; 3] =
-        [&|s| s.bytes, &|s| s.count, &|s| s.live_bytes];
+    let rankings: [&dyn Fn(&SiteStats) -> u64; 3] = [&|s| s.bytes, &|s| s.count, &|s| s.live_bytes];
     for key in rankings {
         let mut order: Vec<usize> = (0..all.len()).filter(|&i| key(all[i].1) > 0).collect();
         order.sort_by(|&a, &b| key(all[b].1).cmp(&key(all[a].1)));
@@ -189,6 +235,7 @@ fn sites(
             }
         }
     }
+    let scale = |n: u64| scaling.calls(n, alloc_op::MALLOC);
     chosen
         .into_iter()
         .map(|i| {

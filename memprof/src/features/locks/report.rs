@@ -9,10 +9,10 @@ use hdrhistogram::Histogram;
 
 use crate::{
     features::{
-        alloc::analysis::AllocProfile,
+        alloc::analysis::{AllocProfile, BlockIndex},
         locks::analysis::{
-            classify, is_lock_implementation, kernel_lock_kind, Chain, Durations, HoldStats,
-            LockProfile,
+            classify, is_lock_implementation, kernel_lock_kind, Chain, Durations, FutexStats,
+            HoldStats, LockProfile,
         },
     },
     object::symbolize::{Frame, Symbolizer},
@@ -100,7 +100,47 @@ pub fn report(
     symbolizer: &mut Symbolizer,
 ) -> Vec<LockEntry> {
     let blocks = alloc.map(|a| (a, a.block_index()));
+    let mut naming = Naming {
+        maps,
+        blocks: blocks.as_ref(),
+        symbolizer,
+    };
     let mut table = Table::default();
+    add_futexes(&mut table, profile, &mut naming);
+    if let Some(tracer) = tracer {
+        add_holds(&mut table, profile, tracer, &mut naming);
+    }
+    let mut entries: Vec<LockEntry> = table.merged.into_iter().map(Merged::entry).collect();
+    entries.extend(kernel_entries(profile, naming.symbolizer));
+    rank(&mut entries);
+    entries
+}
+
+/// Lock contention first, then other waits (condvars, joins...), each by
+/// wait time; locks nobody waited for last, by hold time.
+fn rank(entries: &mut [LockEntry]) {
+    entries.sort_by(|a, b| {
+        (b.kind.is_contention())
+            .cmp(&a.kind.is_contention())
+            .then((b.contentions > 0).cmp(&(a.contentions > 0)))
+            .then(b.wait_total_ns.cmp(&a.wait_total_ns))
+            .then(b.hold_total_ns.cmp(&a.hold_total_ns))
+    });
+}
+
+/// The heap blocks by address, with the profile that knows their sites.
+type Blocks<'a> = (&'a AllocProfile, BlockIndex<'a>);
+
+/// What names a lock and its code: the memory map (globals), the heap
+/// blocks, and the symbolizer.
+struct Naming<'a> {
+    maps: &'a ProcMaps,
+    blocks: Option<&'a Blocks<'a>>,
+    symbolizer: &'a mut Symbolizer,
+}
+
+/// Adds the futex words threads waited on, merged into their locks.
+fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>) {
     for (uaddr, f) in profile.futexes() {
         if f.contentions() == 0 {
             continue; // wakes with no wait seen: nothing waited here
@@ -112,7 +152,7 @@ pub fn report(
             .map(|(chain, _)| chain);
         let traced_lock = profile.lock_of_futex(uaddr);
         let address = traced_lock.unwrap_or(uaddr);
-        let kind = match top.map_or(LockKind::Futex, |c| kind_of(c, symbolizer)) {
+        let kind = match top.map_or(LockKind::Futex, |c| kind_of(c, naming.symbolizer)) {
             // The uprobes know an rwlock's inner words for sure.
             LockKind::Futex | LockKind::Mutex if traced_lock.is_some_and(|a| a != uaddr) => {
                 LockKind::Rwlock
@@ -121,52 +161,43 @@ pub fn report(
         };
         // Only a glibc mutex keeps its owner 8 bytes after the futex word.
         let glibc = top.is_some_and(|c| {
-            let module = symbolizer.code(&c.ip).module;
+            let module = naming.symbolizer.code(&c.ip).module;
             module.starts_with("libc.so") || module.starts_with("libc-")
         });
-        let name = name_of(address, maps, blocks.as_ref(), symbolizer);
+        let name = naming.name_of(address);
         let m = table.slot(address, name, kind);
-        m.waits.add(&f.waits);
-        m.threads = m.threads.max(f.threads.len());
-        if kind == LockKind::Mutex && glibc {
-            for (tid, n) in &f.owners {
-                *m.owners.entry(*tid).or_default() += n;
-            }
-        }
-        for (chain, (count, ns)) in &f.waiters {
-            let site = m.waiters.entry(user_site(chain, symbolizer)).or_default();
-            site.0 += count;
-            site.1 += ns;
-        }
-        for (chain, (count, woken)) in &f.wakers {
-            let site = m.holders.entry(user_site(chain, symbolizer)).or_default();
-            site.0 += count;
-            site.1 += woken;
-        }
+        m.add_futex(f, kind == LockKind::Mutex && glibc, naming.symbolizer);
     }
-    if let Some(tracer) = tracer {
-        let mut uncontended = 0;
-        for (lock, h) in profile.holds() {
-            let contended = table.by_address.contains_key(&lock);
-            if !contended {
-                if uncontended >= UNCONTENDED {
-                    continue;
-                }
-                uncontended += 1;
+}
+
+/// Adds what the lock uprobes saw: to the contended locks, and to the
+/// [`UNCONTENDED`] most held others.
+fn add_holds(table: &mut Table, profile: &LockProfile, tracer: &Windowed, naming: &mut Naming<'_>) {
+    let mut uncontended = 0;
+    for (lock, h) in profile.holds() {
+        let contended = table.by_address.contains_key(&lock);
+        if !contended {
+            if uncontended >= UNCONTENDED {
+                continue;
             }
-            let kind = if h.is_rwlock() {
-                LockKind::Rwlock
-            } else {
-                LockKind::Mutex
-            };
-            let name = name_of(lock, maps, blocks.as_ref(), symbolizer);
-            let m = table.slot(lock, name, kind);
-            m.threads = m.threads.max(h.threads.len());
-            let t = m.traced.get_or_insert_with(Traced::new);
-            t.add(profile, h, tracer, symbolizer);
+            uncontended += 1;
         }
+        let kind = if h.is_rwlock() {
+            LockKind::Rwlock
+        } else {
+            LockKind::Mutex
+        };
+        let name = naming.name_of(lock);
+        let m = table.slot(lock, name, kind);
+        m.threads = m.threads.max(h.threads.len());
+        let t = m.traced.get_or_insert_with(Traced::new);
+        t.add(profile, h, tracer, naming.symbolizer);
     }
-    let mut entries: Vec<LockEntry> = table.merged.into_iter().map(Merged::entry).collect();
+}
+
+/// One entry per kind of kernel lock, with the user code that led there.
+fn kernel_entries(profile: &LockProfile, symbolizer: &mut Symbolizer) -> Vec<LockEntry> {
+    let mut entries = Vec::new();
     for (flags, k) in profile.kernel() {
         let mut waiters: Vec<WaiterSite> = k
             .sites
@@ -199,15 +230,6 @@ pub fn report(
             ..LockEntry::default()
         });
     }
-    // Lock contention first, then other waits (condvars, joins...), each
-    // by wait time; locks nobody waited for last, by hold time.
-    entries.sort_by(|a, b| {
-        (b.kind.is_contention())
-            .cmp(&a.kind.is_contention())
-            .then((b.contentions > 0).cmp(&(a.contentions > 0)))
-            .then(b.wait_total_ns.cmp(&a.wait_total_ns))
-            .then(b.hold_total_ns.cmp(&a.hold_total_ns))
-    });
     entries
 }
 
@@ -308,6 +330,47 @@ impl Traced {
             e.2 = e.2.max(s.hold_max_ns);
         }
     }
+
+    /// Fills in what the uprobes add to a lock's entry, whose
+    /// contentions are set.
+    fn fill(self, entry: &mut LockEntry) {
+        let mut sections: Vec<SectionEntry> = self
+            .sections
+            .into_iter()
+            .map(
+                |(((function, file, line, module), released_at), (count, hold_ns, max))| {
+                    SectionEntry {
+                        function,
+                        file,
+                        line,
+                        module,
+                        released_at,
+                        count,
+                        hold_ns,
+                        hold_max_ns: max,
+                    }
+                },
+            )
+            .collect();
+        sections.sort_by(|a, b| b.hold_ns.cmp(&a.hold_ns).then(b.count.cmp(&a.count)));
+        sections.truncate(SITES);
+        entry.acquisitions = Some(self.acquisitions);
+        entry.contention_rate =
+            (self.acquisitions > 0).then(|| entry.contentions as f64 / self.acquisitions as f64);
+        entry.failed_attempts = Some(self.failed);
+        if !self.acquire.is_empty() {
+            entry.acquire_p99_ns = Some(self.acquire.p99_ns());
+            entry.acquire_max_ns = Some(self.acquire.max_ns);
+        }
+        if !self.hold.is_empty() {
+            entry.hold_p99_ns = Some(self.hold.p99_ns());
+            entry.hold_mean_ns = Some(self.hold.mean_ns());
+            entry.hold_max_ns = Some(self.hold.max_ns);
+            entry.hold_total_ns = Some(self.hold.total_ns);
+            entry.hold_histogram = log2_buckets(&self.hold.histogram);
+        }
+        entry.sections = sections;
+    }
 }
 
 impl Merged {
@@ -325,52 +388,41 @@ impl Merged {
         }
     }
 
+    /// Adds the waits and wakes of one of its futex words, and with
+    /// `owners` the owner threads read from the lock (glibc mutexes only).
+    fn add_futex(&mut self, f: &FutexStats, owners: bool, symbolizer: &mut Symbolizer) {
+        self.waits.add(&f.waits);
+        self.threads = self.threads.max(f.threads.len());
+        if owners {
+            for (tid, n) in &f.owners {
+                *self.owners.entry(*tid).or_default() += n;
+            }
+        }
+        for (chain, (count, ns)) in &f.waiters {
+            let site = self
+                .waiters
+                .entry(user_site(chain, symbolizer))
+                .or_default();
+            site.0 += count;
+            site.1 += ns;
+        }
+        for (chain, (count, woken)) in &f.wakers {
+            let site = self
+                .holders
+                .entry(user_site(chain, symbolizer))
+                .or_default();
+            site.0 += count;
+            site.1 += woken;
+        }
+    }
+
     fn entry(self) -> LockEntry {
-        let mut owners: Vec<OwnerEntry> = self
-            .owners
-            .into_iter()
-            .map(|(tid, count)| OwnerEntry { tid, count })
-            .collect();
-        owners.sort_by(|a, b| b.count.cmp(&a.count).then(a.tid.cmp(&b.tid)));
-        owners.truncate(OWNERS);
-        let mut waiters: Vec<WaiterSite> = self
-            .waiters
-            .into_iter()
-            .map(
-                |((function, file, line, module), (count, wait_ns))| WaiterSite {
-                    function,
-                    file,
-                    line,
-                    module,
-                    count,
-                    wait_ns,
-                },
-            )
-            .collect();
-        waiters.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(b.count.cmp(&a.count)));
-        waiters.truncate(SITES);
-        let mut holders: Vec<HolderSite> = self
-            .holders
-            .into_iter()
-            .map(
-                |((function, file, line, module), (count, woken))| HolderSite {
-                    function,
-                    file,
-                    line,
-                    module,
-                    count,
-                    woken,
-                },
-            )
-            .collect();
-        holders.sort_by_key(|h| std::cmp::Reverse(h.count));
-        holders.truncate(SITES);
-        let contentions = self.waits.count();
+        let owners = owner_entries(self.owners);
         let mut entry = LockEntry {
             address: format!("{:#x}", self.address),
             name: self.name,
             kind: self.kind,
-            contentions,
+            contentions: self.waits.count(),
             wait_total_ns: self.waits.total_ns,
             wait_mean_ns: self.waits.mean_ns(),
             wait_p99_ns: self.waits.p99_ns(),
@@ -379,50 +431,66 @@ impl Merged {
             threads: self.threads,
             owner_seen: !owners.is_empty(),
             owners,
-            waiters,
-            holders,
+            waiters: waiter_sites(self.waiters),
+            holders: holder_sites(self.holders),
             ..LockEntry::default()
         };
         if let Some(t) = self.traced {
-            let mut sections: Vec<SectionEntry> = t
-                .sections
-                .into_iter()
-                .map(
-                    |(((function, file, line, module), released_at), (count, hold_ns, max))| {
-                        SectionEntry {
-                            function,
-                            file,
-                            line,
-                            module,
-                            released_at,
-                            count,
-                            hold_ns,
-                            hold_max_ns: max,
-                        }
-                    },
-                )
-                .collect();
-            sections.sort_by(|a, b| b.hold_ns.cmp(&a.hold_ns).then(b.count.cmp(&a.count)));
-            sections.truncate(SITES);
-            entry.acquisitions = Some(t.acquisitions);
-            entry.contention_rate =
-                (t.acquisitions > 0).then(|| contentions as f64 / t.acquisitions as f64);
-            entry.failed_attempts = Some(t.failed);
-            if !t.acquire.is_empty() {
-                entry.acquire_p99_ns = Some(t.acquire.p99_ns());
-                entry.acquire_max_ns = Some(t.acquire.max_ns);
-            }
-            if !t.hold.is_empty() {
-                entry.hold_p99_ns = Some(t.hold.p99_ns());
-                entry.hold_mean_ns = Some(t.hold.mean_ns());
-                entry.hold_max_ns = Some(t.hold.max_ns);
-                entry.hold_total_ns = Some(t.hold.total_ns);
-                entry.hold_histogram = log2_buckets(&t.hold.histogram);
-            }
-            entry.sections = sections;
+            t.fill(&mut entry);
         }
         entry
     }
+}
+
+/// The owner threads, most often seen first.
+fn owner_entries(owners: HashMap<u32, u64>) -> Vec<OwnerEntry> {
+    let mut owners: Vec<OwnerEntry> = owners
+        .into_iter()
+        .map(|(tid, count)| OwnerEntry { tid, count })
+        .collect();
+    owners.sort_by(|a, b| b.count.cmp(&a.count).then(a.tid.cmp(&b.tid)));
+    owners.truncate(OWNERS);
+    owners
+}
+
+/// The waiting sites, most wait time first.
+fn waiter_sites(waiters: HashMap<SiteKey, (u64, u64)>) -> Vec<WaiterSite> {
+    let mut waiters: Vec<WaiterSite> = waiters
+        .into_iter()
+        .map(
+            |((function, file, line, module), (count, wait_ns))| WaiterSite {
+                function,
+                file,
+                line,
+                module,
+                count,
+                wait_ns,
+            },
+        )
+        .collect();
+    waiters.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(b.count.cmp(&a.count)));
+    waiters.truncate(SITES);
+    waiters
+}
+
+/// The releasing sites, most wakes first.
+fn holder_sites(holders: HashMap<SiteKey, (u64, u64)>) -> Vec<HolderSite> {
+    let mut holders: Vec<HolderSite> = holders
+        .into_iter()
+        .map(
+            |((function, file, line, module), (count, woken))| HolderSite {
+                function,
+                file,
+                line,
+                module,
+                count,
+                woken,
+            },
+        )
+        .collect();
+    holders.sort_by_key(|h| std::cmp::Reverse(h.count));
+    holders.truncate(SITES);
+    holders
 }
 
 /// The kind of lock, from the functions around the futex call.
@@ -460,28 +528,22 @@ fn key(f: Frame) -> SiteKey {
     (f.function, f.file, f.line, f.module)
 }
 
-/// A global's symbol, a heap block's allocation site, or nothing.
-fn name_of(
-    uaddr: u64,
-    maps: &ProcMaps,
-    blocks: Option<&(
-        &AllocProfile,
-        crate::features::alloc::analysis::BlockIndex<'_>,
-    )>,
-    symbolizer: &mut Symbolizer,
-) -> Option<String> {
-    if let Some((path, base)) = maps.data_owner(uaddr) {
-        if let Some(sym) = symbolizer.data(&path, base, uaddr) {
-            return Some(sym.name);
+impl Naming<'_> {
+    /// A global's symbol, a heap block's allocation site, or nothing.
+    fn name_of(&mut self, uaddr: u64) -> Option<String> {
+        if let Some((path, base)) = self.maps.data_owner(uaddr) {
+            if let Some(sym) = self.symbolizer.data(&path, base, uaddr) {
+                return Some(sym.name);
+            }
         }
+        let (alloc, index) = self.blocks?;
+        let (_, block) = index.containing(uaddr)?;
+        let site = self.symbolizer.code(&alloc.site_place(block.site));
+        Some(format!(
+            "heap block from {}",
+            source_label(site.file.as_deref(), site.line, &site.module)
+        ))
     }
-    let (alloc, index) = blocks?;
-    let (_, block) = index.containing(uaddr)?;
-    let site = symbolizer.code(&alloc.site_place(block.site));
-    Some(format!(
-        "heap block from {}",
-        crate::report::model::source_label(site.file.as_deref(), site.line, &site.module)
-    ))
 }
 
 #[cfg(test)]

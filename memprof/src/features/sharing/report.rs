@@ -1,18 +1,24 @@
 //! The report's false-sharing section: which object each shared line is,
 //! which code touches it, and what to change.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
 
 use crate::{
-    collect::Collector,
-    features::sharing::analysis::{self, Dismissal, LineFinding},
+    collect::{Collector, LineBlock},
+    features::{
+        alloc::analysis::AllocProfile,
+        sharing::analysis::{self, Dismissal, LineFinding},
+    },
     object::symbolize::{dwarf::Layout, Symbolizer},
     process::maps::{short_name, Place},
     report::model::{
-        CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind, SharedObject, SharingCode,
-        SharingEntry, SharingKind, WordEntry,
+        source_label, CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind, SharedObject,
+        SharingCode, SharingEntry, SharingKind, WordEntry,
     },
 };
 
@@ -133,6 +139,7 @@ pub fn dismissed(
         .collect()
 }
 
+/// The report's entry for a finding about `object`.
 fn entry(
     f: LineFinding,
     object: SharedObject,
@@ -146,6 +153,43 @@ fn entry(
         let layout = layout.as_ref()?;
         layout.field_at(&object.name, u64::try_from(at).ok()?)
     };
+    SharingEntry {
+        line: format!("{:#x}", f.line),
+        kind: f.kind.into(),
+        invalidations: f.invalidations,
+        invalidation_rate: f.invalidation_rate,
+        samples: f.samples,
+        cost_share: f.cost_share,
+        threads: f.threads.clone(),
+        advice: advice(&f, &object, layout.as_ref(), &field),
+        words: f
+            .words
+            .iter()
+            .map(|w| WordEntry {
+                offset: w.offset,
+                reads: w.reads,
+                writes: w.writes,
+                threads: w.threads().into_iter().filter(|&t| t != 0).collect(),
+                field: field(w.offset),
+            })
+            .collect(),
+        object,
+        code: code_sites(&f, collector, symbolizer),
+        dependences: Dependences {
+            read_after_write: f.raw,
+            write_after_write: f.waw,
+            write_after_read: f.war,
+        },
+    }
+}
+
+/// The code touching the line, one entry per source line (instructions
+/// of one line merged), most accesses first.
+fn code_sites(
+    f: &LineFinding,
+    collector: &Collector,
+    symbolizer: &mut Symbolizer,
+) -> Vec<SharingCode> {
     let mut code: BTreeMap<(String, Option<String>, Option<u32>, String), SharingCode> =
         BTreeMap::new();
     for c in &f.code {
@@ -175,34 +219,7 @@ fn entry(
     let mut code: Vec<SharingCode> = code.into_values().collect();
     code.sort_by_key(|c| std::cmp::Reverse(c.reads + c.writes));
     code.truncate(CODE_SITES);
-    SharingEntry {
-        line: format!("{:#x}", f.line),
-        kind: f.kind.into(),
-        invalidations: f.invalidations,
-        invalidation_rate: f.invalidation_rate,
-        samples: f.samples,
-        cost_share: f.cost_share,
-        threads: f.threads.clone(),
-        advice: advice(&f, &object, layout.as_ref(), &field),
-        words: f
-            .words
-            .iter()
-            .map(|w| WordEntry {
-                offset: w.offset,
-                reads: w.reads,
-                writes: w.writes,
-                threads: w.threads().into_iter().filter(|&t| t != 0).collect(),
-                field: field(w.offset),
-            })
-            .collect(),
-        object,
-        code,
-        dependences: Dependences {
-            read_after_write: f.raw,
-            write_after_write: f.waw,
-            write_after_read: f.war,
-        },
-    }
+    code
 }
 
 /// Names what lies on the line: a global (ELF symbol, with its DWARF
@@ -219,47 +236,11 @@ fn object_of(
         collector.line_block(line),
         collector.alloc.as_ref(),
     );
-    let line = line as i64;
     if let Some((path, base)) = maps.data_owner(addr) {
-        let (name, offset, size, layout) = match symbolizer.data(&path, base, addr) {
-            Some(sym) => {
-                let layout = symbolizer.data_layout(&path, &sym.name);
-                let offset = line - (addr - sym.offset) as i64;
-                (sym.name, offset, sym.size, layout)
-            }
-            // Stripped: the object file and offset are all there is.
-            None => (
-                format!("{}+{:#x}", short_name(&path), addr - base),
-                0,
-                None,
-                None,
-            ),
-        };
-        let object = SharedObject {
-            kind: ObjectKind::Global,
-            name,
-            offset,
-            size,
-            alloc_site: None,
-        };
-        return (object, layout);
+        return global_object(&path, base, addr, line, symbolizer);
     }
     if let (Some(b), Some(alloc)) = (block, alloc) {
-        let site = symbolizer.code(&alloc.site_place(b.site));
-        let label =
-            crate::report::model::source_label(site.file.as_deref(), site.line, &site.module);
-        let object = SharedObject {
-            kind: ObjectKind::Heap,
-            name: format!("{}-byte heap block from {label}", b.size),
-            offset: line - b.start as i64,
-            size: Some(b.size),
-            alloc_site: Some(CodeRef {
-                function: site.function,
-                file: site.file,
-                line: site.line,
-            }),
-        };
-        return (object, None);
+        return (heap_object(b, alloc, line, symbolizer), None);
     }
     let (kind, name) = match maps.place(addr) {
         Place::Region { name, .. } if &*name == "[heap]" => {
@@ -287,6 +268,61 @@ fn object_of(
         alloc_site: None,
     };
     (object, None)
+}
+
+/// The global at `addr` in the data of object file `path` (mapped with
+/// file offset 0 at `base`), and its layout when there is debug info.
+fn global_object(
+    path: &Arc<str>,
+    base: u64,
+    addr: u64,
+    line: u64,
+    symbolizer: &mut Symbolizer,
+) -> (SharedObject, Option<Layout>) {
+    let (name, offset, size, layout) = match symbolizer.data(path, base, addr) {
+        Some(sym) => {
+            let layout = symbolizer.data_layout(path, &sym.name);
+            let offset = line as i64 - (addr - sym.offset) as i64;
+            (sym.name, offset, sym.size, layout)
+        }
+        // Stripped: the object file and offset are all there is.
+        None => (
+            format!("{}+{:#x}", short_name(path), addr - base),
+            0,
+            None,
+            None,
+        ),
+    };
+    let object = SharedObject {
+        kind: ObjectKind::Global,
+        name,
+        offset,
+        size,
+        alloc_site: None,
+    };
+    (object, layout)
+}
+
+/// The heap block under the line, named by its allocation site.
+fn heap_object(
+    b: LineBlock,
+    alloc: &AllocProfile,
+    line: u64,
+    symbolizer: &mut Symbolizer,
+) -> SharedObject {
+    let site = symbolizer.code(&alloc.site_place(b.site));
+    let label = source_label(site.file.as_deref(), site.line, &site.module);
+    SharedObject {
+        kind: ObjectKind::Heap,
+        name: format!("{}-byte heap block from {label}", b.size),
+        offset: line as i64 - b.start as i64,
+        size: Some(b.size),
+        alloc_site: Some(CodeRef {
+            function: site.function,
+            file: site.file,
+            line: site.line,
+        }),
+    }
 }
 
 /// What to change, in words.
