@@ -15,11 +15,14 @@ use crate::{
             HoldStats, LockProfile,
         },
     },
-    object::symbolize::{Frame, Symbolizer},
+    object::symbolize::Frame,
     process::maps::ProcMaps,
-    report::model::{
-        source_label, HolderSite, LockEntry, LockKind, LockTracing, OwnerEntry, SectionEntry,
-        TraceMode, WaiterSite, FULLY_TRACED,
+    report::{
+        model::{
+            source_label, HolderSite, LockEntry, LockKind, LockTracing, OwnerEntry, SectionEntry,
+            TraceMode, WaiterSite, FULLY_TRACED,
+        },
+        names::Names,
     },
 };
 use memprof_common::locks::lock_op;
@@ -97,13 +100,13 @@ pub fn report(
     maps: &ProcMaps,
     alloc: Option<&AllocProfile>,
     tracer: Option<&Windowed>,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> Vec<LockEntry> {
     let blocks = alloc.map(|a| (a, a.block_index()));
     let mut naming = Naming {
         maps,
         blocks: blocks.as_ref(),
-        symbolizer,
+        names,
     };
     let mut table = Table::default();
     add_futexes(&mut table, profile, &mut naming);
@@ -111,7 +114,7 @@ pub fn report(
         add_holds(&mut table, profile, tracer, &mut naming);
     }
     let mut entries: Vec<LockEntry> = table.merged.into_iter().map(Merged::entry).collect();
-    entries.extend(kernel_entries(profile, naming.symbolizer));
+    entries.extend(kernel_entries(profile, naming.names));
     rank(&mut entries);
     entries
 }
@@ -132,11 +135,11 @@ fn rank(entries: &mut [LockEntry]) {
 type Blocks<'a> = (&'a AllocProfile, BlockIndex<'a>);
 
 /// What names a lock and its code: the memory map (globals), the heap
-/// blocks, and the symbolizer.
+/// blocks, and the symbols.
 struct Naming<'a> {
     maps: &'a ProcMaps,
     blocks: Option<&'a Blocks<'a>>,
-    symbolizer: &'a mut Symbolizer,
+    names: &'a mut dyn Names,
 }
 
 /// Adds the futex words threads waited on, merged into their locks.
@@ -152,7 +155,7 @@ fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>
             .map(|(chain, _)| chain);
         let traced_lock = profile.lock_of_futex(uaddr);
         let address = traced_lock.unwrap_or(uaddr);
-        let kind = match top.map_or(LockKind::Futex, |c| kind_of(c, naming.symbolizer)) {
+        let kind = match top.map_or(LockKind::Futex, |c| kind_of(c, naming.names)) {
             // The uprobes know an rwlock's inner words for sure.
             LockKind::Futex | LockKind::Mutex if traced_lock.is_some_and(|a| a != uaddr) => {
                 LockKind::Rwlock
@@ -161,12 +164,12 @@ fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>
         };
         // Only a glibc mutex keeps its owner 8 bytes after the futex word.
         let glibc = top.is_some_and(|c| {
-            let module = naming.symbolizer.code(&c.ip).module;
+            let module = naming.names.code(&c.ip).module;
             module.starts_with("libc.so") || module.starts_with("libc-")
         });
         let name = naming.name_of(address);
         let m = table.slot(address, name, kind);
-        m.add_futex(f, kind == LockKind::Mutex && glibc, naming.symbolizer);
+        m.add_futex(f, kind == LockKind::Mutex && glibc, naming.names);
     }
 }
 
@@ -191,19 +194,19 @@ fn add_holds(table: &mut Table, profile: &LockProfile, tracer: &Windowed, naming
         let m = table.slot(lock, name, kind);
         m.threads = m.threads.max(h.threads.len());
         let t = m.traced.get_or_insert_with(Traced::new);
-        t.add(profile, h, tracer, naming.symbolizer);
+        t.add(profile, h, tracer, naming.names);
     }
 }
 
 /// One entry per kind of kernel lock, with the user code that led there.
-fn kernel_entries(profile: &LockProfile, symbolizer: &mut Symbolizer) -> Vec<LockEntry> {
+fn kernel_entries(profile: &LockProfile, names: &mut dyn Names) -> Vec<LockEntry> {
     let mut entries = Vec::new();
     for (flags, k) in profile.kernel() {
         let mut waiters: Vec<WaiterSite> = k
             .sites
             .iter()
             .map(|(place, (count, ns))| {
-                let f = symbolizer.code(place);
+                let f = names.code(place);
                 WaiterSite {
                     function: f.function,
                     file: f.file,
@@ -296,7 +299,7 @@ impl Traced {
         profile: &LockProfile,
         h: &HoldStats,
         tracer: &Windowed,
-        symbolizer: &mut Symbolizer,
+        names: &mut dyn Names,
     ) {
         let scale = |n: u64, op: u32| {
             let f = tracer.op_fraction(op);
@@ -316,13 +319,12 @@ impl Traced {
         self.acquire.add(&h.acquire);
         self.hold.add(&h.hold);
         for (&(lock_site, unlock_site), s) in &h.sections {
-            let frame = |site: u64, symbolizer: &mut Symbolizer| {
-                profile.site_place(site).map(|p| symbolizer.code(p))
-            };
-            let Some(taken) = frame(lock_site, symbolizer) else {
+            let frame =
+                |site: u64, names: &mut dyn Names| profile.site_place(site).map(|p| names.code(p));
+            let Some(taken) = frame(lock_site, names) else {
                 continue; // not mapped when seen
             };
-            let released = frame(unlock_site, symbolizer)
+            let released = frame(unlock_site, names)
                 .map(|f| source_label(f.file.as_deref(), f.line, &f.module));
             let e = self.sections.entry((key(taken), released)).or_default();
             e.0 += s.count;
@@ -390,7 +392,7 @@ impl Merged {
 
     /// Adds the waits and wakes of one of its futex words, and with
     /// `owners` the owner threads read from the lock (glibc mutexes only).
-    fn add_futex(&mut self, f: &FutexStats, owners: bool, symbolizer: &mut Symbolizer) {
+    fn add_futex(&mut self, f: &FutexStats, owners: bool, names: &mut dyn Names) {
         self.waits.add(&f.waits);
         self.threads = self.threads.max(f.threads.len());
         if owners {
@@ -399,18 +401,12 @@ impl Merged {
             }
         }
         for (chain, (count, ns)) in &f.waiters {
-            let site = self
-                .waiters
-                .entry(user_site(chain, symbolizer))
-                .or_default();
+            let site = self.waiters.entry(user_site(chain, names)).or_default();
             site.0 += count;
             site.1 += ns;
         }
         for (chain, (count, woken)) in &f.wakers {
-            let site = self
-                .holders
-                .entry(user_site(chain, symbolizer))
-                .or_default();
+            let site = self.holders.entry(user_site(chain, names)).or_default();
             site.0 += count;
             site.1 += woken;
         }
@@ -494,26 +490,26 @@ fn holder_sites(holders: HashMap<SiteKey, (u64, u64)>) -> Vec<HolderSite> {
 }
 
 /// The kind of lock, from the functions around the futex call.
-fn kind_of(chain: &Chain, symbolizer: &mut Symbolizer) -> LockKind {
-    let mut names = vec![symbolizer.code(&chain.ip).function];
+fn kind_of(chain: &Chain, names: &mut dyn Names) -> LockKind {
+    let mut functions = vec![names.code(&chain.ip).function];
     for place in &chain.frames {
-        let f = symbolizer.code(place);
+        let f = names.code(place);
         let implementation = is_lock_implementation(&f.module, &f.function);
-        names.push(f.function);
+        functions.push(f.function);
         if !implementation {
             break;
         }
     }
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let refs: Vec<&str> = functions.iter().map(String::as_str).collect();
     LockKind::from_name(classify(&refs)).unwrap_or_default()
 }
 
 /// The first frame of the chain outside the lock implementation: the
 /// code that took (or released) the lock.
-fn user_site(chain: &Chain, symbolizer: &mut Symbolizer) -> SiteKey {
+fn user_site(chain: &Chain, names: &mut dyn Names) -> SiteKey {
     let mut last = None;
     for place in &chain.frames {
-        let f = symbolizer.code(place);
+        let f = names.code(place);
         if !is_lock_implementation(&f.module, &f.function) {
             return key(f);
         }
@@ -521,7 +517,7 @@ fn user_site(chain: &Chain, symbolizer: &mut Symbolizer) -> SiteKey {
     }
     // No frame outside the implementation was found on the stack top:
     // name the outermost one seen, or the syscall's place.
-    key(last.unwrap_or_else(|| symbolizer.code(&chain.ip)))
+    key(last.unwrap_or_else(|| names.code(&chain.ip)))
 }
 
 fn key(f: Frame) -> SiteKey {
@@ -532,13 +528,13 @@ impl Naming<'_> {
     /// A global's symbol, a heap block's allocation site, or nothing.
     fn name_of(&mut self, uaddr: u64) -> Option<String> {
         if let Some((path, base)) = self.maps.data_owner(uaddr) {
-            if let Some(sym) = self.symbolizer.data(&path, base, uaddr) {
+            if let Some(sym) = self.names.data(&path, base, uaddr) {
                 return Some(sym.name);
             }
         }
         let (alloc, index) = self.blocks?;
         let (_, block) = index.containing(uaddr)?;
-        let site = self.symbolizer.code(&alloc.site_place(block.site));
+        let site = self.names.code(&alloc.site_place(block.site));
         Some(format!(
             "heap block from {}",
             source_label(site.file.as_deref(), site.line, &site.module)

@@ -12,13 +12,16 @@ use crate::{
     collect::{Collector, LineBlock},
     features::{
         alloc::analysis::AllocProfile,
-        sharing::analysis::{self, Dismissal, LineFinding},
+        sharing::analysis::{self, Dismissal, LineFinding, SharingProfile},
     },
-    object::symbolize::{dwarf::Layout, Symbolizer},
-    process::maps::{short_name, Place},
-    report::model::{
-        source_label, CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind, SharedObject,
-        SharingCode, SharingEntry, SharingKind, WordEntry,
+    object::symbolize::dwarf::Layout,
+    process::maps::{short_name, Place, ProcMaps},
+    report::{
+        model::{
+            source_label, CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind,
+            SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
+        },
+        names::Names,
     },
 };
 
@@ -63,18 +66,61 @@ pub struct KernelLines {
     pub lines: Vec<(u64, Option<LineState>, Option<LineWords>)>,
 }
 
+/// What the section reads of a session: the sampled accesses, the memory
+/// map, the allocator profile, and the heap blocks found under shared
+/// lines while they were live.
+pub struct Inputs<'a> {
+    pub sharing: &'a SharingProfile,
+    pub maps: &'a ProcMaps,
+    pub alloc: Option<&'a AllocProfile>,
+    pub line_block: Box<dyn Fn(u64) -> Option<LineBlock> + 'a>,
+}
+
+impl<'a> Inputs<'a> {
+    /// What the collector of a session has.
+    pub fn of(collector: &'a Collector) -> Self {
+        Self {
+            sharing: &collector.sharing,
+            maps: collector.maps(),
+            alloc: collector.alloc.as_ref(),
+            line_block: Box::new(|line| collector.line_block(line)),
+        }
+    }
+}
+
 /// The report's entries, most costly first.
 pub fn report(
     collector: &Collector,
     kernel: &KernelLines,
     total_samples: u64,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
+) -> Vec<SharingEntry> {
+    findings(&Inputs::of(collector), kernel, total_samples, names)
+}
+
+/// The busiest lines that are not findings, with the reason.
+pub fn dismissed(
+    collector: &Collector,
+    kernel: &KernelLines,
+    total_samples: u64,
+    names: &mut dyn Names,
+) -> Vec<DismissedLine> {
+    dismissals(&Inputs::of(collector), kernel, total_samples, names)
+}
+
+/// The entries for the lines the kernel's table holds, most costly first
+/// ([`MAX_LINES`] at most).
+pub fn findings(
+    inputs: &Inputs<'_>,
+    kernel: &KernelLines,
+    total_samples: u64,
+    names: &mut dyn Names,
 ) -> Vec<SharingEntry> {
     let mut findings: Vec<LineFinding> = kernel
         .lines
         .iter()
         .filter_map(|(line, state, words)| {
-            collector
+            inputs
                 .sharing
                 .analyse(*line, state.as_ref(), words.as_ref(), total_samples)
         })
@@ -89,22 +135,22 @@ pub fn report(
     findings
         .into_iter()
         .map(|f| {
-            let (object, layout) = object_of(collector, f.first_addr, f.line, symbolizer);
-            entry(f, object, layout, collector, symbolizer)
+            let (object, layout) = object_of(inputs, f.first_addr, f.line, names);
+            entry(f, object, layout, inputs, names)
         })
         .collect()
 }
 
-/// The busiest lines that are not findings, with the reason: the
-/// evidence that a quiet answer comes from looking, not from missing the
-/// line.
-pub fn dismissed(
-    collector: &Collector,
+/// The busiest lines ([`DISMISSED_LINES`] at most) that are not
+/// findings, with the reason: the evidence that a quiet answer comes from
+/// looking, not from missing the line.
+pub fn dismissals(
+    inputs: &Inputs<'_>,
     kernel: &KernelLines,
     total_samples: u64,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> Vec<DismissedLine> {
-    collector
+    inputs
         .sharing
         .busiest(DISMISSED_LINES)
         .into_iter()
@@ -118,14 +164,14 @@ pub fn dismissed(
                     .find(|(line, _, _)| *line == l.line)
                     .map(|(_, s, w)| (s.as_ref(), w.as_ref()))
                     .unwrap_or((None, None));
-                collector
+                inputs
                     .sharing
                     .judge(l.line, state, words, total_samples)
                     .err()?
             } else {
                 Dismissal::OneThread
             };
-            let (object, _) = object_of(collector, l.first_addr, l.line, symbolizer);
+            let (object, _) = object_of(inputs, l.first_addr, l.line, names);
             Some(DismissedLine {
                 line: format!("{:#x}", l.line),
                 object: object.label(),
@@ -144,8 +190,8 @@ fn entry(
     f: LineFinding,
     object: SharedObject,
     layout: Option<Layout>,
-    collector: &Collector,
-    symbolizer: &mut Symbolizer,
+    inputs: &Inputs<'_>,
+    names: &mut dyn Names,
 ) -> SharingEntry {
     // The field at a byte of the line, for a global with debug info.
     let field = |offset: u32| {
@@ -174,7 +220,7 @@ fn entry(
             })
             .collect(),
         object,
-        code: code_sites(&f, collector, symbolizer),
+        code: code_sites(&f, inputs, names),
         dependences: Dependences {
             read_after_write: f.raw,
             write_after_write: f.waw,
@@ -185,15 +231,11 @@ fn entry(
 
 /// The code touching the line, one entry per source line (instructions
 /// of one line merged), most accesses first.
-fn code_sites(
-    f: &LineFinding,
-    collector: &Collector,
-    symbolizer: &mut Symbolizer,
-) -> Vec<SharingCode> {
+fn code_sites(f: &LineFinding, inputs: &Inputs<'_>, names: &mut dyn Names) -> Vec<SharingCode> {
     let mut code: BTreeMap<(String, Option<String>, Option<u32>, String), SharingCode> =
         BTreeMap::new();
     for c in &f.code {
-        let frame = symbolizer.code_innermost(&collector.maps().place(c.insn));
+        let frame = names.code_innermost(&inputs.maps.place(c.insn));
         let key = (
             frame.function.clone(),
             frame.file.clone(),
@@ -226,21 +268,17 @@ fn code_sites(
 /// layout when there is debug info), a heap block (its allocation site), a
 /// stack, or a mapping.
 fn object_of(
-    collector: &Collector,
+    inputs: &Inputs<'_>,
     addr: u64,
     line: u64,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> (SharedObject, Option<Layout>) {
-    let (maps, block, alloc) = (
-        collector.maps(),
-        collector.line_block(line),
-        collector.alloc.as_ref(),
-    );
+    let (maps, block, alloc) = (inputs.maps, (inputs.line_block)(line), inputs.alloc);
     if let Some((path, base)) = maps.data_owner(addr) {
-        return global_object(&path, base, addr, line, symbolizer);
+        return global_object(&path, base, addr, line, names);
     }
     if let (Some(b), Some(alloc)) = (block, alloc) {
-        return (heap_object(b, alloc, line, symbolizer), None);
+        return (heap_object(b, alloc, line, names), None);
     }
     let (kind, name) = match maps.place(addr) {
         Place::Region { name, .. } if &*name == "[heap]" => {
@@ -277,11 +315,11 @@ fn global_object(
     base: u64,
     addr: u64,
     line: u64,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> (SharedObject, Option<Layout>) {
-    let (name, offset, size, layout) = match symbolizer.data(path, base, addr) {
+    let (name, offset, size, layout) = match names.data(path, base, addr) {
         Some(sym) => {
-            let layout = symbolizer.data_layout(path, &sym.name);
+            let layout = names.data_layout(path, &sym.name);
             let offset = line as i64 - (addr - sym.offset) as i64;
             (sym.name, offset, sym.size, layout)
         }
@@ -308,9 +346,9 @@ fn heap_object(
     b: LineBlock,
     alloc: &AllocProfile,
     line: u64,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> SharedObject {
-    let site = symbolizer.code(&alloc.site_place(b.site));
+    let site = names.code(&alloc.site_place(b.site));
     let label = source_label(site.file.as_deref(), site.line, &site.module);
     SharedObject {
         kind: ObjectKind::Heap,
