@@ -544,8 +544,339 @@ impl Naming<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use memprof_common::locks::hold_flag;
+
     use super::*;
-    use crate::features::locks::analysis::is_contention;
+    use crate::{
+        features::{
+            alloc::analysis::{AllocCall, LargeRule},
+            locks::analysis::{is_contention, FutexWait, FutexWake, KernelWait, Section},
+        },
+        kernel::{
+            loader::{Family, ProbePoint},
+            windows::WindowSettings,
+        },
+        process::maps::Place,
+        report::fixtures::{code_at, program_maps, TableNames},
+    };
+
+    /// `g_lock`, a global of the sample program.
+    const G_LOCK: u64 = 0x5555_5555_8040;
+    /// A word of a heap block (see [`alloc`]).
+    const HEAP_WORD: u64 = 0x5555_5555_a110;
+    /// A word of anonymous memory.
+    const ANON: u64 = 0x7f00_0000_0100;
+
+    /// The place of code at `offset` in libc.
+    fn libc(offset: u64) -> Place {
+        Place::File {
+            path: Arc::from("/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            file_offset: offset,
+        }
+    }
+
+    /// libc's lock functions, and the program's code: `worker` waits at
+    /// lines 10 and 20, `release` unlocks at line 12, `consumer` waits on
+    /// a condvar at line 40, `spin_wait` calls futex itself at line 50,
+    /// `fault_in` faults at line 60; heap blocks come from line 30.
+    fn names() -> TableNames {
+        TableNames::new()
+            .code(libc(0x100), "futex_wait", "libc.so.6", None)
+            .code(libc(0x200), "__lll_lock_wait", "libc.so.6", None)
+            .code(libc(0x300), "pthread_mutex_unlock", "libc.so.6", None)
+            .code(libc(0x400), "pthread_cond_wait", "libc.so.6", None)
+            .function(0x10, "worker", 10)
+            .function(0x12, "release", 12)
+            .function(0x20, "worker", 20)
+            .function(0x30, "make_queue", 30)
+            .function(0x40, "consumer", 40)
+            .function(0x50, "spin_wait", 50)
+            .function(0x60, "fault_in", 60)
+            .global(G_LOCK, 40, "g_lock")
+    }
+
+    /// The futex call of libc's lock function `through`, called from the
+    /// program at `caller`.
+    fn chain(through: u64, caller: u64) -> Chain {
+        Chain {
+            ip: libc(0x100),
+            frames: vec![libc(through), code_at(caller)],
+        }
+    }
+
+    fn wait(uaddr: u64, tid: u32, owner: u32, duration_ns: u64, chain: Chain) -> FutexWait {
+        FutexWait {
+            uaddr,
+            tid,
+            owner,
+            duration_ns,
+            chain,
+        }
+    }
+
+    /// An allocator profile holding two 64-byte blocks from `make_queue`,
+    /// 0x100 and 0x200 bytes into the heap ([`HEAP_WORD`] is in the first).
+    fn alloc() -> AllocProfile {
+        let mut p = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        for ptr in [0x5555_5555_a100, 0x5555_5555_a200] {
+            p.add_call(AllocCall {
+                op: memprof_common::alloc_op::MALLOC,
+                tid: 1,
+                start_ns: 0,
+                duration_ns: 100,
+                ptr,
+                old_ptr: 0,
+                size: 64,
+                chunk: 0,
+                site: 0x30,
+                live_threads: 1,
+            });
+        }
+        p.set_site_place(0x30, code_at(0x30));
+        p
+    }
+
+    /// Lock uprobes in `mode`, nothing elapsed yet.
+    fn tracer(points: Vec<ProbePoint>, mode: Mode) -> Windowed {
+        let settings = WindowSettings {
+            mode,
+            budget: 0.05,
+            trap_cost_s: 1e-6,
+            window: Duration::from_millis(100),
+            max_gap: Duration::from_secs(1),
+        };
+        Windowed::new(
+            Family::Locks,
+            Arc::from("/usr/lib/libc.so.6"),
+            points,
+            settings,
+            1,
+        )
+    }
+
+    /// A critical section of `lock` taken by `op` at site 1 (the program's
+    /// line 10) and released at site 2 (line 12).
+    fn section(lock: u64, op: u32, hold_ns: u64) -> Section {
+        Section {
+            lock,
+            tid: 2,
+            op,
+            flags: 0,
+            acquire_ns: 100,
+            hold_ns,
+            lock_site: 1,
+            unlock_site: 2,
+        }
+    }
+
+    fn sites_of(profile: &mut LockProfile) {
+        profile.set_site_place(1, code_at(0x10));
+        profile.set_site_place(2, code_at(0x12));
+    }
+
+    #[test]
+    fn waits_are_merged_per_lock_named_and_ranked() {
+        let mut p = LockProfile::new();
+        // g_lock, a glibc mutex held by thread 1.
+        for _ in 0..3 {
+            p.add_wait(wait(G_LOCK, 2, 1, 1000, chain(0x200, 0x10)));
+        }
+        p.add_wait(wait(G_LOCK, 3, 1, 5000, chain(0x200, 0x20)));
+        p.add_wake(FutexWake {
+            uaddr: G_LOCK,
+            tid: 1,
+            woken: 1,
+            chain: chain(0x300, 0x12),
+        });
+        // A condvar in a heap block: a long wait, but not contention.
+        p.add_wait(wait(HEAP_WORD, 4, 0, 1_000_000, chain(0x400, 0x40)));
+        // A futex the program waits on itself; the owner word means nothing.
+        let own = Chain {
+            ip: code_at(0x50),
+            frames: vec![code_at(0x50)],
+        };
+        p.add_wait(wait(ANON, 5, 9, 2000, own.clone()));
+        p.add_wait(wait(ANON, 6, 9, 2000, own.clone()));
+        // Wakes nobody waited for.
+        p.add_wake(FutexWake {
+            uaddr: ANON + 64,
+            tid: 1,
+            woken: 0,
+            chain: own,
+        });
+        p.add_kernel_wait(KernelWait {
+            flags: 2,
+            duration_ns: 500,
+            ip: code_at(0x60),
+        });
+        let alloc = alloc();
+        let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
+        let summary: Vec<_> = entries
+            .iter()
+            .map(|e| (e.address.as_str(), e.name.as_deref(), e.kind, e.contentions))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("0x555555558040", Some("g_lock"), LockKind::Mutex, 4),
+                ("0x7f0000000100", None, LockKind::Futex, 2),
+                ("kernel", Some("kernel rwsem (read)"), LockKind::Kernel, 1),
+                (
+                    "0x55555555a110",
+                    Some("heap block from prog.c:30"),
+                    LockKind::Condvar,
+                    1
+                ),
+            ]
+        );
+        let g = &entries[0];
+        assert_eq!((g.wait_total_ns, g.wait_max_ns, g.threads), (8000, 5000, 2));
+        assert!(g.owner_seen);
+        assert_eq!(g.owners, [OwnerEntry { tid: 1, count: 4 }]);
+        let waiters: Vec<_> = g
+            .waiters
+            .iter()
+            .map(|w| (w.function.as_str(), w.line, w.count, w.wait_ns))
+            .collect();
+        assert_eq!(
+            waiters,
+            [("worker", Some(20), 1, 5000), ("worker", Some(10), 3, 3000)]
+        );
+        let holders: Vec<_> = g
+            .holders
+            .iter()
+            .map(|h| (h.function.as_str(), h.line, h.count, h.woken))
+            .collect();
+        assert_eq!(holders, [("release", Some(12), 1, 1)]);
+        assert_eq!(g.acquisitions, None, "no uprobes");
+        assert!(!entries[1].owner_seen, "only a glibc mutex has an owner");
+        let kernel = &entries[2].waiters[0];
+        assert_eq!(
+            (kernel.function.as_str(), kernel.wait_ns),
+            ("fault_in", 500)
+        );
+    }
+
+    #[test]
+    fn futex_words_with_one_name_are_one_lock() {
+        let mut p = LockProfile::new();
+        p.add_wait(wait(HEAP_WORD, 2, 0, 1000, chain(0x200, 0x10)));
+        p.add_wait(wait(HEAP_WORD + 0x100, 3, 0, 3000, chain(0x200, 0x10)));
+        let alloc = alloc();
+        let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let lock = &entries[0];
+        assert_eq!(lock.name.as_deref(), Some("heap block from prog.c:30"));
+        // The busiest word names it.
+        assert_eq!(lock.address, "0x55555555a210");
+        assert_eq!(
+            (lock.contentions, lock.wait_total_ns, lock.threads),
+            (2, 4000, 1)
+        );
+    }
+
+    #[test]
+    fn uprobes_add_acquisitions_holds_and_sections() {
+        let mut p = LockProfile::new();
+        sites_of(&mut p);
+        p.add_wait(wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10)));
+        p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 2000));
+        p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 1000));
+        p.add_section(Section {
+            flags: hold_flag::FAILED,
+            ..section(G_LOCK, lock_op::MUTEX_TRYLOCK, 0)
+        });
+        // An rwlock whose writers wait on its word 8 bytes in.
+        let rwlock = ANON + 0x100;
+        p.add_section(section(rwlock, lock_op::RW_WRLOCK, 500));
+        p.add_wait(wait(rwlock + 8, 4, 0, 700, chain(0x200, 0x20)));
+        let tracer = tracer(vec![], Mode::Full);
+        let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        let g = &entries[0];
+        assert_eq!(g.name.as_deref(), Some("g_lock"));
+        assert_eq!(g.acquisitions, Some(2));
+        assert_eq!(g.contention_rate, Some(0.5));
+        assert_eq!(g.failed_attempts, Some(1));
+        assert_eq!((g.hold_total_ns, g.hold_max_ns), (Some(3000), Some(2000)));
+        assert_eq!(g.acquire_max_ns, Some(100));
+        assert_eq!(
+            g.sections,
+            [SectionEntry {
+                function: "worker".into(),
+                file: Some("/src/prog.c".into()),
+                line: Some(10),
+                module: "prog".into(),
+                released_at: Some("prog.c:12".into()),
+                count: 2,
+                hold_ns: 3000,
+                hold_max_ns: 2000,
+            }]
+        );
+        let rw = &entries[1];
+        assert_eq!(
+            (rw.address.as_str(), rw.kind),
+            ("0x7f0000000200", LockKind::Rwlock)
+        );
+        assert_eq!((rw.contentions, rw.acquisitions), (1, Some(1)));
+    }
+
+    #[test]
+    fn uncontended_locks_come_last_most_held_first_and_capped() {
+        let mut p = LockProfile::new();
+        sites_of(&mut p);
+        p.add_wait(wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10)));
+        let held = UNCONTENDED as u64 + 1;
+        for i in 0..held {
+            p.add_section(section(
+                ANON + 0x40 * i,
+                lock_op::MUTEX_LOCK,
+                1000 * (i + 1),
+            ));
+        }
+        let tracer = tracer(vec![], Mode::Full);
+        let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
+        assert_eq!(entries.len(), 1 + UNCONTENDED);
+        assert_eq!(entries[0].name.as_deref(), Some("g_lock"));
+        let holds: Vec<u64> = entries[1..]
+            .iter()
+            .map(|e| e.hold_total_ns.unwrap_or_default())
+            .collect();
+        let expected: Vec<u64> = (2..=held).rev().map(|i| 1000 * i).collect();
+        assert_eq!(holds, expected, "the least held is left out");
+        assert!(entries[1..].iter().all(|e| e.contentions == 0));
+        assert!(entries[1..].iter().all(|e| e.contention_rate == Some(0.0)));
+    }
+
+    #[test]
+    fn tracing_lists_the_probed_functions_once() {
+        assert_eq!(tracing(None, &Counters::default()), None);
+        let point = |op| ProbePoint { op, file_offset: 0 };
+        let points = vec![
+            point(lock_op::MUTEX_UNLOCK),
+            point(lock_op::MUTEX_LOCK),
+            point(lock_op::MUTEX_LOCK_OTHER_KINDS),
+        ];
+        let counters = Counters {
+            hold_events_lost: 1,
+            unmatched_unlocks: 2,
+            held_overflow: 3,
+            ..Counters::default()
+        };
+        let t = tracing(Some(&tracer(points, Mode::Floor)), &counters).unwrap();
+        assert_eq!(t.mode, TraceMode::Full);
+        assert_eq!(t.library, "/usr/lib/libc.so.6");
+        assert_eq!(t.functions, ["pthread_mutex_lock", "pthread_mutex_unlock"]);
+        assert!(t.always_traced.is_empty());
+        assert_eq!(
+            (t.sections_lost, t.unmatched_unlocks, t.held_overflow),
+            (1, 2, 3)
+        );
+        let sampled = tracing(Some(&tracer(vec![], Mode::Sampled)), &counters).unwrap();
+        assert_eq!(sampled.mode, TraceMode::Sampled);
+    }
 
     /// Every kind the analysis names is one of the report's, with the same
     /// idea of what is lock contention.
