@@ -431,7 +431,409 @@ fn advice(
 
 #[cfg(test)]
 mod tests {
+    use memprof_common::{alloc_op, syscall};
+
     use super::*;
+    use crate::{
+        features::{
+            alloc::analysis::{LargeRule, SyscallCall},
+            sharing::analysis::Access,
+        },
+        object::symbolize::dwarf::Member,
+        report::fixtures::{program_maps, TableNames},
+    };
+
+    /// `g_args`: four 24-byte `struct thread_arg` in the program's data.
+    const G_ARGS: u64 = 0x5555_5555_8040;
+    /// A line of the heap.
+    const HEAP_LINE: u64 = 0x5555_5555_a100;
+    /// A line of anonymous memory.
+    const ANON_LINE: u64 = 0x7f00_0000_0100;
+    /// The program's code.
+    const CODE: u64 = 0x5555_5555_4000;
+
+    /// `worker` at lines 10 (two instructions) and 20, `make_queue` at
+    /// line 30; the layout of `g_args`.
+    fn names() -> TableNames {
+        let member = |name: &str, offset| Member {
+            name: name.into(),
+            offset,
+        };
+        TableNames::new()
+            .function(0x10, "worker", 10)
+            .function(0x11, "worker", 10)
+            .function(0x20, "worker", 20)
+            .function(0x30, "make_queue", 30)
+            .global(G_ARGS, 96, "g_args")
+            .layout(
+                "g_args",
+                Layout {
+                    element: Some(24),
+                    type_name: Some("struct thread_arg".into()),
+                    struct_size: Some(24),
+                    members: vec![member("sum", 0), member("count", 8), member("pad", 16)],
+                },
+            )
+    }
+
+    /// An 8-byte access by `tid` to `addr` from the instruction at `insn`
+    /// in the program's code.
+    fn access(tid: u32, insn: u64, addr: u64, write: bool) -> Access {
+        Access {
+            tid,
+            insn: CODE + insn,
+            addr,
+            size: 8,
+            read: !write,
+            write,
+        }
+    }
+
+    /// Sampled accesses, the kernel's table of the lines in it, and the
+    /// sample program's memory map.
+    struct Session {
+        sharing: SharingProfile,
+        kernel: KernelLines,
+        samples: u64,
+        maps: ProcMaps,
+    }
+
+    impl Session {
+        fn new() -> Self {
+            Self {
+                sharing: SharingProfile::new(),
+                kernel: KernelLines::default(),
+                samples: 0,
+                maps: program_maps(),
+            }
+        }
+
+        /// Samples `accesses` (all on one line); with `in_table`, the
+        /// kernel's line table holds the line too.
+        fn line(mut self, accesses: &[Access], in_table: bool) -> Self {
+            let mut state = LineState::default();
+            for (i, &a) in accesses.iter().enumerate() {
+                self.sharing.on_access(a);
+                state.record(a.tid, a.write, i as u64 + 1);
+            }
+            self.samples += accesses.len() as u64;
+            if in_table {
+                let line = accesses[0].addr & !63;
+                self.kernel.lines.push((line, Some(state), None));
+            }
+            self
+        }
+
+        fn inputs<'a>(
+            &'a self,
+            alloc: Option<&'a AllocProfile>,
+            block: Option<LineBlock>,
+        ) -> Inputs<'a> {
+            Inputs {
+                sharing: &self.sharing,
+                maps: &self.maps,
+                alloc,
+                line_block: Box::new(move |_| block),
+            }
+        }
+    }
+
+    /// `n` writes alternating between thread 1 at `a` and thread 2 at `b`.
+    fn ping_pong(n: usize, a: (u64, u64), b: (u64, u64)) -> Vec<Access> {
+        (0..n)
+            .map(|i| match i % 2 {
+                0 => access(1, a.0, a.1, true),
+                _ => access(2, b.0, b.1, true),
+            })
+            .collect()
+    }
+
+    /// Thread 1 writes `g_args[0].sum` (from two instructions of line 10),
+    /// thread 2 writes `g_args[1].sum` (line 20).
+    fn false_sharing() -> Vec<Access> {
+        let mut accesses = ping_pong(100, (0x10, G_ARGS), (0x20, G_ARGS + 24));
+        for a in accesses.iter_mut().step_by(4) {
+            a.insn = CODE + 0x11;
+        }
+        accesses
+    }
+
+    #[test]
+    fn a_global_finding_names_its_fields_code_and_fix() {
+        let s = Session::new().line(&false_sharing(), true);
+        let entries = findings(
+            &s.inputs(None, None),
+            &s.kernel,
+            2 * s.samples,
+            &mut names(),
+        );
+        assert_eq!(entries.len(), 1);
+        let e = &entries[0];
+        assert_eq!(
+            (e.line.as_str(), e.kind),
+            ("0x555555558040", SharingKind::False)
+        );
+        assert_eq!((e.samples, e.threads.as_slice()), (100, [1, 2].as_slice()));
+        assert!((e.cost_share - 0.5).abs() < 1e-9);
+        assert_eq!(
+            e.object,
+            SharedObject {
+                kind: ObjectKind::Global,
+                name: "g_args".into(),
+                offset: 0,
+                size: Some(96),
+                alloc_site: None,
+            }
+        );
+        let words: Vec<_> = e
+            .words
+            .iter()
+            .map(|w| (w.offset, w.writes, w.threads.clone(), w.field.as_deref()))
+            .collect();
+        let sum0 = Some("g_args[0].sum");
+        let sum1 = Some("g_args[1].sum");
+        assert_eq!(
+            words,
+            [
+                (0, 50, vec![1], sum0),
+                (4, 50, vec![1], sum0),
+                (24, 50, vec![2], sum1),
+                (28, 50, vec![2], sum1),
+            ]
+        );
+        // Two instructions of line 10 are one code site.
+        let code: Vec<_> = e
+            .code
+            .iter()
+            .map(|c| {
+                (
+                    c.function.as_str(),
+                    c.line,
+                    c.writes,
+                    c.threads.clone(),
+                    c.offset,
+                )
+            })
+            .collect();
+        assert_eq!(
+            code,
+            [
+                ("worker", Some(10), 50, vec![1], 0),
+                ("worker", Some(20), 50, vec![2], 24)
+            ]
+        );
+        assert!(
+            e.advice.starts_with(
+                "Threads write different parts of this line (thread 1 g_args[0].sum, \
+                 thread 2 g_args[1].sum)."
+            ),
+            "{}",
+            e.advice
+        );
+        assert!(e.advice.contains(
+            "struct thread_arg is 24 bytes, so neighbouring elements share lines: pad it to 64 \
+             bytes or align it to 64."
+        ));
+        assert!(e.advice.ends_with(" (g_args)"), "{}", e.advice);
+        assert_eq!(e.dependences.write_after_write, 99);
+    }
+
+    #[test]
+    fn a_heap_line_is_named_by_its_allocation_site() {
+        // Both threads write the same word, 32 bytes into the line, where
+        // a block starts.
+        let s = Session::new().line(
+            &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 32)),
+            true,
+        );
+        let mut alloc = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
+        let block = LineBlock {
+            start: HEAP_LINE + 32,
+            size: 64,
+            site: 0x30,
+        };
+        let entries = findings(
+            &s.inputs(Some(&alloc), Some(block)),
+            &s.kernel,
+            s.samples,
+            &mut names(),
+        );
+        let e = &entries[0];
+        assert_eq!(e.kind, SharingKind::True);
+        assert_eq!(
+            e.object,
+            SharedObject {
+                kind: ObjectKind::Heap,
+                name: "64-byte heap block from prog.c:30".into(),
+                offset: -32,
+                size: Some(64),
+                alloc_site: Some(CodeRef {
+                    function: "make_queue".into(),
+                    file: Some("/src/prog.c".into()),
+                    line: Some(30),
+                }),
+            }
+        );
+        assert!(
+            e.advice
+                .starts_with("Several threads use the same written word (byte 32, byte 36)"),
+            "{}",
+            e.advice
+        );
+        assert!(e.advice.ends_with(" (64-byte heap block from prog.c:30)"));
+    }
+
+    #[test]
+    fn findings_rank_by_cost_and_leave_out_the_rest() {
+        let s = Session::new()
+            .line(&false_sharing(), true)
+            .line(
+                &ping_pong(300, (0x10, ANON_LINE), (0x20, ANON_LINE + 8)),
+                true,
+            )
+            // Shared and written, but the kernel's table dropped it.
+            .line(
+                &ping_pong(400, (0x10, HEAP_LINE), (0x20, HEAP_LINE + 8)),
+                false,
+            );
+        let entries = findings(&s.inputs(None, None), &s.kernel, s.samples, &mut names());
+        let lines: Vec<&str> = entries.iter().map(|e| e.line.as_str()).collect();
+        assert_eq!(lines, ["0x7f0000000100", "0x555555558040"]);
+        assert_eq!(entries[0].object.kind, ObjectKind::Mapped);
+        assert_eq!(entries[0].object.name, "anonymous memory");
+        assert!(!entries[0].advice.contains("(anonymous memory)"));
+    }
+
+    #[test]
+    fn the_busiest_lines_not_reported_say_why() {
+        let reads = [
+            access(1, 0x10, HEAP_LINE, false),
+            access(2, 0x20, HEAP_LINE, false),
+        ];
+        let alone = vec![access(1, 0x10, ANON_LINE, true); 30];
+        // The busiest line is a finding: not in the list.
+        let s = Session::new()
+            .line(&false_sharing(), true)
+            .line(&reads.repeat(20), true)
+            .line(&alone, true)
+            .line(
+                &ping_pong(20, (0x10, G_ARGS + 64), (0x20, G_ARGS + 72)),
+                false,
+            )
+            .line(
+                &ping_pong(4, (0x10, ANON_LINE + 64), (0x20, ANON_LINE + 72)),
+                true,
+            );
+        let dismissed = dismissals(&s.inputs(None, None), &s.kernel, s.samples, &mut names());
+        let why: Vec<_> = dismissed
+            .iter()
+            .map(|d| {
+                (
+                    d.line.as_str(),
+                    d.object.as_str(),
+                    d.object_kind,
+                    d.samples,
+                    d.writes,
+                    d.shared,
+                    d.reason,
+                )
+            })
+            .collect();
+        assert_eq!(
+            why,
+            [
+                (
+                    "0x55555555a100",
+                    UNSEEN_BLOCK,
+                    ObjectKind::Heap,
+                    40,
+                    0,
+                    true,
+                    DismissReason::NoWrites
+                ),
+                (
+                    "0x7f0000000100",
+                    "anonymous memory",
+                    ObjectKind::Mapped,
+                    30,
+                    30,
+                    false,
+                    DismissReason::OneThread
+                ),
+                (
+                    "0x555555558080",
+                    "g_args+64",
+                    ObjectKind::Global,
+                    20,
+                    20,
+                    true,
+                    DismissReason::NotInTable
+                ),
+                (
+                    "0x7f0000000140",
+                    "anonymous memory",
+                    ObjectKind::Mapped,
+                    4,
+                    4,
+                    true,
+                    DismissReason::FewInvalidations
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn what_lies_on_a_line_without_a_symbol_or_block() {
+        let sharing = SharingProfile::new();
+        let mut alloc = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        alloc.add_syscall(SyscallCall {
+            nr: syscall::MMAP,
+            inside: Some(alloc_op::MALLOC),
+            traced: true,
+            duration_ns: 1000,
+            args: [0, 0x1_0000, 3, 0],
+            ret: 0x7f00_0001_0000,
+        });
+        let inputs = Inputs {
+            sharing: &sharing,
+            maps: &program_maps(),
+            alloc: Some(&alloc),
+            line_block: Box::new(|_| None),
+        };
+        let mut names = TableNames::new();
+        let mut object = |addr: u64| {
+            let (o, layout) = object_of(&inputs, addr, addr & !63, &mut names);
+            assert_eq!(layout, None);
+            (o.kind, o.name, o.offset)
+        };
+        assert_eq!(
+            object(G_ARGS),
+            (ObjectKind::Global, "prog+0x4040".into(), 0),
+            "stripped"
+        );
+        assert_eq!(
+            object(HEAP_LINE),
+            (ObjectKind::Heap, UNSEEN_BLOCK.into(), 0)
+        );
+        assert_eq!(
+            object(0x7f00_0001_0040),
+            (ObjectKind::Heap, UNSEEN_BLOCK.into(), 0),
+            "mapped by the allocator"
+        );
+        assert_eq!(
+            object(ANON_LINE),
+            (ObjectKind::Mapped, "anonymous memory".into(), 0)
+        );
+        assert_eq!(
+            object(0x7fff_ffff_0000),
+            (ObjectKind::Stack, "[stack]".into(), 0)
+        );
+        assert_eq!(
+            object(0x1000),
+            (ObjectKind::Unknown, "unmapped at the end".into(), 0)
+        );
+    }
 
     /// The report's names are the analysis's.
     #[test]
