@@ -6,7 +6,7 @@ use std::{
     sync::Arc,
 };
 
-use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
+use memprof_common::sharing::{LineState, LineWords, LINE_BYTES, WORD_BYTES};
 
 use crate::{
     collect::{Collector, LineBlock},
@@ -388,20 +388,23 @@ fn advice(
     // An array of structs whose size is not a multiple of the line.
     let element = layout.and_then(|l| {
         let size = l.element?;
-        (size % 64 != 0).then(|| {
+        (size % LINE_BYTES != 0).then(|| {
             let ty = l.type_name.clone().unwrap_or_else(|| "the element".into());
             format!(
                 " {ty} is {size} bytes, so neighbouring elements share lines: pad it to {} \
-                 bytes or align it to 64.",
-                size.div_ceil(64) * 64
+                 bytes or align it to {LINE_BYTES}.",
+                size.div_ceil(LINE_BYTES) * LINE_BYTES
             )
         })
     });
+    // CPUs whose prefetcher fetches lines in pairs share pairs of lines.
+    let pair = 2 * LINE_BYTES;
     let layout_fix = format!(
         "Threads write different parts of this line ({}). Give each thread's part its own \
-         cache line: align the per-thread element to 64 bytes (alignas(64) / \
-         __attribute__((aligned(64))), or #[repr(align(64))] in Rust) or pad it to a multiple \
-         of 64; use 128 on CPUs whose prefetcher fetches lines in pairs (recent Intel).{}",
+         cache line: align the per-thread element to {LINE_BYTES} bytes \
+         (alignas({LINE_BYTES}) / __attribute__((aligned({LINE_BYTES}))), or \
+         #[repr(align({LINE_BYTES}))] in Rust) or pad it to a multiple of {LINE_BYTES}; use \
+         {pair} on CPUs whose prefetcher fetches lines in pairs (recent Intel).{}",
         parts.join(", "),
         element.unwrap_or_default()
     );
@@ -518,7 +521,7 @@ mod tests {
             }
             self.samples += accesses.len() as u64;
             if in_table {
-                let line = accesses[0].addr & !63;
+                let line = accesses[0].addr & !(LINE_BYTES - 1);
                 self.kernel.lines.push((line, Some(state), None));
             }
             self
@@ -630,6 +633,12 @@ mod tests {
             "{}",
             e.advice
         );
+        assert!(e.advice.contains(
+            "Give each thread's part its own cache line: align the per-thread element to 64 \
+             bytes (alignas(64) / __attribute__((aligned(64))), or #[repr(align(64))] in Rust) \
+             or pad it to a multiple of 64; use 128 on CPUs whose prefetcher fetches lines in \
+             pairs (recent Intel)."
+        ));
         assert!(e.advice.contains(
             "struct thread_arg is 24 bytes, so neighbouring elements share lines: pad it to 64 \
              bytes or align it to 64."
@@ -803,7 +812,7 @@ mod tests {
         };
         let mut names = TableNames::new();
         let mut object = |addr: u64| {
-            let (o, layout) = object_of(&inputs, addr, addr & !63, &mut names);
+            let (o, layout) = object_of(&inputs, addr, addr & !(LINE_BYTES - 1), &mut names);
             assert_eq!(layout, None);
             (o.kind, o.name, o.offset)
         };

@@ -153,7 +153,7 @@ pub struct ThreadEntry {
     pub tid: u32,
     pub name: String,
     pub samples: u64,
-    /// The thread that created it, if that happened while we traced.
+    /// The thread that created it, when that happened during the session.
     pub created_by: Option<u32>,
     pub exited: bool,
 }
