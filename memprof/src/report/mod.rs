@@ -1,7 +1,11 @@
 //! Presentation-independent results: the report model, its JSON form and
-//! the text summary.
+//! the text summary, and the names report assembly gives code and data.
 
+#[cfg(test)]
+pub mod fixtures;
+pub mod format;
 pub mod model;
+pub mod names;
 pub mod text;
 
 pub use model::Report;

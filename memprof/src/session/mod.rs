@@ -32,7 +32,7 @@ use crate::{
     object::symbolize::Symbolizer,
     process::{handle::TargetHandle, launch, state::Process},
     report::{
-        model::{Loader, Target},
+        model::{Loader, SampleSource, Target},
         Report,
     },
     tui::{Action, Dashboard},
@@ -345,7 +345,7 @@ impl Live {
             threads_seen: 0,
             exited: self.target_exited,
         };
-        let sampling = (self.source.name(), self.frequency_hz);
+        let sampling = (SampleSource::from(self.source), self.frequency_hz);
         let mut report = pipeline::empty_report(target, duration_s, sampling);
         self.pipeline.report(
             &mut report,

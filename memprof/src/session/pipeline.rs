@@ -15,7 +15,7 @@ use crate::{
     object::symbolize::Symbolizer,
     process::state::{Process, TaskChange},
     report::{
-        model::{AddressSampling, AllocatorReport, Loader, Sampling, Target, SCHEMA},
+        model::{AddressSampling, AllocatorReport, Loader, SampleSource, Sampling, Target, SCHEMA},
         Report,
     },
 };
@@ -25,14 +25,14 @@ use crate::{
 pub fn empty_report(
     target: Target,
     duration_s: f64,
-    (source, frequency_hz): (&str, u64),
+    (source, frequency_hz): (SampleSource, u64),
 ) -> Report {
     Report {
         schema: SCHEMA,
         target,
         duration_s,
         sampling: Sampling {
-            source: source.into(),
+            source,
             frequency_hz,
             samples: 0,
             lost: 0,
@@ -296,7 +296,7 @@ mod tests {
             threads_seen: 0,
             exited: false,
         };
-        let mut report = empty_report(target, 1.0, ("cpu-clock", 99));
+        let mut report = empty_report(target, 1.0, (SampleSource::CpuClock, 99));
         let mut notes = Vec::new();
         p.report(
             &mut report,

@@ -8,6 +8,7 @@ pub mod allocator;
 pub mod analysis;
 pub mod collect;
 pub mod memory;
+pub mod report;
 pub mod tracer;
 
 use std::{
@@ -217,7 +218,7 @@ impl Feature for Alloc {
             }
         }
         let symbolizer = &mut *ctx.symbolizer;
-        out.allocator = tracer::report(
+        out.allocator = report::report(
             tracer,
             profile,
             self.settings.mode,

@@ -9,17 +9,20 @@ use hdrhistogram::Histogram;
 
 use crate::{
     features::{
-        alloc::analysis::AllocProfile,
+        alloc::analysis::{AllocProfile, BlockIndex},
         locks::analysis::{
-            classify, is_contention, is_lock_implementation, kernel_lock_kind, Chain, Durations,
+            classify, is_lock_implementation, kernel_lock_kind, Chain, Durations, FutexStats,
             HoldStats, LockProfile,
         },
     },
-    object::symbolize::{Frame, Symbolizer},
+    object::symbolize::Frame,
     process::maps::ProcMaps,
-    report::model::{
-        source_label, HolderSite, LockEntry, LockTracing, OwnerEntry, SectionEntry, TraceMode,
-        WaiterSite, FULLY_TRACED,
+    report::{
+        model::{
+            source_label, HolderSite, LockEntry, LockKind, LockTracing, OwnerEntry, SectionEntry,
+            TraceMode, WaiterSite, FULLY_TRACED,
+        },
+        names::Names,
     },
 };
 use memprof_common::locks::lock_op;
@@ -54,7 +57,7 @@ struct Traced {
 struct Merged {
     address: u64,
     name: Option<String>,
-    kind: &'static str,
+    kind: LockKind,
     waits: Durations,
     threads: usize,
     owners: HashMap<u32, u64>,
@@ -97,10 +100,50 @@ pub fn report(
     maps: &ProcMaps,
     alloc: Option<&AllocProfile>,
     tracer: Option<&Windowed>,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> Vec<LockEntry> {
     let blocks = alloc.map(|a| (a, a.block_index()));
+    let mut naming = Naming {
+        maps,
+        blocks: blocks.as_ref(),
+        names,
+    };
     let mut table = Table::default();
+    add_futexes(&mut table, profile, &mut naming);
+    if let Some(tracer) = tracer {
+        add_holds(&mut table, profile, tracer, &mut naming);
+    }
+    let mut entries: Vec<LockEntry> = table.merged.into_iter().map(Merged::entry).collect();
+    entries.extend(kernel_entries(profile, naming.names));
+    rank(&mut entries);
+    entries
+}
+
+/// Lock contention first, then other waits (condvars, joins...), each by
+/// wait time; locks nobody waited for last, by hold time.
+fn rank(entries: &mut [LockEntry]) {
+    entries.sort_by(|a, b| {
+        (b.kind.is_contention())
+            .cmp(&a.kind.is_contention())
+            .then((b.contentions > 0).cmp(&(a.contentions > 0)))
+            .then(b.wait_total_ns.cmp(&a.wait_total_ns))
+            .then(b.hold_total_ns.cmp(&a.hold_total_ns))
+    });
+}
+
+/// The heap blocks by address, with the profile that knows their sites.
+type Blocks<'a> = (&'a AllocProfile, BlockIndex<'a>);
+
+/// What names a lock and its code: the memory map (globals), the heap
+/// blocks, and the symbols.
+struct Naming<'a> {
+    maps: &'a ProcMaps,
+    blocks: Option<&'a Blocks<'a>>,
+    names: &'a mut dyn Names,
+}
+
+/// Adds the futex words threads waited on, merged into their locks.
+fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>) {
     for (uaddr, f) in profile.futexes() {
         if f.contentions() == 0 {
             continue; // wakes with no wait seen: nothing waited here
@@ -112,61 +155,58 @@ pub fn report(
             .map(|(chain, _)| chain);
         let traced_lock = profile.lock_of_futex(uaddr);
         let address = traced_lock.unwrap_or(uaddr);
-        let kind = match top.map_or("futex", |c| kind_of(c, symbolizer)) {
+        let kind = match top.map_or(LockKind::Futex, |c| kind_of(c, naming.names)) {
             // The uprobes know an rwlock's inner words for sure.
-            "futex" | "mutex" if traced_lock.is_some_and(|a| a != uaddr) => "rwlock",
+            LockKind::Futex | LockKind::Mutex if traced_lock.is_some_and(|a| a != uaddr) => {
+                LockKind::Rwlock
+            }
             kind => kind,
         };
         // Only a glibc mutex keeps its owner 8 bytes after the futex word.
         let glibc = top.is_some_and(|c| {
-            let module = symbolizer.code(&c.ip).module;
+            let module = naming.names.code(&c.ip).module;
             module.starts_with("libc.so") || module.starts_with("libc-")
         });
-        let name = name_of(address, maps, blocks.as_ref(), symbolizer);
+        let name = naming.name_of(address);
         let m = table.slot(address, name, kind);
-        m.waits.add(&f.waits);
-        m.threads = m.threads.max(f.threads.len());
-        if kind == "mutex" && glibc {
-            for (tid, n) in &f.owners {
-                *m.owners.entry(*tid).or_default() += n;
-            }
-        }
-        for (chain, (count, ns)) in &f.waiters {
-            let site = m.waiters.entry(user_site(chain, symbolizer)).or_default();
-            site.0 += count;
-            site.1 += ns;
-        }
-        for (chain, (count, woken)) in &f.wakers {
-            let site = m.holders.entry(user_site(chain, symbolizer)).or_default();
-            site.0 += count;
-            site.1 += woken;
-        }
+        m.add_futex(f, kind == LockKind::Mutex && glibc, naming.names);
     }
-    if let Some(tracer) = tracer {
-        let mut uncontended = 0;
-        for (lock, h) in profile.holds() {
-            let contended = table.by_address.contains_key(&lock);
-            if !contended {
-                if uncontended >= UNCONTENDED {
-                    continue;
-                }
-                uncontended += 1;
+}
+
+/// Adds what the lock uprobes saw: to the contended locks, and to the
+/// [`UNCONTENDED`] most held others.
+fn add_holds(table: &mut Table, profile: &LockProfile, tracer: &Windowed, naming: &mut Naming<'_>) {
+    let mut uncontended = 0;
+    for (lock, h) in profile.holds() {
+        let contended = table.by_address.contains_key(&lock);
+        if !contended {
+            if uncontended >= UNCONTENDED {
+                continue;
             }
-            let kind = if h.is_rwlock() { "rwlock" } else { "mutex" };
-            let name = name_of(lock, maps, blocks.as_ref(), symbolizer);
-            let m = table.slot(lock, name, kind);
-            m.threads = m.threads.max(h.threads.len());
-            let t = m.traced.get_or_insert_with(Traced::new);
-            t.add(profile, h, tracer, symbolizer);
+            uncontended += 1;
         }
+        let kind = if h.is_rwlock() {
+            LockKind::Rwlock
+        } else {
+            LockKind::Mutex
+        };
+        let name = naming.name_of(lock);
+        let m = table.slot(lock, name, kind);
+        m.threads = m.threads.max(h.threads.len());
+        let t = m.traced.get_or_insert_with(Traced::new);
+        t.add(profile, h, tracer, naming.names);
     }
-    let mut entries: Vec<LockEntry> = table.merged.into_iter().map(Merged::entry).collect();
+}
+
+/// One entry per kind of kernel lock, with the user code that led there.
+fn kernel_entries(profile: &LockProfile, names: &mut dyn Names) -> Vec<LockEntry> {
+    let mut entries = Vec::new();
     for (flags, k) in profile.kernel() {
         let mut waiters: Vec<WaiterSite> = k
             .sites
             .iter()
             .map(|(place, (count, ns))| {
-                let f = symbolizer.code(place);
+                let f = names.code(place);
                 WaiterSite {
                     function: f.function,
                     file: f.file,
@@ -182,7 +222,7 @@ pub fn report(
         entries.push(LockEntry {
             address: "kernel".into(),
             name: Some(kernel_lock_kind(flags).into()),
-            kind: "kernel".into(),
+            kind: LockKind::Kernel,
             contentions: k.waits.count(),
             wait_total_ns: k.waits.total_ns,
             wait_mean_ns: k.waits.mean_ns(),
@@ -193,15 +233,6 @@ pub fn report(
             ..LockEntry::default()
         });
     }
-    // Lock contention first, then other waits (condvars, joins...), each
-    // by wait time; locks nobody waited for last, by hold time.
-    entries.sort_by(|a, b| {
-        is_contention(&b.kind)
-            .cmp(&is_contention(&a.kind))
-            .then((b.contentions > 0).cmp(&(a.contentions > 0)))
-            .then(b.wait_total_ns.cmp(&a.wait_total_ns))
-            .then(b.hold_total_ns.cmp(&a.hold_total_ns))
-    });
     entries
 }
 
@@ -210,12 +241,12 @@ pub fn report(
 #[derive(Default)]
 struct Table {
     merged: Vec<Merged>,
-    by_name: HashMap<(String, &'static str), usize>,
+    by_name: HashMap<(String, LockKind), usize>,
     by_address: HashMap<u64, usize>,
 }
 
 impl Table {
-    fn slot(&mut self, address: u64, name: Option<String>, kind: &'static str) -> &mut Merged {
+    fn slot(&mut self, address: u64, name: Option<String>, kind: LockKind) -> &mut Merged {
         if let Some(&i) = self.by_address.get(&address) {
             return &mut self.merged[i];
         }
@@ -268,7 +299,7 @@ impl Traced {
         profile: &LockProfile,
         h: &HoldStats,
         tracer: &Windowed,
-        symbolizer: &mut Symbolizer,
+        names: &mut dyn Names,
     ) {
         let scale = |n: u64, op: u32| {
             let f = tracer.op_fraction(op);
@@ -288,13 +319,12 @@ impl Traced {
         self.acquire.add(&h.acquire);
         self.hold.add(&h.hold);
         for (&(lock_site, unlock_site), s) in &h.sections {
-            let frame = |site: u64, symbolizer: &mut Symbolizer| {
-                profile.site_place(site).map(|p| symbolizer.code(p))
-            };
-            let Some(taken) = frame(lock_site, symbolizer) else {
+            let frame =
+                |site: u64, names: &mut dyn Names| profile.site_place(site).map(|p| names.code(p));
+            let Some(taken) = frame(lock_site, names) else {
                 continue; // not mapped when seen
             };
-            let released = frame(unlock_site, symbolizer)
+            let released = frame(unlock_site, names)
                 .map(|f| source_label(f.file.as_deref(), f.line, &f.module));
             let e = self.sections.entry((key(taken), released)).or_default();
             e.0 += s.count;
@@ -302,10 +332,51 @@ impl Traced {
             e.2 = e.2.max(s.hold_max_ns);
         }
     }
+
+    /// Fills in what the uprobes add to a lock's entry, whose
+    /// contentions are set.
+    fn fill(self, entry: &mut LockEntry) {
+        let mut sections: Vec<SectionEntry> = self
+            .sections
+            .into_iter()
+            .map(
+                |(((function, file, line, module), released_at), (count, hold_ns, max))| {
+                    SectionEntry {
+                        function,
+                        file,
+                        line,
+                        module,
+                        released_at,
+                        count,
+                        hold_ns,
+                        hold_max_ns: max,
+                    }
+                },
+            )
+            .collect();
+        sections.sort_by(|a, b| b.hold_ns.cmp(&a.hold_ns).then(b.count.cmp(&a.count)));
+        sections.truncate(SITES);
+        entry.acquisitions = Some(self.acquisitions);
+        entry.contention_rate =
+            (self.acquisitions > 0).then(|| entry.contentions as f64 / self.acquisitions as f64);
+        entry.failed_attempts = Some(self.failed);
+        if !self.acquire.is_empty() {
+            entry.acquire_p99_ns = Some(self.acquire.p99_ns());
+            entry.acquire_max_ns = Some(self.acquire.max_ns);
+        }
+        if !self.hold.is_empty() {
+            entry.hold_p99_ns = Some(self.hold.p99_ns());
+            entry.hold_mean_ns = Some(self.hold.mean_ns());
+            entry.hold_max_ns = Some(self.hold.max_ns);
+            entry.hold_total_ns = Some(self.hold.total_ns);
+            entry.hold_histogram = log2_buckets(&self.hold.histogram);
+        }
+        entry.sections = sections;
+    }
 }
 
 impl Merged {
-    fn new(address: u64, name: Option<String>, kind: &'static str) -> Self {
+    fn new(address: u64, name: Option<String>, kind: LockKind) -> Self {
         Self {
             address,
             name,
@@ -319,52 +390,35 @@ impl Merged {
         }
     }
 
+    /// Adds the waits and wakes of one of its futex words, and with
+    /// `owners` the owner threads read from the lock (glibc mutexes only).
+    fn add_futex(&mut self, f: &FutexStats, owners: bool, names: &mut dyn Names) {
+        self.waits.add(&f.waits);
+        self.threads = self.threads.max(f.threads.len());
+        if owners {
+            for (tid, n) in &f.owners {
+                *self.owners.entry(*tid).or_default() += n;
+            }
+        }
+        for (chain, (count, ns)) in &f.waiters {
+            let site = self.waiters.entry(user_site(chain, names)).or_default();
+            site.0 += count;
+            site.1 += ns;
+        }
+        for (chain, (count, woken)) in &f.wakers {
+            let site = self.holders.entry(user_site(chain, names)).or_default();
+            site.0 += count;
+            site.1 += woken;
+        }
+    }
+
     fn entry(self) -> LockEntry {
-        let mut owners: Vec<OwnerEntry> = self
-            .owners
-            .into_iter()
-            .map(|(tid, count)| OwnerEntry { tid, count })
-            .collect();
-        owners.sort_by(|a, b| b.count.cmp(&a.count).then(a.tid.cmp(&b.tid)));
-        owners.truncate(OWNERS);
-        let mut waiters: Vec<WaiterSite> = self
-            .waiters
-            .into_iter()
-            .map(
-                |((function, file, line, module), (count, wait_ns))| WaiterSite {
-                    function,
-                    file,
-                    line,
-                    module,
-                    count,
-                    wait_ns,
-                },
-            )
-            .collect();
-        waiters.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(b.count.cmp(&a.count)));
-        waiters.truncate(SITES);
-        let mut holders: Vec<HolderSite> = self
-            .holders
-            .into_iter()
-            .map(
-                |((function, file, line, module), (count, woken))| HolderSite {
-                    function,
-                    file,
-                    line,
-                    module,
-                    count,
-                    woken,
-                },
-            )
-            .collect();
-        holders.sort_by_key(|h| std::cmp::Reverse(h.count));
-        holders.truncate(SITES);
-        let contentions = self.waits.count();
+        let owners = owner_entries(self.owners);
         let mut entry = LockEntry {
             address: format!("{:#x}", self.address),
             name: self.name,
-            kind: self.kind.into(),
-            contentions,
+            kind: self.kind,
+            contentions: self.waits.count(),
             wait_total_ns: self.waits.total_ns,
             wait_mean_ns: self.waits.mean_ns(),
             wait_p99_ns: self.waits.p99_ns(),
@@ -373,73 +427,89 @@ impl Merged {
             threads: self.threads,
             owner_seen: !owners.is_empty(),
             owners,
-            waiters,
-            holders,
+            waiters: waiter_sites(self.waiters),
+            holders: holder_sites(self.holders),
             ..LockEntry::default()
         };
         if let Some(t) = self.traced {
-            let mut sections: Vec<SectionEntry> = t
-                .sections
-                .into_iter()
-                .map(
-                    |(((function, file, line, module), released_at), (count, hold_ns, max))| {
-                        SectionEntry {
-                            function,
-                            file,
-                            line,
-                            module,
-                            released_at,
-                            count,
-                            hold_ns,
-                            hold_max_ns: max,
-                        }
-                    },
-                )
-                .collect();
-            sections.sort_by(|a, b| b.hold_ns.cmp(&a.hold_ns).then(b.count.cmp(&a.count)));
-            sections.truncate(SITES);
-            entry.acquisitions = Some(t.acquisitions);
-            entry.contention_rate =
-                (t.acquisitions > 0).then(|| contentions as f64 / t.acquisitions as f64);
-            entry.failed_attempts = Some(t.failed);
-            if !t.acquire.is_empty() {
-                entry.acquire_p99_ns = Some(t.acquire.p99_ns());
-                entry.acquire_max_ns = Some(t.acquire.max_ns);
-            }
-            if !t.hold.is_empty() {
-                entry.hold_p99_ns = Some(t.hold.p99_ns());
-                entry.hold_mean_ns = Some(t.hold.mean_ns());
-                entry.hold_max_ns = Some(t.hold.max_ns);
-                entry.hold_total_ns = Some(t.hold.total_ns);
-                entry.hold_histogram = log2_buckets(&t.hold.histogram);
-            }
-            entry.sections = sections;
+            t.fill(&mut entry);
         }
         entry
     }
 }
 
+/// The owner threads, most often seen first.
+fn owner_entries(owners: HashMap<u32, u64>) -> Vec<OwnerEntry> {
+    let mut owners: Vec<OwnerEntry> = owners
+        .into_iter()
+        .map(|(tid, count)| OwnerEntry { tid, count })
+        .collect();
+    owners.sort_by(|a, b| b.count.cmp(&a.count).then(a.tid.cmp(&b.tid)));
+    owners.truncate(OWNERS);
+    owners
+}
+
+/// The waiting sites, most wait time first.
+fn waiter_sites(waiters: HashMap<SiteKey, (u64, u64)>) -> Vec<WaiterSite> {
+    let mut waiters: Vec<WaiterSite> = waiters
+        .into_iter()
+        .map(
+            |((function, file, line, module), (count, wait_ns))| WaiterSite {
+                function,
+                file,
+                line,
+                module,
+                count,
+                wait_ns,
+            },
+        )
+        .collect();
+    waiters.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(b.count.cmp(&a.count)));
+    waiters.truncate(SITES);
+    waiters
+}
+
+/// The releasing sites, most wakes first.
+fn holder_sites(holders: HashMap<SiteKey, (u64, u64)>) -> Vec<HolderSite> {
+    let mut holders: Vec<HolderSite> = holders
+        .into_iter()
+        .map(
+            |((function, file, line, module), (count, woken))| HolderSite {
+                function,
+                file,
+                line,
+                module,
+                count,
+                woken,
+            },
+        )
+        .collect();
+    holders.sort_by_key(|h| std::cmp::Reverse(h.count));
+    holders.truncate(SITES);
+    holders
+}
+
 /// The kind of lock, from the functions around the futex call.
-fn kind_of(chain: &Chain, symbolizer: &mut Symbolizer) -> &'static str {
-    let mut names = vec![symbolizer.code(&chain.ip).function];
+fn kind_of(chain: &Chain, names: &mut dyn Names) -> LockKind {
+    let mut functions = vec![names.code(&chain.ip).function];
     for place in &chain.frames {
-        let f = symbolizer.code(place);
+        let f = names.code(place);
         let implementation = is_lock_implementation(&f.module, &f.function);
-        names.push(f.function);
+        functions.push(f.function);
         if !implementation {
             break;
         }
     }
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    classify(&refs)
+    let refs: Vec<&str> = functions.iter().map(String::as_str).collect();
+    LockKind::from_name(classify(&refs)).unwrap_or_default()
 }
 
 /// The first frame of the chain outside the lock implementation: the
 /// code that took (or released) the lock.
-fn user_site(chain: &Chain, symbolizer: &mut Symbolizer) -> SiteKey {
+fn user_site(chain: &Chain, names: &mut dyn Names) -> SiteKey {
     let mut last = None;
     for place in &chain.frames {
-        let f = symbolizer.code(place);
+        let f = names.code(place);
         if !is_lock_implementation(&f.module, &f.function) {
             return key(f);
         }
@@ -447,33 +517,386 @@ fn user_site(chain: &Chain, symbolizer: &mut Symbolizer) -> SiteKey {
     }
     // No frame outside the implementation was found on the stack top:
     // name the outermost one seen, or the syscall's place.
-    key(last.unwrap_or_else(|| symbolizer.code(&chain.ip)))
+    key(last.unwrap_or_else(|| names.code(&chain.ip)))
 }
 
 fn key(f: Frame) -> SiteKey {
     (f.function, f.file, f.line, f.module)
 }
 
-/// A global's symbol, a heap block's allocation site, or nothing.
-fn name_of(
-    uaddr: u64,
-    maps: &ProcMaps,
-    blocks: Option<&(
-        &AllocProfile,
-        crate::features::alloc::analysis::BlockIndex<'_>,
-    )>,
-    symbolizer: &mut Symbolizer,
-) -> Option<String> {
-    if let Some((path, base)) = maps.data_owner(uaddr) {
-        if let Some(sym) = symbolizer.data(&path, base, uaddr) {
-            return Some(sym.name);
+impl Naming<'_> {
+    /// A global's symbol, a heap block's allocation site, or nothing.
+    fn name_of(&mut self, uaddr: u64) -> Option<String> {
+        if let Some((path, base)) = self.maps.data_owner(uaddr) {
+            if let Some(sym) = self.names.data(&path, base, uaddr) {
+                return Some(sym.name);
+            }
+        }
+        let (alloc, index) = self.blocks?;
+        let (_, block) = index.containing(uaddr)?;
+        let site = self.names.code(&alloc.site_place(block.site));
+        Some(format!(
+            "heap block from {}",
+            source_label(site.file.as_deref(), site.line, &site.module)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use memprof_common::locks::hold_flag;
+
+    use super::*;
+    use crate::{
+        features::{
+            alloc::analysis::{AllocCall, LargeRule},
+            locks::analysis::{is_contention, FutexWait, FutexWake, KernelWait, Section},
+        },
+        kernel::{
+            uprobes::{Family, ProbePoint},
+            windows::WindowSettings,
+        },
+        process::maps::Place,
+        report::fixtures::{code_at, program_maps, TableNames},
+    };
+
+    /// `g_lock`, a global of the sample program.
+    const G_LOCK: u64 = 0x5555_5555_8040;
+    /// A word of a heap block (see [`alloc`]).
+    const HEAP_WORD: u64 = 0x5555_5555_a110;
+    /// A word of anonymous memory.
+    const ANON: u64 = 0x7f00_0000_0100;
+
+    /// The place of code at `offset` in libc.
+    fn libc(offset: u64) -> Place {
+        Place::File {
+            path: Arc::from("/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            file_offset: offset,
         }
     }
-    let (alloc, index) = blocks?;
-    let (_, block) = index.containing(uaddr)?;
-    let site = symbolizer.code(&alloc.site_place(block.site));
-    Some(format!(
-        "heap block from {}",
-        crate::report::model::source_label(site.file.as_deref(), site.line, &site.module)
-    ))
+
+    /// libc's lock functions, and the program's code: `worker` waits at
+    /// lines 10 and 20, `release` unlocks at line 12, `consumer` waits on
+    /// a condvar at line 40, `spin_wait` calls futex itself at line 50,
+    /// `fault_in` faults at line 60; heap blocks come from line 30.
+    fn names() -> TableNames {
+        TableNames::new()
+            .code(libc(0x100), "futex_wait", "libc.so.6", None)
+            .code(libc(0x200), "__lll_lock_wait", "libc.so.6", None)
+            .code(libc(0x300), "pthread_mutex_unlock", "libc.so.6", None)
+            .code(libc(0x400), "pthread_cond_wait", "libc.so.6", None)
+            .function(0x10, "worker", 10)
+            .function(0x12, "release", 12)
+            .function(0x20, "worker", 20)
+            .function(0x30, "make_queue", 30)
+            .function(0x40, "consumer", 40)
+            .function(0x50, "spin_wait", 50)
+            .function(0x60, "fault_in", 60)
+            .global(G_LOCK, 40, "g_lock")
+    }
+
+    /// The futex call of libc's lock function `through`, called from the
+    /// program at `caller`.
+    fn chain(through: u64, caller: u64) -> Chain {
+        Chain {
+            ip: libc(0x100),
+            frames: vec![libc(through), code_at(caller)],
+        }
+    }
+
+    fn wait(uaddr: u64, tid: u32, owner: u32, duration_ns: u64, chain: Chain) -> FutexWait {
+        FutexWait {
+            uaddr,
+            tid,
+            owner,
+            duration_ns,
+            chain,
+        }
+    }
+
+    /// An allocator profile holding two 64-byte blocks from `make_queue`,
+    /// 0x100 and 0x200 bytes into the heap ([`HEAP_WORD`] is in the first).
+    fn alloc() -> AllocProfile {
+        let mut p = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        for ptr in [0x5555_5555_a100, 0x5555_5555_a200] {
+            p.add_call(AllocCall {
+                op: memprof_common::alloc_op::MALLOC,
+                tid: 1,
+                start_ns: 0,
+                duration_ns: 100,
+                ptr,
+                old_ptr: 0,
+                size: 64,
+                chunk: 0,
+                site: 0x30,
+                live_threads: 1,
+            });
+        }
+        p.set_site_place(0x30, code_at(0x30));
+        p
+    }
+
+    /// Lock uprobes in `mode`, nothing elapsed yet.
+    fn tracer(points: Vec<ProbePoint>, mode: Mode) -> Windowed {
+        let settings = WindowSettings {
+            mode,
+            budget: 0.05,
+            trap_cost_s: 1e-6,
+            window: Duration::from_millis(100),
+            max_gap: Duration::from_secs(1),
+        };
+        Windowed::new(
+            Family::Locks,
+            Arc::from("/usr/lib/libc.so.6"),
+            points,
+            settings,
+            1,
+        )
+    }
+
+    /// A critical section of `lock` taken by `op` at site 1 (the program's
+    /// line 10) and released at site 2 (line 12).
+    fn section(lock: u64, op: u32, hold_ns: u64) -> Section {
+        Section {
+            lock,
+            tid: 2,
+            op,
+            flags: 0,
+            acquire_ns: 100,
+            hold_ns,
+            lock_site: 1,
+            unlock_site: 2,
+        }
+    }
+
+    fn sites_of(profile: &mut LockProfile) {
+        profile.set_site_place(1, code_at(0x10));
+        profile.set_site_place(2, code_at(0x12));
+    }
+
+    #[test]
+    fn waits_are_merged_per_lock_named_and_ranked() {
+        let mut p = LockProfile::new();
+        // g_lock, a glibc mutex held by thread 1.
+        for _ in 0..3 {
+            p.add_wait(wait(G_LOCK, 2, 1, 1000, chain(0x200, 0x10)));
+        }
+        p.add_wait(wait(G_LOCK, 3, 1, 5000, chain(0x200, 0x20)));
+        p.add_wake(FutexWake {
+            uaddr: G_LOCK,
+            tid: 1,
+            woken: 1,
+            chain: chain(0x300, 0x12),
+        });
+        // A condvar in a heap block: a long wait, but not contention.
+        p.add_wait(wait(HEAP_WORD, 4, 0, 1_000_000, chain(0x400, 0x40)));
+        // A futex the program waits on itself; the owner word means nothing.
+        let own = Chain {
+            ip: code_at(0x50),
+            frames: vec![code_at(0x50)],
+        };
+        p.add_wait(wait(ANON, 5, 9, 2000, own.clone()));
+        p.add_wait(wait(ANON, 6, 9, 2000, own.clone()));
+        // Wakes nobody waited for.
+        p.add_wake(FutexWake {
+            uaddr: ANON + 64,
+            tid: 1,
+            woken: 0,
+            chain: own,
+        });
+        p.add_kernel_wait(KernelWait {
+            flags: 2,
+            duration_ns: 500,
+            ip: code_at(0x60),
+        });
+        let alloc = alloc();
+        let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
+        let summary: Vec<_> = entries
+            .iter()
+            .map(|e| (e.address.as_str(), e.name.as_deref(), e.kind, e.contentions))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("0x555555558040", Some("g_lock"), LockKind::Mutex, 4),
+                ("0x7f0000000100", None, LockKind::Futex, 2),
+                ("kernel", Some("kernel rwsem (read)"), LockKind::Kernel, 1),
+                (
+                    "0x55555555a110",
+                    Some("heap block from prog.c:30"),
+                    LockKind::Condvar,
+                    1
+                ),
+            ]
+        );
+        let g = &entries[0];
+        assert_eq!((g.wait_total_ns, g.wait_max_ns, g.threads), (8000, 5000, 2));
+        assert!(g.owner_seen);
+        assert_eq!(g.owners, [OwnerEntry { tid: 1, count: 4 }]);
+        let waiters: Vec<_> = g
+            .waiters
+            .iter()
+            .map(|w| (w.function.as_str(), w.line, w.count, w.wait_ns))
+            .collect();
+        assert_eq!(
+            waiters,
+            [("worker", Some(20), 1, 5000), ("worker", Some(10), 3, 3000)]
+        );
+        let holders: Vec<_> = g
+            .holders
+            .iter()
+            .map(|h| (h.function.as_str(), h.line, h.count, h.woken))
+            .collect();
+        assert_eq!(holders, [("release", Some(12), 1, 1)]);
+        assert_eq!(g.acquisitions, None, "no uprobes");
+        assert!(!entries[1].owner_seen, "only a glibc mutex has an owner");
+        let kernel = &entries[2].waiters[0];
+        assert_eq!(
+            (kernel.function.as_str(), kernel.wait_ns),
+            ("fault_in", 500)
+        );
+    }
+
+    #[test]
+    fn futex_words_with_one_name_are_one_lock() {
+        let mut p = LockProfile::new();
+        p.add_wait(wait(HEAP_WORD, 2, 0, 1000, chain(0x200, 0x10)));
+        p.add_wait(wait(HEAP_WORD + 0x100, 3, 0, 3000, chain(0x200, 0x10)));
+        let alloc = alloc();
+        let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let lock = &entries[0];
+        assert_eq!(lock.name.as_deref(), Some("heap block from prog.c:30"));
+        // The busiest word names it.
+        assert_eq!(lock.address, "0x55555555a210");
+        assert_eq!(
+            (lock.contentions, lock.wait_total_ns, lock.threads),
+            (2, 4000, 1)
+        );
+    }
+
+    #[test]
+    fn uprobes_add_acquisitions_holds_and_sections() {
+        let mut p = LockProfile::new();
+        sites_of(&mut p);
+        p.add_wait(wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10)));
+        p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 2000));
+        p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 1000));
+        p.add_section(Section {
+            flags: hold_flag::FAILED,
+            ..section(G_LOCK, lock_op::MUTEX_TRYLOCK, 0)
+        });
+        // An rwlock whose writers wait on its word 8 bytes in.
+        let rwlock = ANON + 0x100;
+        p.add_section(section(rwlock, lock_op::RW_WRLOCK, 500));
+        p.add_wait(wait(rwlock + 8, 4, 0, 700, chain(0x200, 0x20)));
+        let tracer = tracer(vec![], Mode::Full);
+        let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        let g = &entries[0];
+        assert_eq!(g.name.as_deref(), Some("g_lock"));
+        assert_eq!(g.acquisitions, Some(2));
+        assert_eq!(g.contention_rate, Some(0.5));
+        assert_eq!(g.failed_attempts, Some(1));
+        assert_eq!((g.hold_total_ns, g.hold_max_ns), (Some(3000), Some(2000)));
+        assert_eq!(g.acquire_max_ns, Some(100));
+        assert_eq!(
+            g.sections,
+            [SectionEntry {
+                function: "worker".into(),
+                file: Some("/src/prog.c".into()),
+                line: Some(10),
+                module: "prog".into(),
+                released_at: Some("prog.c:12".into()),
+                count: 2,
+                hold_ns: 3000,
+                hold_max_ns: 2000,
+            }]
+        );
+        let rw = &entries[1];
+        assert_eq!(
+            (rw.address.as_str(), rw.kind),
+            ("0x7f0000000200", LockKind::Rwlock)
+        );
+        assert_eq!((rw.contentions, rw.acquisitions), (1, Some(1)));
+    }
+
+    #[test]
+    fn uncontended_locks_come_last_most_held_first_and_capped() {
+        let mut p = LockProfile::new();
+        sites_of(&mut p);
+        p.add_wait(wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10)));
+        let held = UNCONTENDED as u64 + 1;
+        for i in 0..held {
+            p.add_section(section(
+                ANON + 0x40 * i,
+                lock_op::MUTEX_LOCK,
+                1000 * (i + 1),
+            ));
+        }
+        let tracer = tracer(vec![], Mode::Full);
+        let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
+        assert_eq!(entries.len(), 1 + UNCONTENDED);
+        assert_eq!(entries[0].name.as_deref(), Some("g_lock"));
+        let holds: Vec<u64> = entries[1..]
+            .iter()
+            .map(|e| e.hold_total_ns.unwrap_or_default())
+            .collect();
+        let expected: Vec<u64> = (2..=held).rev().map(|i| 1000 * i).collect();
+        assert_eq!(holds, expected, "the least held is left out");
+        assert!(entries[1..].iter().all(|e| e.contentions == 0));
+        assert!(entries[1..].iter().all(|e| e.contention_rate == Some(0.0)));
+    }
+
+    #[test]
+    fn tracing_lists_the_probed_functions_once() {
+        assert_eq!(tracing(None, &Counters::default()), None);
+        let point = |op| ProbePoint { op, file_offset: 0 };
+        let points = vec![
+            point(lock_op::MUTEX_UNLOCK),
+            point(lock_op::MUTEX_LOCK),
+            point(lock_op::MUTEX_LOCK_OTHER_KINDS),
+        ];
+        let counters = Counters {
+            hold_events_lost: 1,
+            unmatched_unlocks: 2,
+            held_overflow: 3,
+            ..Counters::default()
+        };
+        let t = tracing(Some(&tracer(points, Mode::Floor)), &counters).unwrap();
+        assert_eq!(t.mode, TraceMode::Full);
+        assert_eq!(t.library, "/usr/lib/libc.so.6");
+        assert_eq!(t.functions, ["pthread_mutex_lock", "pthread_mutex_unlock"]);
+        assert!(t.always_traced.is_empty());
+        assert_eq!(
+            (t.sections_lost, t.unmatched_unlocks, t.held_overflow),
+            (1, 2, 3)
+        );
+        let sampled = tracing(Some(&tracer(vec![], Mode::Sampled)), &counters).unwrap();
+        assert_eq!(sampled.mode, TraceMode::Sampled);
+    }
+
+    /// Every kind the analysis names is one of the report's, with the same
+    /// idea of what is lock contention.
+    #[test]
+    fn report_kinds_are_the_analysis_kinds() {
+        let names = [
+            "pthread_cond_wait",
+            "pthread_rwlock_rdlock",
+            "pthread_barrier_wait",
+            "pthread_join",
+            "sem_wait",
+            "pthread_mutex_lock",
+            "syscall",
+        ];
+        for name in names {
+            let kind = classify(&[name]);
+            assert_eq!(LockKind::from_name(kind).map(LockKind::name), Some(kind));
+        }
+        for kind in LockKind::ALL {
+            assert_eq!(kind.is_contention(), is_contention(kind.name()), "{kind}");
+        }
+    }
 }

@@ -20,14 +20,14 @@ use crate::{
     error::Result,
     kernel::{loader::Probes, maps::Counters},
     object::x86::access,
-    process::{maps::ProcMaps, state::Process},
+    process::state::Process,
     report::{
-        model::{AddressMode, AddressSampling},
+        model::{AddressMode, AddressSampling, SampleSource},
         Report,
     },
 };
 use analysis::{Access, SharingProfile};
-use report::KernelLines;
+use report::{Inputs, KernelLines};
 
 pub fn plan() -> Box<dyn Plan> {
     Box::new(SharingPlan)
@@ -75,26 +75,6 @@ pub struct Sharing {
     cpu_samples: u64,
     /// The kernel's lines and their count, as read when detaching.
     final_lines: Option<(KernelLines, u64)>,
-}
-
-/// What the report reads of the sharing feature and the target.
-pub struct Seen<'a> {
-    pub sharing: &'a SharingProfile,
-    maps: &'a ProcMaps,
-    line_blocks: &'a FastMap<u64, Option<LineBlock>>,
-    pub alloc: Option<&'a AllocProfile>,
-}
-
-impl Seen<'_> {
-    /// The memory map as last read (for naming data addresses).
-    pub fn maps(&self) -> &ProcMaps {
-        self.maps
-    }
-
-    /// The heap block under `line` (recorded while it was live).
-    pub fn line_block(&self, line: u64) -> Option<LineBlock> {
-        self.line_blocks.get(&line).copied().flatten()
-    }
 }
 
 impl Sharing {
@@ -311,17 +291,18 @@ impl Feature for Sharing {
         } else {
             self.cpu_samples
         };
-        let seen = Seen {
+        let blocks = &self.line_blocks;
+        let inputs = Inputs {
             sharing: &self.profile,
             maps: ctx.process.maps(),
-            line_blocks: &self.line_blocks,
             alloc: ctx.heap,
+            line_block: Box::new(|line| blocks.get(&line).copied().flatten()),
         };
-        out.false_sharing = report::report(&seen, &lines, sampled, ctx.symbolizer);
-        out.false_sharing_dismissed = report::dismissed(&seen, &lines, sampled, ctx.symbolizer);
+        out.false_sharing = report::findings(&inputs, &lines, sampled, ctx.symbolizer);
+        out.false_sharing_dismissed = report::dismissals(&inputs, &lines, sampled, ctx.symbolizer);
         out.sampling.addresses = self.address_sampling(ctx.counters);
-        if let Some(source) = self.precise {
-            out.sampling.source = source.into();
+        if let Some(source) = self.precise.and_then(SampleSource::from_name) {
+            out.sampling.source = source;
         }
         if self.recipes_dropped > 0 {
             ctx.notes.push(format!(

@@ -1,19 +1,53 @@
 //! The report's false-sharing section: which object each shared line is,
 //! which code touches it, and what to change.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
-use memprof_common::sharing::{LineState, LineWords, WORD_BYTES};
+use memprof_common::sharing::{LineState, LineWords, LINE_BYTES, WORD_BYTES};
 
-use super::Seen;
+use super::LineBlock;
 use crate::{
-    features::sharing::analysis::{Dismissal, LineFinding, SharingKind},
-    object::symbolize::{dwarf::Layout, Symbolizer},
-    process::maps::{short_name, Place},
-    report::model::{
-        CodeRef, Dependences, DismissedLine, SharedObject, SharingCode, SharingEntry, WordEntry,
+    features::{
+        alloc::analysis::AllocProfile,
+        sharing::analysis::{self, Dismissal, LineFinding, SharingProfile},
+    },
+    object::symbolize::dwarf::Layout,
+    process::maps::{short_name, Place, ProcMaps},
+    report::{
+        model::{
+            source_label, CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind,
+            SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
+        },
+        names::Names,
     },
 };
+
+impl From<analysis::SharingKind> for SharingKind {
+    fn from(kind: analysis::SharingKind) -> Self {
+        match kind {
+            analysis::SharingKind::False => SharingKind::False,
+            analysis::SharingKind::True => SharingKind::True,
+            analysis::SharingKind::Mixed => SharingKind::Mixed,
+        }
+    }
+}
+
+impl From<Dismissal> for DismissReason {
+    fn from(why: Dismissal) -> Self {
+        match why {
+            Dismissal::OneThread => DismissReason::OneThread,
+            Dismissal::NoWrites => DismissReason::NoWrites,
+            Dismissal::NotInTable => DismissReason::NotInTable,
+            Dismissal::FewInvalidations => DismissReason::FewInvalidations,
+            Dismissal::ReadMostly => DismissReason::ReadMostly,
+            Dismissal::LowCost => DismissReason::LowCost,
+            Dismissal::NothingWrittenShared => DismissReason::NothingWrittenShared,
+        }
+    }
+}
 
 /// Code sites kept per line.
 const CODE_SITES: usize = 8;
@@ -32,18 +66,30 @@ pub struct KernelLines {
     pub lines: Vec<(u64, Option<LineState>, Option<LineWords>)>,
 }
 
-/// The report's entries, most costly first.
-pub fn report(
-    seen: &Seen<'_>,
+/// What the section reads of a session: the sampled accesses, the memory
+/// map, the allocator profile, and the heap blocks found under shared
+/// lines while they were live.
+pub struct Inputs<'a> {
+    pub sharing: &'a SharingProfile,
+    pub maps: &'a ProcMaps,
+    pub alloc: Option<&'a AllocProfile>,
+    pub line_block: Box<dyn Fn(u64) -> Option<LineBlock> + 'a>,
+}
+
+/// The entries for the lines the kernel's table holds, most costly first
+/// ([`MAX_LINES`] at most).
+pub fn findings(
+    inputs: &Inputs<'_>,
     kernel: &KernelLines,
     total_samples: u64,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> Vec<SharingEntry> {
     let mut findings: Vec<LineFinding> = kernel
         .lines
         .iter()
         .filter_map(|(line, state, words)| {
-            seen.sharing
+            inputs
+                .sharing
                 .analyse(*line, state.as_ref(), words.as_ref(), total_samples)
         })
         .collect();
@@ -57,22 +103,23 @@ pub fn report(
     findings
         .into_iter()
         .map(|f| {
-            let (object, layout) = object_of(seen, f.first_addr, f.line, symbolizer);
-            entry(f, object, layout, seen, symbolizer)
+            let (object, layout) = object_of(inputs, f.first_addr, f.line, names);
+            entry(f, object, layout, inputs, names)
         })
         .collect()
 }
 
-/// The busiest lines that are not findings, with the reason: the
-/// evidence that a quiet answer comes from looking, not from missing the
-/// line.
-pub fn dismissed(
-    seen: &Seen<'_>,
+/// The busiest lines ([`DISMISSED_LINES`] at most) that are not
+/// findings, with the reason: the evidence that a quiet answer comes from
+/// looking, not from missing the line.
+pub fn dismissals(
+    inputs: &Inputs<'_>,
     kernel: &KernelLines,
     total_samples: u64,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> Vec<DismissedLine> {
-    seen.sharing
+    inputs
+        .sharing
         .busiest(DISMISSED_LINES)
         .into_iter()
         .filter_map(|l| {
@@ -85,13 +132,14 @@ pub fn dismissed(
                     .find(|(line, _, _)| *line == l.line)
                     .map(|(_, s, w)| (s.as_ref(), w.as_ref()))
                     .unwrap_or((None, None));
-                seen.sharing
+                inputs
+                    .sharing
                     .judge(l.line, state, words, total_samples)
                     .err()?
             } else {
                 Dismissal::OneThread
             };
-            let (object, _) = object_of(seen, l.first_addr, l.line, symbolizer);
+            let (object, _) = object_of(inputs, l.first_addr, l.line, names);
             Some(DismissedLine {
                 line: format!("{:#x}", l.line),
                 object: object.label(),
@@ -99,18 +147,19 @@ pub fn dismissed(
                 samples: l.samples,
                 writes: l.writes,
                 shared: l.shared,
-                reason: why.reason().into(),
+                reason: why.into(),
             })
         })
         .collect()
 }
 
+/// The report's entry for a finding about `object`.
 fn entry(
     f: LineFinding,
     object: SharedObject,
     layout: Option<Layout>,
-    seen: &Seen<'_>,
-    symbolizer: &mut Symbolizer,
+    inputs: &Inputs<'_>,
+    names: &mut dyn Names,
 ) -> SharingEntry {
     // The field at a byte of the line, for a global with debug info.
     let field = |offset: u32| {
@@ -118,10 +167,43 @@ fn entry(
         let layout = layout.as_ref()?;
         layout.field_at(&object.name, u64::try_from(at).ok()?)
     };
+    SharingEntry {
+        line: format!("{:#x}", f.line),
+        kind: f.kind.into(),
+        invalidations: f.invalidations,
+        invalidation_rate: f.invalidation_rate,
+        samples: f.samples,
+        cost_share: f.cost_share,
+        threads: f.threads.clone(),
+        advice: advice(&f, &object, layout.as_ref(), &field),
+        words: f
+            .words
+            .iter()
+            .map(|w| WordEntry {
+                offset: w.offset,
+                reads: w.reads,
+                writes: w.writes,
+                threads: w.threads().into_iter().filter(|&t| t != 0).collect(),
+                field: field(w.offset),
+            })
+            .collect(),
+        object,
+        code: code_sites(&f, inputs, names),
+        dependences: Dependences {
+            read_after_write: f.raw,
+            write_after_write: f.waw,
+            write_after_read: f.war,
+        },
+    }
+}
+
+/// The code touching the line, one entry per source line (instructions
+/// of one line merged), most accesses first.
+fn code_sites(f: &LineFinding, inputs: &Inputs<'_>, names: &mut dyn Names) -> Vec<SharingCode> {
     let mut code: BTreeMap<(String, Option<String>, Option<u32>, String), SharingCode> =
         BTreeMap::new();
     for c in &f.code {
-        let frame = symbolizer.code_innermost(&seen.maps().place(c.insn));
+        let frame = names.code_innermost(&inputs.maps.place(c.insn));
         let key = (
             frame.function.clone(),
             frame.file.clone(),
@@ -147,110 +229,106 @@ fn entry(
     let mut code: Vec<SharingCode> = code.into_values().collect();
     code.sort_by_key(|c| std::cmp::Reverse(c.reads + c.writes));
     code.truncate(CODE_SITES);
-    SharingEntry {
-        line: format!("{:#x}", f.line),
-        kind: f.kind.name().into(),
-        invalidations: f.invalidations,
-        invalidation_rate: f.invalidation_rate,
-        samples: f.samples,
-        cost_share: f.cost_share,
-        threads: f.threads.clone(),
-        advice: advice(&f, &object, layout.as_ref(), &field),
-        words: f
-            .words
-            .iter()
-            .map(|w| WordEntry {
-                offset: w.offset,
-                reads: w.reads,
-                writes: w.writes,
-                threads: w.threads().into_iter().filter(|&t| t != 0).collect(),
-                field: field(w.offset),
-            })
-            .collect(),
-        object,
-        code,
-        dependences: Dependences {
-            read_after_write: f.raw,
-            write_after_write: f.waw,
-            write_after_read: f.war,
-        },
-    }
+    code
 }
 
 /// Names what lies on the line: a global (ELF symbol, with its DWARF
 /// layout when there is debug info), a heap block (its allocation site), a
 /// stack, or a mapping.
 fn object_of(
-    seen: &Seen<'_>,
+    inputs: &Inputs<'_>,
     addr: u64,
     line: u64,
-    symbolizer: &mut Symbolizer,
+    names: &mut dyn Names,
 ) -> (SharedObject, Option<Layout>) {
-    let (maps, block, alloc) = (seen.maps(), seen.line_block(line), seen.alloc);
-    let line = line as i64;
+    let (maps, block, alloc) = (inputs.maps, (inputs.line_block)(line), inputs.alloc);
     if let Some((path, base)) = maps.data_owner(addr) {
-        let (name, offset, size, layout) = match symbolizer.data(&path, base, addr) {
-            Some(sym) => {
-                let layout = symbolizer.data_layout(&path, &sym.name);
-                let offset = line - (addr - sym.offset) as i64;
-                (sym.name, offset, sym.size, layout)
-            }
-            // Stripped: the object file and offset are all there is.
-            None => (
-                format!("{}+{:#x}", short_name(&path), addr - base),
-                0,
-                None,
-                None,
-            ),
-        };
-        let object = SharedObject {
-            kind: "global".into(),
-            name,
-            offset,
-            size,
-            alloc_site: None,
-        };
-        return (object, layout);
+        return global_object(&path, base, addr, line, names);
     }
     if let (Some(b), Some(alloc)) = (block, alloc) {
-        let site = symbolizer.code(&alloc.site_place(b.site));
-        let label =
-            crate::report::model::source_label(site.file.as_deref(), site.line, &site.module);
-        let object = SharedObject {
-            kind: "heap".into(),
-            name: format!("{}-byte heap block from {label}", b.size),
-            offset: line - b.start as i64,
-            size: Some(b.size),
-            alloc_site: Some(CodeRef {
-                function: site.function,
-                file: site.file,
-                line: site.line,
-            }),
-        };
-        return (object, None);
+        return (heap_object(b, alloc, line, names), None);
     }
     let (kind, name) = match maps.place(addr) {
-        Place::Region { name, .. } if &*name == "[heap]" => ("heap", UNSEEN_BLOCK.to_string()),
-        Place::Region { name, .. } if name.starts_with("[stack") => ("stack", name.to_string()),
-        Place::Region { name, .. } => ("mapped", name.to_string()),
-        Place::File { path, .. } => ("mapped", path.to_string()),
+        Place::Region { name, .. } if &*name == "[heap]" => {
+            (ObjectKind::Heap, UNSEEN_BLOCK.to_string())
+        }
+        Place::Region { name, .. } if name.starts_with("[stack") => {
+            (ObjectKind::Stack, name.to_string())
+        }
+        Place::Region { name, .. } => (ObjectKind::Mapped, name.to_string()),
+        Place::File { path, .. } => (ObjectKind::Mapped, path.to_string()),
         Place::Anonymous { .. } if alloc.is_some_and(|a| a.maps_address(addr)) => {
-            ("heap", UNSEEN_BLOCK.to_string())
+            (ObjectKind::Heap, UNSEEN_BLOCK.to_string())
         }
         Place::Anonymous { .. } if maps.in_thread_stack(addr) => {
-            ("stack", "a thread's stack".to_string())
+            (ObjectKind::Stack, "a thread's stack".to_string())
         }
-        Place::Anonymous { .. } => ("mapped", "anonymous memory".to_string()),
-        Place::Unmapped { .. } => ("unknown", "unmapped at the end".to_string()),
+        Place::Anonymous { .. } => (ObjectKind::Mapped, "anonymous memory".to_string()),
+        Place::Unmapped { .. } => (ObjectKind::Unknown, "unmapped at the end".to_string()),
     };
     let object = SharedObject {
-        kind: kind.into(),
+        kind,
         name,
         offset: 0,
         size: None,
         alloc_site: None,
     };
     (object, None)
+}
+
+/// The global at `addr` in the data of object file `path` (mapped with
+/// file offset 0 at `base`), and its layout when there is debug info.
+fn global_object(
+    path: &Arc<str>,
+    base: u64,
+    addr: u64,
+    line: u64,
+    names: &mut dyn Names,
+) -> (SharedObject, Option<Layout>) {
+    let (name, offset, size, layout) = match names.data(path, base, addr) {
+        Some(sym) => {
+            let layout = names.data_layout(path, &sym.name);
+            let offset = line as i64 - (addr - sym.offset) as i64;
+            (sym.name, offset, sym.size, layout)
+        }
+        // Stripped: the object file and offset are all there is.
+        None => (
+            format!("{}+{:#x}", short_name(path), addr - base),
+            0,
+            None,
+            None,
+        ),
+    };
+    let object = SharedObject {
+        kind: ObjectKind::Global,
+        name,
+        offset,
+        size,
+        alloc_site: None,
+    };
+    (object, layout)
+}
+
+/// The heap block under the line, named by its allocation site.
+fn heap_object(
+    b: LineBlock,
+    alloc: &AllocProfile,
+    line: u64,
+    names: &mut dyn Names,
+) -> SharedObject {
+    let site = names.code(&alloc.site_place(b.site));
+    let label = source_label(site.file.as_deref(), site.line, &site.module);
+    SharedObject {
+        kind: ObjectKind::Heap,
+        name: format!("{}-byte heap block from {label}", b.size),
+        offset: line as i64 - b.start as i64,
+        size: Some(b.size),
+        alloc_site: Some(CodeRef {
+            function: site.function,
+            file: site.file,
+            line: site.line,
+        }),
+    }
 }
 
 /// What to change, in words.
@@ -278,20 +356,23 @@ fn advice(
     // An array of structs whose size is not a multiple of the line.
     let element = layout.and_then(|l| {
         let size = l.element?;
-        (size % 64 != 0).then(|| {
+        (size % LINE_BYTES != 0).then(|| {
             let ty = l.type_name.clone().unwrap_or_else(|| "the element".into());
             format!(
                 " {ty} is {size} bytes, so neighbouring elements share lines: pad it to {} \
-                 bytes or align it to 64.",
-                size.div_ceil(64) * 64
+                 bytes or align it to {LINE_BYTES}.",
+                size.div_ceil(LINE_BYTES) * LINE_BYTES
             )
         })
     });
+    // CPUs whose prefetcher fetches lines in pairs share pairs of lines.
+    let pair = 2 * LINE_BYTES;
     let layout_fix = format!(
         "Threads write different parts of this line ({}). Give each thread's part its own \
-         cache line: align the per-thread element to 64 bytes (alignas(64) / \
-         __attribute__((aligned(64))), or #[repr(align(64))] in Rust) or pad it to a multiple \
-         of 64; use 128 on CPUs whose prefetcher fetches lines in pairs (recent Intel).{}",
+         cache line: align the per-thread element to {LINE_BYTES} bytes \
+         (alignas({LINE_BYTES}) / __attribute__((aligned({LINE_BYTES}))), or \
+         #[repr(align({LINE_BYTES}))] in Rust) or pad it to a multiple of {LINE_BYTES}; use \
+         {pair} on CPUs whose prefetcher fetches lines in pairs (recent Intel).{}",
         parts.join(", "),
         element.unwrap_or_default()
     );
@@ -308,13 +389,446 @@ fn advice(
          end, or update the shared value less often.",
         shared.join(", ")
     );
-    let what = match object.kind.as_str() {
-        "global" | "heap" => format!(" ({})", object.name),
+    let what = match object.kind {
+        ObjectKind::Global | ObjectKind::Heap => format!(" ({})", object.name),
         _ => String::new(),
     };
     match f.kind {
-        SharingKind::False => format!("{layout_fix}{what}"),
-        SharingKind::True => format!("{data}{what}"),
-        SharingKind::Mixed => format!("{layout_fix} {data}{what}"),
+        analysis::SharingKind::False => format!("{layout_fix}{what}"),
+        analysis::SharingKind::True => format!("{data}{what}"),
+        analysis::SharingKind::Mixed => format!("{layout_fix} {data}{what}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use memprof_common::{alloc_op, syscall};
+
+    use super::*;
+    use crate::{
+        features::{
+            alloc::analysis::{LargeRule, SyscallCall},
+            sharing::analysis::Access,
+        },
+        object::symbolize::dwarf::Member,
+        report::fixtures::{program_maps, TableNames},
+    };
+
+    /// `g_args`: four 24-byte `struct thread_arg` in the program's data.
+    const G_ARGS: u64 = 0x5555_5555_8040;
+    /// A line of the heap.
+    const HEAP_LINE: u64 = 0x5555_5555_a100;
+    /// A line of anonymous memory.
+    const ANON_LINE: u64 = 0x7f00_0000_0100;
+    /// The program's code.
+    const CODE: u64 = 0x5555_5555_4000;
+
+    /// `worker` at lines 10 (two instructions) and 20, `make_queue` at
+    /// line 30; the layout of `g_args`.
+    fn names() -> TableNames {
+        let member = |name: &str, offset| Member {
+            name: name.into(),
+            offset,
+        };
+        TableNames::new()
+            .function(0x10, "worker", 10)
+            .function(0x11, "worker", 10)
+            .function(0x20, "worker", 20)
+            .function(0x30, "make_queue", 30)
+            .global(G_ARGS, 96, "g_args")
+            .layout(
+                "g_args",
+                Layout {
+                    element: Some(24),
+                    type_name: Some("struct thread_arg".into()),
+                    struct_size: Some(24),
+                    members: vec![member("sum", 0), member("count", 8), member("pad", 16)],
+                },
+            )
+    }
+
+    /// An 8-byte access by `tid` to `addr` from the instruction at `insn`
+    /// in the program's code.
+    fn access(tid: u32, insn: u64, addr: u64, write: bool) -> Access {
+        Access {
+            tid,
+            insn: CODE + insn,
+            addr,
+            size: 8,
+            read: !write,
+            write,
+        }
+    }
+
+    /// Sampled accesses, the kernel's table of the lines in it, and the
+    /// sample program's memory map.
+    struct Session {
+        sharing: SharingProfile,
+        kernel: KernelLines,
+        samples: u64,
+        maps: ProcMaps,
+    }
+
+    impl Session {
+        fn new() -> Self {
+            Self {
+                sharing: SharingProfile::new(),
+                kernel: KernelLines::default(),
+                samples: 0,
+                maps: program_maps(),
+            }
+        }
+
+        /// Samples `accesses` (all on one line); with `in_table`, the
+        /// kernel's line table holds the line too.
+        fn line(mut self, accesses: &[Access], in_table: bool) -> Self {
+            let mut state = LineState::default();
+            for (i, &a) in accesses.iter().enumerate() {
+                self.sharing.on_access(a);
+                state.record(a.tid, a.write, i as u64 + 1);
+            }
+            self.samples += accesses.len() as u64;
+            if in_table {
+                let line = accesses[0].addr & !(LINE_BYTES - 1);
+                self.kernel.lines.push((line, Some(state), None));
+            }
+            self
+        }
+
+        fn inputs<'a>(
+            &'a self,
+            alloc: Option<&'a AllocProfile>,
+            block: Option<LineBlock>,
+        ) -> Inputs<'a> {
+            Inputs {
+                sharing: &self.sharing,
+                maps: &self.maps,
+                alloc,
+                line_block: Box::new(move |_| block),
+            }
+        }
+    }
+
+    /// `n` writes alternating between thread 1 at `a` and thread 2 at `b`.
+    fn ping_pong(n: usize, a: (u64, u64), b: (u64, u64)) -> Vec<Access> {
+        (0..n)
+            .map(|i| match i % 2 {
+                0 => access(1, a.0, a.1, true),
+                _ => access(2, b.0, b.1, true),
+            })
+            .collect()
+    }
+
+    /// Thread 1 writes `g_args[0].sum` (from two instructions of line 10),
+    /// thread 2 writes `g_args[1].sum` (line 20).
+    fn false_sharing() -> Vec<Access> {
+        let mut accesses = ping_pong(100, (0x10, G_ARGS), (0x20, G_ARGS + 24));
+        for a in accesses.iter_mut().step_by(4) {
+            a.insn = CODE + 0x11;
+        }
+        accesses
+    }
+
+    #[test]
+    fn a_global_finding_names_its_fields_code_and_fix() {
+        let s = Session::new().line(&false_sharing(), true);
+        let entries = findings(
+            &s.inputs(None, None),
+            &s.kernel,
+            2 * s.samples,
+            &mut names(),
+        );
+        assert_eq!(entries.len(), 1);
+        let e = &entries[0];
+        assert_eq!(
+            (e.line.as_str(), e.kind),
+            ("0x555555558040", SharingKind::False)
+        );
+        assert_eq!((e.samples, e.threads.as_slice()), (100, [1, 2].as_slice()));
+        assert!((e.cost_share - 0.5).abs() < 1e-9);
+        assert_eq!(
+            e.object,
+            SharedObject {
+                kind: ObjectKind::Global,
+                name: "g_args".into(),
+                offset: 0,
+                size: Some(96),
+                alloc_site: None,
+            }
+        );
+        let words: Vec<_> = e
+            .words
+            .iter()
+            .map(|w| (w.offset, w.writes, w.threads.clone(), w.field.as_deref()))
+            .collect();
+        let sum0 = Some("g_args[0].sum");
+        let sum1 = Some("g_args[1].sum");
+        assert_eq!(
+            words,
+            [
+                (0, 50, vec![1], sum0),
+                (4, 50, vec![1], sum0),
+                (24, 50, vec![2], sum1),
+                (28, 50, vec![2], sum1),
+            ]
+        );
+        // Two instructions of line 10 are one code site.
+        let code: Vec<_> = e
+            .code
+            .iter()
+            .map(|c| {
+                (
+                    c.function.as_str(),
+                    c.line,
+                    c.writes,
+                    c.threads.clone(),
+                    c.offset,
+                )
+            })
+            .collect();
+        assert_eq!(
+            code,
+            [
+                ("worker", Some(10), 50, vec![1], 0),
+                ("worker", Some(20), 50, vec![2], 24)
+            ]
+        );
+        assert!(
+            e.advice.starts_with(
+                "Threads write different parts of this line (thread 1 g_args[0].sum, \
+                 thread 2 g_args[1].sum)."
+            ),
+            "{}",
+            e.advice
+        );
+        assert!(e.advice.contains(
+            "Give each thread's part its own cache line: align the per-thread element to 64 \
+             bytes (alignas(64) / __attribute__((aligned(64))), or #[repr(align(64))] in Rust) \
+             or pad it to a multiple of 64; use 128 on CPUs whose prefetcher fetches lines in \
+             pairs (recent Intel)."
+        ));
+        assert!(e.advice.contains(
+            "struct thread_arg is 24 bytes, so neighbouring elements share lines: pad it to 64 \
+             bytes or align it to 64."
+        ));
+        assert!(e.advice.ends_with(" (g_args)"), "{}", e.advice);
+        assert_eq!(e.dependences.write_after_write, 99);
+    }
+
+    #[test]
+    fn a_heap_line_is_named_by_its_allocation_site() {
+        // Both threads write the same word, 32 bytes into the line, where
+        // a block starts.
+        let s = Session::new().line(
+            &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 32)),
+            true,
+        );
+        let mut alloc = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
+        let block = LineBlock {
+            start: HEAP_LINE + 32,
+            size: 64,
+            site: 0x30,
+        };
+        let entries = findings(
+            &s.inputs(Some(&alloc), Some(block)),
+            &s.kernel,
+            s.samples,
+            &mut names(),
+        );
+        let e = &entries[0];
+        assert_eq!(e.kind, SharingKind::True);
+        assert_eq!(
+            e.object,
+            SharedObject {
+                kind: ObjectKind::Heap,
+                name: "64-byte heap block from prog.c:30".into(),
+                offset: -32,
+                size: Some(64),
+                alloc_site: Some(CodeRef {
+                    function: "make_queue".into(),
+                    file: Some("/src/prog.c".into()),
+                    line: Some(30),
+                }),
+            }
+        );
+        assert!(
+            e.advice
+                .starts_with("Several threads use the same written word (byte 32, byte 36)"),
+            "{}",
+            e.advice
+        );
+        assert!(e.advice.ends_with(" (64-byte heap block from prog.c:30)"));
+    }
+
+    #[test]
+    fn findings_rank_by_cost_and_leave_out_the_rest() {
+        let s = Session::new()
+            .line(&false_sharing(), true)
+            .line(
+                &ping_pong(300, (0x10, ANON_LINE), (0x20, ANON_LINE + 8)),
+                true,
+            )
+            // Shared and written, but the kernel's table dropped it.
+            .line(
+                &ping_pong(400, (0x10, HEAP_LINE), (0x20, HEAP_LINE + 8)),
+                false,
+            );
+        let entries = findings(&s.inputs(None, None), &s.kernel, s.samples, &mut names());
+        let lines: Vec<&str> = entries.iter().map(|e| e.line.as_str()).collect();
+        assert_eq!(lines, ["0x7f0000000100", "0x555555558040"]);
+        assert_eq!(entries[0].object.kind, ObjectKind::Mapped);
+        assert_eq!(entries[0].object.name, "anonymous memory");
+        assert!(!entries[0].advice.contains("(anonymous memory)"));
+    }
+
+    #[test]
+    fn the_busiest_lines_not_reported_say_why() {
+        let reads = [
+            access(1, 0x10, HEAP_LINE, false),
+            access(2, 0x20, HEAP_LINE, false),
+        ];
+        let alone = vec![access(1, 0x10, ANON_LINE, true); 30];
+        // The busiest line is a finding: not in the list.
+        let s = Session::new()
+            .line(&false_sharing(), true)
+            .line(&reads.repeat(20), true)
+            .line(&alone, true)
+            .line(
+                &ping_pong(20, (0x10, G_ARGS + 64), (0x20, G_ARGS + 72)),
+                false,
+            )
+            .line(
+                &ping_pong(4, (0x10, ANON_LINE + 64), (0x20, ANON_LINE + 72)),
+                true,
+            );
+        let dismissed = dismissals(&s.inputs(None, None), &s.kernel, s.samples, &mut names());
+        let why: Vec<_> = dismissed
+            .iter()
+            .map(|d| {
+                (
+                    d.line.as_str(),
+                    d.object.as_str(),
+                    d.object_kind,
+                    d.samples,
+                    d.writes,
+                    d.shared,
+                    d.reason,
+                )
+            })
+            .collect();
+        assert_eq!(
+            why,
+            [
+                (
+                    "0x55555555a100",
+                    UNSEEN_BLOCK,
+                    ObjectKind::Heap,
+                    40,
+                    0,
+                    true,
+                    DismissReason::NoWrites
+                ),
+                (
+                    "0x7f0000000100",
+                    "anonymous memory",
+                    ObjectKind::Mapped,
+                    30,
+                    30,
+                    false,
+                    DismissReason::OneThread
+                ),
+                (
+                    "0x555555558080",
+                    "g_args+64",
+                    ObjectKind::Global,
+                    20,
+                    20,
+                    true,
+                    DismissReason::NotInTable
+                ),
+                (
+                    "0x7f0000000140",
+                    "anonymous memory",
+                    ObjectKind::Mapped,
+                    4,
+                    4,
+                    true,
+                    DismissReason::FewInvalidations
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn what_lies_on_a_line_without_a_symbol_or_block() {
+        let sharing = SharingProfile::new();
+        let mut alloc = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        alloc.add_syscall(SyscallCall {
+            nr: syscall::MMAP,
+            inside: Some(alloc_op::MALLOC),
+            traced: true,
+            duration_ns: 1000,
+            args: [0, 0x1_0000, 3, 0],
+            ret: 0x7f00_0001_0000,
+        });
+        let inputs = Inputs {
+            sharing: &sharing,
+            maps: &program_maps(),
+            alloc: Some(&alloc),
+            line_block: Box::new(|_| None),
+        };
+        let mut names = TableNames::new();
+        let mut object = |addr: u64| {
+            let (o, layout) = object_of(&inputs, addr, addr & !(LINE_BYTES - 1), &mut names);
+            assert_eq!(layout, None);
+            (o.kind, o.name, o.offset)
+        };
+        assert_eq!(
+            object(G_ARGS),
+            (ObjectKind::Global, "prog+0x4040".into(), 0),
+            "stripped"
+        );
+        assert_eq!(
+            object(HEAP_LINE),
+            (ObjectKind::Heap, UNSEEN_BLOCK.into(), 0)
+        );
+        assert_eq!(
+            object(0x7f00_0001_0040),
+            (ObjectKind::Heap, UNSEEN_BLOCK.into(), 0),
+            "mapped by the allocator"
+        );
+        assert_eq!(
+            object(ANON_LINE),
+            (ObjectKind::Mapped, "anonymous memory".into(), 0)
+        );
+        assert_eq!(
+            object(0x7fff_ffff_0000),
+            (ObjectKind::Stack, "[stack]".into(), 0)
+        );
+        assert_eq!(
+            object(0x1000),
+            (ObjectKind::Unknown, "unmapped at the end".into(), 0)
+        );
+    }
+
+    /// The report's names are the analysis's.
+    #[test]
+    fn report_names_are_the_analysis_names() {
+        use analysis::SharingKind as Kind;
+        for k in [Kind::False, Kind::True, Kind::Mixed] {
+            assert_eq!(SharingKind::from(k).name(), k.name());
+        }
+        for d in [
+            Dismissal::OneThread,
+            Dismissal::NoWrites,
+            Dismissal::NotInTable,
+            Dismissal::FewInvalidations,
+            Dismissal::ReadMostly,
+            Dismissal::LowCost,
+            Dismissal::NothingWrittenShared,
+        ] {
+            assert_eq!(DismissReason::from(d).name(), d.reason());
+        }
     }
 }

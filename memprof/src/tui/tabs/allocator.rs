@@ -302,10 +302,10 @@ fn ops_table(ops: &[OpStats], width: u16) -> Table<'static> {
         .iter()
         .map(|op| {
             vec![
-                op.op.clone(),
-                op.class.clone(),
-                op.origin.clone().unwrap_or_else(|| "-".into()),
-                op.phase.clone(),
+                op.op.to_string(),
+                op.class.to_string(),
+                op.origin.map_or_else(|| "-".into(), |o| o.to_string()),
+                op.phase.to_string(),
                 count_label(op.count),
                 format_ns(op.mean_ns),
                 format_ns(op.p50_ns),
@@ -323,7 +323,7 @@ fn split_name(op: &OpStats) -> String {
         "{} {} {} {}",
         op.op,
         op.class,
-        op.origin.as_deref().unwrap_or("-"),
+        op.origin.map_or("-", |o| o.name()),
         op.phase
     )
 }
@@ -470,7 +470,7 @@ fn render_syscalls(syscalls: &[SyscallStats], frame: &mut Frame, area: Rect) {
         .into_iter()
         .map(|s| {
             vec![
-                s.name.clone(),
+                s.name.to_string(),
                 syscall_origin(s).to_string(),
                 count_label(s.count),
                 format_ns(s.total_ns),

@@ -24,6 +24,10 @@ use ratatui::{
 
 use sites::{render_sites, Sites};
 
+use crate::report::{
+    model::{LockEntry, LockKind},
+    text::{ellipsize, format_ns, group, percent},
+};
 use crate::tui::{
     layout::{render_master_detail, DetailView, LineBudget, Lines, Selection},
     widgets::{
@@ -31,13 +35,6 @@ use crate::tui::{
         render_histogram, render_message, styled_table, Column,
     },
     App,
-};
-use crate::{
-    features::locks::analysis::is_contention,
-    report::{
-        model::LockEntry,
-        text::{ellipsize, format_ns, group, percent},
-    },
 };
 
 /// The tab's frame title, for its one-line messages.
@@ -106,14 +103,14 @@ fn locks_table(locks: &[LockEntry], area: Rect) -> Table<'static> {
     let rows = locks.iter().map(|l| {
         let cells = vec![
             ellipsize(lock_name(l), name_width),
-            l.kind.clone(),
+            l.kind.to_string(),
             count_label(l.contentions),
             format_ns(l.wait_total_ns),
             format_ns(l.wait_p99_ns),
             format_ns(l.wait_max_ns),
             threads_label(l.threads),
         ];
-        let style = if is_contention(&l.kind) {
+        let style = if l.kind.is_contention() {
             Style::new()
         } else {
             Style::new().dim()
@@ -294,8 +291,8 @@ impl DetailView for LockDetail<'_> {
     /// `g_hot_lock · mutex at 0x5555aaaa0040 · mean wait 41.0 µs`.
     fn title(&self) -> String {
         let l = self.lock;
-        let what = match (&l.name, l.kind.as_str()) {
-            (Some(name), "kernel") => name.clone(),
+        let what = match (&l.name, l.kind) {
+            (Some(name), LockKind::Kernel) => name.clone(),
             (Some(name), kind) => format!("{name} · {kind} at {}", l.address),
             (None, kind) => format!("{kind} at {}", l.address),
         };
@@ -333,7 +330,7 @@ fn render_detail(l: &LockEntry, estimates: bool, fit: &DetailFit, frame: &mut Fr
     }
     if let Some(rows) = fit.holders {
         let header = ["released by", "source", "wakes", "woken"];
-        let none = if l.kind == "kernel" {
+        let none = if l.kind == LockKind::Kernel {
             "releasing code: not traced for kernel locks"
         } else {
             "no wake seen"

@@ -161,7 +161,7 @@ fn lines_table(entries: &[SharingEntry], area: Rect) -> Table<'static> {
         let cells = vec![
             (i + 1).to_string(),
             format!("{:.1}%", e.cost_share * 100.0),
-            e.kind.clone(),
+            e.kind.to_string(),
             ellipsize(&e.object.label(), object_width),
             count_label(e.invalidations),
             count_label(e.samples),
@@ -238,7 +238,7 @@ impl Detail {
     fn new(e: &SharingEntry, width: u16) -> Self {
         let room = usize::from(width);
         let o = &e.object;
-        let mut what = vec![o.kind.clone()];
+        let mut what = vec![o.kind.to_string()];
         what.extend(o.size.map(format_bytes));
         what.extend(
             o.starts_in_line()
@@ -489,14 +489,14 @@ pub(crate) mod tests {
     fn true_entry() -> SharingEntry {
         SharingEntry {
             line: "0x5555aaaa0080".into(),
-            kind: "true".into(),
+            kind: crate::report::model::SharingKind::True,
             invalidations: 120,
             invalidation_rate: 0.5,
             samples: 240,
             cost_share: 0.02,
             threads: vec![15027, 15028, 15029],
             object: SharedObject {
-                kind: "global".into(),
+                kind: crate::report::model::ObjectKind::Global,
                 name: "g_counter".into(),
                 offset: 64,
                 size: Some(256),

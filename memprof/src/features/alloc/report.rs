@@ -1,0 +1,634 @@
+//! The report's allocator section: latency per split, syscalls, the
+//! memory account, the top sites and the kernel-side cost per thread.
+
+use memprof_common::{alloc_op, KernelStats};
+
+use super::tracer::AllocTracer;
+use crate::{
+    cli::AllocMode,
+    features::alloc::analysis::{AllocProfile, Class, Origin, Phase, SiteStats},
+    kernel::windows::Windowed,
+    object::symbolize::Frame,
+    process::maps::Place,
+    report::model::{
+        AllocOp, AllocatorReport, BlockOrigin, KernelThreadEntry, MemoryReport, OpStats, SiteEntry,
+        SizeClass, Syscall, SyscallStats, ThreadPhase, TraceMode,
+    },
+};
+
+impl From<Class> for SizeClass {
+    fn from(class: Class) -> Self {
+        match class {
+            Class::Small => SizeClass::Small,
+            Class::Large => SizeClass::Large,
+            Class::Unknown => SizeClass::Unknown,
+        }
+    }
+}
+
+impl From<Origin> for BlockOrigin {
+    fn from(origin: Origin) -> Self {
+        match origin {
+            Origin::New => BlockOrigin::New,
+            Origin::Reused => BlockOrigin::Reused,
+        }
+    }
+}
+
+impl From<Phase> for ThreadPhase {
+    fn from(phase: Phase) -> Self {
+        match phase {
+            Phase::Serial => ThreadPhase::Serial,
+            Phase::Parallel => ThreadPhase::Parallel,
+        }
+    }
+}
+
+impl From<AllocMode> for TraceMode {
+    fn from(mode: AllocMode) -> Self {
+        match mode {
+            AllocMode::Full => TraceMode::Full,
+            AllocMode::Sampled => TraceMode::Sampled,
+            AllocMode::Off => TraceMode::Off,
+            AllocMode::Floor => TraceMode::Floor,
+        }
+    }
+}
+
+/// Builds the report's allocator section.
+pub fn report(
+    tracer: Option<&AllocTracer>,
+    profile: Option<&AllocProfile>,
+    mode: AllocMode,
+    lost: u64,
+    kernel: &[(u32, KernelStats)],
+    mut symbolize: impl FnMut(&Place) -> Frame,
+) -> AllocatorReport {
+    let (Some(tracer), Some(profile)) = (tracer, profile) else {
+        return AllocatorReport {
+            mode: mode.into(),
+            traced_fraction: 0.0,
+            ..Default::default()
+        };
+    };
+    let scaling = Scaling::of(mode.into(), tracer);
+    let always_traced = match scaling.sampled {
+        true => tracer
+            .resident_ops()
+            .into_iter()
+            .map(AllocOp::from_code)
+            .collect(),
+        false => Vec::new(),
+    };
+    AllocatorReport {
+        library: Some(tracer.allocator.label()),
+        path: Some(tracer.allocator.path.to_string()),
+        mode: mode.into(),
+        traced_fraction: scaling.fraction,
+        sampled: scaling.sampled,
+        large_rule: profile.rule().describe(),
+        calls_traced: profile.calls(),
+        always_traced,
+        lost,
+        ops: ops(profile, &scaling),
+        syscalls: syscalls(profile),
+        // The composition needs every call.
+        memory: (mode == AllocMode::Full).then(|| memory(profile)),
+        sites: sites(profile, &scaling, &mut symbolize),
+        kernel: kernel_threads(kernel),
+    }
+}
+
+/// How counts traced in windows become estimates for the whole session.
+#[derive(Debug, Clone, PartialEq)]
+struct Scaling {
+    /// Fraction of the session the windowed probes were attached.
+    fraction: f64,
+    /// Whether counts are estimates (sampled, and traced in part).
+    sampled: bool,
+    /// Fraction of the session each operation was traced, by code.
+    op_fractions: Vec<f64>,
+}
+
+impl Scaling {
+    fn of(mode: TraceMode, tracer: &Windowed) -> Self {
+        let fraction = tracer.traced_fraction();
+        Self {
+            fraction,
+            sampled: mode.estimates(fraction),
+            op_fractions: (0..alloc_op::COUNT)
+                .map(|op| tracer.op_fraction(op))
+                .collect(),
+        }
+    }
+
+    /// `n` calls of operation `op` traced, as an estimate for the session
+    /// when counts are scaled.
+    fn calls(&self, n: u64, op: u32) -> u64 {
+        let f = (self.op_fractions.get(op as usize)).map_or(self.fraction, |f| *f);
+        if self.sampled && f > 0.0 {
+            (n as f64 / f).round() as u64
+        } else {
+            n
+        }
+    }
+}
+
+/// Latency per split, busiest first.
+fn ops(profile: &AllocProfile, scaling: &Scaling) -> Vec<OpStats> {
+    profile
+        .splits()
+        .into_iter()
+        .map(|(key, stats)| {
+            let h = &stats.histogram;
+            OpStats {
+                op: AllocOp::from_code(key.op),
+                class: key.class.into(),
+                origin: key.origin.map(Into::into),
+                phase: key.phase.into(),
+                count: scaling.calls(h.len(), key.op),
+                traced: h.len(),
+                mean_ns: h.mean().round() as u64,
+                p50_ns: h.value_at_quantile(0.5),
+                p99_ns: h.value_at_quantile(0.99),
+                max_ns: h.max(),
+                histogram: log2_histogram(&stats.log2),
+            }
+        })
+        .collect()
+}
+
+/// The non-empty log2 buckets: (upper bound in ns, calls).
+fn log2_histogram(log2: &[u64]) -> Vec<(u64, u64)> {
+    log2.iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(i, &n)| (1u64 << (i + 1), n))
+        .collect()
+}
+
+/// The allocator's syscalls, most time first.
+fn syscalls(profile: &AllocProfile) -> Vec<SyscallStats> {
+    profile
+        .syscalls()
+        .into_iter()
+        .map(|((nr, inside, traced), s)| SyscallStats {
+            name: Syscall::from_code(nr),
+            inside: inside.map(AllocOp::from_code),
+            traced,
+            count: s.count,
+            total_ns: s.total_ns,
+            bytes: s.bytes,
+        })
+        .collect()
+}
+
+/// Where the memory went at the peak of mapped memory.
+fn memory(profile: &AllocProfile) -> MemoryReport {
+    let peak = profile.memory_at_peak();
+    MemoryReport {
+        requested_peak: profile.requested_peak(),
+        requested_at_peak: peak.requested,
+        usable_peak: peak.usable,
+        internal_fragmentation: peak.internal_fragmentation(),
+        blowup: peak.blowup,
+        external_fragmentation: peak.external_fragmentation(),
+        mapped_peak: peak.mapped,
+        requested_end: profile.memory_now().requested,
+        usable_known: profile.usable_known(),
+    }
+}
+
+/// Page faults and `mmap_lock` waits per thread.
+fn kernel_threads(kernel: &[(u32, KernelStats)]) -> Vec<KernelThreadEntry> {
+    kernel
+        .iter()
+        .map(|(tid, k)| KernelThreadEntry {
+            tid: *tid,
+            page_faults: k.page_faults,
+            page_faults_in_allocator: k.page_faults_in_alloc,
+            mmap_lock_waits: k.mmap_lock_waits,
+            mmap_lock_wait_ns: k.mmap_lock_wait_ns,
+        })
+        .collect()
+}
+
+/// Sites kept per ranking.
+const SITES_PER_RANKING: usize = 10;
+
+/// The top sites by bytes, by count and by live bytes, each once. Sites
+/// are mostly malloc's calls: their counts are scaled like malloc's.
+fn sites(
+    profile: &AllocProfile,
+    scaling: &Scaling,
+    symbolize: &mut impl FnMut(&Place) -> Frame,
+) -> Vec<SiteEntry> {
+    let all: Vec<_> = profile.sites().collect();
+    let mut chosen: Vec<usize> = Vec::new();
+    let rankings: [&dyn Fn(&SiteStats) -> u64; 3] = [&|s| s.bytes, &|s| s.count, &|s| s.live_bytes];
+    for key in rankings {
+        let mut order: Vec<usize> = (0..all.len()).filter(|&i| key(all[i].1) > 0).collect();
+        order.sort_by(|&a, &b| key(all[b].1).cmp(&key(all[a].1)));
+        for i in order.into_iter().take(SITES_PER_RANKING) {
+            if !chosen.contains(&i) {
+                chosen.push(i);
+            }
+        }
+    }
+    let scale = |n: u64| scaling.calls(n, alloc_op::MALLOC);
+    chosen
+        .into_iter()
+        .map(|i| {
+            let (place, s) = &all[i];
+            let frame = symbolize(place);
+            SiteEntry {
+                function: frame.function,
+                file: frame.file,
+                line: frame.line,
+                module: frame.module,
+                count: scale(s.count),
+                bytes: scale(s.bytes),
+                live_bytes: s.live_bytes,
+                live_blocks: s.live_blocks,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use memprof_common::{alloc_op, syscall};
+
+    use super::*;
+    use crate::{
+        features::alloc::{
+            allocator::{Allocator, AllocatorKind},
+            analysis::{op_name, AllocCall, LargeRule, SyscallCall},
+            tracer::AllocSettings,
+        },
+        report::fixtures::code_at,
+    };
+
+    /// A call of `op` on `ptr` from call site `site`, with `threads` live.
+    fn call(op: u32, ptr: u64, size: u64, site: u64, duration_ns: u64, threads: u32) -> AllocCall {
+        AllocCall {
+            op,
+            tid: 1,
+            start_ns: 0,
+            duration_ns,
+            ptr,
+            old_ptr: 0,
+            size,
+            chunk: 0,
+            site,
+            live_threads: threads,
+        }
+    }
+
+    /// Two small mallocs, a free and a malloc reusing the freed block (one
+    /// thread), then a large malloc while two threads live; the small
+    /// blocks come from call site 0x10, the large one from 0x30.
+    fn profile() -> AllocProfile {
+        let mut p = AllocProfile::new(LargeRule::Above(1024), false, false);
+        p.add_call(call(alloc_op::MALLOC, 0x1000, 16, 0x10, 100, 1));
+        p.add_call(call(alloc_op::MALLOC, 0x2000, 16, 0x10, 300, 1));
+        p.add_call(call(alloc_op::FREE, 0x1000, 0, 0x20, 50, 1));
+        p.add_call(call(alloc_op::MALLOC, 0x1000, 16, 0x10, 200, 1));
+        p.add_call(call(alloc_op::MALLOC, 0x9000, 4096, 0x30, 5000, 2));
+        p.set_site_place(0x10, code_at(0x10));
+        p.set_site_place(0x30, code_at(0x30));
+        p
+    }
+
+    /// Every operation traced all the time.
+    fn exact() -> Scaling {
+        Scaling {
+            fraction: 1.0,
+            sampled: false,
+            op_fractions: vec![1.0; alloc_op::COUNT as usize],
+        }
+    }
+
+    /// Windows covering a quarter of the session; `free` attached all the
+    /// time and `malloc` half of it.
+    fn windowed() -> Scaling {
+        let mut op_fractions = vec![0.25; alloc_op::COUNT as usize];
+        op_fractions[alloc_op::FREE as usize] = 1.0;
+        op_fractions[alloc_op::MALLOC as usize] = 0.5;
+        Scaling {
+            fraction: 0.25,
+            sampled: true,
+            op_fractions,
+        }
+    }
+
+    /// `site{offset}`, for the places [`code_at`] gives.
+    fn site_names(place: &Place) -> Frame {
+        match place {
+            Place::File { file_offset, .. } => Frame {
+                function: format!("site{file_offset}"),
+                module: "prog".into(),
+                file: None,
+                line: None,
+            },
+            other => Frame::unknown(other),
+        }
+    }
+
+    #[test]
+    fn ops_are_the_splits_busiest_first() {
+        let ops = ops(&profile(), &exact());
+        let splits: Vec<_> = ops
+            .iter()
+            .map(|o| {
+                (
+                    o.op.name(),
+                    o.class.name(),
+                    o.origin.map(BlockOrigin::name),
+                    o.phase.name(),
+                    o.count,
+                )
+            })
+            .collect();
+        assert_eq!(
+            splits,
+            [
+                ("malloc", "small", Some("new"), "serial", 2),
+                // Ties in key order: small before large, malloc before free.
+                ("malloc", "small", Some("reused"), "serial", 1),
+                ("malloc", "large", Some("new"), "parallel", 1),
+                ("free", "small", Some("new"), "serial", 1),
+            ]
+        );
+        let first = &ops[0];
+        assert_eq!((first.traced, first.mean_ns, first.max_ns), (2, 200, 300));
+        // 100 ns and 300 ns: one call under 128 ns, one under 512 ns.
+        assert_eq!(first.histogram, [(128, 1), (512, 1)]);
+    }
+
+    #[test]
+    fn sampled_counts_are_scaled_by_the_time_each_op_was_traced() {
+        let ops = ops(&profile(), &windowed());
+        let counts: Vec<_> = ops
+            .iter()
+            .map(|o| (o.op.name(), o.count, o.traced))
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                ("malloc", 4, 2),
+                ("malloc", 2, 1),
+                ("malloc", 2, 1),
+                ("free", 1, 1)
+            ]
+        );
+        let scaling = windowed();
+        assert_eq!(
+            scaling.calls(3, 99),
+            12,
+            "an unknown op: the windows' fraction"
+        );
+        let untraced = Scaling {
+            op_fractions: vec![0.0; alloc_op::COUNT as usize],
+            ..windowed()
+        };
+        assert_eq!(
+            untraced.calls(3, alloc_op::MALLOC),
+            3,
+            "nothing to scale by"
+        );
+        let partial_but_exact = Scaling {
+            sampled: false,
+            ..windowed()
+        };
+        assert_eq!(partial_but_exact.calls(3, alloc_op::MALLOC), 3);
+    }
+
+    #[test]
+    fn syscalls_name_the_operation_they_ran_inside() {
+        let mut p = profile();
+        let sys = |nr, inside, traced, duration_ns, length| SyscallCall {
+            nr,
+            inside,
+            traced,
+            duration_ns,
+            args: [0x7f00_0000_0000, length, 3, 0],
+            ret: 0,
+        };
+        p.add_syscall(sys(syscall::MUNMAP, None, true, 1000, 4096));
+        p.add_syscall(sys(
+            syscall::MMAP,
+            Some(alloc_op::MALLOC),
+            true,
+            5000,
+            1 << 20,
+        ));
+        p.add_syscall(sys(syscall::MADVISE, None, false, 200, 8192));
+        p.add_syscall(sys(99, Some(99), true, 10, 0));
+        let rows: Vec<_> = syscalls(&p)
+            .iter()
+            .map(|s| {
+                (
+                    s.name.name(),
+                    s.inside.map(AllocOp::name),
+                    s.traced,
+                    s.total_ns,
+                    s.bytes,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("mmap", Some("malloc"), true, 5000, 1 << 20),
+                ("munmap", None, true, 1000, 4096),
+                ("madvise", None, false, 200, 8192),
+                ("?", Some("unknown"), true, 10, 0),
+            ]
+        );
+    }
+
+    /// Sites 1 to 10 allocate twice 1000·i bytes and free them; site 11
+    /// allocates 1500 bytes once and keeps them; site 12 allocates 10
+    /// bytes once and frees them.
+    fn sites_profile() -> AllocProfile {
+        let mut p = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        let mut ptr = 0x10_0000;
+        let mut malloc = |p: &mut AllocProfile, site: u64, size: u64, keep: bool| {
+            ptr += 0x1_0000;
+            p.add_call(call(alloc_op::MALLOC, ptr, size, site, 100, 1));
+            if !keep {
+                p.add_call(call(alloc_op::FREE, ptr, 0, 0, 100, 1));
+            }
+        };
+        for i in 1..=10 {
+            malloc(&mut p, i, 1000 * i, false);
+            malloc(&mut p, i, 1000 * i, false);
+        }
+        malloc(&mut p, 11, 1500, true);
+        malloc(&mut p, 12, 10, false);
+        for site in 1..=12 {
+            p.set_site_place(site, code_at(site));
+        }
+        p
+    }
+
+    #[test]
+    fn sites_are_the_top_of_each_ranking_each_once() {
+        let sites = sites(&sites_profile(), &exact(), &mut site_names);
+        let names: Vec<&str> = sites.iter().map(|s| s.function.as_str()).collect();
+        // The ten biggest by bytes (also the ten most frequent), then the
+        // one that kept memory; site 12 is in no top ten.
+        assert_eq!(
+            names,
+            [
+                "site10", "site9", "site8", "site7", "site6", "site5", "site4", "site3", "site2",
+                "site1", "site11"
+            ]
+        );
+        let s10 = &sites[0];
+        assert_eq!(
+            (s10.count, s10.bytes, s10.live_bytes, s10.live_blocks),
+            (2, 20_000, 0, 0)
+        );
+        let s11 = &sites[10];
+        assert_eq!(
+            (s11.count, s11.bytes, s11.live_bytes, s11.live_blocks),
+            (1, 1500, 1500, 1)
+        );
+        assert_eq!(s11.module, "prog");
+    }
+
+    #[test]
+    fn sampled_sites_are_scaled_like_malloc_but_not_what_is_live() {
+        let sites = sites(&sites_profile(), &windowed(), &mut site_names);
+        let s11 = sites.iter().find(|s| s.function == "site11").unwrap();
+        assert_eq!((s11.count, s11.bytes, s11.live_bytes), (2, 3000, 1500));
+    }
+
+    #[test]
+    fn without_a_tracer_the_section_only_says_the_mode() {
+        let off = report(None, None, AllocMode::Off, 0, &[], Frame::unknown);
+        assert_eq!(off, AllocatorReport::default());
+        let p = profile();
+        let not_found = report(None, Some(&p), AllocMode::Sampled, 5, &[], |p| {
+            Frame::unknown(p)
+        });
+        assert_eq!(
+            not_found,
+            AllocatorReport {
+                mode: TraceMode::Sampled,
+                ..Default::default()
+            }
+        );
+    }
+
+    fn tracer(mode: AllocMode) -> AllocTracer {
+        let allocator = Allocator {
+            path: Arc::from("/usr/lib/libc.so.6"),
+            kind: AllocatorKind::Glibc,
+            version: Some("2.36".into()),
+            entries: vec![],
+        };
+        let settings = AllocSettings {
+            mode,
+            ..Default::default()
+        };
+        AllocTracer::new(allocator, settings, 1)
+    }
+
+    #[test]
+    fn a_full_session_fills_every_part() {
+        let p = profile();
+        let kernel = [(
+            42,
+            KernelStats {
+                page_faults: 10,
+                page_faults_in_alloc: 3,
+                mmap_lock_waits: 2,
+                mmap_lock_wait_ns: 500,
+                mmap_lock_start_ns: 0,
+            },
+        )];
+        let tracer = tracer(AllocMode::Full);
+        let r = report(
+            Some(&tracer),
+            Some(&p),
+            AllocMode::Full,
+            7,
+            &kernel,
+            site_names,
+        );
+        assert_eq!(r.library.as_deref(), Some("glibc 2.36"));
+        assert_eq!(r.path.as_deref(), Some("/usr/lib/libc.so.6"));
+        assert_eq!(
+            (r.mode, r.traced_fraction, r.sampled),
+            (TraceMode::Full, 1.0, false)
+        );
+        assert_eq!(r.large_rule, "> 1024 bytes");
+        assert_eq!((r.calls_traced, r.lost), (5, 7));
+        assert_eq!(r.ops, ops(&p, &exact()));
+        assert!(r.always_traced.is_empty());
+        let memory = r.memory.expect("full mode has the composition");
+        assert_eq!((memory.requested_peak, memory.requested_end), (4128, 4128));
+        assert!(!memory.usable_known);
+        let sites: Vec<&str> = r.sites.iter().map(|s| s.function.as_str()).collect();
+        assert_eq!(
+            sites,
+            ["site48", "site16"],
+            "by bytes: the large block first"
+        );
+        assert_eq!(
+            r.kernel,
+            [KernelThreadEntry {
+                tid: 42,
+                page_faults: 10,
+                page_faults_in_allocator: 3,
+                mmap_lock_waits: 2,
+                mmap_lock_wait_ns: 500,
+            }]
+        );
+    }
+
+    #[test]
+    fn memory_composition_needs_full_mode() {
+        let p = profile();
+        let tracer = tracer(AllocMode::Sampled);
+        let r = report(
+            Some(&tracer),
+            Some(&p),
+            AllocMode::Sampled,
+            0,
+            &[],
+            site_names,
+        );
+        assert_eq!(r.mode, TraceMode::Sampled);
+        assert_eq!(r.memory, None);
+        // Nothing elapsed yet: the windows cover the whole session.
+        assert_eq!((r.traced_fraction, r.sampled), (1.0, false));
+        assert_eq!(r.ops[0].count, 2);
+    }
+
+    /// The report's names are the analysis's.
+    #[test]
+    fn report_names_are_the_analysis_names() {
+        for c in [Class::Small, Class::Large, Class::Unknown] {
+            assert_eq!(SizeClass::from(c).name(), c.name());
+        }
+        for o in [Origin::New, Origin::Reused] {
+            assert_eq!(BlockOrigin::from(o).name(), o.name());
+        }
+        for p in [Phase::Serial, Phase::Parallel] {
+            assert_eq!(ThreadPhase::from(p).name(), p.name());
+        }
+        for op in 0..=alloc_op::COUNT {
+            assert_eq!(AllocOp::from_code(op).name(), op_name(op), "op {op}");
+        }
+        for nr in 0..=syscall::COUNT {
+            let name = syscall::NAMES.get(nr as usize).copied().unwrap_or("?");
+            assert_eq!(Syscall::from_code(nr).name(), name, "syscall {nr}");
+        }
+    }
+}

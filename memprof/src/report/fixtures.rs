@@ -1,0 +1,544 @@
+//! Sample reports for the tests of the report, its renderers and the
+//! dashboard: every section filled with plausible values. And names for
+//! the tests of report assembly, given by a table instead of object files.
+
+use std::{collections::HashMap, sync::Arc};
+
+use super::names::Names;
+use crate::{
+    object::symbolize::{dwarf::Layout, DataSymbol, Frame},
+    process::maps::{short_name, Place},
+};
+
+use super::model::{
+    BlockOrigin::{New, Reused},
+    SizeClass::{Large, Small},
+    *,
+};
+
+/// A two-and-a-half-second session of `./work 2`: one hot function, one
+/// thread, no other section filled.
+pub fn sample_report() -> Report {
+    Report {
+        schema: SCHEMA,
+        target: Target {
+            pid: 42,
+            command: "./work 2".into(),
+            threads_seen: 3,
+            exited: false,
+        },
+        duration_s: 2.5,
+        sampling: Sampling {
+            source: SampleSource::CpuClock,
+            frequency_hz: 999,
+            samples: 1000,
+            lost: 0,
+            lost_thread_events: 0,
+            stack_errors: 0,
+            kernel_samples: 10,
+            addresses: AddressSampling::default(),
+        },
+        hot_functions: vec![HotFunctionEntry {
+            function: "spin".into(),
+            file: Some("/src/work.c".into()),
+            line: Some(12),
+            module: "work".into(),
+            samples: 900,
+            share: 0.9,
+            total_samples: 950,
+            total_share: 0.95,
+        }],
+        threads: vec![ThreadEntry {
+            tid: 42,
+            name: "work".into(),
+            samples: 1000,
+            created_by: None,
+            exited: false,
+        }],
+        false_sharing: vec![],
+        false_sharing_dismissed: vec![],
+        allocator: Default::default(),
+        locks: vec![],
+        lock_tracing: None,
+        loader: Loader {
+            cpu_s: 0.01,
+            cpu_share: 0.004,
+            peak_rss_bytes: 20 << 20,
+        },
+        notes: vec![],
+    }
+}
+
+/// A word of a shared line, touched by `threads`.
+pub fn fixture_word(offset: u32, reads: u64, writes: u64, threads: &[u32]) -> WordEntry {
+    WordEntry {
+        offset,
+        reads,
+        writes,
+        threads: threads.to_vec(),
+        field: None,
+    }
+}
+
+/// Code in `sharing.c` touching a shared line.
+pub fn fixture_code(
+    function: &str,
+    line: u32,
+    reads: u64,
+    writes: u64,
+    threads: &[u32],
+) -> SharingCode {
+    SharingCode {
+        function: function.into(),
+        file: Some("/src/sharing.c".into()),
+        line: Some(line),
+        module: "sharing".into(),
+        reads,
+        writes,
+        threads: threads.to_vec(),
+        offset: 0,
+    }
+}
+
+/// Threads 15027 and 15028 write bytes 0-7 and 8-15 of a heap block.
+pub fn false_sharing_entry() -> SharingEntry {
+    SharingEntry {
+        line: "0x5555deadbe40".into(),
+        kind: SharingKind::False,
+        invalidations: 3753,
+        invalidation_rate: 0.99,
+        samples: 3779,
+        cost_share: 0.951,
+        threads: vec![15027, 15028],
+        object: SharedObject {
+            kind: ObjectKind::Heap,
+            name: "64-byte heap block from sharing.c:120".into(),
+            offset: 0,
+            size: Some(64),
+            alloc_site: Some(CodeRef {
+                function: "main".into(),
+                file: Some("/src/sharing.c".into()),
+                line: Some(120),
+            }),
+        },
+        words: vec![
+            fixture_word(0, 0, 90, &[15027]),
+            fixture_word(4, 0, 90, &[15027]),
+            fixture_word(8, 0, 90, &[15028]),
+            fixture_word(12, 0, 90, &[15028]),
+        ],
+        code: vec![fixture_code("worker", 80, 0, 3779, &[15027, 15028])],
+        dependences: Dependences::default(),
+        advice: "Threads write different parts of this line (thread 15027 bytes 0-7, \
+                 thread 15028 bytes 8-15). Give each thread's part its own cache line: \
+                 align the per-thread element to 64 bytes."
+            .into(),
+    }
+}
+
+/// One split of the latency table.
+pub fn op(
+    op: AllocOp,
+    class: SizeClass,
+    origin: Option<BlockOrigin>,
+    count: u64,
+    mean_ns: u64,
+) -> OpStats {
+    OpStats {
+        op,
+        class,
+        origin,
+        phase: ThreadPhase::Parallel,
+        count,
+        traced: count,
+        mean_ns,
+        p50_ns: mean_ns / 10 * 8,
+        p99_ns: mean_ns.saturating_mul(6),
+        max_ns: mean_ns.saturating_mul(40),
+        histogram: vec![
+            (64, count / 4),
+            (128, count / 2),
+            (512, count / 4),
+            (4096, 3),
+        ],
+    }
+}
+
+/// A site in `work.c`.
+pub fn site(function: &str, line: u32, bytes: u64, live_bytes: u64) -> SiteEntry {
+    SiteEntry {
+        function: function.into(),
+        file: Some("/src/work.c".into()),
+        line: Some(line),
+        module: "work".into(),
+        count: bytes / 64,
+        bytes,
+        live_bytes,
+        live_blocks: live_bytes / 64,
+    }
+}
+
+/// An allocator profile in full mode with every part filled.
+pub fn sample_allocator() -> AllocatorReport {
+    AllocatorReport {
+        library: Some("glibc 2.36".into()),
+        path: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
+        mode: TraceMode::Full,
+        traced_fraction: 1.0,
+        sampled: false,
+        large_rule: "glibc mmapped chunk".into(),
+        calls_traced: 123_456,
+        always_traced: vec![],
+        lost: 0,
+        ops: vec![
+            op(AllocOp::Malloc, Small, Some(Reused), 60_000, 45),
+            op(AllocOp::Free, Small, Some(Reused), 59_000, 30),
+            op(AllocOp::Malloc, Large, Some(New), 120, 12_500),
+            op(AllocOp::Free, Large, Some(New), 118, 9_000),
+            op(AllocOp::Realloc, Small, None, 900, 210),
+        ],
+        syscalls: sample_syscalls(),
+        memory: Some(MemoryReport {
+            requested_peak: 40 << 20,
+            requested_at_peak: 30 << 20,
+            usable_peak: 34 << 20,
+            internal_fragmentation: 4 << 20,
+            blowup: 10 << 20,
+            external_fragmentation: 20 << 20,
+            mapped_peak: 64 << 20,
+            requested_end: 2 << 20,
+            usable_known: true,
+        }),
+        sites: vec![
+            site("make_buffer", 30, 96 << 20, 0),
+            site("cache_insert", 77, 8 << 20, 2 << 20),
+            site("parse_line", 12, 1 << 20, 0),
+        ],
+        kernel: sample_kernel(),
+    }
+}
+
+/// The allocator's syscalls: inside malloc, outside any call, and while
+/// the probes were detached.
+pub fn sample_syscalls() -> Vec<SyscallStats> {
+    vec![
+        SyscallStats {
+            name: Syscall::Mmap,
+            inside: Some(AllocOp::Malloc),
+            traced: true,
+            count: 120,
+            total_ns: 1_500_000,
+            bytes: 120 << 20,
+        },
+        SyscallStats {
+            name: Syscall::Munmap,
+            inside: None,
+            traced: true,
+            count: 4,
+            total_ns: 80_000,
+            bytes: 4 << 20,
+        },
+        SyscallStats {
+            name: Syscall::Madvise,
+            inside: None,
+            traced: false,
+            count: 2,
+            total_ns: 9_000,
+            bytes: 1 << 20,
+        },
+    ]
+}
+
+/// Page faults and `mmap_lock` waits of two threads.
+pub fn sample_kernel() -> Vec<KernelThreadEntry> {
+    vec![
+        KernelThreadEntry {
+            tid: 42,
+            page_faults: 1000,
+            page_faults_in_allocator: 300,
+            mmap_lock_waits: 7,
+            mmap_lock_wait_ns: 2_000_000,
+        },
+        KernelThreadEntry {
+            tid: 43,
+            page_faults: 234,
+            page_faults_in_allocator: 0,
+            mmap_lock_waits: 5,
+            mmap_lock_wait_ns: 1_400_000,
+        },
+    ]
+}
+
+/// The sample report with [`sample_allocator`] in it.
+pub fn report_with_allocator() -> Report {
+    let mut r = sample_report();
+    r.allocator = sample_allocator();
+    r
+}
+
+/// A waiting site in locks.c (no source file without a line).
+pub fn waiter(function: &str, line: Option<u32>, count: u64, wait_ns: u64) -> WaiterSite {
+    WaiterSite {
+        function: function.into(),
+        file: line.map(|_| "/src/locks.c".into()),
+        line,
+        module: "locks".into(),
+        count,
+        wait_ns,
+    }
+}
+
+/// A releasing site in locks.c that woke all but 3 of its `count`.
+pub fn holder(function: &str, line: u32, count: u64) -> HolderSite {
+    HolderSite {
+        function: function.into(),
+        file: Some("/src/locks.c".into()),
+        line: Some(line),
+        module: "locks".into(),
+        count,
+        woken: count - 3,
+    }
+}
+
+/// A glibc mutex with its owners, a kernel lock, then a condvar, in
+/// report order.
+pub fn report_with_locks() -> Report {
+    let mut r = sample_report();
+    let mutex = LockEntry {
+        address: "0x5555aaaa0040".into(),
+        name: Some("g_hot_lock".into()),
+        kind: LockKind::Mutex,
+        acquisitions: None,
+        contentions: 43_683,
+        wait_total_ns: 1_810_000_000,
+        wait_mean_ns: 41_000,
+        wait_p99_ns: 35_500,
+        wait_max_ns: 5_370_000,
+        hold_p99_ns: None,
+        threads: 2,
+        owner_seen: true,
+        owners: vec![
+            OwnerEntry {
+                tid: 24692,
+                count: 9,
+            },
+            OwnerEntry {
+                tid: 24700,
+                count: 3,
+            },
+        ],
+        waiters: vec![
+            waiter("contend_hot", Some(166), 43_000, 1_800_000_000),
+            waiter("contend_cold", Some(180), 683, 10_000_000),
+        ],
+        holders: vec![holder("release_hot", 169, 43_693)],
+        ..LockEntry::default()
+    };
+    let kernel = LockEntry {
+        address: "kernel".into(),
+        name: Some("kernel rwsem (read)".into()),
+        kind: LockKind::Kernel,
+        contentions: 12,
+        wait_total_ns: 3_400_000,
+        wait_mean_ns: 283_000,
+        wait_p99_ns: 900_000,
+        wait_max_ns: 1_000_000,
+        threads: 0,
+        owner_seen: false,
+        owners: vec![],
+        waiters: vec![WaiterSite {
+            module: "[kernel]".into(),
+            ..waiter("do_user_addr_fault", None, 12, 3_400_000)
+        }],
+        holders: vec![],
+        ..mutex.clone()
+    };
+    let condvar = LockEntry {
+        address: "0x7f00deadbe00".into(),
+        name: None,
+        kind: LockKind::Condvar,
+        contentions: 40,
+        wait_total_ns: 9_000_000_000,
+        wait_mean_ns: 225_000_000,
+        wait_p99_ns: 800_000_000,
+        wait_max_ns: 900_000_000,
+        threads: 4,
+        owner_seen: false,
+        owners: vec![],
+        waiters: vec![waiter("wait_for_work", Some(210), 40, 9_000_000_000)],
+        holders: vec![holder("post_work", 230, 41)],
+        ..mutex.clone()
+    };
+    r.locks = vec![mutex, kernel, condvar];
+    r
+}
+
+pub fn report_with_sharing() -> Report {
+    let mut r = sample_report();
+    r.sampling.addresses.mode = AddressMode::Decoded;
+    r.sampling.addresses.user_samples = 1000;
+    r.sampling.addresses.with_address = 970;
+    r.sampling.addresses.address_share = 0.97;
+    r.false_sharing = vec![false_sharing_entry()];
+    r
+}
+
+/// Every part of the report filled: the allocator's, the locks' (one
+/// traced in sampled mode), a false-sharing finding and a dismissed line.
+pub fn full_report() -> Report {
+    let mut r = report_with_allocator();
+    r.locks = report_with_locks().locks;
+    let hot = &mut r.locks[0];
+    hot.acquisitions = Some(65_880);
+    hot.contention_rate = Some(0.6);
+    hot.hold_mean_ns = Some(21_800);
+    hot.hold_p99_ns = Some(28_500);
+    hot.hold_max_ns = Some(4_400_000);
+    hot.sections = vec![SectionEntry {
+        function: "contend_hot".into(),
+        file: Some("/src/locks.c".into()),
+        line: Some(166),
+        module: "locks".into(),
+        released_at: Some("locks.c:169".into()),
+        count: 65_880,
+        hold_ns: 1_435_000_000,
+        hold_max_ns: 4_400_000,
+    }];
+    r.lock_tracing = Some(LockTracing {
+        mode: TraceMode::Sampled,
+        library: "/lib/libc.so.6".into(),
+        traced_fraction: 0.25,
+        windows: 7,
+        functions: vec!["pthread_mutex_lock".into()],
+        always_traced: vec!["pthread_cond_wait".into()],
+        sections_lost: 1,
+        unmatched_unlocks: 2,
+        held_overflow: 3,
+    });
+    let sharing = report_with_sharing();
+    r.sampling.addresses = sharing.sampling.addresses;
+    r.false_sharing = sharing.false_sharing;
+    r.false_sharing_dismissed = vec![DismissedLine {
+        line: "0x1000".into(),
+        object: "g_padded+64".into(),
+        object_kind: ObjectKind::Global,
+        samples: 10,
+        writes: 10,
+        shared: false,
+        reason: DismissReason::OneThread,
+    }];
+    r.allocator.always_traced = vec![AllocOp::Calloc];
+    r.notes.push("a note".into());
+    r
+}
+
+/// The program whose code and data the name table knows.
+pub const PROGRAM: &str = "/src/bin/prog";
+
+/// The place of the code at `offset` in [`PROGRAM`].
+pub fn code_at(offset: u64) -> Place {
+    Place::File {
+        path: Arc::from(PROGRAM),
+        file_offset: offset,
+    }
+}
+
+/// Names from a table. Code places not in it are named as the symbolizer
+/// names places it has no symbol for (`prog+0x10`).
+#[derive(Debug, Default)]
+pub struct TableNames {
+    code: HashMap<Place, Frame>,
+    /// Globals: (first address, size, name).
+    globals: Vec<(u64, u64, String)>,
+    layouts: HashMap<String, Layout>,
+}
+
+impl TableNames {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Names the code at `place`: `function` of `module`, at `file:line`
+    /// when given.
+    pub fn code(
+        mut self,
+        place: Place,
+        function: &str,
+        module: &str,
+        at: Option<(&str, u32)>,
+    ) -> Self {
+        let frame = Frame {
+            function: function.into(),
+            module: module.into(),
+            file: at.map(|(file, _)| file.into()),
+            line: at.map(|(_, line)| line),
+        };
+        self.code.insert(place, frame);
+        self
+    }
+
+    /// Names the code at `offset` in [`PROGRAM`]: `function` at
+    /// `prog.c:line`.
+    pub fn function(self, offset: u64, function: &str, line: u32) -> Self {
+        self.code(
+            code_at(offset),
+            function,
+            "prog",
+            Some(("/src/prog.c", line)),
+        )
+    }
+
+    /// A global of `size` bytes at `address`.
+    pub fn global(mut self, address: u64, size: u64, name: &str) -> Self {
+        self.globals.push((address, size, name.into()));
+        self
+    }
+
+    /// The debug-info layout of global `name`.
+    pub fn layout(mut self, name: &str, layout: Layout) -> Self {
+        self.layouts.insert(name.into(), layout);
+        self
+    }
+}
+
+impl Names for TableNames {
+    fn code(&mut self, place: &Place) -> Frame {
+        self.code
+            .get(place)
+            .cloned()
+            .unwrap_or_else(|| Frame::unknown(place))
+    }
+
+    fn code_innermost(&mut self, place: &Place) -> Frame {
+        Names::code(self, place)
+    }
+
+    fn data(&mut self, path: &Arc<str>, _file_base: u64, addr: u64) -> Option<DataSymbol> {
+        let (start, size, name) = self
+            .globals
+            .iter()
+            .find(|(start, size, _)| (*start..start + size).contains(&addr))?;
+        Some(DataSymbol {
+            name: name.clone(),
+            offset: addr - start,
+            size: Some(*size),
+            module: short_name(path).to_string(),
+        })
+    }
+
+    fn data_layout(&mut self, _path: &Arc<str>, name: &str) -> Option<Layout> {
+        self.layouts.get(name).cloned()
+    }
+}
+
+/// The memory map of [`PROGRAM`]: its code, its data (globals) from
+/// `0x555555558000`, a heap, anonymous memory and a stack.
+pub fn program_maps() -> crate::process::maps::ProcMaps {
+    crate::process::maps::ProcMaps::parse(&format!(
+        "555555554000-555555556000 r-xp 00000000 08:01 42 {PROGRAM}\n\
+         555555558000-55555555a000 rw-p 00004000 08:01 42 {PROGRAM}\n\
+         55555555a000-55555557b000 rw-p 00000000 00:00 0 [heap]\n\
+         7f0000000000-7f0000100000 rw-p 00000000 00:00 0\n\
+         7ffffffde000-7ffffffff000 rw-p 00000000 00:00 0 [stack]\n"
+    ))
+}

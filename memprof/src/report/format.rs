@@ -1,0 +1,120 @@
+//! Plain formatters shared by the summary and the dashboard: counts,
+//! percentages, durations, byte sizes, and cutting to a width.
+
+/// `1234567` → `1,234,567`.
+pub fn group(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `part` as a percentage of `whole`; 0 when `whole` is 0.
+pub fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// `3.25` → `3.2 s`, `125.0` → `2m05s`.
+pub fn format_duration(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "?".into();
+    }
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else {
+        let whole = secs.round() as u64;
+        format!("{}m{:02}s", whole / 60, whole % 60)
+    }
+}
+
+/// Nanoseconds with a unit, three significant digits: `850 ns`,
+/// `1.23 µs`, `45.6 ms`, `2.00 s`.
+pub fn format_ns(ns: u64) -> String {
+    const UNITS: [(f64, &str); 3] = [(1e3, "µs"), (1e6, "ms"), (1e9, "s")];
+    if ns < 1000 {
+        return format!("{ns} ns");
+    }
+    let ns = ns as f64;
+    let (scale, unit) = UNITS
+        .iter()
+        .rev()
+        .find(|(scale, _)| ns >= *scale * 0.9995)
+        .copied()
+        .unwrap_or(UNITS[0]);
+    let value = ns / scale;
+    if value < 9.995 {
+        format!("{value:.2} {unit}")
+    } else if value < 99.95 {
+        format!("{value:.1} {unit}")
+    } else {
+        format!("{value:.0} {unit}")
+    }
+}
+
+/// Bytes with a binary unit.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Cuts `s` to at most `max` characters, ending with `…` when cut.
+pub fn ellipsize(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formatting_helpers() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1000), "1,000");
+        assert_eq!(group(1234567), "1,234,567");
+        assert_eq!(percent(1, 0), 0.0);
+        assert_eq!(percent(1, 4), 25.0);
+        assert_eq!(format_duration(3.25), "3.2 s");
+        assert_eq!(format_duration(125.0), "2m05s");
+        assert_eq!(format_duration(f64::NAN), "?");
+        assert_eq!(format_ns(0), "0 ns");
+        assert_eq!(format_ns(999), "999 ns");
+        assert_eq!(format_ns(1000), "1.00 µs");
+        assert_eq!(format_ns(1234), "1.23 µs");
+        assert_eq!(format_ns(12_345), "12.3 µs");
+        assert_eq!(format_ns(123_456), "123 µs");
+        assert_eq!(format_ns(999_400), "999 µs");
+        assert_eq!(format_ns(999_600), "1.00 ms");
+        assert_eq!(format_ns(45_600_000), "45.6 ms");
+        assert_eq!(format_ns(2_000_000_000), "2.00 s");
+        assert_eq!(format_ns(u64::MAX), "18446744074 s");
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(20 << 20), "20.0 MiB");
+        assert_eq!(ellipsize("abcdef", 4), "abc…");
+        assert_eq!(ellipsize("abc", 4), "abc");
+    }
+}

@@ -1,0 +1,251 @@
+//! The allocator part: latency per split, syscalls, the memory account,
+//! allocation sites and kernel-side cost per thread.
+
+use serde::Serialize;
+
+use super::{source_label, TraceMode};
+
+schema_enum! {
+    /// An allocator entry point.
+    pub enum AllocOp {
+        Malloc = "malloc",
+        Calloc = "calloc",
+        Realloc = "realloc",
+        Reallocarray = "reallocarray",
+        Free = "free",
+        PosixMemalign = "posix_memalign",
+        AlignedAlloc = "aligned_alloc",
+        Memalign = "memalign",
+        Valloc = "valloc",
+        Pvalloc = "pvalloc",
+        /// C++ `operator new(size_t)`.
+        New = "operator new",
+        NewArray = "operator new[]",
+        Delete = "operator delete",
+        DeleteArray = "operator delete[]",
+        /// A code the profiler does not know.
+        Unknown = "unknown",
+    }
+}
+
+impl AllocOp {
+    /// The operation of an `alloc_op` code.
+    pub fn from_code(op: u32) -> Self {
+        use memprof_common::alloc_op;
+        match op {
+            alloc_op::MALLOC => AllocOp::Malloc,
+            alloc_op::CALLOC => AllocOp::Calloc,
+            alloc_op::REALLOC => AllocOp::Realloc,
+            alloc_op::REALLOCARRAY => AllocOp::Reallocarray,
+            alloc_op::FREE => AllocOp::Free,
+            alloc_op::POSIX_MEMALIGN => AllocOp::PosixMemalign,
+            alloc_op::ALIGNED_ALLOC => AllocOp::AlignedAlloc,
+            alloc_op::MEMALIGN => AllocOp::Memalign,
+            alloc_op::VALLOC => AllocOp::Valloc,
+            alloc_op::PVALLOC => AllocOp::Pvalloc,
+            alloc_op::NEW => AllocOp::New,
+            alloc_op::NEW_ARRAY => AllocOp::NewArray,
+            alloc_op::DELETE => AllocOp::Delete,
+            alloc_op::DELETE_ARRAY => AllocOp::DeleteArray,
+            _ => AllocOp::Unknown,
+        }
+    }
+}
+
+schema_enum! {
+    /// Size class of an allocator call.
+    pub enum SizeClass {
+        Small = "small",
+        Large = "large",
+        /// A free of a block allocated before tracing, by an allocator
+        /// without a readable block header.
+        Unknown = "unknown",
+    }
+}
+
+schema_enum! {
+    /// Whether the address an allocation handed out was handed out before.
+    pub enum BlockOrigin {
+        /// Never handed out before.
+        New = "new",
+        Reused = "reused",
+    }
+}
+
+schema_enum! {
+    /// How many threads of the target were alive during a call.
+    pub enum ThreadPhase {
+        /// One.
+        Serial = "serial",
+        /// Several.
+        Parallel = "parallel",
+    }
+}
+
+schema_enum! {
+    /// A syscall the allocator makes to get or give back memory.
+    pub enum Syscall {
+        Mmap = "mmap",
+        Munmap = "munmap",
+        Mremap = "mremap",
+        Madvise = "madvise",
+        Brk = "brk",
+        Mprotect = "mprotect",
+        /// A code the profiler does not know.
+        Unknown = "?",
+    }
+}
+
+impl Syscall {
+    /// The syscall of a `memprof_common::syscall` code.
+    pub fn from_code(nr: u32) -> Self {
+        use memprof_common::syscall;
+        match nr {
+            syscall::MMAP => Syscall::Mmap,
+            syscall::MUNMAP => Syscall::Munmap,
+            syscall::MREMAP => Syscall::Mremap,
+            syscall::MADVISE => Syscall::Madvise,
+            syscall::BRK => Syscall::Brk,
+            syscall::MPROTECT => Syscall::Mprotect,
+            _ => Syscall::Unknown,
+        }
+    }
+}
+
+/// What the allocator profiler found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AllocatorReport {
+    /// "glibc 2.36", "jemalloc 5.3.0", ...; null when none was found or
+    /// allocator tracing was off.
+    pub library: Option<String>,
+    /// The object file whose `malloc` was probed.
+    pub path: Option<String>,
+    /// "full", "sampled" or "off".
+    pub mode: TraceMode,
+    /// Fraction of the session the allocator probes were attached (1 in
+    /// full mode). Counts are scaled by its inverse when `sampled`.
+    pub traced_fraction: f64,
+    /// Counts in `ops`, `syscalls` (inside the allocator) and `sites` are
+    /// estimates scaled from the traced windows.
+    pub sampled: bool,
+    /// How "large" was decided: "glibc mmapped chunk" or "> N bytes".
+    pub large_rule: String,
+    /// Allocator calls traced (unscaled).
+    pub calls_traced: u64,
+    /// Sampled mode: operations called so rarely that their probes stay
+    /// attached all the time (their counts are exact, not scaled).
+    pub always_traced: Vec<AllocOp>,
+    /// Allocator events lost (ring buffer full), unscaled.
+    pub lost: u64,
+    /// Latency per split, busiest first.
+    pub ops: Vec<OpStats>,
+    pub syscalls: Vec<SyscallStats>,
+    /// Memory composition at peak (full mode only: it needs every call).
+    pub memory: Option<MemoryReport>,
+    /// Top allocation sites: by bytes, by count and by live bytes (each
+    /// site once).
+    pub sites: Vec<SiteEntry>,
+    /// Kernel-side cost per thread: page faults and `mmap_lock` waits.
+    pub kernel: Vec<KernelThreadEntry>,
+}
+
+/// Latency of one split of one operation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpStats {
+    /// "malloc", "free", "calloc", "realloc", "operator new", ...
+    pub op: AllocOp,
+    /// "small", "large", or "unknown" (a free of a block allocated before
+    /// tracing, by an allocator without a readable block header).
+    pub class: SizeClass,
+    /// "new" (address never handed out before) or "reused"; for frees, the
+    /// origin of the block freed; null when unknown.
+    pub origin: Option<BlockOrigin>,
+    /// "serial" (one live thread) or "parallel".
+    pub phase: ThreadPhase,
+    /// Calls (scaled when sampled).
+    pub count: u64,
+    /// Calls traced (unscaled).
+    pub traced: u64,
+    pub mean_ns: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    /// Latency histogram: (upper bound in ns, calls traced), log2 buckets.
+    pub histogram: Vec<(u64, u64)>,
+}
+
+/// One syscall, split by the allocator operation it ran inside.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SyscallStats {
+    /// "mmap", "munmap", "mremap", "madvise", "brk", "mprotect".
+    pub name: Syscall,
+    /// The allocator operation in progress on that thread, or null
+    /// (outside the allocator, or while the probes were detached: see
+    /// `traced`).
+    pub inside: Option<AllocOp>,
+    /// false for calls made while the allocator probes were detached
+    /// (sampled mode): where they came from is unknown.
+    pub traced: bool,
+    pub count: u64,
+    pub total_ns: u64,
+    /// Bytes mapped, unmapped or advised (length argument).
+    pub bytes: u64,
+}
+
+/// Where the allocator's memory went, at the moment of peak mapped memory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MemoryReport {
+    /// Highest live requested bytes at any moment.
+    pub requested_peak: u64,
+    /// Live requested bytes at the peak.
+    pub requested_at_peak: u64,
+    /// Live usable bytes (block sizes) at the peak.
+    pub usable_peak: u64,
+    pub internal_fragmentation: u64,
+    pub blowup: u64,
+    pub external_fragmentation: u64,
+    /// Memory the allocator had from the kernel (mmap, brk, mremap) at the
+    /// peak, counting only what was mapped while traced.
+    pub mapped_peak: u64,
+    /// Live requested bytes when tracing ended.
+    pub requested_end: u64,
+    /// Whether usable sizes are real (glibc block headers) or equal to the
+    /// requested sizes (allocators that hide them).
+    pub usable_known: bool,
+}
+
+/// One allocation site (the caller of the allocation function).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SiteEntry {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    /// Allocations (scaled when sampled).
+    pub count: u64,
+    /// Bytes requested (scaled when sampled).
+    pub bytes: u64,
+    /// Bytes allocated here and not freed when tracing ended (leak
+    /// candidates; unscaled).
+    pub live_bytes: u64,
+    pub live_blocks: u64,
+}
+
+impl SiteEntry {
+    /// `file.c:12`, or `(module)` without debug info, for display.
+    pub fn source_label(&self) -> String {
+        source_label(self.file.as_deref(), self.line, &self.module)
+    }
+}
+
+/// What one thread suffered in the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KernelThreadEntry {
+    pub tid: u32,
+    pub page_faults: u64,
+    /// Page faults taken inside an allocator call (traced windows only).
+    pub page_faults_in_allocator: u64,
+    /// `mmap_lock` acquisitions that had to wait (were not immediate).
+    pub mmap_lock_waits: u64,
+    pub mmap_lock_wait_ns: u64,
+}

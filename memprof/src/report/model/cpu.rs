@@ -1,0 +1,159 @@
+//! How the session sampled, and what the CPU profile found: hot
+//! functions and threads.
+
+use serde::Serialize;
+
+use super::source_label;
+use crate::features::cpu::profile::HotFunction;
+
+schema_enum! {
+    /// The event that drove sampling, and so gave the data addresses.
+    pub enum SampleSource {
+        /// Software timer (works everywhere, including VMs without a PMU).
+        CpuClock = "cpu-clock",
+        /// Hardware cycle counter.
+        Cycles = "cycles",
+        /// Intel's precise memory events.
+        Pebs = "pebs",
+        /// AMD's instruction-based sampling.
+        Ibs = "ibs",
+    }
+}
+
+impl SampleSource {
+    /// The source of a session's data addresses: the precise memory events
+    /// named `precise` ("pebs", "ibs") when they were used, else the
+    /// sampling event.
+    pub fn of(sampling: crate::kernel::loader::SamplingSource, precise: Option<&str>) -> Self {
+        precise
+            .and_then(Self::from_name)
+            .unwrap_or_else(|| sampling.into())
+    }
+}
+
+impl From<crate::kernel::loader::SamplingSource> for SampleSource {
+    fn from(source: crate::kernel::loader::SamplingSource) -> Self {
+        use crate::kernel::loader::SamplingSource;
+        match source {
+            SamplingSource::Cycles => SampleSource::Cycles,
+            SamplingSource::CpuClock => SampleSource::CpuClock,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Sampling {
+    /// The sampling event ("cpu-clock", "cycles"), or the precise memory
+    /// events ("pebs", "ibs") when they gave the data addresses.
+    pub source: SampleSource,
+    pub frequency_hz: u64,
+    /// Samples of the target's threads received.
+    pub samples: u64,
+    /// Samples lost (ring buffer full or busy, or dropped in userspace).
+    pub lost: u64,
+    /// Thread creation/exit/exec events lost the same way.
+    pub lost_thread_events: u64,
+    /// Samples whose user stack was lost to a full stack map; they count
+    /// for their own function but not for its callers' total time.
+    pub stack_errors: u64,
+    /// Samples taken while the thread was in the kernel.
+    pub kernel_samples: u64,
+    /// Where the data addresses of samples came from, and how many did.
+    pub addresses: AddressSampling,
+}
+
+/// Where the data addresses of samples came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AddressMode {
+    /// Computed from the sampled registers and the decoded instruction
+    /// (timer sampling, no PMU).
+    #[default]
+    Decoded,
+    /// Given by the CPU (PEBS, IBS).
+    Precise,
+}
+
+impl std::fmt::Display for AddressMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AddressMode::Decoded => "decoded",
+            AddressMode::Precise => "precise",
+        })
+    }
+}
+
+/// Data addresses of samples (the false-sharing input).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AddressSampling {
+    /// "decoded" or "precise" (see [`AddressMode`]).
+    pub mode: AddressMode,
+    /// Samples of the target's threads in user mode.
+    pub user_samples: u64,
+    /// Of those: an address was computed.
+    pub with_address: u64,
+    /// The instruction had no usable memory operand (arithmetic, branch,
+    /// TLS, ...).
+    pub no_operand: u64,
+    /// The instruction was not decoded yet (its first samples).
+    pub not_decoded: u64,
+    /// `with_address / user_samples`.
+    pub address_share: f64,
+    /// Distinct instructions decoded, and how many access memory.
+    pub instructions_decoded: usize,
+    pub instructions_with_operand: usize,
+    /// Cache lines in the kernel's table at the end, and lines the table
+    /// dropped (least recently sampled) to make room.
+    pub lines_tracked: u64,
+    pub lines_evicted: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HotFunctionEntry {
+    pub function: String,
+    /// Source file of the hottest line in the function, when known.
+    pub file: Option<String>,
+    /// The source line in the function that collected the most samples.
+    pub line: Option<u32>,
+    pub module: String,
+    pub samples: u64,
+    /// Fraction of all samples (0..1).
+    pub share: f64,
+    /// Samples with the function anywhere on the stack (needs frame
+    /// pointers in the target for callers to be seen).
+    pub total_samples: u64,
+    /// `total_samples` as a fraction of all samples.
+    pub total_share: f64,
+}
+
+impl HotFunctionEntry {
+    /// `file.c:12`, or `(module)` without debug info, for display.
+    pub fn source_label(&self) -> String {
+        source_label(self.file.as_deref(), self.line, &self.module)
+    }
+}
+
+impl From<HotFunction> for HotFunctionEntry {
+    fn from(h: HotFunction) -> Self {
+        Self {
+            function: h.frame.function,
+            file: h.frame.file,
+            line: h.frame.line,
+            module: h.frame.module,
+            samples: h.samples,
+            share: h.share,
+            total_samples: h.total,
+            total_share: h.total_share,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ThreadEntry {
+    pub tid: u32,
+    pub name: String,
+    pub samples: u64,
+    /// The thread that created it, when that happened during the session.
+    pub created_by: Option<u32>,
+    pub exited: bool,
+}

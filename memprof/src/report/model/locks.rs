@@ -1,0 +1,162 @@
+//! The locks part: what threads waited for, and what the lock uprobes
+//! saw of the same locks.
+
+use serde::Serialize;
+
+use super::TraceMode;
+
+schema_enum! {
+    /// What threads waited for.
+    #[derive(Default)]
+    pub enum LockKind {
+        Mutex = "mutex",
+        Rwlock = "rwlock",
+        /// A futex word whose lock functions were not recognized.
+        #[default]
+        Futex = "futex",
+        /// A kernel lock (all of one kind are one entry).
+        Kernel = "kernel",
+        Condvar = "condvar",
+        Barrier = "barrier",
+        /// A thread waiting for another to exit.
+        Join = "join",
+        Semaphore = "semaphore",
+    }
+}
+
+impl LockKind {
+    /// Whether waiting on this kind of object is lock contention (a
+    /// condvar, barrier, join or semaphore wait is waiting for an event).
+    pub fn is_contention(self) -> bool {
+        matches!(
+            self,
+            LockKind::Mutex | LockKind::Rwlock | LockKind::Futex | LockKind::Kernel
+        )
+    }
+}
+
+/// One lock (or futex word, or kind of kernel lock) threads waited for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LockEntry {
+    /// Address of the (first) futex word, hex; for kernel locks, "kernel".
+    pub address: String,
+    /// Global symbol, heap block ("heap block from file:line"), kernel
+    /// lock kind, or null.
+    pub name: Option<String>,
+    /// "mutex", "rwlock", "futex" or "kernel" (lock contention), or
+    /// "condvar", "barrier", "join" or "semaphore" (waits for an event).
+    pub kind: LockKind,
+    /// Acquisitions (needs the lock uprobes: null when not traced; an
+    /// estimate scaled by the traced time in sampled mode).
+    pub acquisitions: Option<u64>,
+    /// Contentions per acquisition (null without acquisitions).
+    pub contention_rate: Option<f64>,
+    /// Try and timed lock calls that did not get the lock (scaled).
+    pub failed_attempts: Option<u64>,
+    /// Time the lock calls took to return with the lock (uprobes).
+    pub acquire_p99_ns: Option<u64>,
+    pub acquire_max_ns: Option<u64>,
+    /// Waits: futex waits (blocking or not) or kernel lock waits.
+    pub contentions: u64,
+    pub wait_total_ns: u64,
+    pub wait_mean_ns: u64,
+    pub wait_p99_ns: u64,
+    pub wait_max_ns: u64,
+    /// Hold time, lock return to unlock (needs the lock uprobes: null
+    /// when not traced). Total is of the sections traced.
+    pub hold_p99_ns: Option<u64>,
+    pub hold_mean_ns: Option<u64>,
+    pub hold_max_ns: Option<u64>,
+    pub hold_total_ns: Option<u64>,
+    /// Log2 histograms: (upper bound in ns, count) of the waits and of
+    /// the hold times traced.
+    pub wait_histogram: Vec<(u64, u64)>,
+    pub hold_histogram: Vec<(u64, u64)>,
+    /// Threads that waited.
+    pub threads: usize,
+    /// Whether the owner thread was read from the lock at wait time (glibc
+    /// mutexes keep it next to the futex word).
+    pub owner_seen: bool,
+    /// Owner threads seen at wait time, most often first.
+    pub owners: Vec<OwnerEntry>,
+    /// Where threads waited (the code that took the lock), most time first.
+    pub waiters: Vec<WaiterSite>,
+    /// Where waiters were woken from: the releasing code (usually the
+    /// holder's unlock), most often first.
+    pub holders: Vec<HolderSite>,
+    /// The critical sections (uprobes): where the lock was taken and
+    /// released, most hold time first.
+    pub sections: Vec<SectionEntry>,
+}
+
+/// One critical-section site: the lock call and the release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SectionEntry {
+    /// The lock call.
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    /// The unlock (or condvar wait) that ended the sections, as
+    /// "file:line" (or module+offset).
+    pub released_at: Option<String>,
+    /// Sections traced here, their total and longest hold.
+    pub count: u64,
+    pub hold_ns: u64,
+    pub hold_max_ns: u64,
+}
+
+/// How the lock uprobes ran.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LockTracing {
+    /// "full" or "sampled".
+    pub mode: TraceMode,
+    /// The object whose lock functions were probed.
+    pub library: String,
+    /// Fraction of the session the hot lock probes were attached.
+    pub traced_fraction: f64,
+    pub windows: u64,
+    /// Functions probed, and those attached all the time (cold ones).
+    pub functions: Vec<String>,
+    pub always_traced: Vec<String>,
+    /// Critical sections lost (ring full); unlocks of locks not seen
+    /// taken; locks taken beyond the per-thread table.
+    pub sections_lost: u64,
+    pub unmatched_unlocks: u64,
+    pub held_overflow: u64,
+}
+
+impl LockTracing {
+    /// Whether acquisitions are scaled estimates.
+    pub fn estimates(&self) -> bool {
+        self.mode.estimates(self.traced_fraction)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OwnerEntry {
+    pub tid: u32,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaiterSite {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    pub count: u64,
+    pub wait_ns: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HolderSite {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    /// Wake calls from here.
+    pub count: u64,
+    /// Threads they woke.
+    pub woken: u64,
+}

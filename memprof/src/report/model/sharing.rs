@@ -1,0 +1,174 @@
+//! The false-sharing part: contended cache lines, what lies on them, the
+//! code touching them, and the busy lines that were cleared.
+
+use serde::Serialize;
+
+schema_enum! {
+    /// How threads share a cache line.
+    pub enum SharingKind {
+        /// Threads write different words: the fix is layout.
+        False = "false",
+        /// A written word is used by several threads: the data is shared.
+        True = "true",
+        /// Both.
+        Mixed = "mixed",
+    }
+}
+
+schema_enum! {
+    /// What kind of memory lies on a cache line.
+    pub enum ObjectKind {
+        /// A global variable (an ELF data symbol) or a mapped file's data.
+        Global = "global",
+        /// A heap block, or heap memory whose block is unknown.
+        Heap = "heap",
+        /// A thread's stack.
+        Stack = "stack",
+        /// Another mapping: a file, a named region, anonymous memory.
+        Mapped = "mapped",
+        /// Not mapped when the report was made.
+        Unknown = "unknown",
+    }
+}
+
+schema_enum! {
+    /// Why a busy cache line is not a false-sharing finding.
+    pub enum DismissReason {
+        /// Only one thread was sampled on it.
+        OneThread = "one thread",
+        /// No sampled access wrote it.
+        NoWrites = "no sampled write",
+        /// The kernel's line table did not hold it at the end.
+        NotInTable = "not in the kernel's line table",
+        /// Too few sampled invalidations.
+        FewInvalidations = "few invalidations",
+        /// Its writes invalidate too few of its accesses.
+        ReadMostly = "read-mostly",
+        /// Too small a share of the program's samples.
+        LowCost = "little of the program's time",
+        /// No written word is used by another thread, and no thread writes
+        /// next to another's words.
+        NothingWrittenShared = "nothing written is shared",
+    }
+}
+
+/// A cache line several threads contend for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SharingEntry {
+    /// Address of the line, hex.
+    pub line: String,
+    /// "false" (threads write different words), "true" (a written word is
+    /// used by several threads) or "mixed".
+    pub kind: SharingKind,
+    /// Sampled writes that invalidated another thread's copy (two-entry
+    /// rule), and their share of the line's sampled accesses.
+    pub invalidations: u64,
+    pub invalidation_rate: f64,
+    /// Sampled accesses to the line.
+    pub samples: u64,
+    /// The line's share of all the target's samples: about this much of
+    /// the program's sampled time is spent on it.
+    pub cost_share: f64,
+    pub threads: Vec<u32>,
+    pub object: SharedObject,
+    /// Words (4 bytes) touched, by offset in the line.
+    pub words: Vec<WordEntry>,
+    /// Code touching the line, most accesses first.
+    pub code: Vec<SharingCode>,
+    /// Inter-thread dependences between consecutive sampled accesses.
+    pub dependences: Dependences,
+    pub advice: String,
+}
+
+/// A busy line that is not a finding.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DismissedLine {
+    /// Address of the line, hex.
+    pub line: String,
+    /// What lies on it (as [`SharedObject::label`]) and its kind.
+    pub object: String,
+    pub object_kind: ObjectKind,
+    /// Sampled accesses, and how many of them wrote.
+    pub samples: u64,
+    pub writes: u64,
+    /// Sampled from two threads or more.
+    pub shared: bool,
+    /// "one thread", "no sampled write", "read-mostly", "few
+    /// invalidations", "little of the program's time", "nothing written is
+    /// shared" or "not in the kernel's line table".
+    pub reason: DismissReason,
+}
+
+/// What lies on a shared line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SharedObject {
+    /// "global", "heap", "stack", "mapped" or "unknown".
+    pub kind: ObjectKind,
+    pub name: String,
+    /// Offset of the line in the object (negative: the object starts
+    /// inside the line).
+    pub offset: i64,
+    /// Size of the object, when known.
+    pub size: Option<u64>,
+    /// Where a heap object was allocated; null when not seen (allocated
+    /// before tracing, or while the allocator was not traced).
+    pub alloc_site: Option<CodeRef>,
+}
+
+impl SharedObject {
+    /// The name, with `+N` when the line starts N bytes into the object
+    /// (`g_counters+64`). An object that starts inside the line keeps its
+    /// bare name: "demo.c:149-32" would read as a range of source lines, so
+    /// renderers say that with [`SharedObject::starts_in_line`].
+    pub fn label(&self) -> String {
+        if self.offset > 0 {
+            format!("{}+{}", self.name, self.offset)
+        } else {
+            self.name.clone()
+        }
+    }
+
+    /// The byte of the line at which the object starts, when it starts
+    /// inside the line.
+    pub fn starts_in_line(&self) -> Option<u64> {
+        (self.offset < 0).then_some(self.offset.unsigned_abs())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CodeRef {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WordEntry {
+    pub offset: u32,
+    pub reads: u64,
+    pub writes: u64,
+    pub threads: Vec<u32>,
+    /// The variable's field at this word (`g_args[1].sum`), from the
+    /// debug info of a global; null when unknown.
+    pub field: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SharingCode {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    pub reads: u64,
+    pub writes: u64,
+    pub threads: Vec<u32>,
+    /// Lowest byte offset in the line it touched.
+    pub offset: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Dependences {
+    pub read_after_write: u64,
+    pub write_after_write: u64,
+    pub write_after_read: u64,
+}

@@ -1,0 +1,44 @@
+//! How report assembly names code and data. The [`Symbolizer`] reads the
+//! target's object files; tests name places from a table instead.
+
+use std::sync::Arc;
+
+use crate::{
+    object::symbolize::{dwarf::Layout, DataSymbol, Frame, Symbolizer},
+    process::maps::Place,
+};
+
+/// Names of code places and data addresses.
+pub trait Names {
+    /// The function and source line at a code place.
+    fn code(&mut self, place: &Place) -> Frame;
+
+    /// The innermost function at a code place and its own source line:
+    /// for code inlined into its caller, the inlined function.
+    fn code_innermost(&mut self, place: &Place) -> Frame;
+
+    /// The global or static variable holding `addr`, in the object file
+    /// `path` whose file offset 0 is at `file_base`.
+    fn data(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<DataSymbol>;
+
+    /// The layout of global `name` of `path`, from its debug info.
+    fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<Layout>;
+}
+
+impl Names for Symbolizer {
+    fn code(&mut self, place: &Place) -> Frame {
+        Symbolizer::code(self, place)
+    }
+
+    fn code_innermost(&mut self, place: &Place) -> Frame {
+        Symbolizer::code_innermost(self, place)
+    }
+
+    fn data(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<DataSymbol> {
+        Symbolizer::data(self, path, file_base, addr)
+    }
+
+    fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<Layout> {
+        Symbolizer::data_layout(self, path, name)
+    }
+}

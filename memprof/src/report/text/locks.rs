@@ -1,0 +1,190 @@
+//! The "Locks" section.
+
+use std::fmt::Write as _;
+
+use super::WIDTH;
+use crate::report::{
+    format::{ellipsize, format_ns, group},
+    model::{source_label, LockEntry, LockTracing},
+};
+
+/// Lock entries shown in the summary.
+const TOP_LOCKS: usize = 6;
+
+/// The "Locks" section: the contended locks (then other waits), with the
+/// code that waited and the code that released.
+pub(super) fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option<&LockTracing>) {
+    if locks.is_empty() {
+        let _ = writeln!(out, "Locks: no thread waited for a lock");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Locks (waits seen from the kernel; lock contention first, then other waits)"
+    );
+    match tracing {
+        Some(t) if t.estimates() => {
+            let _ = writeln!(
+                out,
+                "  lock calls traced {:.1}% of the time: acquisitions are estimates",
+                t.traced_fraction * 100.0
+            );
+        }
+        Some(_) => {
+            let _ = writeln!(out, "  lock calls: every call traced");
+        }
+        None => {}
+    }
+    let _ = writeln!(
+        out,
+        "    {:<20} {:<9} {:>8} {:>9} {:>9} {:>9}",
+        "lock", "kind", "waits", "total", "p99", "max"
+    );
+    for l in locks.iter().take(TOP_LOCKS) {
+        let name = l.name.clone().unwrap_or_else(|| l.address.clone());
+        let _ = writeln!(
+            out,
+            "    {:<20} {:<9} {:>8} {:>9} {:>9} {:>9}",
+            ellipsize(&name, 20),
+            ellipsize(l.kind.name(), 9),
+            group(l.contentions),
+            format_ns(l.wait_total_ns),
+            format_ns(l.wait_p99_ns),
+            format_ns(l.wait_max_ns)
+        );
+        if let Some(w) = l.waiters.first() {
+            let at = source_label(w.file.as_deref(), w.line, &w.module);
+            let line = format!("      waited in {} {at}", w.function);
+            let _ = writeln!(out, "{line}");
+        }
+        if let Some(h) = l.holders.first() {
+            let at = source_label(h.file.as_deref(), h.line, &h.module);
+            let line = format!(
+                "      released by {} {at} ({} wakes)",
+                h.function,
+                group(h.count)
+            );
+            let _ = writeln!(out, "{line}");
+        }
+        if l.owner_seen {
+            let owners: Vec<String> = l.owners.iter().map(|o| o.tid.to_string()).collect();
+            let line = format!("      held by thread(s) {}", owners.join(", "));
+            let _ = writeln!(out, "{line}");
+        }
+        write_lock_holds(out, l);
+    }
+}
+
+/// What the lock uprobes add: acquisitions, contention rate, hold times
+/// and the critical section holding it longest.
+fn write_lock_holds(out: &mut String, l: &LockEntry) {
+    let Some(acquisitions) = l.acquisitions else {
+        return;
+    };
+    let mut line = format!("      {} acquisitions", group(acquisitions));
+    if let Some(rate) = l.contention_rate {
+        let _ = write!(line, ", {:.0}% contended", (rate * 100.0).min(100.0));
+    }
+    if let (Some(mean), Some(p99), Some(max)) = (l.hold_mean_ns, l.hold_p99_ns, l.hold_max_ns) {
+        let _ = write!(
+            line,
+            "; held mean {} p99 {} max {}",
+            format_ns(mean),
+            format_ns(p99),
+            format_ns(max)
+        );
+    }
+    let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+    if let Some(s) = l.sections.first() {
+        let at = source_label(s.file.as_deref(), s.line, &s.module);
+        let released = s
+            .released_at
+            .as_deref()
+            .map(|r| format!(" → {r}"))
+            .unwrap_or_default();
+        let line = format!(
+            "      held in {} {at}{released} ({}, {} total)",
+            s.function,
+            group(s.count),
+            format_ns(s.hold_ns)
+        );
+        let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::report::{
+        fixtures::{report_with_locks, sample_report},
+        model::{LockTracing, SectionEntry, TraceMode},
+        text::{render, WIDTH},
+    };
+
+    #[test]
+    fn locks_section_shows_acquisitions_holds_and_sections_when_traced() {
+        let mut r = report_with_locks();
+        let hot = &mut r.locks[0];
+        hot.acquisitions = Some(65_880);
+        hot.contention_rate = Some(0.6);
+        hot.hold_mean_ns = Some(21_800);
+        hot.hold_p99_ns = Some(28_500);
+        hot.hold_max_ns = Some(4_400_000);
+        hot.sections = vec![SectionEntry {
+            function: "contend_hot".into(),
+            file: Some("/src/locks.c".into()),
+            line: Some(166),
+            module: "locks".into(),
+            released_at: Some("locks.c:169".into()),
+            count: 65_880,
+            hold_ns: 1_435_000_000,
+            hold_max_ns: 4_400_000,
+        }];
+        r.lock_tracing = Some(LockTracing {
+            mode: TraceMode::Full,
+            library: "/lib/libc.so.6".into(),
+            traced_fraction: 1.0,
+            windows: 1,
+            functions: vec![],
+            always_traced: vec![],
+            sections_lost: 0,
+            unmatched_unlocks: 0,
+            held_overflow: 0,
+        });
+        let text = render(&r);
+        let section: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Locks"))
+            .collect();
+        assert!(section[1].contains("every call traced"), "{}", section[1]);
+        let holds = section.iter().find(|l| l.contains("acquisitions")).unwrap();
+        assert!(
+            holds.contains("65,880 acquisitions, 60% contended"),
+            "{holds}"
+        );
+        assert!(holds.contains("p99 28.5 µs"), "{holds}");
+        let held = section.iter().find(|l| l.contains("held in")).unwrap();
+        assert!(
+            held.contains("contend_hot locks.c:166 → locks.c:169"),
+            "{held}"
+        );
+        assert!(text.lines().all(|l| l.chars().count() <= WIDTH));
+    }
+
+    #[test]
+    fn locks_section_names_the_lock_its_waiters_releasers_and_owners() {
+        let mut r = sample_report();
+        assert!(render(&r).contains("Locks: no thread waited for a lock"));
+        r.locks = report_with_locks().locks;
+        let text = render(&r);
+        let section: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Locks"))
+            .collect();
+        assert!(section[2].contains("g_hot_lock") && section[2].contains("43,683"));
+        assert!(section[2].contains("1.81 s"), "{}", section[2]);
+        assert!(section[3].contains("waited in contend_hot locks.c:166"));
+        assert!(section[4].contains("released by release_hot locks.c:169"));
+        assert!(section[5].contains("24692"));
+        assert!(text.lines().all(|l| l.chars().count() <= WIDTH));
+    }
+}
