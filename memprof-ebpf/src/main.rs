@@ -7,7 +7,7 @@
 #![no_main]
 
 mod alloc;
-mod lockprobes;
+mod futex;
 mod locks;
 mod maps;
 mod sampler;
