@@ -11,8 +11,7 @@
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
-        bpf_task_pt_regs,
+        bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
     },
     macros::{map, tracepoint},
     maps::{LruHashMap, RingBuf},
@@ -23,7 +22,9 @@ use memprof_common::{
     counter, lock_event, LockEvent, ALLOC_THREADS_CAPACITY, LOCK_RING_BYTES, LOCK_STACK_WORDS,
 };
 
-use crate::maps::{count, current_ids, target_tgid};
+use crate::maps::{
+    bpf_now, count, current_ids, syscall_args_offset, syscall_ret_offset, target_tgid,
+};
 
 // SAFETY (no_mangle, both): the loader finds each global by this exact
 // name; no other symbol in the object has it.
@@ -67,12 +68,6 @@ fn futex_kind(cmd: u64) -> u32 {
         1 | 3 | 4 | 5 | 7 | 10 | 12 => lock_event::WAKE_BEGIN,
         _ => 0,
     }
-}
-
-#[inline(always)]
-fn now() -> u64 {
-    // SAFETY: helper without preconditions.
-    unsafe { bpf_ktime_get_ns() }
 }
 
 /// The thread's user-mode instruction, stack and frame pointers.
@@ -144,7 +139,7 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
                 (*e).stack[0] = 0;
             }
         }
-        let t = now();
+        let t = bpf_now();
         (*e).time_ns = t;
         let _ = FUTEX_INFLIGHT.insert(tid, t, 0);
     }
@@ -166,7 +161,7 @@ fn submit_entry(entry: aya_ebpf::maps::ring_buf::RingBufEntry<LockEvent>) {
 /// Reports the end of a futex call reported by `futex_begin`.
 #[inline(always)]
 fn futex_end(ctx: &TracePointContext) {
-    let end = now();
+    let end = bpf_now();
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {
         return;
@@ -178,7 +173,7 @@ fn futex_end(ctx: &TracePointContext) {
     let start = unsafe { *start };
     let _ = FUTEX_INFLIGHT.remove(tid);
     // SAFETY: the offset comes from this kernel's format file.
-    let ret = unsafe { ctx.read_at::<i64>(crate::alloc::syscall_ret_offset()) }.unwrap_or(0);
+    let ret = unsafe { ctx.read_at::<i64>(syscall_ret_offset()) }.unwrap_or(0);
     let Some(mut entry) = LOCK_EVENTS.reserve::<LockEvent>(0) else {
         count(counter::LOCK_EVENTS_LOST);
         return;
@@ -205,7 +200,7 @@ fn futex_end(ctx: &TracePointContext) {
 #[inline(always)]
 fn arg(ctx: &TracePointContext, n: usize) -> u64 {
     // SAFETY: the offset comes from this kernel's format file.
-    unsafe { ctx.read_at::<u64>(crate::alloc::syscall_args_offset() + 8 * n) }.unwrap_or(0)
+    unsafe { ctx.read_at::<u64>(syscall_args_offset() + 8 * n) }.unwrap_or(0)
 }
 
 /// `futex(uaddr, op, ...)`.
@@ -260,7 +255,7 @@ pub fn mp_klock_begin(ctx: TracePointContext) -> u32 {
         )
     };
     let wait = KernelWait {
-        start_ns: now(),
+        start_ns: bpf_now(),
         addr: addr.unwrap_or(0),
         flags: flags.unwrap_or(0),
         _pad: 0,
@@ -271,7 +266,7 @@ pub fn mp_klock_begin(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
-    let end = now();
+    let end = bpf_now();
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {
         return 0;

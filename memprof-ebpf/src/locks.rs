@@ -10,7 +10,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_attach_cookie, bpf_probe_read_user},
     macros::{map, uprobe, uretprobe},
     maps::{Array, LruHashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext},
@@ -24,7 +24,7 @@ use memprof_common::{
     },
 };
 
-use crate::maps::{count, current_ids};
+use crate::maps::{bpf_now, count, current_ids};
 
 #[map(name = "HOLD_EVENTS")]
 static HOLD_EVENTS: RingBuf = RingBuf::with_byte_size(HOLD_RING_BYTES, 0);
@@ -61,12 +61,6 @@ pub(crate) fn call_site(tid: u32) -> u64 {
 /// the BPF stack beside the rest.
 #[map(name = "ZERO_HELD")]
 static ZERO_HELD: Array<HeldLocks> = Array::with_max_entries(1, 0);
-
-#[inline(always)]
-fn now() -> u64 {
-    // SAFETY: helper without preconditions.
-    unsafe { bpf_ktime_get_ns() }
-}
 
 #[inline(always)]
 fn generation() -> u32 {
@@ -154,7 +148,7 @@ fn release(tid: u32, lock: u64, site: u64, flags: u32) -> bool {
         return false;
     }
     let entry = held.locks[found];
-    let end = now();
+    let end = bpf_now();
     send(&HoldEvent {
         lock,
         acquired_ns: entry.acquired_ns,
@@ -210,11 +204,11 @@ pub fn mp_lock_enter(ctx: ProbeContext) -> u32 {
             // thread touches its own entry.
             let p = unsafe { &mut *p };
             *p = state;
-            p.entry_ns = now();
+            p.entry_ns = bpf_now();
         }
         None => {
             let state = PendingLock {
-                entry_ns: now(),
+                entry_ns: bpf_now(),
                 ..state
             };
             if PENDING.insert(tid, state, 0).is_err() {
@@ -228,7 +222,7 @@ pub fn mp_lock_enter(ctx: ProbeContext) -> u32 {
 /// Return of a lock call or condvar wait: the lock is now held.
 #[uretprobe]
 pub fn mp_lock_exit(ctx: RetProbeContext) -> u32 {
-    let end = now();
+    let end = bpf_now();
     let (_, tid) = current_ids();
     let Some(p) = PENDING.get_ptr_mut(tid) else {
         return 0; // entered before the probes were attached
