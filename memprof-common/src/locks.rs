@@ -8,6 +8,8 @@
 //! releases its mutex inside libc (no `pthread_mutex_unlock` call), so the
 //! wait's entry ends the section and its return starts a new one.
 
+use crate::record::records;
+
 /// Lock operations, passed as the uprobe attach cookie.
 pub mod lock_op {
     pub const MUTEX_LOCK: u32 = 0;
@@ -204,23 +206,11 @@ const _: () = assert!(core::mem::size_of::<HeldLocks>() == 8 + 40 * HELD_MAX);
 const _: () = assert!(core::mem::size_of::<PendingLock>() == 40);
 const _: () = assert!(core::mem::size_of::<HoldEvent>() == 64);
 
-#[cfg(feature = "user")]
-mod user {
-    // SAFETY: `#[repr(C)]`, six u64 then four u32 = 64 bytes (asserted
-    // above), no padding; any bit pattern is valid.
-    unsafe impl aya::Pod for super::HoldEvent {}
-    // SAFETY: `#[repr(C)]`: two u32 and an array of 40-byte structs of
-    // four u64 and two u32 (sizes asserted), no padding; any bit pattern
-    // is valid.
-    unsafe impl aya::Pod for super::HeldLocks {}
-
-    impl super::HoldEvent {
-        /// Decodes a ring-buffer record; `None` if it is too short.
-        pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
-            crate::user::read_pod(bytes)
-        }
-    }
-}
+// SAFETY: both `#[repr(C)]` and made of integers only, naturally aligned so
+// without padding (sizes asserted above): `HoldEvent` is six u64 then four
+// u32; `HeldLocks` two u32 and an array of `HeldLock`, four u64 and two u32
+// each. Any bit pattern is a valid value.
+records!(HoldEvent, HeldLocks);
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,8 @@
 //! two CPUs sampling the same line at the same instant may lose one update;
 //! at sampling rates that is noise, not bias.
 
+use crate::record::records;
+
 /// Cache-line size assumed for x86-64.
 pub const LINE_BYTES: u64 = 64;
 /// Granularity of the word-level detail: 4 bytes, so `int` fields are told
@@ -267,6 +269,12 @@ impl LineWords {
 const _: () = assert!(core::mem::size_of::<AccessRecipe>() == 16);
 const _: () = assert!(core::mem::size_of::<LineState>() == 96);
 const _: () = assert!(core::mem::size_of::<LineWords>() == 20 * WORDS_PER_LINE);
+
+// SAFETY: all three are `#[repr(C)]` and made of integers only, without
+// padding (sizes asserted above): `AccessRecipe` is an i64, four u8 and a
+// u32; `LineState` two (u32, u32) entries, u64s and four u32; `LineWords`
+// an array of five-u32 structs. Any bit pattern is a valid value.
+records!(AccessRecipe, LineState, LineWords);
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_attach_cookie, bpf_probe_read_user},
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, LruHashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
@@ -20,28 +20,15 @@ use memprof_common::{
     ALLOC_RING_BYTES, ALLOC_THREADS_CAPACITY, ALLOC_WAKEUP_BYTES, EVENT_ALLOC, EVENT_SYSCALL,
 };
 
-use crate::maps::{count, current_ids, target_tgid};
+use crate::maps::{
+    bpf_now, count, current_ids, syscall_args_offset, syscall_ret_offset, target_tgid,
+};
 
-// SAFETY (no_mangle, all three): the loader finds each global by this
-// exact name; no other symbol in the object has it.
+/// 1 when the allocator keeps glibc's chunk header at `ptr - 8`.
+// SAFETY (no_mangle): the loader finds the global by this exact name; no
+// other symbol in the object has it.
 #[unsafe(no_mangle)]
 static ALLOC_GLIBC_HEADER: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static SYSCALL_ARGS_OFFSET: Global<u32> = Global::new(16);
-#[unsafe(no_mangle)]
-static SYSCALL_RET_OFFSET: Global<u32> = Global::new(16);
-
-/// Offset of the first argument in `syscalls:sys_enter_*` records.
-#[inline(always)]
-pub fn syscall_args_offset() -> usize {
-    SYSCALL_ARGS_OFFSET.load() as usize
-}
-
-/// Offset of `ret` in `syscalls:sys_exit_*` records.
-#[inline(always)]
-pub fn syscall_ret_offset() -> usize {
-    SYSCALL_RET_OFFSET.load() as usize
-}
 
 #[map(name = "ALLOC_EVENTS")]
 static ALLOC_EVENTS: RingBuf = RingBuf::with_byte_size(ALLOC_RING_BYTES, 0);
@@ -96,12 +83,6 @@ fn ctl(index: u32) -> u32 {
     ALLOC_CTL.get(index).copied().unwrap_or(0) as u32
 }
 
-#[inline(always)]
-fn now() -> u64 {
-    // SAFETY: helper without preconditions.
-    unsafe { bpf_ktime_get_ns() }
-}
-
 /// Reads a `u64` from the target's memory (0 when it cannot be read).
 #[inline(always)]
 fn read_user_u64(addr: u64) -> u64 {
@@ -123,7 +104,7 @@ fn chunk_header(ptr: u64) -> u64 {
 pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: the helper reads the cookie the loader attached this probe
     // with; the context pointer is the one the kernel passed.
-    let op = unsafe { aya_ebpf::helpers::bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let op = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let (_, tid) = current_ids();
     if op < alloc_op::COUNT {
         count(counter::ALLOC_OP_CALLS + op);
@@ -157,10 +138,9 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
         op if alloc_op::is_free(op) => (0, arg(0)),
         _ => (arg(0), 0),
     };
-    // Reading user memory costs about 200 ns a read here (measured with
-    // bpf_stats), a third of the program: frees read nothing. Their
-    // block's size and class come from the loader's block tracker, and
-    // sites are allocation sites.
+    // A read of user memory is a large part of this program's cost, so
+    // frees read nothing: their block's size and class come from the
+    // loader's block tracker, and sites are allocation sites.
     let caller = if alloc_op::is_free(op) {
         0
     } else {
@@ -182,11 +162,11 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
             // SAFETY: as above.
             let f = unsafe { &mut *f };
             *f = state;
-            f.start_ns = now();
+            f.start_ns = bpf_now();
         }
         None => {
             let state = InFlight {
-                start_ns: now(),
+                start_ns: bpf_now(),
                 ..state
             };
             if INFLIGHT.insert(tid, state, 0).is_err() {
@@ -199,7 +179,7 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
 
 #[uretprobe]
 pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
-    let end = now();
+    let end = bpf_now();
     let (_, tid) = current_ids();
     let Some(f) = INFLIGHT.get_ptr_mut(tid) else {
         return 0; // entered before the probes were attached
@@ -309,7 +289,7 @@ fn syscall_enter(ctx: &TracePointContext, nr: u32) {
         inside: op_in_progress(tid),
     };
     let state = SysInFlight {
-        start_ns: now(),
+        start_ns: bpf_now(),
         ..state
     };
     let _ = SYS_INFLIGHT.insert(tid, state, 0);
@@ -317,7 +297,7 @@ fn syscall_enter(ctx: &TracePointContext, nr: u32) {
 
 #[inline(always)]
 fn syscall_exit(ctx: &TracePointContext, nr: u32) {
-    let end = now();
+    let end = bpf_now();
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {
         return;
@@ -404,7 +384,7 @@ pub fn mp_mmlock_start(_ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if tgid == target_tgid() {
         if let Some(s) = stats(tid) {
-            s.mmap_lock_start_ns = now();
+            s.mmap_lock_start_ns = bpf_now();
         }
     }
     0
@@ -416,7 +396,7 @@ const MMAP_LOCK_WAIT_NS: u64 = 2_000;
 
 #[tracepoint]
 pub fn mp_mmlock_done(_ctx: TracePointContext) -> u32 {
-    let end = now();
+    let end = bpf_now();
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {
         return 0;

@@ -1,308 +1,295 @@
-//! Lock contention as the kernel sees it: futex waits and wakes of the
-//! target's threads (every contended user-space lock ends in one), and
-//! kernel locks they wait for.
+//! Lock calls from the user's side: uprobes on the pthread lock, unlock
+//! and condvar-wait functions give acquisitions, the time to take a lock,
+//! and how long it was held (lock return → unlock entry).
 //!
-//! An uncontended lock never enters the kernel and costs nothing here. A
-//! futex wait or wake sends its user stack top (the lock implementation in
-//! libc keeps no frame pointers, so the loader finds the return addresses
-//! in it) and, for a wait, the word 8 bytes after the futex: a glibc
-//! mutex's owner thread.
+//! Each thread keeps the locks it holds now in `HELD_LOCKS` (the
+//! critical-section boundaries). The loader attaches these probes in
+//! windows under its overhead budget, bumping the generation in `LOCK_CTL`
+//! for each: state left by an earlier window, whose unlock may have been
+//! missed while detached, is dropped.
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{
-        bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
-        bpf_task_pt_regs,
-    },
-    macros::{map, tracepoint},
-    maps::{LruHashMap, RingBuf},
-    programs::TracePointContext,
-    Global,
+    helpers::{bpf_get_attach_cookie, bpf_probe_read_user},
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, LruHashMap, RingBuf},
+    programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
 };
 use memprof_common::{
-    counter, lock_event, LockEvent, ALLOC_THREADS_CAPACITY, LOCK_RING_BYTES, LOCK_STACK_WORDS,
+    counter,
+    locks::{
+        hold_flag, lock_op, HeldLock, HeldLocks, HoldEvent, PendingLock, HELD_MAX, HOLD_RING_BYTES,
+        LOCK_CTL_GENERATION, LOCK_THREADS_CAPACITY,
+    },
 };
 
-use crate::maps::{count, current_ids, target_tgid};
+use crate::maps::{bpf_now, count, current_ids};
 
-// SAFETY (no_mangle, both): the loader finds each global by this exact
-// name; no other symbol in the object has it.
-#[unsafe(no_mangle)]
-static KLOCK_ADDR_OFFSET: Global<u32> = Global::new(8);
-#[unsafe(no_mangle)]
-static KLOCK_FLAGS_OFFSET: Global<u32> = Global::new(16);
+#[map(name = "HOLD_EVENTS")]
+static HOLD_EVENTS: RingBuf = RingBuf::with_byte_size(HOLD_RING_BYTES, 0);
 
-#[map(name = "LOCK_EVENTS")]
-static LOCK_EVENTS: RingBuf = RingBuf::with_byte_size(LOCK_RING_BYTES, 0);
+#[map(name = "LOCK_CTL")]
+static LOCK_CTL: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Threads in a futex call we reported the start of (tid → start time).
-#[map(name = "FUTEX_INFLIGHT")]
-static FUTEX_INFLIGHT: LruHashMap<u32, u64> =
-    LruHashMap::with_max_entries(ALLOC_THREADS_CAPACITY, 0);
+#[map(name = "HELD_LOCKS")]
+static HELD_LOCKS: LruHashMap<u32, HeldLocks> =
+    LruHashMap::with_max_entries(LOCK_THREADS_CAPACITY, 0);
 
-/// A kernel lock wait in progress on a thread.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct KernelWait {
-    start_ns: u64,
-    addr: u64,
-    flags: u32,
-    _pad: u32,
-}
+#[map(name = "LOCK_PENDING")]
+pub(crate) static PENDING: LruHashMap<u32, PendingLock> =
+    LruHashMap::with_max_entries(LOCK_THREADS_CAPACITY, 0);
 
-#[map(name = "KLOCK_INFLIGHT")]
-static KLOCK_INFLIGHT: LruHashMap<u32, KernelWait> =
-    LruHashMap::with_max_entries(ALLOC_THREADS_CAPACITY, 0);
-
-/// `FUTEX_CMD_MASK`: the command without the private and clock flags.
-const FUTEX_CMD_MASK: u64 = !(128 | 256);
-
-/// Whether futex command `cmd` waits, wakes, or neither (0).
-fn futex_kind(cmd: u64) -> u32 {
-    match cmd {
-        // WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
-        0 | 6 | 9 | 11 | 13 => lock_event::WAIT_BEGIN,
-        // WAKE, REQUEUE, CMP_REQUEUE, WAKE_OP, UNLOCK_PI, WAKE_BITSET,
-        // CMP_REQUEUE_PI
-        1 | 3 | 4 | 5 | 7 | 10 | 12 => lock_event::WAKE_BEGIN,
-        _ => 0,
-    }
-}
-
+/// The return address of the traced lock call in progress on `tid`, if
+/// any (its return probe hides it on the stack).
 #[inline(always)]
-fn now() -> u64 {
-    // SAFETY: helper without preconditions.
-    unsafe { bpf_ktime_get_ns() }
-}
-
-/// The thread's user-mode instruction, stack and frame pointers.
-#[inline(always)]
-fn user_regs() -> (u64, u64, u64) {
-    // SAFETY: the current task is valid while the program runs, and
-    // bpf_task_pt_regs returns its saved user registers; the reads use
-    // bpf_probe_read_kernel, which fails cleanly. 128, 152 and 32 are the
-    // offsets of `ip`, `sp` and `bp` in x86-64's `struct pt_regs` (a user
-    // ABI: ptrace exposes the same layout).
-    unsafe {
-        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
-        let ip = bpf_probe_read_kernel(regs.add(128) as *const u64).unwrap_or(0);
-        let sp = bpf_probe_read_kernel(regs.add(152) as *const u64).unwrap_or(0);
-        let bp = bpf_probe_read_kernel(regs.add(32) as *const u64).unwrap_or(0);
-        (ip, sp, bp)
-    }
-}
-
-/// Reports the start of a futex wait or wake on `uaddr`.
-#[inline(always)]
-fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
-        return;
-    }
-    let Some(mut entry) = LOCK_EVENTS.reserve::<LockEvent>(0) else {
-        count(counter::LOCK_EVENTS_LOST);
-        return;
-    };
-    let (ip, sp, bp) = user_regs();
-    let owner = if kind == lock_event::WAIT_BEGIN {
-        // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
-        unsafe { bpf_probe_read_user((uaddr + 8) as *const u32) }.unwrap_or(0)
-    } else {
-        0
-    };
-    let e = entry.as_mut_ptr();
-    // SAFETY: `e` points at the reserved record, valid and exclusively ours
-    // until submit; every field is written before it.
-    unsafe {
-        (*e).kind = kind;
-        (*e).tid = tid;
-        (*e).op = cmd;
-        (*e).owner = owner;
-        (*e).uaddr = uaddr;
-        (*e).duration_ns = 0;
-        (*e).ret = 0;
-        (*e).ip = ip;
-        (*e).sp = sp;
-        (*e).bp = bp;
-        (*e).lock_site = crate::lockprobes::call_site(tid);
-        let stack = (*e).stack.as_mut_ptr() as *mut core::ffi::c_void;
-        let size = (LOCK_STACK_WORDS * 8) as u32;
-        if aya_ebpf::helpers::generated::bpf_probe_read_user(
-            stack,
-            size,
-            sp as *const core::ffi::c_void,
-        ) != 0
-        {
-            // Near the top of the stack: keep what fits in a smaller read.
-            let half = size / 4;
-            if aya_ebpf::helpers::generated::bpf_probe_read_user(
-                stack,
-                half,
-                sp as *const core::ffi::c_void,
-            ) != 0
-            {
-                (*e).stack[0] = 0;
+pub(crate) fn call_site(tid: u32) -> u64 {
+    match PENDING.get_ptr(tid) {
+        // SAFETY: the pointer comes from the map lookup.
+        Some(p) => unsafe {
+            if (*p).active != 0 && (*p).generation == generation() {
+                (*p).site
+            } else {
+                0
             }
+        },
+        None => 0,
+    }
+}
+
+/// A zeroed [`HeldLocks`] to insert from: at 328 bytes it does not fit on
+/// the BPF stack beside the rest.
+#[map(name = "ZERO_HELD")]
+static ZERO_HELD: Array<HeldLocks> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn generation() -> u32 {
+    LOCK_CTL.get(LOCK_CTL_GENERATION).copied().unwrap_or(0) as u32
+}
+
+#[inline(always)]
+fn cookie(ctx: &ProbeContext) -> u32 {
+    // SAFETY: reads the cookie the loader attached this probe with; the
+    // context pointer is the one the kernel passed.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
+}
+
+/// The return address at the top of the stack (at a function's entry).
+#[inline(always)]
+fn return_address(sp: u64) -> u64 {
+    // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
+    unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
+}
+
+/// The thread's held locks, emptied if they belong to an older window;
+/// created when missing.
+#[inline(always)]
+fn held_of(tid: u32, generation: u32) -> Option<&'static mut HeldLocks> {
+    let held = match HELD_LOCKS.get_ptr_mut(tid) {
+        Some(h) => h,
+        None => {
+            let zero = ZERO_HELD.get(0)?;
+            if HELD_LOCKS.insert(tid, zero, 0).is_err() {
+                count(counter::LOCK_STATE_ERRORS);
+                return None;
+            }
+            HELD_LOCKS.get_ptr_mut(tid)?
         }
-        let t = now();
-        (*e).time_ns = t;
-        let _ = FUTEX_INFLIGHT.insert(tid, t, 0);
+    };
+    // SAFETY: the pointer comes from the map lookup; only this thread
+    // touches its own entry, and the map keeps it while the program runs.
+    let held = unsafe { &mut *held };
+    if held.generation != generation {
+        held.generation = generation;
+        held.count = 0;
     }
-    submit_entry(entry);
+    Some(held)
 }
 
+/// Sends one record; wakes the loader only once a quarter of the ring is
+/// waiting (it drains on a timer otherwise).
 #[inline(always)]
-fn submit_entry(entry: aya_ebpf::maps::ring_buf::RingBufEntry<LockEvent>) {
-    // Contended locks are rare next to allocator calls: wake the loader
-    // once a quarter of the ring is waiting, on a timer otherwise.
-    let waiting = LOCK_EVENTS.query(BPF_RB_AVAIL_DATA as u64);
-    entry.submit(if waiting >= u64::from(LOCK_RING_BYTES / 4) {
-        BPF_RB_FORCE_WAKEUP as u64
+fn send(event: &HoldEvent) {
+    let waiting = HOLD_EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+    let flags = if waiting >= u64::from(HOLD_RING_BYTES / 4) {
+        BPF_RB_FORCE_WAKEUP
     } else {
-        BPF_RB_NO_WAKEUP as u64
+        BPF_RB_NO_WAKEUP
+    };
+    if HOLD_EVENTS
+        .output::<HoldEvent>(event, flags as u64)
+        .is_err()
+    {
+        count(counter::HOLD_EVENTS_LOST);
+    }
+}
+
+/// Ends the section of `lock` the thread holds (the most recent one, for
+/// a recursive mutex), reporting it; false if the thread holds no such
+/// section.
+#[inline(always)]
+fn release(tid: u32, lock: u64, site: u64, flags: u32) -> bool {
+    let Some(held) = held_of(tid, generation()) else {
+        return false;
+    };
+    let n = held.count as usize;
+    // Forward, remembering the last match: a countdown index compiles to
+    // a pointer walking backwards, whose bounds the verifier loses.
+    let mut found = HELD_MAX;
+    for i in 0..HELD_MAX {
+        if i >= n {
+            break;
+        }
+        if held.locks[i].lock == lock {
+            found = i;
+        }
+    }
+    if found >= HELD_MAX {
+        return false;
+    }
+    let entry = held.locks[found];
+    let end = bpf_now();
+    send(&HoldEvent {
+        lock,
+        acquired_ns: entry.acquired_ns,
+        hold_ns: end.saturating_sub(entry.acquired_ns),
+        acquire_ns: entry.acquire_ns,
+        lock_site: entry.site,
+        unlock_site: site,
+        tid,
+        op: entry.op,
+        flags: entry.flags | flags,
+        depth: (n - 1) as u32,
     });
+    // Swap-remove: the order of held locks carries nothing.
+    let last = n - 1;
+    if last < HELD_MAX {
+        held.locks[found] = held.locks[last];
+    }
+    held.count = last as u32;
+    true
 }
 
-/// Reports the end of a futex call reported by `futex_begin`.
-#[inline(always)]
-fn futex_end(ctx: &TracePointContext) {
-    let end = now();
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
-        return;
+/// Entry of a lock call (or a condvar wait, which releases its mutex).
+#[uprobe]
+pub fn mp_lock_enter(ctx: ProbeContext) -> u32 {
+    let op = cookie(&ctx);
+    if op < lock_op::COUNT {
+        count(counter::LOCK_OP_CALLS + op);
     }
-    let Some(start) = FUTEX_INFLIGHT.get_ptr(tid) else {
-        return;
+    let (_, tid) = current_ids();
+    // SAFETY: `regs` is the trapped thread's register set from the kernel;
+    // the probe sits where the stack pointer points at the return address
+    // (the loader checks the instructions before it).
+    let (sp, arg0, arg1) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rdi, (*ctx.regs).rsi) };
+    let site = return_address(sp);
+    let lock = if lock_op::is_cond(op) {
+        release(tid, arg1, site, hold_flag::COND_RELEASE);
+        arg1
+    } else {
+        arg0
     };
-    // SAFETY: the pointer comes from the map lookup.
-    let start = unsafe { *start };
-    let _ = FUTEX_INFLIGHT.remove(tid);
-    // SAFETY: the offset comes from this kernel's format file.
-    let ret = unsafe { ctx.read_at::<i64>(crate::alloc::syscall_ret_offset()) }.unwrap_or(0);
-    let Some(mut entry) = LOCK_EVENTS.reserve::<LockEvent>(0) else {
-        count(counter::LOCK_EVENTS_LOST);
-        return;
-    };
-    let e = entry.as_mut_ptr();
-    // SAFETY: as in `futex_begin`; the stack is not read for an end.
-    unsafe {
-        (*e).kind = lock_event::END;
-        (*e).tid = tid;
-        (*e).op = 0;
-        (*e).owner = 0;
-        (*e).uaddr = 0;
-        (*e).time_ns = start;
-        (*e).duration_ns = end.saturating_sub(start);
-        (*e).ret = ret;
-        (*e).ip = 0;
-        (*e).sp = 0;
-        (*e).bp = 0;
-        (*e).lock_site = 0;
-    }
-    submit_entry(entry);
-}
-
-#[inline(always)]
-fn arg(ctx: &TracePointContext, n: usize) -> u64 {
-    // SAFETY: the offset comes from this kernel's format file.
-    unsafe { ctx.read_at::<u64>(crate::alloc::syscall_args_offset() + 8 * n) }.unwrap_or(0)
-}
-
-/// `futex(uaddr, op, ...)`.
-#[tracepoint]
-pub fn mp_futex_in(ctx: TracePointContext) -> u32 {
-    let cmd = arg(&ctx, 1) & FUTEX_CMD_MASK;
-    let kind = futex_kind(cmd);
-    if kind != 0 {
-        futex_begin(kind, cmd as u32, arg(&ctx, 0));
-    }
-    0
-}
-
-/// `futex_wait(uaddr, val, mask, flags, ...)` (futex2).
-#[tracepoint]
-pub fn mp_futexw_in(ctx: TracePointContext) -> u32 {
-    futex_begin(lock_event::WAIT_BEGIN, 0, arg(&ctx, 0));
-    0
-}
-
-/// `futex_wake(uaddr, mask, nr, flags)` (futex2).
-#[tracepoint]
-pub fn mp_futexk_in(ctx: TracePointContext) -> u32 {
-    futex_begin(lock_event::WAKE_BEGIN, 1, arg(&ctx, 0));
-    0
-}
-
-#[tracepoint]
-pub fn mp_futex_out(ctx: TracePointContext) -> u32 {
-    futex_end(&ctx);
-    0
-}
-
-/// Attached to the exits of both futex2 calls.
-#[tracepoint]
-pub fn mp_futex2_out(ctx: TracePointContext) -> u32 {
-    futex_end(&ctx);
-    0
-}
-
-#[tracepoint]
-pub fn mp_klock_begin(ctx: TracePointContext) -> u32 {
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
-        return 0;
-    }
-    // SAFETY: the offsets come from this kernel's format file.
-    let (addr, flags) = unsafe {
-        (
-            ctx.read_at::<u64>(KLOCK_ADDR_OFFSET.load() as usize),
-            ctx.read_at::<u32>(KLOCK_FLAGS_OFFSET.load() as usize),
-        )
-    };
-    let wait = KernelWait {
-        start_ns: now(),
-        addr: addr.unwrap_or(0),
-        flags: flags.unwrap_or(0),
+    let state = PendingLock {
+        lock,
+        entry_ns: 0,
+        site,
+        op,
+        generation: generation(),
+        active: 1,
         _pad: 0,
     };
-    let _ = KLOCK_INFLIGHT.insert(tid, wait, 0);
+    match PENDING.get_ptr_mut(tid) {
+        Some(p) => {
+            // SAFETY: the pointer comes from the map lookup; only this
+            // thread touches its own entry.
+            let p = unsafe { &mut *p };
+            *p = state;
+            p.entry_ns = bpf_now();
+        }
+        None => {
+            let state = PendingLock {
+                entry_ns: bpf_now(),
+                ..state
+            };
+            if PENDING.insert(tid, state, 0).is_err() {
+                count(counter::LOCK_STATE_ERRORS);
+            }
+        }
+    }
     0
 }
 
-#[tracepoint]
-pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
-    let end = now();
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
+/// Return of a lock call or condvar wait: the lock is now held.
+#[uretprobe]
+pub fn mp_lock_exit(ctx: RetProbeContext) -> u32 {
+    let end = bpf_now();
+    let (_, tid) = current_ids();
+    let Some(p) = PENDING.get_ptr_mut(tid) else {
+        return 0; // entered before the probes were attached
+    };
+    // SAFETY: the pointer comes from the map lookup; only this thread
+    // touches its own entry.
+    let p = unsafe { &mut *p };
+    let generation = generation();
+    if p.active == 0 || p.generation != generation {
+        return 0; // stale: from a window whose return probe was detached
+    }
+    p.active = 0;
+    let ret: u64 = ctx.ret();
+    let cond = lock_op::is_cond(p.op);
+    // A condvar wait retakes its mutex even when it times out.
+    if ret as u32 != 0 && !cond {
+        send(&HoldEvent {
+            lock: p.lock,
+            acquired_ns: p.entry_ns,
+            hold_ns: 0,
+            acquire_ns: end.saturating_sub(p.entry_ns),
+            lock_site: p.site,
+            unlock_site: 0,
+            tid,
+            op: p.op,
+            flags: hold_flag::FAILED,
+            depth: 0,
+        });
         return 0;
     }
-    let Some(w) = KLOCK_INFLIGHT.get_ptr(tid) else {
+    let Some(held) = held_of(tid, generation) else {
         return 0;
     };
-    // SAFETY: the pointer comes from the map lookup.
-    let w = unsafe { *w };
-    let _ = KLOCK_INFLIGHT.remove(tid);
-    let Some(mut entry) = LOCK_EVENTS.reserve::<LockEvent>(0) else {
-        count(counter::LOCK_EVENTS_LOST);
+    let n = held.count as usize;
+    if n >= HELD_MAX {
+        count(counter::HELD_OVERFLOW);
         return 0;
-    };
-    let (ip, sp, bp) = user_regs();
-    let e = entry.as_mut_ptr();
-    // SAFETY: as in `futex_begin`; no stack for kernel waits.
-    unsafe {
-        (*e).kind = lock_event::KERNEL;
-        (*e).tid = tid;
-        (*e).op = w.flags;
-        (*e).owner = 0;
-        (*e).uaddr = w.addr;
-        (*e).time_ns = w.start_ns;
-        (*e).duration_ns = end.saturating_sub(w.start_ns);
-        (*e).ret = 0;
-        (*e).ip = ip;
-        (*e).sp = sp;
-        (*e).bp = bp;
-        (*e).lock_site = 0;
     }
-    submit_entry(entry);
+    let (acquire_ns, flags) = if cond {
+        (0, hold_flag::REACQUIRED)
+    } else {
+        (end.saturating_sub(p.entry_ns), 0)
+    };
+    held.locks[n] = HeldLock {
+        lock: p.lock,
+        acquired_ns: end,
+        acquire_ns,
+        site: p.site,
+        op: p.op,
+        flags,
+    };
+    held.count = n as u32 + 1;
+    0
+}
+
+/// Entry of an unlock: the section of the lock ends.
+#[uprobe]
+pub fn mp_unlock(ctx: ProbeContext) -> u32 {
+    let op = cookie(&ctx);
+    if op < lock_op::COUNT {
+        count(counter::LOCK_OP_CALLS + op);
+    }
+    let (_, tid) = current_ids();
+    // SAFETY: as in `mp_lock_enter`.
+    let (sp, lock) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rdi) };
+    if !release(tid, lock, return_address(sp), 0) {
+        count(counter::UNMATCHED_UNLOCKS);
+    }
     0
 }

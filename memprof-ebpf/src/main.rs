@@ -2,12 +2,12 @@
 //!
 //! Thin by design: each program filters to the target process, copies what
 //! it saw into a map or ring buffer, and returns. All interpretation happens
-//! in userspace (`memprof::analysis`).
+//! in userspace (`memprof`).
 #![no_std]
 #![no_main]
 
 mod alloc;
-mod lockprobes;
+mod futex;
 mod locks;
 mod maps;
 mod sampler;

@@ -1,34 +1,26 @@
-//! Maps and load-time globals shared by the programs.
+//! What every program uses: the target filter, the per-CPU counters, the
+//! clock, and the layout of the syscall tracepoint records.
 
 use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
-    maps::{PerCpuArray, RingBuf, StackTrace},
+    maps::PerCpuArray,
     Global,
 };
-use memprof_common::{counter, SAMPLES_RING_BYTES, STACKS_CAPACITY, TASK_RING_BYTES};
+use memprof_common::counter;
 
 /// Process being traced; written by the loader (`override_global`).
-// SAFETY (no_mangle): the loader finds the global by this exact name; no
-// other symbol in the object has it.
+// SAFETY (no_mangle, all three): the loader finds each global by this
+// exact name; no other symbol in the object has it.
 #[unsafe(no_mangle)]
 static TARGET_TGID: Global<u32> = Global::new(0);
-
-/// Field offsets in `task:task_newtask`, read from tracefs by the loader
+/// Offsets of the first argument in `syscalls:sys_enter_*` records and of
+/// `ret` in `syscalls:sys_exit_*` records, read from tracefs by the loader
 /// because tracepoint layouts differ between kernel versions.
-// SAFETY (no_mangle, both): named for the loader, as above.
 #[unsafe(no_mangle)]
-static NEWTASK_PID_OFFSET: Global<u32> = Global::new(8);
+static SYSCALL_ARGS_OFFSET: Global<u32> = Global::new(16);
 #[unsafe(no_mangle)]
-static NEWTASK_FLAGS_OFFSET: Global<u32> = Global::new(32);
-
-#[map(name = "SAMPLES")]
-pub static SAMPLES: RingBuf = RingBuf::with_byte_size(SAMPLES_RING_BYTES, 0);
-
-#[map(name = "TASK_EVENTS")]
-pub static TASK_EVENTS: RingBuf = RingBuf::with_byte_size(TASK_RING_BYTES, 0);
-
-#[map(name = "STACKS")]
-pub static STACKS: StackTrace = StackTrace::with_max_entries(STACKS_CAPACITY, 0);
+static SYSCALL_RET_OFFSET: Global<u32> = Global::new(16);
 
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -40,14 +32,17 @@ pub fn target_tgid() -> u32 {
     TARGET_TGID.load()
 }
 
+/// Offset of the first argument in `syscalls:sys_enter_*` records
+/// (arguments follow, 8 bytes each).
 #[inline(always)]
-pub fn newtask_pid_offset() -> usize {
-    NEWTASK_PID_OFFSET.load() as usize
+pub fn syscall_args_offset() -> usize {
+    SYSCALL_ARGS_OFFSET.load() as usize
 }
 
+/// Offset of `ret` in `syscalls:sys_exit_*` records.
 #[inline(always)]
-pub fn newtask_flags_offset() -> usize {
-    NEWTASK_FLAGS_OFFSET.load() as usize
+pub fn syscall_ret_offset() -> usize {
+    SYSCALL_RET_OFFSET.load() as usize
 }
 
 /// Adds one to a per-CPU counter.
@@ -56,9 +51,10 @@ pub fn count(index: u32) {
     if let Some(slot) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: the pointer comes from the map lookup and stays valid for
         // the program's run; per-CPU slots are written only on this CPU.
-        // (On machines with a PMU a sampler in NMI context could interrupt
-        // a tracepoint program between load and store and one increment be
-        // lost; `core` has no atomic add for the BPF target to prevent it.)
+        // A sampler running in NMI context (hardware PMU events) can
+        // interrupt a tracepoint program between the load and the store,
+        // and one increment is then lost: `core` has no atomic add for the
+        // BPF target to prevent it.
         unsafe { *slot += 1 };
     }
 }
@@ -66,6 +62,14 @@ pub fn count(index: u32) {
 /// The calling thread's (tgid, tid).
 #[inline(always)]
 pub fn current_ids() -> (u32, u32) {
-    let id = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    let id = bpf_get_current_pid_tgid();
     ((id >> 32) as u32, id as u32)
+}
+
+/// The kernel's `CLOCK_MONOTONIC` in nanoseconds (`bpf_ktime_get_ns`): the
+/// time base of every record.
+#[inline(always)]
+pub fn bpf_now() -> u64 {
+    // SAFETY: helper without preconditions.
+    unsafe { bpf_ktime_get_ns() }
 }

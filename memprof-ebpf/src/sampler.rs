@@ -2,18 +2,26 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
-    macros::perf_event,
+    helpers::bpf_get_smp_processor_id,
+    macros::{map, perf_event},
+    maps::{RingBuf, StackTrace},
     programs::{tracing::StackIdContext, PerfEventContext},
 };
 use memprof_common::{
-    counter, SampleEvent, SAMPLES_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY,
+    counter, SampleEvent, SAMPLES_RING_BYTES, SAMPLES_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL,
+    SAMPLE_FLAG_MEMORY, STACKS_CAPACITY,
 };
 
 use crate::{
-    maps::{count, current_ids, target_tgid, SAMPLES, STACKS},
+    maps::{bpf_now, count, current_ids, target_tgid},
     sharing::{precise_mode, sample_access, Access},
 };
+
+#[map(name = "SAMPLES")]
+static SAMPLES: RingBuf = RingBuf::with_byte_size(SAMPLES_RING_BYTES, 0);
+
+#[map(name = "STACKS")]
+static STACKS: StackTrace = StackTrace::with_max_entries(STACKS_CAPACITY, 0);
 
 /// `EFAULT` from `<errno.h>`.
 const EFAULT: i32 = 14;
@@ -56,8 +64,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         }
     };
 
-    // SAFETY: helper without preconditions.
-    let time_ns = unsafe { bpf_ktime_get_ns() };
+    let time_ns = bpf_now();
     let access = if in_kernel || precise_mode() {
         Access::default()
     } else {
@@ -105,8 +112,7 @@ pub fn mp_mem_sample(ctx: PerfEventContext) -> u32 {
     if cs & 3 != 3 {
         return 0; // a kernel access (the events exclude them; be sure)
     }
-    // SAFETY: helper without preconditions.
-    let time_ns = unsafe { bpf_ktime_get_ns() };
+    let time_ns = bpf_now();
     let access = sample_access(&ctx, ip, tid, time_ns, true);
     let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
         count(counter::SAMPLES_LOST);

@@ -1,16 +1,28 @@
 //! Following the target: thread creation, thread exit, exec.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
-    macros::tracepoint,
+    helpers::bpf_get_current_comm,
+    macros::{map, tracepoint},
+    maps::RingBuf,
     programs::TracePointContext,
+    Global,
 };
 use aya_log_ebpf::warn;
-use memprof_common::{counter, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD};
+use memprof_common::{counter, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD, TASK_RING_BYTES};
 
-use crate::maps::{
-    count, current_ids, newtask_flags_offset, newtask_pid_offset, target_tgid, TASK_EVENTS,
-};
+use crate::maps::{bpf_now, count, current_ids, target_tgid};
+
+/// Field offsets in `task:task_newtask`, read from tracefs by the loader
+/// because tracepoint layouts differ between kernel versions.
+// SAFETY (no_mangle, both): the loader finds each global by this exact
+// name; no other symbol in the object has it.
+#[unsafe(no_mangle)]
+static NEWTASK_PID_OFFSET: Global<u32> = Global::new(8);
+#[unsafe(no_mangle)]
+static NEWTASK_FLAGS_OFFSET: Global<u32> = Global::new(32);
+
+#[map(name = "TASK_EVENTS")]
+static TASK_EVENTS: RingBuf = RingBuf::with_byte_size(TASK_RING_BYTES, 0);
 
 /// `CLONE_THREAD` from `<linux/sched.h>`.
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -27,8 +39,8 @@ pub fn mp_task_new(ctx: TracePointContext) -> u32 {
     // `read_at` uses bpf_probe_read on the tracepoint record.
     let fields = unsafe {
         (
-            ctx.read_at::<u64>(newtask_flags_offset()),
-            ctx.read_at::<i32>(newtask_pid_offset()),
+            ctx.read_at::<u64>(NEWTASK_FLAGS_OFFSET.load() as usize),
+            ctx.read_at::<i32>(NEWTASK_PID_OFFSET.load() as usize),
         )
     };
     let (Ok(flags), Ok(child)) = fields else {
@@ -77,8 +89,7 @@ fn emit(kind: u32, tid: u32, tgid: u32, parent_tid: u32, comm: [u8; 16]) {
         return;
     };
     entry.write(TaskEvent {
-        // SAFETY: helper without preconditions.
-        time_ns: unsafe { bpf_ktime_get_ns() },
+        time_ns: bpf_now(),
         kind,
         tid,
         tgid,

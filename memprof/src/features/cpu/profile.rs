@@ -226,18 +226,35 @@ impl Profile {
         resolve: impl FnMut(&Place) -> Frame,
     ) -> Vec<HotFunction> {
         let mut ix = Interner::new(resolve);
-        // Per function: self samples, total samples, self lines, call sites.
-        #[derive(Default)]
-        struct Acc {
-            own: u64,
-            total: u64,
-            lines: HashMap<LineKey, u64>,
-            call_sites: HashMap<LineKey, u64>,
-        }
-        let mut acc: Vec<Acc> = Vec::new();
-        let slot = |acc: &mut Vec<Acc>, f: usize| {
+        let acc = self.accumulate(&mut ix);
+        let all = self.samples.max(1) as f64;
+        let mut ranked: Vec<HotFunction> = acc
+            .into_iter()
+            .zip(ix.into_keys())
+            .filter(|(a, _)| a.total > 0 || a.own > 0)
+            .map(|(a, key)| a.into_hot(key, all))
+            .collect();
+        ranked.sort_by(|a, b| {
+            b.samples
+                .cmp(&a.samples)
+                .then_with(|| b.total.cmp(&a.total))
+                .then_with(|| a.frame.function.cmp(&b.frame.function))
+        });
+        ranked.truncate(limit);
+        ranked
+    }
+
+    /// The samples of each function, indexed by its number in `ix`: self
+    /// samples and lines from where samples landed, total samples and call
+    /// sites from the stacks.
+    fn accumulate<'p, F: FnMut(&Place) -> Frame>(
+        &'p self,
+        ix: &mut Interner<'p, F>,
+    ) -> Vec<FunctionAcc> {
+        let mut acc: Vec<FunctionAcc> = Vec::new();
+        let slot = |acc: &mut Vec<FunctionAcc>, f: usize| {
             if acc.len() <= f {
-                acc.resize_with(f + 1, Acc::default);
+                acc.resize_with(f + 1, FunctionAcc::default);
             }
         };
         let mut with_stack_at: HashMap<&SampleAt, u64> = HashMap::new();
@@ -270,43 +287,47 @@ impl Profile {
             // Samples without a stack count for their own function only.
             a.total += count - with_stack_at.get(at).copied().unwrap_or(0);
         }
+        acc
+    }
+}
 
-        let all = self.samples.max(1) as f64;
-        let keys = ix.into_keys();
-        let mut ranked: Vec<HotFunction> = acc
+/// Per function: self samples, total samples, self lines, call sites.
+#[derive(Default)]
+struct FunctionAcc {
+    own: u64,
+    total: u64,
+    lines: HashMap<LineKey, u64>,
+    call_sites: HashMap<LineKey, u64>,
+}
+
+impl FunctionAcc {
+    /// The ranking entry of function `(function, module)`, at its busiest
+    /// line (or call site, for a function with no self time); shares are
+    /// of `all` samples.
+    fn into_hot(self, (function, module): (String, String), all: f64) -> HotFunction {
+        let lines = if self.own > 0 {
+            self.lines
+        } else {
+            self.call_sites
+        };
+        // The busiest line; ties go to the lower line, for stable output.
+        let (file, line) = lines
             .into_iter()
-            .zip(keys)
-            .filter(|(a, _)| a.total > 0 || a.own > 0)
-            .map(|(a, (function, module))| {
-                let lines = if a.own > 0 { a.lines } else { a.call_sites };
-                // The busiest line; ties go to the lower line, for stable output.
-                let (file, line) = lines
-                    .into_iter()
-                    .max_by(|x, y| x.1.cmp(&y.1).then_with(|| y.0.cmp(&x.0)))
-                    .map(|(l, _)| l)
-                    .unwrap_or((None, None));
-                HotFunction {
-                    frame: Frame {
-                        function,
-                        module,
-                        file,
-                        line,
-                    },
-                    samples: a.own,
-                    share: a.own as f64 / all,
-                    total: a.total,
-                    total_share: a.total as f64 / all,
-                }
-            })
-            .collect();
-        ranked.sort_by(|a, b| {
-            b.samples
-                .cmp(&a.samples)
-                .then_with(|| b.total.cmp(&a.total))
-                .then_with(|| a.frame.function.cmp(&b.frame.function))
-        });
-        ranked.truncate(limit);
-        ranked
+            .max_by(|x, y| x.1.cmp(&y.1).then_with(|| y.0.cmp(&x.0)))
+            .map(|(l, _)| l)
+            .unwrap_or((None, None));
+        HotFunction {
+            frame: Frame {
+                function,
+                module,
+                file,
+                line,
+            },
+            samples: self.own,
+            share: self.own as f64 / all,
+            total: self.total,
+            total_share: self.total as f64 / all,
+        }
     }
 }
 

@@ -1,0 +1,195 @@
+//! The allocator: the operations probed, the syscalls traced, the records
+//! of both, and the per-thread kernel statistics (page faults, `mmap_lock`
+//! waits).
+
+use crate::record::records;
+
+/// Allocator operations, passed as the uprobe attach cookie.
+pub mod alloc_op {
+    pub const MALLOC: u32 = 0;
+    pub const CALLOC: u32 = 1;
+    pub const REALLOC: u32 = 2;
+    pub const REALLOCARRAY: u32 = 3;
+    pub const FREE: u32 = 4;
+    pub const POSIX_MEMALIGN: u32 = 5;
+    pub const ALIGNED_ALLOC: u32 = 6;
+    pub const MEMALIGN: u32 = 7;
+    pub const VALLOC: u32 = 8;
+    pub const PVALLOC: u32 = 9;
+    /// C++ `operator new(size_t)` / `new[]`, probed when the allocator
+    /// defines them itself (they do not call `malloc` then).
+    pub const NEW: u32 = 10;
+    pub const NEW_ARRAY: u32 = 11;
+    pub const DELETE: u32 = 12;
+    pub const DELETE_ARRAY: u32 = 13;
+    /// Number of operations.
+    pub const COUNT: u32 = 14;
+
+    /// The C symbol of each operation, indexed by its code.
+    pub const SYMBOLS: [&str; COUNT as usize] = [
+        "malloc",
+        "calloc",
+        "realloc",
+        "reallocarray",
+        "free",
+        "posix_memalign",
+        "aligned_alloc",
+        "memalign",
+        "valloc",
+        "pvalloc",
+        "_Znwm",
+        "_Znam",
+        "_ZdlPv",
+        "_ZdaPv",
+    ];
+
+    /// Whether the operation gives a block back (its pointer is arg 0).
+    pub const fn is_free(op: u32) -> bool {
+        matches!(op, FREE | DELETE | DELETE_ARRAY)
+    }
+}
+
+/// Syscalls the allocator makes, by our code (index into
+/// [`programs::SYSCALL_ENTER`](crate::programs::SYSCALL_ENTER)).
+pub mod syscall {
+    pub const MMAP: u32 = 0;
+    pub const MUNMAP: u32 = 1;
+    pub const MREMAP: u32 = 2;
+    pub const MADVISE: u32 = 3;
+    pub const BRK: u32 = 4;
+    pub const MPROTECT: u32 = 5;
+    pub const COUNT: u32 = 6;
+    /// Tracepoint names (`syscalls:sys_enter_NAME`).
+    pub const NAMES: [&str; COUNT as usize] =
+        ["mmap", "munmap", "mremap", "madvise", "brk", "mprotect"];
+}
+
+/// Index in [`maps::ALLOC_CTL`](crate::maps::ALLOC_CTL) of the window
+/// generation: per-thread call state from an earlier window (whose return
+/// probe was detached) is stale.
+pub const ALLOC_CTL_GENERATION: u32 = 0;
+
+/// Byte size of the allocator event ring buffer. At 72 bytes an event,
+/// 16 MiB holds about 230k calls: more than a second of the fastest traced
+/// allocator (each call traps twice, ~3 µs) on every CPU of a small machine.
+pub const ALLOC_RING_BYTES: u32 = 16 << 20;
+/// As [`SAMPLES_WAKEUP_BYTES`](crate::SAMPLES_WAKEUP_BYTES), for the
+/// allocator ring.
+pub const ALLOC_WAKEUP_BYTES: u64 = (ALLOC_RING_BYTES / 4) as u64;
+/// Threads whose in-progress allocator call or syscall can be remembered;
+/// the futex and kernel-lock waits in progress are kept per thread in
+/// maps of the same size.
+pub const ALLOC_THREADS_CAPACITY: u32 = 16 * 1024;
+
+/// [`AllocEvent::kind`] / [`SyscallEvent::kind`]: the two records share
+/// the allocator ring and are told apart by this first field
+/// ([`record_kind`]).
+pub const EVENT_ALLOC: u32 = 1;
+pub const EVENT_SYSCALL: u32 = 2;
+
+/// One allocator call, from entry to return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocEvent {
+    /// [`EVENT_ALLOC`].
+    pub kind: u32,
+    /// [`alloc_op`] code.
+    pub op: u32,
+    pub tid: u32,
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns()` at entry.
+    pub start_ns: u64,
+    /// Entry to return.
+    pub duration_ns: u64,
+    /// The block returned (allocations; 0 on failure) or given back (frees).
+    pub ptr: u64,
+    /// `realloc`'s old block.
+    pub old_ptr: u64,
+    /// Bytes requested (0 for frees).
+    pub size: u64,
+    /// glibc only: the chunk header at `ptr - 8` (size | flag bits) of a
+    /// block handed out; 0 when unknown, and for frees (not read: it costs
+    /// as much as the rest of the program, and the loader knows the block).
+    pub chunk: u64,
+    /// Return address: the instruction after the call in the caller (0
+    /// for frees).
+    pub caller: u64,
+}
+
+/// One syscall of the allocator's kind, from entry to exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallEvent {
+    /// [`EVENT_SYSCALL`].
+    pub kind: u32,
+    /// [`syscall`] code.
+    pub nr: u32,
+    pub tid: u32,
+    /// `alloc_op + 1` of the allocator call in progress on the thread, or 0.
+    pub inside: u32,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// The first four arguments.
+    pub args: [u64; 4],
+    /// Return value.
+    pub ret: i64,
+}
+
+/// Per-thread kernel-side statistics (values of
+/// [`maps::KERNEL_STATS`](crate::maps::KERNEL_STATS)).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    pub page_faults: u64,
+    /// Page faults while an allocator call was in progress on the thread.
+    pub page_faults_in_alloc: u64,
+    /// `mmap_lock` acquisitions that did not succeed at once.
+    pub mmap_lock_waits: u64,
+    pub mmap_lock_wait_ns: u64,
+    /// Start of the acquisition in progress (0: none).
+    pub mmap_lock_start_ns: u64,
+}
+
+/// The `kind` field every allocator-ring record starts with.
+pub fn record_kind(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?))
+}
+
+// The kernel writes these structs and userspace reads them; a change in
+// size is a layout change both sides must see.
+const _: () = assert!(core::mem::size_of::<AllocEvent>() == 72);
+const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
+const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
+
+// SAFETY: all three are `#[repr(C)]` and made of integers only, naturally
+// aligned so without padding (sizes asserted above): `AllocEvent` is four
+// u32 then seven u64, `SyscallEvent` four u32, two u64, `[u64; 4]` and an
+// i64, `KernelStats` five u64. Any bit pattern is a valid value.
+records!(AllocEvent, SyscallEvent, KernelStats);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_record_kind_tells_the_allocator_ring_records_apart() {
+        let call = AllocEvent {
+            kind: EVENT_ALLOC,
+            op: alloc_op::REALLOC,
+            ptr: 0x10,
+            ..AllocEvent::default()
+        };
+        let mut bytes = [0u8; 72];
+        bytes[..4].copy_from_slice(&call.kind.to_ne_bytes());
+        bytes[4..8].copy_from_slice(&call.op.to_ne_bytes());
+        bytes[32..40].copy_from_slice(&call.ptr.to_ne_bytes());
+        assert_eq!(record_kind(&bytes), Some(EVENT_ALLOC));
+        assert_eq!(AllocEvent::from_bytes(&bytes), Some(call));
+        assert_eq!(AllocEvent::from_bytes(&bytes[..71]), None);
+        assert_eq!(record_kind(&bytes[..3]), None);
+
+        bytes[..4].copy_from_slice(&EVENT_SYSCALL.to_ne_bytes());
+        let sys = SyscallEvent::from_bytes(&bytes).map(|s| (s.kind, s.nr));
+        assert_eq!(sys, Some((EVENT_SYSCALL, alloc_op::REALLOC)));
+    }
+}

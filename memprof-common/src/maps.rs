@@ -1,0 +1,37 @@
+//! Names of the maps the loader opens, as the programs declare them
+//! (`#[map(name = ...)]`). Maps only the programs use are not listed.
+
+/// Ring buffer of [`crate::SampleEvent`].
+pub const SAMPLES: &str = "SAMPLES";
+/// Ring buffer of [`crate::TaskEvent`].
+pub const TASK_EVENTS: &str = "TASK_EVENTS";
+/// `BPF_MAP_TYPE_STACK_TRACE` of user stacks.
+pub const STACKS: &str = "STACKS";
+/// Per-CPU `u64` counters indexed by [`crate::counter`].
+pub const COUNTERS: &str = "COUNTERS";
+/// Ring buffer of [`crate::AllocEvent`] and [`crate::SyscallEvent`]
+/// (one ring, so a block's allocation is always read before its free).
+pub const ALLOC_EVENTS: &str = "ALLOC_EVENTS";
+/// `u64` array: [`crate::ALLOC_CTL_GENERATION`] (bumped by the loader
+/// per window).
+pub const ALLOC_CTL: &str = "ALLOC_CTL";
+/// Per-thread kernel-side statistics ([`crate::KernelStats`]).
+pub const KERNEL_STATS: &str = "KERNEL_STATS";
+/// Ring buffer of [`crate::LockEvent`].
+pub const LOCK_EVENTS: &str = "LOCK_EVENTS";
+/// LRU hash: cache-line address → [`crate::sharing::LineState`].
+pub const LINES: &str = "LINES";
+/// LRU hash: cache-line address → [`crate::sharing::LineWords`].
+pub const WORDS: &str = "WORDS";
+/// `u32` array: `[0]` = 1 when precise memory events are attached.
+pub const SAMPLER_CTL: &str = "SAMPLER_CTL";
+/// Hash: instruction address → [`crate::sharing::AccessRecipe`],
+/// written by the loader as it decodes newly sampled instructions.
+pub const RECIPES: &str = "RECIPES";
+/// Ring buffer of [`crate::locks::HoldEvent`].
+pub const HOLD_EVENTS: &str = "HOLD_EVENTS";
+/// LRU hash: thread id → [`crate::locks::HeldLocks`], the locks each
+/// thread holds now.
+pub const HELD_LOCKS: &str = "HELD_LOCKS";
+/// `u64` array: [`crate::locks::LOCK_CTL_GENERATION`].
+pub const LOCK_CTL: &str = "LOCK_CTL";

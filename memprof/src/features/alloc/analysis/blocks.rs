@@ -1,0 +1,118 @@
+//! The live-block tracker: the blocks the program holds, by address, and
+//! what holding and giving them back does to the sites and the memory
+//! account.
+
+use super::{AllocCall, AllocProfile, Class, Origin};
+use crate::features::alloc::memory::MemEvent;
+
+/// A block the program holds: what the tracker knows about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    pub size: u64,
+    pub usable: u64,
+    pub class: Class,
+    pub origin: Origin,
+    /// Address of the allocating call ([`AllocProfile::site_place`]).
+    pub site: u64,
+    pub tid: u32,
+    pub time_ns: u64,
+}
+
+impl AllocProfile {
+    pub(super) fn hold(
+        &mut self,
+        ptr: u64,
+        call: &AllocCall,
+        class: Class,
+        usable: u64,
+        origin: Origin,
+    ) {
+        let site = self.sites.entry(call.site).or_default();
+        site.count += 1;
+        site.bytes += call.size;
+        site.live_bytes += call.size;
+        site.live_blocks += 1;
+        self.memory.apply(MemEvent::Alloc {
+            requested: call.size,
+            usable,
+            class: size_class(usable),
+        });
+        let block = Block {
+            size: call.size,
+            usable,
+            class,
+            origin,
+            site: call.site,
+            tid: call.tid,
+            time_ns: call.start_ns,
+        };
+        if let Some(stale) = self.live.insert(ptr, block) {
+            // Handed out twice without a free we saw (a free in an
+            // untraced window): the old block is gone.
+            self.forget(&stale);
+        }
+    }
+
+    pub(super) fn release(&mut self, ptr: u64) -> Option<Block> {
+        let block = self.live.remove(&ptr)?;
+        self.forget(&block);
+        Some(block)
+    }
+
+    fn forget(&mut self, block: &Block) {
+        if let Some(site) = self.sites.get_mut(&block.site) {
+            site.live_bytes = site.live_bytes.saturating_sub(block.size);
+            site.live_blocks = site.live_blocks.saturating_sub(1);
+        }
+        self.memory.apply(MemEvent::Free {
+            requested: block.size,
+            usable: block.usable,
+            class: size_class(block.usable),
+        });
+    }
+
+    /// An index of the live blocks by address, for many
+    /// [`BlockIndex::containing`] queries (the false-sharing analysis
+    /// names heap objects with it). Building it sorts the live blocks.
+    pub fn block_index(&self) -> BlockIndex<'_> {
+        let mut starts: Vec<u64> = self.live.keys().copied().collect();
+        starts.sort_unstable();
+        BlockIndex {
+            profile: self,
+            starts,
+        }
+    }
+
+    /// The live block containing `addr`, with its start address. For one
+    /// query; use [`AllocProfile::block_index`] for many.
+    pub fn block_containing(&self, addr: u64) -> Option<(u64, &Block)> {
+        self.block_index().containing(addr)
+    }
+
+    /// Live blocks by start address, in no particular order.
+    pub fn live_blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
+        self.live.iter().map(|(a, b)| (*a, b))
+    }
+}
+
+/// Live blocks sorted by address: which block holds an address.
+pub struct BlockIndex<'a> {
+    profile: &'a AllocProfile,
+    starts: Vec<u64>,
+}
+
+impl<'a> BlockIndex<'a> {
+    /// The live block containing `addr`, with its start address.
+    pub fn containing(&self, addr: u64) -> Option<(u64, &'a Block)> {
+        let at = self.starts.partition_point(|&s| s <= addr);
+        let start = *self.starts.get(at.checked_sub(1)?)?;
+        let block = self.profile.live.get(&start)?;
+        (addr < start + block.size.max(1)).then_some((start, block))
+    }
+}
+
+/// The blowup class of a block: its usable size for glibc (its bin), else
+/// the next power of two (what size-class allocators round to, roughly).
+fn size_class(usable: u64) -> u32 {
+    u32::try_from(usable.next_power_of_two()).unwrap_or(u32::MAX)
+}
