@@ -20,6 +20,7 @@ pub mod error;
 pub mod features;
 pub mod kernel;
 pub mod object;
+pub mod options;
 pub mod output;
 pub mod privilege;
 pub mod process;
@@ -45,8 +46,8 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
     let (opts, outputs) = options(&cli, live)?;
     let mut dashboard = if live {
         let title = match &opts.target {
-            session::TargetSpec::Pid(pid) => format!("pid {pid}"),
-            session::TargetSpec::Command(cmd) => cmd.join(" "),
+            process::handle::TargetSpec::Pid(pid) => format!("pid {pid}"),
+            process::handle::TargetSpec::Command(cmd) => cmd.join(" "),
         };
         Some(
             tui::Dashboard::start(title, log.clone().unwrap_or_default())
@@ -91,12 +92,12 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
 /// The session's options from the command line, and the output files,
 /// opened now: a bad path fails before any tracing, and nothing needs the
 /// privilege to create files once probes are attached.
-fn options(cli: &cli::Cli, live: bool) -> Result<(session::Options, Outputs)> {
+fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
     let target = match cli.pid {
-        Some(pid) => session::TargetSpec::Pid(pid),
-        None => session::TargetSpec::Command(cli.command.clone()),
+        Some(pid) => process::handle::TargetSpec::Pid(pid),
+        None => process::handle::TargetSpec::Command(cli.command.clone()),
     };
-    let launching = matches!(target, session::TargetSpec::Command(_));
+    let launching = matches!(target, process::handle::TargetSpec::Command(_));
     if !launching {
         for (given, flag) in [
             (cli.user.is_some(), "-u/--user"),
@@ -145,13 +146,13 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(session::Options, Outputs)> {
         None if json_to_stdout => process::launch::Output::StdoutToStderr,
         None => process::launch::Output::Inherit,
     };
-    let opts = session::Options {
+    let opts = options::Options {
         target,
         duration: cli.duration,
         frequency_hz: cli.sample_freq,
         command_output,
         run_as,
-        alloc: features::alloc::tracer::AllocSettings {
+        alloc: options::AllocSettings {
             mode: cli.alloc_mode,
             large_threshold: cli.alloc_large_threshold,
             budget: cli.budget / 100.0,
@@ -187,10 +188,10 @@ fn write_report(report: &report::Report, outputs: Outputs) -> Result<()> {
     Ok(())
 }
 
-fn announce(opts: &session::Options) {
+fn announce(opts: &options::Options) {
     let what = match &opts.target {
-        session::TargetSpec::Pid(pid) => format!("pid {pid}"),
-        session::TargetSpec::Command(cmd) => format!("`{}`", cmd.join(" ")),
+        process::handle::TargetSpec::Pid(pid) => format!("pid {pid}"),
+        process::handle::TargetSpec::Command(cmd) => format!("`{}`", cmd.join(" ")),
     };
     match opts.duration {
         Some(d) => eprintln!(

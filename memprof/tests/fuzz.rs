@@ -20,12 +20,14 @@ use std::{collections::BTreeMap, ops::Range, sync::Arc};
 use engine::{fuzz, hash, replaying, Seed, Sig};
 use memprof::{
     object::{
-        files,
         symbolize::{dwarf, Symbolizer},
         unwind,
         x86::{access, calls},
     },
-    process::maps::{short_name, Place, ProcMaps},
+    process::{
+        files,
+        maps::{short_name, Place, ProcMaps},
+    },
 };
 use memprof_common::sharing::recipe;
 use seeds::{Elf, Sym};

@@ -18,6 +18,7 @@ use std::{
 
 use memprof_common::{KernelStats, SampleEvent};
 
+use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
     kernel::{
@@ -26,12 +27,11 @@ use crate::{
         windows::Detaching,
     },
     object::symbolize::Symbolizer,
+    options::Options,
     process::state::Process,
     report::Report,
-    session::Options,
 };
 use alloc::analysis::AllocProfile;
-use cpu::profile::ThreadEvent;
 
 /// The features of a session, in the order they contribute to the report.
 /// A new analysis is one more line here.

@@ -62,7 +62,7 @@ impl Unwinder {
     /// The frame rule at file offset `offset` of `path`, if its CFI says.
     pub fn rule(
         &mut self,
-        files: &mut super::files::FileCache,
+        files: &mut crate::process::files::FileCache,
         path: &Arc<str>,
         offset: u64,
     ) -> Option<FrameRule> {
@@ -341,7 +341,7 @@ mod tests {
         let offset = f - m.start + m.offset;
         let (mut u, mut files) = (
             Unwinder::default(),
-            crate::object::files::FileCache::default(),
+            crate::process::files::FileCache::default(),
         );
         let rule = u
             .rule(&mut files, &exe, offset)

@@ -8,15 +8,24 @@ use std::{
 
 use tokio::io::unix::AsyncFd;
 
-use super::{launch::Launched, procfs::command_line};
+use super::{
+    launch::{self, Launched},
+    procfs::command_line,
+};
 use crate::{
     error::{Error, Result},
     kernel::{preflight, rings::readable},
-    session::{Options, TargetSpec},
 };
 
 /// How long a launched command gets to exit after SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// What to trace.
+#[derive(Debug, Clone)]
+pub enum TargetSpec {
+    Pid(u32),
+    Command(Vec<String>),
+}
 
 /// An attached process or a launched command.
 pub enum TargetHandle {
@@ -33,10 +42,12 @@ impl TargetHandle {
     /// executable.
     pub fn open(
         root: &Path,
-        opts: &Options,
+        spec: &TargetSpec,
+        output: &launch::Output,
+        run_as: Option<&launch::RunAs>,
         notes: &mut Vec<String>,
     ) -> Result<(Self, String, Option<PathBuf>)> {
-        match &opts.target {
+        match spec {
             TargetSpec::Pid(pid) => {
                 let tgid = preflight::check_pid(root, *pid)?;
                 if tgid != *pid {
@@ -52,7 +63,7 @@ impl TargetHandle {
                 Ok((handle, command, None))
             }
             TargetSpec::Command(cmd) => {
-                let launched = Launched::spawn(cmd, &opts.command_output, opts.run_as.as_ref())?;
+                let launched = Launched::spawn(cmd, output, run_as)?;
                 let exe = cmd
                     .first()
                     .and_then(|p| super::launch::resolve(p, std::env::var_os("PATH")));

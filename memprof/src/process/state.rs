@@ -11,11 +11,11 @@ use std::{
 use memprof_common::{SampleEvent, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD};
 
 use super::{
+    files::FileCache,
     maps::{call_of, Mapping, Place, ProcMaps},
     procfs,
-    threads::LiveThreads,
+    threads::{LiveThreads, ThreadEvent},
 };
-use crate::{features::cpu::profile::ThreadEvent, object::files::FileCache};
 
 /// How often an unknown address may trigger a re-read of the memory map.
 pub const MAPS_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(100);

@@ -1,5 +1,30 @@
-//! How many threads the target had alive at a given moment (the
-//! allocator's serial and parallel phases).
+//! The target's threads: how they change ([`ThreadEvent`]) and how many
+//! were alive at a given moment (the allocator's serial and parallel
+//! phases).
+
+/// A change in the target's threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadEvent {
+    /// Present when tracing started.
+    Existing {
+        tid: u32,
+    },
+    /// Created while we traced.
+    Created {
+        tid: u32,
+        parent: u32,
+        time_ns: u64,
+    },
+    Exited {
+        tid: u32,
+        time_ns: u64,
+    },
+    /// The process called `execve` (its threads other than `tid` are gone).
+    Exec {
+        tid: u32,
+        time_ns: u64,
+    },
+}
 
 /// Live-thread count over time, from thread creation and exit events.
 #[derive(Debug, Clone, Default)]

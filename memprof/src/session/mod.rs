@@ -19,7 +19,6 @@ use std::{
 use memprof_common::{maps, SampleEvent, TaskEvent};
 
 use crate::{
-    cli::LockMode,
     error::{Error, Result},
     features::{self, Target as FeatureTarget},
     kernel::{
@@ -30,7 +29,8 @@ use crate::{
         Kernel,
     },
     object::symbolize::Symbolizer,
-    process::{handle::TargetHandle, launch, state::Process},
+    options::Options,
+    process::{handle::TargetHandle, state::Process},
     report::{
         model::{Loader, SampleSource, Target},
         Report,
@@ -42,29 +42,6 @@ use signals::{next_action, sleep_until, sleep_until_instant, Signals};
 
 /// How often the dashboard refreshes.
 const TICK: Duration = Duration::from_secs(1);
-
-/// What to trace.
-#[derive(Debug, Clone)]
-pub enum TargetSpec {
-    Pid(u32),
-    Command(Vec<String>),
-}
-
-/// How a session is run.
-#[derive(Debug)]
-pub struct Options {
-    pub target: TargetSpec,
-    pub duration: Option<Duration>,
-    pub frequency_hz: u64,
-    /// Where a launched command's output goes.
-    pub command_output: launch::Output,
-    /// Whom a launched command runs as (`-u`).
-    pub run_as: Option<launch::RunAs>,
-    /// Allocator tracing.
-    pub alloc: features::alloc::tracer::AllocSettings,
-    /// `--lock-mode`.
-    pub lock_mode: LockMode,
-}
 
 /// Why tracing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +114,13 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let mut notes = Vec::new();
     let root = Path::new("/");
     let tracefs_dir = preflight::check_system(root, opts.frequency_hz)?;
-    let (mut target, command, exe) = TargetHandle::open(root, opts, &mut notes)?;
+    let (mut target, command, exe) = TargetHandle::open(
+        root,
+        &opts.target,
+        &opts.command_output,
+        opts.run_as.as_ref(),
+        &mut notes,
+    )?;
     let pid = target.pid();
     let plans = features::plans(
         opts,

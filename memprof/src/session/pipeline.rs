@@ -10,10 +10,13 @@ use std::{
 use memprof_common::{SampleEvent, TaskEvent};
 
 use crate::{
-    features::{cpu::profile::ThreadEvent, each_with_heap, Feature, ReportContext},
+    features::{each_with_heap, Feature, ReportContext},
     kernel::{loader::Probes, Kernel},
     object::symbolize::Symbolizer,
-    process::state::{Process, TaskChange},
+    process::{
+        state::{Process, TaskChange},
+        threads::ThreadEvent,
+    },
     report::{
         model::{AddressSampling, AllocatorReport, Loader, SampleSource, Sampling, Target, SCHEMA},
         Report,

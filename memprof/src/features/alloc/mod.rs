@@ -19,6 +19,7 @@ use std::{
 use memprof_common::maps;
 
 use super::{Feature, Plan, ReportContext, Target};
+use crate::options::AllocSettings;
 use crate::{
     cli::AllocMode,
     error::Result,
@@ -27,14 +28,14 @@ use crate::{
         rings::{drain, poll_ring, readable, Ring},
         windows::{ktime_ns, Detaching},
     },
+    options::Options,
     process::state::Process,
     report::{model::FULLY_TRACED, Report},
-    session::Options,
 };
 use allocator::{Allocator, AllocatorKind};
 use analysis::AllocProfile;
 use collect::AllocCollector;
-use tracer::{AllocSettings, AllocTracer};
+use tracer::AllocTracer;
 
 /// Finds the target's allocator, unless allocator tracing is off. Not
 /// finding one is not an error: the rest of the profile still works.

@@ -266,8 +266,8 @@ mod tests {
         features::alloc::{
             allocator::{Allocator, AllocatorKind},
             analysis::{op_name, AllocCall, LargeRule, SyscallCall},
-            tracer::AllocSettings,
         },
+        options::AllocSettings,
         report::fixtures::code_at,
     };
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::allocator::{Allocator, AllocatorKind};
 pub use crate::kernel::windows::{ktime_ns, Detaching};
-use crate::{cli::AllocMode, features::alloc::analysis::LargeRule};
+use crate::{cli::AllocMode, features::alloc::analysis::LargeRule, options::AllocSettings};
 use crate::{
     kernel::{
         uprobes::{Family, ProbePoint},
@@ -14,26 +14,6 @@ use crate::{
     },
     object::x86::prologue,
 };
-
-/// Settings from the command line.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AllocSettings {
-    pub mode: AllocMode,
-    /// `--alloc-large-threshold`.
-    pub large_threshold: Option<u64>,
-    /// Allowed slowdown as a fraction (0.05 = 5%).
-    pub budget: f64,
-}
-
-impl Default for AllocSettings {
-    fn default() -> Self {
-        Self {
-            mode: AllocMode::Sampled,
-            large_threshold: None,
-            budget: 0.05,
-        }
-    }
-}
 
 /// Cost of one traced call whose probes the kernel emulates: entry trap
 /// plus return trap: the model's starting point, raised when a window

@@ -6,14 +6,18 @@ pub mod profile;
 use memprof_common::{SampleEvent, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY};
 
 use super::{Feature, Plan, ReportContext};
+use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
     kernel::loader::Probes,
+    options::Options,
     process::state::Process,
-    report::{model::ThreadEntry, Report},
-    session::Options,
+    report::{
+        model::{HotFunctionEntry, ThreadEntry},
+        Report,
+    },
 };
-use profile::{Profile, Sample, SampleAt, ThreadEvent};
+use profile::{HotFunction, Profile, Sample, SampleAt};
 
 /// Hot functions kept in a report.
 const HOT_FUNCTIONS: usize = 50;
@@ -166,5 +170,20 @@ impl Feature for Cpu {
         sampling.stack_errors = ctx.counters.stack_errors;
         sampling.kernel_samples = self.profile.kernel_samples();
         self.notes(ctx);
+    }
+}
+
+impl From<HotFunction> for HotFunctionEntry {
+    fn from(h: HotFunction) -> Self {
+        Self {
+            function: h.frame.function,
+            file: h.frame.file,
+            line: h.frame.line,
+            module: h.frame.module,
+            samples: h.samples,
+            share: h.share,
+            total_samples: h.total,
+            total_share: h.total_share,
+        }
     }
 }

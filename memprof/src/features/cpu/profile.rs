@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::object::symbolize::Frame;
-use crate::process::maps::Place;
+use crate::process::{maps::Place, threads::ThreadEvent};
 
 /// Where a sample landed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -26,30 +26,6 @@ pub struct Sample {
     pub at: SampleAt,
     /// User stack id in the stack map, when one was recorded.
     pub stack_id: Option<u32>,
-}
-
-/// A change in the target's threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ThreadEvent {
-    /// Present when tracing started.
-    Existing {
-        tid: u32,
-    },
-    /// Created while we traced.
-    Created {
-        tid: u32,
-        parent: u32,
-        time_ns: u64,
-    },
-    Exited {
-        tid: u32,
-        time_ns: u64,
-    },
-    /// The process called `execve` (its threads other than `tid` are gone).
-    Exec {
-        tid: u32,
-        time_ns: u64,
-    },
 }
 
 /// What we know of one thread.

@@ -26,9 +26,9 @@ use crate::{
         rings::{decoded, drain, poll_ring, readable, Ring},
         windows::{Detaching, Windowed},
     },
+    options::Options,
     process::state::Process,
     report::Report,
-    session::Options,
 };
 use collect::LockCollector;
 use tracer::LockLibrary;

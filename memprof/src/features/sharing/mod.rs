@@ -14,8 +14,9 @@ use memprof_common::{
     SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY, SAMPLE_FLAG_NO_RECIPE,
 };
 
-use super::{alloc::analysis::AllocProfile, cpu::profile::ThreadEvent, FastMap};
+use super::{alloc::analysis::AllocProfile, FastMap};
 use super::{Feature, Plan, ReportContext};
+use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
     kernel::{loader::Probes, maps::Counters},

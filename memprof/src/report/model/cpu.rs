@@ -4,7 +4,6 @@
 use serde::Serialize;
 
 use super::source_label;
-use crate::features::cpu::profile::HotFunction;
 
 schema_enum! {
     /// The event that drove sampling, and so gave the data addresses.
@@ -130,21 +129,6 @@ impl HotFunctionEntry {
     /// `file.c:12`, or `(module)` without debug info, for display.
     pub fn source_label(&self) -> String {
         source_label(self.file.as_deref(), self.line, &self.module)
-    }
-}
-
-impl From<HotFunction> for HotFunctionEntry {
-    fn from(h: HotFunction) -> Self {
-        Self {
-            function: h.frame.function,
-            file: h.frame.file,
-            line: h.frame.line,
-            module: h.frame.module,
-            samples: h.samples,
-            share: h.share,
-            total_samples: h.total,
-            total_share: h.total_share,
-        }
     }
 }
 
