@@ -383,11 +383,9 @@ pub fn report_with_sharing() -> Report {
     r
 }
 
-/// Every part of the report filled: the allocator's, the locks' (one
-/// traced in sampled mode), a false-sharing finding and a dismissed line.
-pub fn full_report() -> Report {
-    let mut r = report_with_allocator();
-    r.locks = report_with_locks().locks;
+/// The first lock of `r` as the lock uprobes see it: acquisitions, hold
+/// times and its one critical section.
+pub fn trace_hot_lock(r: &mut Report) {
     let hot = &mut r.locks[0];
     hot.acquisitions = Some(65_880);
     hot.contention_rate = Some(0.6);
@@ -404,6 +402,14 @@ pub fn full_report() -> Report {
         hold_ns: 1_435_000_000,
         hold_max_ns: 4_400_000,
     }];
+}
+
+/// Every part of the report filled: the allocator's, the locks' (one
+/// traced in sampled mode), a false-sharing finding and a dismissed line.
+pub fn full_report() -> Report {
+    let mut r = report_with_allocator();
+    r.locks = report_with_locks().locks;
+    trace_hot_lock(&mut r);
     r.lock_tracing = Some(LockTracing {
         mode: TraceMode::Sampled,
         library: "/lib/libc.so.6".into(),

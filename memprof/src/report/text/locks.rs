@@ -115,30 +115,15 @@ fn write_lock_holds(out: &mut String, l: &LockEntry) {
 #[cfg(test)]
 mod tests {
     use crate::report::{
-        fixtures::{report_with_locks, sample_report},
-        model::{LockTracing, SectionEntry, TraceMode},
+        fixtures::{report_with_locks, sample_report, trace_hot_lock},
+        model::{LockTracing, TraceMode},
         text::{render, WIDTH},
     };
 
     #[test]
     fn locks_section_shows_acquisitions_holds_and_sections_when_traced() {
         let mut r = report_with_locks();
-        let hot = &mut r.locks[0];
-        hot.acquisitions = Some(65_880);
-        hot.contention_rate = Some(0.6);
-        hot.hold_mean_ns = Some(21_800);
-        hot.hold_p99_ns = Some(28_500);
-        hot.hold_max_ns = Some(4_400_000);
-        hot.sections = vec![SectionEntry {
-            function: "contend_hot".into(),
-            file: Some("/src/locks.c".into()),
-            line: Some(166),
-            module: "locks".into(),
-            released_at: Some("locks.c:169".into()),
-            count: 65_880,
-            hold_ns: 1_435_000_000,
-            hold_max_ns: 4_400_000,
-        }];
+        trace_hot_lock(&mut r);
         r.lock_tracing = Some(LockTracing {
             mode: TraceMode::Full,
             library: "/lib/libc.so.6".into(),
