@@ -141,7 +141,8 @@ pub struct HeldLock {
 }
 
 /// The locks a thread holds now (values of [`crate::maps::HELD_LOCKS`]):
-/// what the later unnecessary-contention analysis reads.
+/// an unlock finds its section here, and the section's record counts the
+/// other locks held ([`HoldEvent::depth`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeldLocks {

@@ -1,5 +1,6 @@
-//! Names of the maps the loader opens, as the programs declare them
-//! (`#[map(name = ...)]`). Maps only the programs use are not listed.
+//! Names of the maps the loader opens or may inspect, as the programs
+//! declare them (`#[map(name = ...)]`). Per-thread scratch maps only the
+//! programs use are not listed.
 
 /// Ring buffer of [`crate::SampleEvent`].
 pub const SAMPLES: &str = "SAMPLES";
