@@ -8,6 +8,7 @@ mod bench_alloc;
 mod bench_locks;
 mod bench_sharing;
 mod fuzz;
+mod limits;
 mod setup;
 
 use std::{
@@ -249,6 +250,7 @@ fn count_before(text: &str, word: &str) -> usize {
 fn lint() -> Result<()> {
     cargo(&["fmt", "--all", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    limits::check(&root().join("memprof/src"))?;
     let target_dir = root().join("target/bpf-lint");
     let target_dir = target_dir.to_str().context("non-UTF-8 workspace path")?;
     setup::run(
