@@ -2,5 +2,6 @@
 
 pub mod files;
 pub mod symbolize;
+pub mod symbols;
 pub mod unwind;
 pub mod x86;

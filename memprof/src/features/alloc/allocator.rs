@@ -4,25 +4,21 @@
 //! in a preloaded or directly linked allocator (jemalloc, tcmalloc,
 //! mimalloc), or in libc. Probing "libc" by name would attach happily and
 //! then see nothing in the first two cases, so we look for the object that
-//! *defines* `malloc`, the way the dynamic linker resolves it: the
-//! executable first, then other objects, libc last.
+//! *defines* `malloc`, the way the dynamic linker resolves it
+//! ([`crate::object::symbols`]): the executable first, then other objects,
+//! libc last.
 //!
 //! Names that share an address (`malloc` = `__libc_malloc` = `tc_malloc`,
 //! `free` = `_ZdlPv` in mimalloc) are one entry point: probing both would
 //! count every call twice.
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::{path::Path, sync::Arc};
 
-use blazesym::inspect::{
-    source::{Elf, Source},
-    Inspector,
-};
+use blazesym::inspect::Inspector;
 
-use crate::process::maps::{self, ProcMaps};
+use crate::object::symbols::{
+    elf_source, entry_points, objects_for_command, objects_of, EntryPoint,
+};
 
 /// Allocation functions we look for, by their C names (and the C++
 /// operators, which preloaded allocators define themselves).
@@ -50,16 +46,6 @@ impl AllocatorKind {
             AllocatorKind::Other => "unknown",
         }
     }
-}
-
-/// One probe-able function: the names defined at one address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntryPoint {
-    /// Names from [`ENTRY_POINTS`] at this address, in that list's order
-    /// (the first is the one to report the operation as).
-    pub names: Vec<String>,
-    /// Offset of the function in the file (what a uprobe attaches to).
-    pub file_offset: u64,
 }
 
 /// The target's allocator.
@@ -116,76 +102,6 @@ pub fn find_for_command(exe: &Path) -> anyhow::Result<Option<Allocator>> {
     Ok(None)
 }
 
-/// The code objects mapped by process `pid`, in the order the dynamic
-/// linker searches them for a symbol: the executable, then other objects,
-/// libc last.
-pub fn objects_of(pid: u32) -> anyhow::Result<Vec<Arc<str>>> {
-    let maps = ProcMaps::read(pid)?;
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    Ok(candidates(&maps, exe.as_deref()))
-}
-
-/// The objects a command will search for a symbol, before it runs: the
-/// executable itself (static binaries, programs defining it themselves),
-/// then `LD_PRELOAD` libraries, then the libc we use ourselves.
-pub fn objects_for_command(exe: &Path) -> Vec<Arc<str>> {
-    let mut candidates: Vec<Arc<str>> = vec![Arc::from(exe.to_string_lossy().as_ref())];
-    if let Some(preload) = std::env::var_os("LD_PRELOAD") {
-        candidates.extend(
-            preload
-                .to_string_lossy()
-                .split([':', ' '])
-                .filter(|s| !s.is_empty())
-                .filter_map(resolve_library)
-                .map(Arc::from),
-        );
-    }
-    if let Ok(maps) = ProcMaps::read(std::process::id()) {
-        candidates.extend(maps.code_files().into_iter().filter(|f| is_libc(f)));
-    }
-    candidates
-}
-
-/// A preloaded library named without a directory is looked up where the
-/// dynamic linker looks by default.
-fn resolve_library(name: &str) -> Option<String> {
-    if name.contains('/') {
-        return Some(name.to_string());
-    }
-    [
-        "/lib/x86_64-linux-gnu",
-        "/usr/lib/x86_64-linux-gnu",
-        "/lib64",
-        "/lib",
-        "/usr/lib",
-    ]
-    .iter()
-    .map(|dir| Path::new(dir).join(name))
-    .find(|p| p.exists())
-    .map(|p| p.to_string_lossy().into_owned())
-}
-
-/// Mapped code objects in the order the dynamic linker would search them
-/// for `malloc`: the executable, then other objects, libc last.
-fn candidates(maps: &ProcMaps, exe: Option<&Path>) -> Vec<Arc<str>> {
-    let mut files = maps.code_files();
-    let rank = |f: &Arc<str>| {
-        if exe.is_some_and(|e| Path::new(&**f) == e) {
-            0
-        } else if is_libc(f) {
-            2
-        } else {
-            1
-        }
-    };
-    files.sort_by_key(rank); // stable: address order within a rank
-    files
-}
-
-fn is_libc(path: &str) -> bool {
-    maps::is_libc(maps::short_name(path))
-}
-
 /// The allocator defined in `path`, if it defines `malloc`.
 fn inspect(inspector: &Inspector, path: &str) -> anyhow::Result<Option<Allocator>> {
     let Some(entries) = entry_points(inspector, path, &ENTRY_POINTS) else {
@@ -219,43 +135,6 @@ fn inspect(inspector: &Inspector, path: &str) -> anyhow::Result<Option<Allocator
         version,
         entries,
     }))
-}
-
-fn elf_source(path: &str) -> Source {
-    let mut elf = Elf::new(PathBuf::from(path));
-    elf.debug_syms = false; // the ELF symbol tables say what is defined
-    Source::Elf(elf)
-}
-
-/// The functions among `names` that `path` defines, one entry per
-/// distinct address (names in `names` order); `None` when its symbols
-/// cannot be read.
-pub fn entry_points(inspector: &Inspector, path: &str, names: &[&str]) -> Option<Vec<EntryPoint>> {
-    let found = match inspector.lookup(&elf_source(path), names) {
-        Ok(found) => found,
-        Err(e) => {
-            tracing::debug!("cannot read the symbols of {path}: {e}");
-            return None;
-        }
-    };
-    // Group names by the file offset of their definition. A versioned
-    // name may have several (glibc's pthread_cond_wait@GLIBC_2.2.5 for
-    // old binaries, @@GLIBC_2.3.2 for new ones): all are entry points.
-    let mut by_offset: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-    for (name, hits) in names.iter().zip(&found) {
-        for offset in hits.iter().filter_map(|s| s.file_offset) {
-            let names = by_offset.entry(offset).or_default();
-            if !names.iter().any(|n| n == name) {
-                names.push(name.to_string());
-            }
-        }
-    }
-    Some(
-        by_offset
-            .into_iter()
-            .map(|(file_offset, names)| EntryPoint { names, file_offset })
-            .collect(),
-    )
 }
 
 /// A NUL-terminated string (at most 64 bytes) at `offset` in `path`.
@@ -353,6 +232,7 @@ fn jemalloc_version(bytes: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::maps;
 
     #[test]
     fn versions_from_embedded_text() {
@@ -377,23 +257,6 @@ mod tests {
         );
         assert_eq!(version_in_text(AllocatorKind::Glibc, b"nothing here"), None);
         assert_eq!(version_in_text(AllocatorKind::Other, glibc), None);
-    }
-
-    #[test]
-    fn search_order_is_exe_then_others_then_libc() {
-        let maps = ProcMaps::parse(
-            "1000-2000 r-xp 0 0:0 0 /usr/lib/x86_64-linux-gnu/libc.so.6\n\
-             3000-4000 r-xp 0 0:0 0 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n\
-             5000-6000 r-xp 0 0:0 0 /opt/app/bin/server\n\
-             7000-8000 r-xp 0 0:0 0 /usr/lib/x86_64-linux-gnu/libm.so.6\n",
-        );
-        let order: Vec<String> = candidates(&maps, Some(Path::new("/opt/app/bin/server")))
-            .iter()
-            .map(|p| maps::short_name(p).to_string())
-            .collect();
-        assert_eq!(order[0], "server");
-        assert_eq!(order.last().map(String::as_str), Some("libc.so.6"));
-        assert_eq!(order.len(), 4);
     }
 
     /// This test binary links glibc dynamically: its allocator is glibc's,

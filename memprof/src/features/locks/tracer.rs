@@ -15,12 +15,11 @@ use memprof_common::locks::lock_op;
 
 use crate::cli::LockMode;
 use crate::{
-    features::alloc::allocator,
     kernel::{
         uprobes::{Family, ProbePoint},
         windows::{Mode, WindowSettings, Windowed},
     },
-    object::x86::prologue,
+    object::{symbols, x86::prologue},
 };
 
 /// Cost of one traced critical section whose probes the kernel emulates:
@@ -55,12 +54,12 @@ pub struct LockLibrary {
 /// before it runs). `None` when no object defines `pthread_mutex_lock`.
 pub fn find(pid: u32, exe: Option<&Path>) -> anyhow::Result<Option<LockLibrary>> {
     let objects = match exe {
-        Some(exe) => allocator::objects_for_command(exe),
-        None => allocator::objects_of(pid)?,
+        Some(exe) => symbols::objects_for_command(exe),
+        None => symbols::objects_of(pid)?,
     };
     let inspector = Inspector::new();
     for path in objects {
-        let Some(entries) = allocator::entry_points(&inspector, &path, &lock_op::SYMBOLS) else {
+        let Some(entries) = symbols::entry_points(&inspector, &path, &lock_op::SYMBOLS) else {
             continue;
         };
         if !entries
