@@ -524,10 +524,13 @@ fn attached_full_mode_matches_the_workload_counts() {
     let (report, truth) = attach_threads("alloc-attach-full", "full", &[]);
     assert_glibc(&report);
     assert_attached_full(&report, &truth, 4, "glibc");
-    assert_eq!(
-        op_count_where(&report, "malloc", "phase", "serial"),
-        0,
-        "all the work is done by the four threads at once: {:#}",
+    // All the counted work is done by the four threads at once; only the
+    // main thread's own calls after it joined them (writing its truth
+    // file) run alone.
+    let serial = op_count_where(&report, "malloc", "phase", "serial");
+    assert!(
+        serial <= LIBC_EXTRA_CALLS,
+        "serial mallocs {serial}: the workers' calls must be parallel: {:#}",
         report["allocator"]["ops"]
     );
     assert_no_programs_left();

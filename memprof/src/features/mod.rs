@@ -110,8 +110,12 @@ pub trait Feature: AsAny {
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Pending
     }
-    /// Hands the records waiting in the feature's rings to its analysis.
-    fn drain(&mut self, _process: &mut Process) {}
+    /// Hands the records waiting in the feature's rings to its analysis,
+    /// a batch at a time ([`crate::kernel::rings::drain_batch`]); true when
+    /// more may wait.
+    fn drain(&mut self, _process: &mut Process) -> bool {
+        false
+    }
     /// After each drain: give the programs what the drained records asked
     /// for.
     fn after_drain(&mut self, _probes: &mut Probes, _process: &mut Process) {}

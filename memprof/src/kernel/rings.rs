@@ -27,12 +27,31 @@ pub fn poll_ring(ring: &mut Ring, cx: &mut Context<'_>) -> Poll<std::io::Result<
         .map_ok(|mut guard| guard.clear_ready())
 }
 
+/// Records a feature's ring hands on before the thread records are read
+/// again: a ring written as fast as it is read would otherwise be drained
+/// in one pass, and a thread created meanwhile would be seen only after
+/// the records of its first calls.
+pub const BATCH: usize = 4096;
+
 /// Hands every record waiting in `ring` to `handle`.
 pub fn drain(ring: &mut Ring, mut handle: impl FnMut(&[u8])) {
     let ring = ring.get_mut();
     while let Some(item) = ring.next() {
         handle(&item);
     }
+}
+
+/// Hands up to [`BATCH`] records waiting in `ring` to `handle`; true when
+/// it stopped there (more may wait).
+pub fn drain_batch(ring: &mut Ring, mut handle: impl FnMut(&[u8])) -> bool {
+    let ring = ring.get_mut();
+    for _ in 0..BATCH {
+        let Some(item) = ring.next() else {
+            return false;
+        };
+        handle(&item);
+    }
+    true
 }
 
 /// A fixed-size record decoded, or a warning that it was short.

@@ -210,8 +210,7 @@ impl Live {
                 }
                 ready = std::future::poll_fn(|cx| features.poll_ready(cx)) => {
                     ready.map_err(|e| anyhow::anyhow!("polling a feature's records: {e}"))?;
-                    self.drain_tasks();
-                    self.pipeline.drain();
+                    self.drain_features();
                 }
                 _ = sleep_until_instant(window) => {
                     if let Some(probes) = &mut self.kernel.probes {
@@ -269,9 +268,20 @@ impl Live {
     /// and exec events first: they decide how the records taken after them
     /// are read.
     fn drain_all(&mut self) {
-        self.drain_tasks();
-        self.pipeline.drain();
+        self.drain_features();
         self.drain_samples();
+    }
+
+    /// Drains the features' rings a batch at a time, reading the thread
+    /// records again before each batch, so that a thread created while a
+    /// busy ring is drained is known before its records are read.
+    fn drain_features(&mut self) {
+        loop {
+            self.drain_tasks();
+            if !self.pipeline.drain() {
+                break;
+            }
+        }
     }
 
     /// Gives the programs what the drained records asked for.

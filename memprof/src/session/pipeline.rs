@@ -125,11 +125,14 @@ impl Pipeline {
         Poll::Pending
     }
 
-    /// Hands every feature's waiting records to it.
-    pub fn drain(&mut self) {
+    /// Hands a batch of every feature's waiting records to it; true when
+    /// more may wait.
+    pub fn drain(&mut self) -> bool {
+        let mut more = false;
         for f in &mut self.features {
-            f.drain(&mut self.process);
+            more |= f.drain(&mut self.process);
         }
+        more
     }
 
     pub fn after_drain(&mut self, probes: &mut Probes) {

@@ -25,7 +25,7 @@ use crate::{
     error::Result,
     kernel::{
         loader::{AllocLoad, Load, Probes},
-        rings::{drain, poll_ring, readable, Ring},
+        rings::{drain_batch, poll_ring, readable, Ring},
         windows::{ktime_ns, Detaching},
     },
     options::Options,
@@ -136,16 +136,17 @@ impl Feature for Alloc {
         }
     }
 
-    fn drain(&mut self, process: &mut Process) {
-        if let Some(t) = &mut self.traced {
-            let collector = &mut t.collector;
-            drain(&mut t.ring, |b| {
-                // A launched command's process runs our gate until its exec.
-                if !process.awaiting_exec() {
-                    collector.on_record(b, process);
-                }
-            });
-        }
+    fn drain(&mut self, process: &mut Process) -> bool {
+        let Some(t) = &mut self.traced else {
+            return false;
+        };
+        let collector = &mut t.collector;
+        drain_batch(&mut t.ring, |b| {
+            // A launched command's process runs our gate until its exec.
+            if !process.awaiting_exec() {
+                collector.on_record(b, process);
+            }
+        })
     }
 
     fn deadline(&self) -> Option<Instant> {

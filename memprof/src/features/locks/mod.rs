@@ -23,7 +23,7 @@ use crate::{
     error::Result,
     kernel::{
         loader::{Load, Probes},
-        rings::{decoded, drain, poll_ring, readable, Ring},
+        rings::{decoded, drain_batch, poll_ring, readable, Ring},
         windows::{Detaching, Windowed},
     },
     options::Options,
@@ -128,16 +128,17 @@ impl Feature for Locks {
         }
     }
 
-    fn drain(&mut self, process: &mut Process) {
+    fn drain(&mut self, process: &mut Process) -> bool {
         let collector = &mut self.collector;
-        drain(&mut self.futex, |b| collector.on_record(b, process));
+        let mut more = drain_batch(&mut self.futex, |b| collector.on_record(b, process));
         if let Some((holds, _)) = &mut self.calls {
-            drain(holds, |b| {
+            more |= drain_batch(holds, |b| {
                 if let Some(ev) = decoded(b, "critical-section", HoldEvent::from_bytes) {
                     collector.on_hold(&ev, process);
                 }
             });
         }
+        more
     }
 
     fn deadline(&self) -> Option<Instant> {
