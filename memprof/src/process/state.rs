@@ -4,7 +4,7 @@
 //! live count, the launch gate, and its object files' bytes.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -41,6 +41,8 @@ pub struct Process {
     pub dropped: u64,
     /// Threads alive over time.
     pub live: LiveThreads,
+    /// Every thread seen: at attach or in a thread record.
+    known: HashSet<u32>,
     /// The object files' bytes, read once each.
     pub files: FileCache,
 }
@@ -68,6 +70,7 @@ impl Process {
             launch_exec_ns: None,
             dropped: 0,
             live: LiveThreads::default(),
+            known: HashSet::new(),
             files: FileCache::default(),
         };
         process.refresh_maps();
@@ -76,6 +79,7 @@ impl Process {
         let events = tids
             .into_iter()
             .map(|tid| {
+                process.known.insert(tid);
                 process.learn_name(tid);
                 ThreadEvent::Existing { tid }
             })
@@ -184,6 +188,13 @@ impl Process {
         true
     }
 
+    /// Whether thread `tid` was seen: at attach or in a thread record read
+    /// so far. A thread's records in other rings are written after its
+    /// creation record, so one not seen yet means thread records wait.
+    pub fn knows_thread(&self, tid: u32) -> bool {
+        self.known.contains(&tid)
+    }
+
     /// Reads a thread's name unless it is known. A thread already gone
     /// keeps an empty name (or the one it had), so its later records do not
     /// retry the read.
@@ -217,6 +228,7 @@ impl Process {
     pub fn on_task(&mut self, ev: &TaskEvent) -> Option<TaskChange> {
         let event = match ev.kind {
             TASK_NEW_THREAD => {
+                self.known.insert(ev.tid);
                 self.live.change(ev.time_ns, 1);
                 ThreadEvent::Created {
                     tid: ev.tid,
@@ -243,6 +255,7 @@ impl Process {
                 self.before_exec = Some((ev.time_ns, self.maps.clone()));
                 self.refresh_maps();
                 // Other threads are gone; their names stay for the report.
+                self.known.insert(ev.tid);
                 self.learn_name(ev.tid);
                 let held = match self.held.take() {
                     Some(held) => {

@@ -42,6 +42,15 @@ impl AllocCollector {
             .any(|&(start, end)| start <= ktime && end.is_none_or(|e| ktime < e))
     }
 
+    /// The thread of an allocator record.
+    pub fn thread_of(bytes: &[u8]) -> Option<u32> {
+        match record_kind(bytes) {
+            Some(EVENT_ALLOC) => AllocEvent::from_bytes(bytes).map(|ev| ev.tid),
+            Some(EVENT_SYSCALL) => SyscallEvent::from_bytes(bytes).map(|ev| ev.tid),
+            _ => None,
+        }
+    }
+
     /// One record of the allocator ring buffer.
     pub fn on_record(&mut self, bytes: &[u8], process: &mut Process) {
         match record_kind(bytes) {

@@ -111,6 +111,7 @@ impl Plan for AllocPlan {
                 ring,
                 tracer,
                 collector,
+                held: Vec::new(),
             }),
         }))
     }
@@ -126,6 +127,8 @@ struct Traced {
     ring: Ring,
     tracer: AllocTracer,
     collector: AllocCollector,
+    /// Records held until the thread records are read again.
+    held: Vec<Vec<u8>>,
 }
 
 impl Feature for Alloc {
@@ -136,17 +139,35 @@ impl Feature for Alloc {
         }
     }
 
+    /// A record of a thread whose creation record is not read yet is
+    /// held, with every record after it, until the thread records have
+    /// been read again: the live-thread count at its calls needs it.
     fn drain(&mut self, process: &mut Process) -> bool {
         let Some(t) = &mut self.traced else {
             return false;
         };
-        let collector = &mut t.collector;
-        drain_batch(&mut t.ring, |b| {
+        let (collector, held) = (&mut t.collector, &mut t.held);
+        // Held records are read once, after the thread records were read
+        // again: if their thread is still unknown, it is not coming.
+        for b in std::mem::take(held) {
+            collector.on_record(&b, process);
+        }
+        let mut waiting = false;
+        let more = drain_batch(&mut t.ring, |b| {
             // A launched command's process runs our gate until its exec.
-            if !process.awaiting_exec() {
+            if process.awaiting_exec() {
+                return;
+            }
+            let unknown =
+                AllocCollector::thread_of(b).is_some_and(|tid| !process.knows_thread(tid));
+            if waiting || unknown {
+                waiting = true;
+                held.push(b.to_vec());
+            } else {
                 collector.on_record(b, process);
             }
-        })
+        });
+        more || waiting
     }
 
     fn deadline(&self) -> Option<Instant> {
