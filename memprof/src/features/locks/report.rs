@@ -16,7 +16,7 @@ use crate::{
         },
     },
     object::symbolize::Frame,
-    process::maps::ProcMaps,
+    process::maps::{is_libc, ProcMaps},
     report::{
         model::{
             source_label, HolderSite, LockEntry, LockKind, LockTracing, OwnerEntry, SectionEntry,
@@ -163,10 +163,7 @@ fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>
             kind => kind,
         };
         // Only a glibc mutex keeps its owner 8 bytes after the futex word.
-        let glibc = top.is_some_and(|c| {
-            let module = naming.names.code(&c.ip).module;
-            module.starts_with("libc.so") || module.starts_with("libc-")
-        });
+        let glibc = top.is_some_and(|c| is_libc(&naming.names.code(&c.ip).module));
         let name = naming.name_of(address);
         let m = table.slot(address, name, kind);
         m.add_futex(f, kind == LockKind::Mutex && glibc, naming.names);
