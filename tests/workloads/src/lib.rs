@@ -46,6 +46,11 @@ pub enum Variant {
     Stripped,
     /// Statically linked (`-static`).
     Static,
+    /// `-g -O0`: every variable lives in a stack slot and is reloaded
+    /// before each use, as in code built without optimisation.
+    Unoptimized,
+    /// `-g -O2`: registers carry values across statements.
+    Optimized,
 }
 
 /// Builds `workloads/NAME.c` and returns the executable's path.
@@ -55,6 +60,8 @@ pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
         Variant::Debug => "",
         Variant::Stripped => "-stripped",
         Variant::Static => "-static",
+        Variant::Unoptimized => "-O0",
+        Variant::Optimized => "-O2",
     };
     let out = workload_dir().join(format!("{name}{suffix}"));
     // Build beside it and rename over it: the old file may be running
@@ -65,9 +72,14 @@ pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
         std::thread::current().id()
     ));
     let mut cc = Command::new("gcc");
+    let level = match variant {
+        Variant::Unoptimized => "-O0",
+        Variant::Optimized => "-O2",
+        _ => "-O1",
+    };
     cc.args([
         "-g",
-        "-O1",
+        level,
         "-fno-omit-frame-pointer",
         "-pthread",
         "-Wall",
