@@ -47,5 +47,10 @@ pub const UNMATCHED_UNLOCKS: u32 = HOLD_EVENTS_LOST + 1;
 pub const HELD_OVERFLOW: u32 = HOLD_EVENTS_LOST + 2;
 /// Lock calls whose per-thread state could not be stored.
 pub const LOCK_STATE_ERRORS: u32 = HOLD_EVENTS_LOST + 3;
+/// User samples placed through a backward slice that read user memory
+/// (also counted in [`ADDRESSES`]).
+pub const ADDRESSES_LOADED: u32 = LOCK_STATE_ERRORS + 1;
+/// User samples whose slice could not read the memory it needed.
+pub const SLICE_FAULTS: u32 = LOCK_STATE_ERRORS + 2;
 /// Number of counters.
-pub const COUNT: u32 = LOCK_STATE_ERRORS + 1;
+pub const COUNT: u32 = LOCK_STATE_ERRORS + 3;

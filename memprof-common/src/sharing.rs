@@ -64,12 +64,28 @@ pub mod recipe {
     /// land after the load, which takes the cache miss, far more often
     /// than after the store, which retires into the store buffer.
     pub const STORED_BACK: u32 = 16;
+    /// The address comes from a backward slice: the instruction overwrote
+    /// its own base register, whose value the recipe recomputes from the
+    /// registers that still hold it, or reads again from the stack slot
+    /// (or other memory) it was loaded from ([`super::AccessRecipe::loads`]).
+    pub const SLICE: u32 = 32;
 }
+
+/// At most this many user-memory reads in one recipe.
+pub const MAX_LOADS: usize = 2;
 
 /// How to compute the data address of the instruction at (or right before)
 /// a sampled IP from the sampled registers:
 /// `base + index * scale + disp`. RIP-relative operands are resolved by the
 /// loader into an absolute `disp` with no base.
+///
+/// With `loads` > 0 the base value is not in a register any more and is
+/// read back from user memory first (a backward slice, [`recipe::SLICE`]):
+/// `v = regs[base] + load_disp[0]; v = *(u64 *)v;` then, for a second
+/// load, `v = *(u64 *)(v + load_disp[1]);` and the address is
+/// `v + index * scale + disp`. For `mov -0x10(%rbp),%rax; mov
+/// 0x8(%rax),%rax` sampled after the second move: `base` RBP, one load at
+/// -0x10, `disp` 8.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AccessRecipe {
@@ -83,6 +99,12 @@ pub struct AccessRecipe {
     pub size: u8,
     /// [`recipe`] bits.
     pub flags: u32,
+    /// Displacements of the user-memory reads, in order.
+    pub load_disp: [i32; MAX_LOADS],
+    /// User-memory reads before the base value is known (0 to
+    /// [`MAX_LOADS`]).
+    pub loads: u8,
+    pub _pad: [u8; 7],
 }
 
 impl AccessRecipe {
@@ -95,19 +117,56 @@ impl AccessRecipe {
             scale: 1,
             size: 0,
             flags: recipe::NO_OPERAND,
+            load_disp: [0; MAX_LOADS],
+            loads: 0,
+            _pad: [0; 7],
+        }
+    }
+
+    /// A plain recipe: `base + index * scale + disp`, no reads.
+    pub const fn plain(base: u8, index: u8, scale: u8, disp: i64, size: u8, flags: u32) -> Self {
+        Self {
+            disp,
+            base,
+            index,
+            scale,
+            size,
+            flags,
+            load_disp: [0; MAX_LOADS],
+            loads: 0,
+            _pad: [0; 7],
         }
     }
 
     /// The data address for the register file `regs`, or None when the
-    /// recipe has no operand or names a register outside the file.
+    /// recipe has no operand or names a register outside the file. A
+    /// recipe with reads gets None here (see [`address_with`](Self::address_with)).
     #[inline(always)]
     pub fn address(&self, regs: &[u64; reg::COUNT]) -> Option<u64> {
+        self.address_with(regs, |_| None)
+    }
+
+    /// As [`address`](Self::address), reading user memory with `read`
+    /// (8 bytes at an address; None when unreadable).
+    #[inline(always)]
+    pub fn address_with(
+        &self,
+        regs: &[u64; reg::COUNT],
+        read: impl Fn(u64) -> Option<u64>,
+    ) -> Option<u64> {
         if self.flags & recipe::NO_OPERAND != 0 {
             return None;
         }
         let mut addr = self.disp as u64;
         if self.base != reg::NONE {
-            addr = addr.wrapping_add(*regs.get(self.base as usize)?);
+            let mut base = *regs.get(self.base as usize)?;
+            if self.loads >= 1 {
+                base = read(base.wrapping_add(self.load_disp[0] as i64 as u64))?;
+            }
+            if self.loads >= 2 {
+                base = read(base.wrapping_add(self.load_disp[1] as i64 as u64))?;
+            }
+            addr = addr.wrapping_add(base);
         }
         if self.index != reg::NONE {
             let index = *regs.get(self.index as usize)?;
@@ -266,13 +325,13 @@ impl LineWords {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<AccessRecipe>() == 16);
+const _: () = assert!(core::mem::size_of::<AccessRecipe>() == 32);
 const _: () = assert!(core::mem::size_of::<LineState>() == 96);
 const _: () = assert!(core::mem::size_of::<LineWords>() == 20 * WORDS_PER_LINE);
 
 // SAFETY: all three are `#[repr(C)]` and made of integers only, without
-// padding (sizes asserted above): `AccessRecipe` is an i64, four u8 and a
-// u32; `LineState` two (u32, u32) entries, u64s and four u32; `LineWords`
+// padding (sizes asserted above): `AccessRecipe` is an i64, four u8, a
+// u32, two i32 and eight u8; `LineState` two (u32, u32) entries, u64s and four u32; `LineWords`
 // an array of five-u32 structs. Any bit pattern is a valid value.
 records!(AccessRecipe, LineState, LineWords);
 
@@ -409,27 +468,47 @@ mod tests {
         let mut regs = [0u64; reg::COUNT];
         regs[reg::RDI as usize] = 0x1000;
         regs[reg::RCX as usize] = 3;
-        let r = AccessRecipe {
-            disp: -8,
-            base: reg::RDI,
-            index: reg::RCX,
-            scale: 8,
-            size: 8,
-            flags: recipe::WRITE,
-        };
+        let r = AccessRecipe::plain(reg::RDI, reg::RCX, 8, -8, 8, recipe::WRITE);
         assert_eq!(r.address(&regs), Some(0x1000 + 24 - 8));
         assert!(r.is_write());
-        let abs = AccessRecipe {
-            disp: 0x4040,
-            base: reg::NONE,
-            index: reg::NONE,
-            scale: 1,
-            size: 4,
-            flags: recipe::READ,
-        };
+        let abs = AccessRecipe::plain(reg::NONE, reg::NONE, 1, 0x4040, 4, recipe::READ);
         assert_eq!(abs.address(&regs), Some(0x4040));
         assert_eq!(AccessRecipe::none().address(&regs), None);
         let bad = AccessRecipe { base: 16, ..r };
         assert_eq!(bad.address(&regs), None);
+    }
+
+    #[test]
+    fn sliced_recipes_read_the_base_back_from_memory() {
+        let mut regs = [0u64; reg::COUNT];
+        regs[reg::RBP as usize] = 0x7ff0;
+        // rbp-0x10 holds 0x5000 (args); 0x5008 holds 0x9000 (points).
+        let memory = |a: u64| match a {
+            0x7fe0 => Some(0x5000),
+            0x5008 => Some(0x9000),
+            _ => None,
+        };
+        let one = AccessRecipe {
+            load_disp: [-0x10, 0],
+            loads: 1,
+            ..AccessRecipe::plain(
+                reg::RBP,
+                reg::NONE,
+                1,
+                0x18,
+                8,
+                recipe::READ | recipe::SLICE,
+            )
+        };
+        assert_eq!(one.address_with(&regs, memory), Some(0x5018));
+        assert_eq!(one.address(&regs), None, "no reader: no address");
+        let two = AccessRecipe {
+            load_disp: [-0x10, 8],
+            loads: 2,
+            ..AccessRecipe::plain(reg::RBP, reg::NONE, 1, 4, 1, recipe::READ | recipe::SLICE)
+        };
+        assert_eq!(two.address_with(&regs, memory), Some(0x9004));
+        regs[reg::RBP as usize] = 0x1234;
+        assert_eq!(one.address_with(&regs, memory), None, "unreadable slot");
     }
 }

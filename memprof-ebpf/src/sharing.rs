@@ -10,6 +10,7 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
+    helpers::bpf_probe_read_user,
     macros::map,
     maps::{Array, HashMap, LruHashMap},
     programs::PerfEventContext,
@@ -90,13 +91,20 @@ pub fn sample_access(
         (addr != 0 && recipe.flags & memprof_common::sharing::recipe::NO_OPERAND == 0)
             .then_some(addr)
     } else {
-        recipe.address(&registers(ctx))
+        recipe.address_with(&registers(ctx), read_user_u64)
     };
     let Some(addr) = addr else {
-        count(counter::NO_OPERAND);
+        count(if recipe.loads > 0 {
+            counter::SLICE_FAULTS
+        } else {
+            counter::NO_OPERAND
+        });
         return Access::default();
     };
     count(counter::ADDRESSES);
+    if recipe.loads > 0 {
+        count(counter::ADDRESSES_LOADED);
+    }
     record_line(addr, &recipe, tid, now_ns);
     Access {
         flags: SAMPLE_FLAG_ADDR,
@@ -116,6 +124,16 @@ fn registers(ctx: &PerfEventContext) -> [u64; reg::COUNT] {
         r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11, r.r12,
         r.r13, r.r14, r.r15,
     ]
+}
+
+/// 8 bytes of the interrupted thread's memory at `addr` (a recipe's
+/// slice reads its base back from a stack slot): None when unmapped or
+/// paged out (the helper does not fault pages in).
+#[inline(always)]
+fn read_user_u64(addr: u64) -> Option<u64> {
+    // SAFETY: `bpf_probe_read_user` checks the address itself and fails
+    // on any it cannot read; nothing is dereferenced here.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
 #[inline(always)]

@@ -40,6 +40,8 @@ pub struct Counters {
     pub lines_new: u64,
     pub words_new: u64,
     pub line_errors: u64,
+    pub addresses_loaded: u64,
+    pub slice_faults: u64,
 }
 
 impl Counters {
@@ -80,6 +82,8 @@ impl Probes {
             lines_new: sum(counter::LINES_NEW),
             words_new: sum(counter::WORDS_NEW),
             line_errors: sum(counter::LINE_ERRORS),
+            addresses_loaded: sum(counter::ADDRESSES_LOADED),
+            slice_faults: sum(counter::SLICE_FAULTS),
         }
     }
 

@@ -187,6 +187,8 @@ impl Sharing {
             with_address: counters.addresses,
             no_operand: counters.no_operand,
             not_decoded: counters.no_recipe,
+            through_slice: counters.addresses_loaded,
+            slice_faults: counters.slice_faults,
             address_share: counters.addresses as f64 / counters.user_samples.max(1) as f64,
             instructions_decoded: decoded,
             instructions_with_operand: usable,

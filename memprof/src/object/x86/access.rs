@@ -15,18 +15,26 @@
 //! not necessarily the one that ran). Otherwise it describes the
 //! instruction at the IP, whose registers are exactly as it will use them.
 
+use std::collections::{HashMap, HashSet};
+
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
     OpKind, Register,
 };
 use memprof_common::sharing::{recipe, reg, AccessRecipe};
 
-/// Bytes before the IP decoded to find the instruction before it.
-pub const LOOK_BEHIND: u64 = 64;
-/// Bytes after the IP decoded to find branches back to it (loop heads).
-pub const LOOK_AHEAD: u64 = 192;
-/// Instructions after a load searched for the store back to its operand.
-const STORE_BACK_WINDOW: usize = 6;
+use super::slice;
+
+/// Bytes before the IP decoded to find the instructions before it.
+pub const LOOK_BEHIND: u64 = 128;
+/// Bytes after the IP decoded to find branches back to it (loop heads)
+/// and the store back of a load.
+pub const LOOK_AHEAD: u64 = 256;
+/// Straight-line instructions before an access evaluated to find how its
+/// base register got its value.
+const RUN_BEHIND: usize = 24;
+/// Instructions after a load searched for the store back to its address.
+const RUN_AHEAD: usize = 48;
 
 /// A decoded recipe, with the address of the instruction it describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +59,11 @@ impl Decoded {
 /// [`LOOK_BEHIND`] bytes before `ip` and [`LOOK_AHEAD`] after it (less at a
 /// mapping's edge). With `precise`, the sample's IP is the accessing
 /// instruction itself (PEBS, IBS) and no skid is assumed.
+///
+/// When the instruction before the IP overwrote its own base register
+/// (`mov 0x8(%rax),%rax`), its address is computed again by a backward
+/// slice through the straight-line code before it ([`slice`]); a load
+/// that the same code stores back to is a write too.
 pub fn decode(code: &[u8], code_ip: u64, ip: u64, precise: bool) -> Decoded {
     let Some(at_off) = ip.checked_sub(code_ip).map(|o| o as usize) else {
         return Decoded::none(ip);
@@ -63,87 +76,121 @@ pub fn decode(code: &[u8], code_ip: u64, ip: u64, precise: bool) -> Decoded {
         return Decoded::none(ip);
     }
     let mut info = InstructionInfoFactory::new();
+    let mut run = run_before(code, code_ip, ip);
     if !precise {
-        if let Some(prev) = previous_instruction(code, code_ip, ip) {
-            let usable = prev.flow_control() == FlowControl::Next
-                && !is_branch_target(code, code_ip, prev.ip(), ip)
-                && !writes_address_registers(&prev, &mut info);
-            if let Some(r) = usable.then(|| operand(&prev, &mut info)).flatten() {
-                let r = stored_back(code, code_ip, &prev, r, &mut info);
-                return Decoded {
-                    recipe: AccessRecipe {
-                        flags: r.flags | recipe::PREVIOUS,
-                        ..r
-                    },
-                    insn: prev.ip(),
-                };
-            }
+        if let Some(r) = previous_access(code, code_ip, ip, &run, &mut info) {
+            let prev = run.last().expect("a previous instruction");
+            return Decoded {
+                recipe: AccessRecipe {
+                    flags: r.flags | recipe::PREVIOUS,
+                    ..r
+                },
+                insn: prev.ip(),
+            };
         }
     }
     match operand(&at, &mut info) {
-        Some(r) => Decoded {
-            recipe: stored_back(code, code_ip, &at, r, &mut info),
-            insn: ip,
-        },
+        Some(r) => {
+            run.push(at);
+            Decoded {
+                recipe: stored_back(code, code_ip, &run, r),
+                insn: ip,
+            }
+        }
         None => Decoded::none(ip),
     }
 }
 
-/// Marks a read as a write too ([`recipe::STORED_BACK`]) when a store to
-/// the very same operand follows within a few instructions, with no
-/// branch and no change to the address registers between.
-fn stored_back(
+/// The recipe of the access right before `ip` (the last of `run`), when
+/// it can be computed from the registers after it: directly, or through
+/// a backward slice when it overwrote its base or index register.
+fn previous_access(
     code: &[u8],
     code_ip: u64,
-    load: &Instruction,
-    r: AccessRecipe,
+    ip: u64,
+    run: &[Instruction],
     info: &mut InstructionInfoFactory,
-) -> AccessRecipe {
-    if r.flags != recipe::READ {
+) -> Option<AccessRecipe> {
+    let prev = run.last()?;
+    if prev.flow_control() != FlowControl::Next || is_branch_target(code, code_ip, prev.ip(), ip) {
+        return None;
+    }
+    let r = operand(prev, info)?;
+    let r = if writes_address_registers(prev, info) {
+        slice::slice(run, run.len() - 1, r.size, r.flags)?
+    } else {
+        r
+    };
+    Some(stored_back(code, code_ip, run, r))
+}
+
+/// Marks a read as a write too ([`recipe::STORED_BACK`]) when the
+/// straight-line code after it stores to the same address (compared
+/// symbolically: the base may be reloaded from the same slot in
+/// between). `run` ends with the load.
+fn stored_back(code: &[u8], code_ip: u64, run: &[Instruction], r: AccessRecipe) -> AccessRecipe {
+    if r.flags & (recipe::READ | recipe::WRITE) != recipe::READ {
         return r;
     }
-    // The decoder's addresses wrap at the top of the address space.
-    let Some(bytes) = load
-        .next_ip()
-        .checked_sub(code_ip)
-        .and_then(|start| code.get(usize::try_from(start).ok()?..))
-    else {
+    let Some(load) = run.last() else {
         return r;
     };
-    let mut d = Decoder::with_ip(64, bytes, load.next_ip(), DecoderOptions::NONE);
-    for _ in 0..STORE_BACK_WINDOW {
-        if !d.can_decode() {
-            break;
-        }
-        let insn = d.decode();
-        if insn.is_invalid() || insn.flow_control() != FlowControl::Next {
-            break;
-        }
-        if let Some(other) = operand(&insn, info) {
-            let same = (other.base, other.index, other.scale, other.disp)
-                == (r.base, r.index, r.scale, r.disp)
-                && insn.segment_prefix() == load.segment_prefix();
-            if same && other.is_write() {
-                return AccessRecipe {
-                    flags: r.flags | recipe::WRITE | recipe::STORED_BACK,
-                    ..r
-                };
-            }
-        }
-        if writes_registers(&insn, [load.memory_base(), load.memory_index()], info) {
-            break;
-        }
+    let mut all = run.to_vec();
+    all.extend(straight_after(code, code_ip, load.next_ip()));
+    if slice::stored_back(&all, run.len() - 1) {
+        return AccessRecipe {
+            flags: r.flags | recipe::WRITE | recipe::STORED_BACK,
+            ..r
+        };
     }
     r
 }
 
-/// The instruction that ends exactly at `ip`, found by decoding from every
-/// start in the look-behind window and taking the answer most chains agree
-/// on (x86 decoding resynchronises within a few instructions).
-fn previous_instruction(code: &[u8], code_ip: u64, ip: u64) -> Option<Instruction> {
-    let end = usize::try_from(ip - code_ip).ok()?;
+/// Up to [`RUN_AHEAD`] instructions from `from` to the first that leaves
+/// the straight line (included: the evaluation stops on it).
+fn straight_after(code: &[u8], code_ip: u64, from: u64) -> Vec<Instruction> {
+    // The decoder's addresses wrap at the top of the address space.
+    let Some(bytes) = from
+        .checked_sub(code_ip)
+        .and_then(|start| code.get(usize::try_from(start).ok()?..))
+    else {
+        return Vec::new();
+    };
+    let mut d = Decoder::with_ip(64, bytes, from, DecoderOptions::NONE);
+    let mut v = Vec::new();
+    while d.can_decode() && v.len() < RUN_AHEAD {
+        let insn = d.decode();
+        if insn.is_invalid() {
+            break;
+        }
+        let next = insn.flow_control() == FlowControl::Next;
+        v.push(insn);
+        if !next {
+            break;
+        }
+    }
+    v
+}
+
+/// The straight-line instructions that end exactly at `ip`, oldest first:
+/// back to the first branch target or the instruction after a jump or
+/// call, at most [`RUN_BEHIND`]. Instruction boundaries going backwards
+/// are found by decoding from every start in the window and taking, at
+/// each step, the predecessor most chains agree on (x86 decoding
+/// resynchronises within a few instructions).
+fn run_before(code: &[u8], code_ip: u64, ip: u64) -> Vec<Instruction> {
+    let Some(end) = ip
+        .checked_sub(code_ip)
+        .and_then(|e| usize::try_from(e).ok())
+    else {
+        return Vec::new();
+    };
+    if end > code.len() {
+        return Vec::new();
+    }
     let from = end.saturating_sub(LOOK_BEHIND as usize);
-    let mut votes: Vec<(Instruction, u32)> = Vec::new();
+    // Votes for the instruction before each boundary.
+    let mut before: HashMap<u64, Vec<(Instruction, u32)>> = HashMap::new();
     for start in from..end {
         let mut d = Decoder::with_ip(
             64,
@@ -151,29 +198,90 @@ fn previous_instruction(code: &[u8], code_ip: u64, ip: u64) -> Option<Instructio
             code_ip + start as u64,
             DecoderOptions::NONE,
         );
-        let mut last = None;
+        let mut chain = Vec::new();
         while d.can_decode() {
             let insn = d.decode();
             if insn.is_invalid() {
-                last = None;
+                chain.clear();
                 break;
             }
-            last = Some(insn);
+            chain.push(insn);
         }
-        let Some(last) = last.filter(|i| i.next_ip() == ip) else {
+        if chain.last().is_none_or(|i| i.next_ip() != ip) {
             continue;
-        };
-        match votes.iter_mut().find(|(i, _)| i.ip() == last.ip()) {
-            Some((_, n)) => *n += 1,
-            None => votes.push((last, 1)),
+        }
+        for insn in chain {
+            let votes = before.entry(insn.next_ip()).or_default();
+            match votes.iter_mut().find(|(i, _)| i.ip() == insn.ip()) {
+                Some((_, n)) => *n += 1,
+                None => votes.push((insn, 1)),
+            }
         }
     }
+    let mut run = Vec::new();
+    let mut at = ip;
     // Most votes; on a tie the longer instruction (its chain started
     // earlier in the window, the better-synchronised one).
-    votes
-        .into_iter()
-        .max_by_key(|(i, n)| (*n, i.len()))
-        .map(|(i, _)| i)
+    while let Some((insn, _)) = before
+        .get(&at)
+        .and_then(|v| v.iter().max_by_key(|(i, n)| (*n, i.len())))
+    {
+        run.push(*insn);
+        at = insn.ip();
+    }
+    run.reverse();
+    straight_tail(code, code_ip, ip, run)
+}
+
+/// The part of `run` after its last jump or call and from its last branch
+/// target on (a join point: the values before it may come from elsewhere).
+fn straight_tail(
+    code: &[u8],
+    code_ip: u64,
+    ip: u64,
+    mut run: Vec<Instruction>,
+) -> Vec<Instruction> {
+    if let Some(first) = run.first() {
+        let targets = branch_targets(code, code_ip, first.ip(), ip);
+        if let Some(i) = run.iter().rposition(|i| targets.contains(&i.ip())) {
+            run.drain(..i);
+        }
+    }
+    if let Some(i) = run[..run.len().saturating_sub(1)]
+        .iter()
+        .rposition(|i| i.flow_control() != FlowControl::Next)
+    {
+        run.drain(..=i);
+    }
+    let keep = run.len().saturating_sub(RUN_BEHIND);
+    run.drain(..keep);
+    run
+}
+
+/// Targets of the near jumps decoded from `sync` (an instruction boundary)
+/// to the end of the window after `ip`.
+fn branch_targets(code: &[u8], code_ip: u64, sync: u64, ip: u64) -> HashSet<u64> {
+    let start = (sync - code_ip) as usize;
+    let end = code
+        .len()
+        .min((ip - code_ip + LOOK_AHEAD) as usize)
+        .max(start);
+    let mut d = Decoder::with_ip(64, &code[start..end], sync, DecoderOptions::NONE);
+    let mut targets = HashSet::new();
+    while d.can_decode() {
+        let insn = d.decode();
+        if insn.is_invalid() {
+            break;
+        }
+        let jumps = matches!(
+            insn.flow_control(),
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch
+        ) && matches!(insn.op0_kind(), OpKind::NearBranch64);
+        if jumps {
+            targets.insert(insn.near_branch_target());
+        }
+    }
+    targets
 }
 
 /// Whether a jump in the window (decoded on from `sync`, an instruction
@@ -262,19 +370,19 @@ fn operand(insn: &Instruction, info: &mut InstructionInfoFactory) -> Option<Acce
         _ => return None,
     };
     let size = insn.memory_size().size().clamp(1, 64) as u8;
-    Some(AccessRecipe {
-        disp,
+    Some(AccessRecipe::plain(
         base,
         index,
-        scale: insn.memory_index_scale() as u8,
+        insn.memory_index_scale() as u8,
+        disp,
         size,
         flags,
-    })
+    ))
 }
 
 /// Our number of a 64-bit general-purpose register (32-bit addressing
 /// uses the low half of the same register).
-fn gpr(r: Register) -> Option<u8> {
+pub(super) fn gpr(r: Register) -> Option<u8> {
     let full = r.full_register();
     let n = match full {
         Register::RAX => reg::RAX,

@@ -96,6 +96,11 @@ pub struct AddressSampling {
     pub no_operand: u64,
     /// The instruction was not decoded yet (its first samples).
     pub not_decoded: u64,
+    /// Of `with_address`: computed through a backward slice that read the
+    /// overwritten base register back from memory (`*(rbp - 0x10) + 8`).
+    pub through_slice: u64,
+    /// Samples whose slice could not read that memory (not placed).
+    pub slice_faults: u64,
     /// `with_address / user_samples`.
     pub address_share: f64,
     /// Distinct instructions decoded, and how many access memory.
