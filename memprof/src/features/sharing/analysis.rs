@@ -10,10 +10,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use memprof_common::sharing::{
-    LineState, LineWords, LINE_BYTES, WORDS_PER_LINE, WORD_BYTES, WORD_MANY_THREADS,
-};
+use memprof_common::sharing::{LineState, LineWords, LINE_BYTES};
 
+use super::words::{self, Touch};
+pub use super::words::{classify, SharingKind, WordUse};
 use crate::features::FastMap;
 
 /// A line needs this many invalidations to be a finding...
@@ -23,31 +23,6 @@ pub const MIN_INVALIDATIONS: u64 = 5;
 pub const MIN_INVALIDATION_RATE: f64 = 0.02;
 /// ...and at least this share of all the target's samples must hit it.
 pub const MIN_COST_SHARE: f64 = 0.005;
-/// A kind (false or true sharing) must carry this share of the line's
-/// accesses for a line with both to be "mixed".
-const MIXED_SHARE: f64 = 0.1;
-
-/// How the threads share a line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SharingKind {
-    /// Threads write different words: the fix is layout.
-    False,
-    /// A written word is used by several threads: the data is shared.
-    True,
-    /// Both.
-    Mixed,
-}
-
-impl SharingKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            SharingKind::False => "false",
-            SharingKind::True => "true",
-            SharingKind::Mixed => "mixed",
-        }
-    }
-}
-
 /// One sampled access, as the analysis needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {
@@ -59,6 +34,11 @@ pub struct Access {
     /// Reads the word (a read-modify-write does both).
     pub read: bool,
     pub write: bool,
+    pub time_ns: u64,
+    /// Taken while the thread was the only one running: outside the
+    /// parallel phases (a main thread's set-up or final read), where no
+    /// sharing can happen.
+    pub serial: bool,
 }
 
 /// Key of the per-line aggregate: who touched which bytes from where.
@@ -70,12 +50,21 @@ struct AccessKey {
     size: u8,
     read: bool,
     write: bool,
+    serial: bool,
+}
+
+/// How many accesses of one key, and when.
+#[derive(Debug, Clone, Copy)]
+struct KeyStats {
+    n: u64,
+    first_ns: u64,
+    last_ns: u64,
 }
 
 /// The samples that hit one line.
 #[derive(Debug, Default, Clone)]
 struct LineSamples {
-    accesses: FastMap<AccessKey, u64>,
+    accesses: FastMap<AccessKey, KeyStats>,
     samples: u64,
     writes: u64,
     /// Up to 2 distinct threads (enough to know the line is shared).
@@ -85,23 +74,6 @@ struct LineSamples {
 impl LineSamples {
     fn shared(&self) -> bool {
         self.threads[1] != 0 && self.writes > 0
-    }
-}
-
-/// Accesses of one word of a line, per thread.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WordUse {
-    /// Byte offset in the line.
-    pub offset: u32,
-    pub reads: u64,
-    pub writes: u64,
-    pub readers: BTreeSet<u32>,
-    pub writers: BTreeSet<u32>,
-}
-
-impl WordUse {
-    pub fn threads(&self) -> BTreeSet<u32> {
-        self.readers.union(&self.writers).copied().collect()
     }
 }
 
@@ -221,8 +193,16 @@ impl SharingProfile {
             size: a.size.min(64) as u8,
             read: a.read,
             write: a.write,
+            serial: a.serial,
         };
-        *entry.accesses.entry(key).or_default() += 1;
+        let stats = entry.accesses.entry(key).or_insert(KeyStats {
+            n: 0,
+            first_ns: a.time_ns,
+            last_ns: a.time_ns,
+        });
+        stats.n += 1;
+        stats.first_ns = stats.first_ns.min(a.time_ns);
+        stats.last_ns = stats.last_ns.max(a.time_ns);
     }
 
     /// Lines touched by two threads or more, at least one writing: the
@@ -307,8 +287,8 @@ impl SharingProfile {
         }
         let ours = self.lines.get(&line);
         let words = match ours {
-            Some(l) if !l.accesses.is_empty() => words_from_samples(l),
-            _ => words_from_kernel(kernel_words.ok_or(Dismissal::NotInTable)?),
+            Some(l) if !l.accesses.is_empty() => parallel_words(l),
+            _ => words::from_kernel(kernel_words.ok_or(Dismissal::NotInTable)?),
         };
         let kind = classify(&words).ok_or(Dismissal::NothingWrittenShared)?;
         let code = ours.map(code_uses).unwrap_or_default();
@@ -317,7 +297,7 @@ impl SharingProfile {
         let parts = if kind == SharingKind::True {
             Vec::new()
         } else {
-            thread_parts(&words)
+            words::thread_parts(&words)
         };
         Ok(LineFinding {
             line,
@@ -338,132 +318,29 @@ impl SharingProfile {
     }
 }
 
-fn words_from_samples(l: &LineSamples) -> Vec<WordUse> {
-    let mut words: BTreeMap<u32, WordUse> = BTreeMap::new();
-    for (k, &n) in &l.accesses {
-        let first = u32::from(k.offset) / WORD_BYTES;
-        let last = ((u32::from(k.offset) + u32::from(k.size.max(1)) - 1) / WORD_BYTES)
-            .min(WORDS_PER_LINE as u32 - 1);
-        for w in first..=last {
-            let e = words.entry(w).or_insert_with(|| WordUse {
-                offset: w * WORD_BYTES,
-                ..WordUse::default()
-            });
-            if k.write {
-                e.writes += n;
-                e.writers.insert(k.tid);
-            }
-            if k.read {
-                e.reads += n;
-                e.readers.insert(k.tid);
-            }
-        }
-    }
-    words.into_values().collect()
-}
-
-/// The kernel's word table keeps the first thread and a "many" flag; the
-/// other threads are unknown, which [`classify`] still reads correctly
-/// (a word touched by many threads) but names only one of them.
-fn words_from_kernel(k: &LineWords) -> Vec<WordUse> {
-    k.words
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| w.reads + w.writes > 0)
-        .map(|(i, w)| {
-            let mut readers = BTreeSet::new();
-            let mut writers = BTreeSet::new();
-            if w.writes > 0 {
-                writers.insert(w.writer);
-            }
-            if w.reads > 0 || w.tid != w.writer {
-                readers.insert(w.tid);
-            }
-            if w.flags & WORD_MANY_THREADS != 0 && readers.union(&writers).count() < 2 {
-                // Another thread, unnamed.
-                readers.insert(0);
-            }
-            WordUse {
-                offset: i as u32 * WORD_BYTES,
-                reads: u64::from(w.reads),
-                writes: u64::from(w.writes),
-                readers,
-                writers,
-            }
-        })
-        .collect()
-}
-
-/// False, true or mixed sharing, from who touched which word; None when
-/// nothing written is shared (read-only sharing costs nothing).
-pub fn classify(words: &[WordUse]) -> Option<SharingKind> {
-    let total: u64 = words.iter().map(|w| w.reads + w.writes).sum();
-    if total == 0 {
-        return None;
-    }
-    // True sharing: a written word that several threads use.
-    let true_weight: u64 = words
-        .iter()
-        .filter(|w| !w.writers.is_empty() && w.threads().len() >= 2)
-        .map(|w| w.reads + w.writes)
-        .sum();
-    // False sharing: a thread writes a word that another thread on the
-    // line never touches.
-    let all: BTreeSet<u32> = words.iter().flat_map(WordUse::threads).collect();
-    let false_words: Vec<&WordUse> = words
-        .iter()
-        .filter(|w| {
-            let t = w.threads();
-            !w.writers.is_empty() && all.iter().any(|u| !t.contains(u))
-        })
-        .collect();
-    let false_weight: u64 = false_words
-        .iter()
-        .filter(|w| w.threads().len() == 1)
-        .map(|w| w.reads + w.writes)
-        .sum();
-    let has_false = !false_words.is_empty() && false_weight > 0;
-    let share = |w: u64| w as f64 / total as f64;
-    match (has_false, true_weight > 0) {
-        (false, false) => None,
-        (true, false) => Some(SharingKind::False),
-        (false, true) => Some(SharingKind::True),
-        (true, true) => {
-            if share(true_weight) < MIXED_SHARE {
-                Some(SharingKind::False)
-            } else if share(false_weight) < MIXED_SHARE {
-                Some(SharingKind::True)
-            } else {
-                Some(SharingKind::Mixed)
-            }
-        }
-    }
-}
-
-/// Each thread's byte range `(tid, first, end)` among the words only it
-/// touches, for threads that write: what to separate.
-fn thread_parts(words: &[WordUse]) -> Vec<(u32, u32, u32)> {
-    let mut parts: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
-    for w in words {
-        let t = w.threads();
-        if t.len() != 1 || w.writers.is_empty() {
-            continue;
-        }
-        let tid = *t.first().expect("one thread");
-        let e = parts
-            .entry(tid)
-            .or_insert((w.offset, w.offset + WORD_BYTES));
-        e.0 = e.0.min(w.offset);
-        e.1 = e.1.max(w.offset + WORD_BYTES);
-    }
-    let mut v: Vec<_> = parts.into_iter().map(|(t, (a, b))| (t, a, b)).collect();
-    v.sort_by_key(|&(t, a, _)| (a, t));
-    v
+/// The words of a line from its accesses in parallel phases.
+fn parallel_words(l: &LineSamples) -> Vec<WordUse> {
+    words::from_touches(
+        l.accesses
+            .iter()
+            .filter(|(k, _)| !k.serial)
+            .map(|(k, s)| Touch {
+                tid: k.tid,
+                offset: u32::from(k.offset),
+                size: u32::from(k.size),
+                read: k.read,
+                write: k.write,
+                n: s.n,
+                first_ns: s.first_ns,
+                last_ns: s.last_ns,
+            }),
+    )
 }
 
 fn code_uses(l: &LineSamples) -> Vec<CodeUse> {
     let mut by_insn: BTreeMap<u64, CodeUse> = BTreeMap::new();
-    for (k, &n) in &l.accesses {
+    for (k, s) in &l.accesses {
+        let n = s.n;
         let e = by_insn.entry(k.insn).or_insert_with(|| CodeUse {
             insn: k.insn,
             reads: 0,
@@ -492,7 +369,9 @@ fn code_uses(l: &LineSamples) -> Vec<CodeUse> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memprof_common::sharing::WordState;
+    use memprof_common::sharing::{WordState, WORD_MANY_THREADS};
+
+    use crate::features::sharing::words::from_kernel as words_from_kernel;
 
     const LINE: u64 = 0x7000_0040;
 
@@ -504,6 +383,8 @@ mod tests {
             size: 8,
             read: !write,
             write,
+            time_ns: 0,
+            serial: false,
         }
     }
 
@@ -525,6 +406,31 @@ mod tests {
                 access(tid, off, true)
             })
             .collect()
+    }
+
+    #[test]
+    fn a_main_threads_serial_set_up_and_final_read_are_left_out() {
+        // Thread 9 (main) writes every word alone, then threads 1 and 2
+        // write their own words together, then 9 reads them all alone.
+        let mut seq: Vec<Access> = (0..8)
+            .map(|i| Access {
+                serial: true,
+                ..access(9, i * 8, true)
+            })
+            .collect();
+        seq.extend(ping_pong(100, (1, 0), (2, 8)));
+        seq.extend((0..8).map(|i| Access {
+            serial: true,
+            ..access(9, i * 8, false)
+        }));
+        let (p, state) = profile(&seq);
+        let f = p.analyse(LINE, Some(&state), None, 116).expect("a finding");
+        assert_eq!(
+            f.kind,
+            SharingKind::False,
+            "main's accesses are not sharing"
+        );
+        assert_eq!(f.threads, vec![1, 2]);
     }
 
     #[test]

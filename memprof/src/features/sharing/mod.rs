@@ -8,6 +8,7 @@
 
 pub mod analysis;
 pub mod report;
+pub mod words;
 
 use memprof_common::{
     sharing::{recipe, AccessRecipe},
@@ -113,6 +114,8 @@ impl Sharing {
             size: ev.size,
             read: ev.access & recipe::READ != 0,
             write: ev.access & recipe::WRITE != 0,
+            time_ns: ev.time_ns,
+            serial: process.live.at(ev.time_ns) < 2,
         });
     }
 

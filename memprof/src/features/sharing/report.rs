@@ -457,6 +457,8 @@ mod tests {
             size: 8,
             read: !write,
             write,
+            time_ns: 0,
+            serial: false,
         }
     }
 
