@@ -184,7 +184,7 @@ struct slot_table {
 	long count, capacity, seed, flags, generation, reserved;
 	struct slot64 s[MAX_THREADS];
 };
-struct slot_table g_slots ALIGNED;
+struct slot_table g_slots ALIGNED; /* FS_SLOTS64_GLOBAL */
 struct slot64 g_slots_padded[MAX_THREADS] ALIGNED;
 
 static void run_slots64(int id)
@@ -205,7 +205,7 @@ struct rec72 {
 	long misses;
 };
 _Static_assert(sizeof(struct rec72) == 72, "rec72 must be 72 bytes");
-struct rec72 g_recs[MAX_THREADS] ALIGNED;
+struct rec72 g_recs[MAX_THREADS] ALIGNED; /* FS_REC72_GLOBAL */
 
 struct rec72_padded {
 	struct rec72 r;
@@ -233,7 +233,7 @@ struct totals {
 	long consumed;
 	long consumed_bytes;
 };
-struct totals g_totals ALIGNED;
+struct totals g_totals ALIGNED; /* FS_ACCUM_GLOBAL */
 
 struct totals_padded {
 	long produced;
@@ -262,7 +262,7 @@ static void run_accum(int id)
 
 /* ---- lookup: a read-mostly shared table */
 
-long g_lookup[512] ALIGNED;
+long g_lookup[512] ALIGNED; /* FS_LOOKUP_GLOBAL */
 struct {
 	long value;
 	char pad[LINE - sizeof(long)];
