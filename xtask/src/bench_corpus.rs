@@ -192,7 +192,7 @@ const CASES: &[Case] = &[
         name: "lookup",
         shape: "read-mostly shared lookup table",
         program: Bundled("fscorpus", O2),
-        args: &["lookup", "packed", "2", "250000000"],
+        args: &["lookup", "packed", "2", "1000000000"],
         padded: None,
         expect: Nothing,
     },
