@@ -48,11 +48,24 @@ pub fn number(report: &serde_json::Value, path: &[&str]) -> Result<f64> {
         .with_context(|| format!("the report has no number at {}", path.join(".")))
 }
 
+/// Environment variable naming the tool to measure instead of the
+/// release build (which is then not built), e.g. a debug build.
+const TOOL_ENV: &str = "MEMPROF_BIN";
+
+/// The tool the benchmarks measure: `$MEMPROF_BIN`, or the release build.
+pub fn tool() -> std::path::PathBuf {
+    std::env::var_os(TOOL_ENV)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root().join("target/release/memprof-ebpf"))
+}
+
 pub fn run(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
     if !is_root() {
         bail!("benchmarks load eBPF programs: run them as root (sudo -E cargo xtask bench)");
     }
-    cargo(&["build", "--release", "--package", "memprof"])?;
+    if std::env::var_os(TOOL_ENV).is_none() {
+        cargo(&["build", "--release", "--package", "memprof"])?;
+    }
     run_parts(runs, alloc_rounds, only)?;
     let missed = MISSED.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if !missed.is_empty() {
@@ -71,8 +84,9 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
         Some("allocator") => allocator(alloc_rounds),
         Some("locks") => locks(alloc_rounds),
         Some("sharing") => sharing(alloc_rounds),
+        Some("corpus") => corpus(alloc_rounds),
         Some(other) => {
-            bail!("--only takes foundation, allocator, locks or sharing, not {other}")
+            bail!("--only takes foundation, allocator, locks, sharing or corpus, not {other}")
         }
         None => {
             foundation(runs)?;
@@ -87,6 +101,18 @@ fn sharing(rounds: usize) -> Result<()> {
     let summary = crate::bench_sharing::run(rounds)?;
     let out = root().join("target/bench/sharing.json");
     std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
+    println!("  (written to {})", out.display());
+    Ok(())
+}
+
+/// The false-sharing corpus alone (`sharing` runs it too).
+fn corpus(rounds: usize) -> Result<()> {
+    println!("false-sharing corpus");
+    let json = root().join("target/bench/sharing-corpus-report.json");
+    std::fs::create_dir_all(json.parent().unwrap_or(Path::new(".")))?;
+    let summary = crate::bench_corpus::run(rounds, &tool(), &json)?;
+    let out = root().join("target/bench/sharing-corpus.json");
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
     Ok(())
@@ -113,7 +139,7 @@ fn allocator(rounds: usize) -> Result<()> {
 fn foundation(runs: usize) -> Result<()> {
     let runs = runs.max(1);
     let spin = workloads::build_workload("spin", workloads::Variant::Debug)?;
-    let tool = root().join("target/release/memprof-ebpf");
+    let tool = tool();
 
     // Calibrate the amount of work to about RUN_SECONDS untraced.
     let probe_chunks = 2000u64;

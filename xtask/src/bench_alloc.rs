@@ -105,7 +105,7 @@ struct Sample {
 pub fn run(rounds: usize) -> Result<serde_json::Value> {
     let rounds = rounds.clamp(1, 5);
     let alloc = workloads::build_workload("alloc", workloads::Variant::Debug)?;
-    let tool = root().join("target/release/memprof-ebpf");
+    let tool = crate::bench::tool();
     let libc = libc_path()?;
     let json = root().join("target/bench/allocator-report.json");
     let mut results = serde_json::Map::new();

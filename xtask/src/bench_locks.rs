@@ -77,7 +77,7 @@ const WORKLOADS: [Workload; 2] = [
 pub fn run(rounds: usize) -> Result<serde_json::Value> {
     let rounds = rounds.clamp(1, 7);
     let locks = workloads::build_workload("locks", workloads::Variant::Debug)?;
-    let tool = root().join("target/release/memprof-ebpf");
+    let tool = crate::bench::tool();
     let json = root().join("target/bench/locks-report.json");
     let mut results = serde_json::Map::new();
     for w in &WORKLOADS {

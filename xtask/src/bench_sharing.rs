@@ -15,7 +15,9 @@
 //!   accounts for, each with an address (timer-decode mode; target ≥ 80%);
 //! - *loader CPU*: the tool's own CPU time per second of a 10 s session
 //!   attached to the running `array` workload (target < 10% of a core;
-//!   short launched runs would mostly measure start-up and symbolization).
+//!   short launched runs would mostly measure start-up and symbolization);
+//! - *corpus*: workloads with known answers in the shapes real code has,
+//!   recall, precision and predicted vs measured gain (`bench_corpus.rs`).
 //!
 //! Results also go to target/bench/sharing.json.
 
@@ -80,7 +82,7 @@ const WORKLOADS: [Workload; 4] = [
 pub fn run(rounds: usize) -> Result<serde_json::Value> {
     let rounds = rounds.clamp(1, 7);
     let sharing = workloads::build_workload("sharing", workloads::Variant::Debug)?;
-    let tool = root().join("target/release/memprof-ebpf");
+    let tool = crate::bench::tool();
     let json = root().join("target/bench/sharing-report.json");
     std::fs::create_dir_all(json.parent().unwrap_or(Path::new(".")))?;
     let mut results = serde_json::Map::new();
@@ -207,6 +209,10 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
         ),
     }
     results.insert("first_finding_s".into(), serde_json::json!(first));
+
+    let corpus_json = root().join("target/bench/sharing-corpus-report.json");
+    let corpus = crate::bench_corpus::run(rounds, &tool, &corpus_json)?;
+    results.insert("corpus".into(), corpus);
     Ok(serde_json::Value::Object(results))
 }
 

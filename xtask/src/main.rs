@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_alloc;
+mod bench_corpus;
 mod bench_locks;
 mod bench_sharing;
 mod fuzz;
@@ -59,7 +60,9 @@ enum Task {
         /// configuration once; about a minute per round).
         #[arg(long, default_value_t = 3)]
         alloc_rounds: usize,
-        /// Run only this part: "foundation", "allocator", "locks" or "sharing".
+        /// Run only this part: "foundation", "allocator", "locks" or
+        /// "sharing" (or "corpus", the false-sharing corpus that "sharing"
+        /// ends with).
         #[arg(long)]
         only: Option<String>,
     },

@@ -25,6 +25,7 @@ const PACKAGES: &[&str] = &[
     "tmux",            // drives the dashboard in its test
     "pbzip2",          // a real multithreaded program for the lock tests
     "sysbench",        // its mutex test: a third-party contended program
+    "stress-ng",       // its cacheline stressor: third-party false sharing
     "redis-server",    // a third-party jemalloc program, with its own
     "redis-tools",     // count of its memory (INFO memory)
     "util-linux",      // setpriv, for the unprivileged-run test
