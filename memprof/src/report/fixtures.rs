@@ -109,6 +109,8 @@ pub fn false_sharing_entry() -> SharingEntry {
         invalidation_rate: 0.99,
         samples: 3779,
         cost_share: 0.951,
+        cost_samples: 3779,
+        predicted_gain: None,
         threads: vec![15027, 15028],
         object: SharedObject {
             kind: ObjectKind::Heap,

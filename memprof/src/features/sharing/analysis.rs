@@ -83,6 +83,8 @@ pub struct CodeUse {
     pub insn: u64,
     pub reads: u64,
     pub writes: u64,
+    /// Placed accesses (a read-modify-write counts once).
+    pub samples: u64,
     pub threads: BTreeSet<u32>,
     /// Lowest byte offset in the line it touched.
     pub offset: u32,
@@ -345,9 +347,11 @@ fn code_uses(l: &LineSamples) -> Vec<CodeUse> {
             insn: k.insn,
             reads: 0,
             writes: 0,
+            samples: 0,
             threads: BTreeSet::new(),
             offset: u32::from(k.offset),
         });
+        e.samples += n;
         if k.write {
             e.writes += n;
         }

@@ -7,6 +7,7 @@
 //! analysis ([`analysis`]) aggregates per line.
 
 pub mod analysis;
+pub mod cost;
 pub mod report;
 pub mod words;
 
@@ -29,6 +30,7 @@ use crate::{
     },
 };
 use analysis::{Access, SharingProfile};
+use cost::CodeSamples;
 use report::{Inputs, KernelLines};
 
 pub fn plan() -> Box<dyn Plan> {
@@ -75,6 +77,8 @@ pub struct Sharing {
     line_blocks: FastMap<u64, Option<LineBlock>>,
     /// CPU samples seen (the share of each line is taken of them).
     cpu_samples: u64,
+    /// Samples per instruction and per thread (each line's cost).
+    code: CodeSamples,
     /// The kernel's lines and their count, as read when detaching.
     final_lines: Option<(KernelLines, u64)>,
 }
@@ -90,6 +94,7 @@ impl Sharing {
             recipes_dropped: 0,
             line_blocks: FastMap::default(),
             cpu_samples: 0,
+            code: CodeSamples::default(),
             final_lines: None,
         }
     }
@@ -107,6 +112,7 @@ impl Sharing {
             return; // no memory operand (counted in the kernel)
         }
         let insn = self.decoded.get(&ev.ip).map_or(ev.ip, |d| d.insn);
+        self.code.on_placed(insn);
         self.profile.on_access(Access {
             tid: ev.tid,
             insn,
@@ -238,8 +244,10 @@ impl Feature for Sharing {
         let user = ev.flags & SAMPLE_FLAG_KERNEL == 0 && ev.ip != 0;
         if ev.flags & SAMPLE_FLAG_MEMORY == 0 {
             self.cpu_samples += 1;
+            self.code.on_thread_sample(ev.tid);
         }
         if user {
+            self.code.on_user_sample(ev.ip);
             self.on_user_access(ev, process);
         }
     }
@@ -297,8 +305,15 @@ impl Feature for Sharing {
         } else {
             self.cpu_samples
         };
+        self.code.insn_of_ip = self
+            .decoded
+            .iter()
+            .filter(|(_, d)| d.recipe.flags & recipe::NO_OPERAND == 0)
+            .map(|(&ip, d)| (ip, d.insn))
+            .collect();
         let blocks = &self.line_blocks;
         let inputs = Inputs {
+            code: &self.code,
             sharing: &self.profile,
             maps: ctx.process.maps(),
             alloc: ctx.heap,

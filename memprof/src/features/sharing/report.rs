@@ -8,7 +8,10 @@ use std::{
 
 use memprof_common::sharing::{LineState, LineWords, LINE_BYTES, WORD_BYTES};
 
-use super::LineBlock;
+use super::{
+    cost::{CodeSamples, LineCost},
+    LineBlock,
+};
 use crate::{
     features::{
         alloc::analysis::AllocProfile,
@@ -19,7 +22,7 @@ use crate::{
     report::{
         model::{
             source_label, CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind,
-            SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
+            PredictedGain, SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
         },
         names::Names,
     },
@@ -74,6 +77,8 @@ pub struct Inputs<'a> {
     pub maps: &'a ProcMaps,
     pub alloc: Option<&'a AllocProfile>,
     pub line_block: Box<dyn Fn(u64) -> Option<LineBlock> + 'a>,
+    /// Samples per instruction and thread: each line's cost.
+    pub code: &'a CodeSamples,
 }
 
 /// The entries for the lines the kernel's table holds, most costly first
@@ -84,7 +89,7 @@ pub fn findings(
     total_samples: u64,
     names: &mut dyn Names,
 ) -> Vec<SharingEntry> {
-    let mut findings: Vec<LineFinding> = kernel
+    let mut findings: Vec<(LineFinding, LineCost)> = kernel
         .lines
         .iter()
         .filter_map(|(line, state, words)| {
@@ -92,8 +97,14 @@ pub fn findings(
                 .sharing
                 .analyse(*line, state.as_ref(), words.as_ref(), total_samples)
         })
+        .map(|mut f| {
+            // All the samples of the instructions on the line, placed or not.
+            let cost = inputs.code.line_cost(&f, total_samples);
+            f.cost_share = f.cost_share.max(cost.share);
+            (f, cost)
+        })
         .collect();
-    findings.sort_by(|a, b| {
+    findings.sort_by(|(a, _), (b, _)| {
         b.cost_share
             .total_cmp(&a.cost_share)
             .then(b.invalidations.cmp(&a.invalidations))
@@ -102,9 +113,21 @@ pub fn findings(
     findings.truncate(MAX_LINES);
     findings
         .into_iter()
-        .map(|f| {
+        .map(|(f, cost)| {
             let (object, layout) = object_of(inputs, f.first_addr, f.line, names);
-            entry(f, object, layout, inputs, names)
+            let mut e = entry(f, object, layout, inputs, names);
+            e.cost_samples = (cost.samples.round() as u64).max(e.samples);
+            e.predicted_gain = cost.gain.map(|g| PredictedGain {
+                low: g.low,
+                high: g.high,
+                basis: format!(
+                    "samples of the line's accesses in excess of the neighbouring \
+                     instructions' ({:.0}% of the threads' {} samples)",
+                    g.excess_share * 100.0,
+                    g.thread_samples
+                ),
+            });
+            e
         })
         .collect()
 }
@@ -174,6 +197,8 @@ fn entry(
         invalidation_rate: f.invalidation_rate,
         samples: f.samples,
         cost_share: f.cost_share,
+        cost_samples: f.samples,
+        predicted_gain: None,
         threads: f.threads.clone(),
         advice: advice(&f, &object, layout.as_ref(), &field),
         words: f
@@ -469,11 +494,13 @@ mod tests {
         kernel: KernelLines,
         samples: u64,
         maps: ProcMaps,
+        code: CodeSamples,
     }
 
     impl Session {
         fn new() -> Self {
             Self {
+                code: CodeSamples::default(),
                 sharing: SharingProfile::new(),
                 kernel: KernelLines::default(),
                 samples: 0,
@@ -507,6 +534,7 @@ mod tests {
                 maps: &self.maps,
                 alloc,
                 line_block: Box::new(move |_| block),
+                code: &self.code,
             }
         }
     }
@@ -779,6 +807,7 @@ mod tests {
             maps: &program_maps(),
             alloc: Some(&alloc),
             line_block: Box::new(|_| None),
+            code: &CodeSamples::default(),
         };
         let mut names = TableNames::new();
         let mut object = |addr: u64| {

@@ -67,8 +67,16 @@ pub struct SharingEntry {
     /// Sampled accesses to the line.
     pub samples: u64,
     /// The line's share of all the target's samples: about this much of
-    /// the program's sampled time is spent on it.
+    /// the program's sampled time is spent on it. Counts every sample of
+    /// the instructions that access the line (in the share of their placed
+    /// samples that hit it), also those whose address could not be
+    /// computed.
     pub cost_share: f64,
+    /// The samples behind `cost_share`.
+    pub cost_samples: u64,
+    /// The speedup of the threads' work predicted if the line were fixed;
+    /// null when there are too few samples around its accesses to tell.
+    pub predicted_gain: Option<PredictedGain>,
     pub threads: Vec<u32>,
     pub object: SharedObject,
     /// Words (4 bytes) touched, by offset in the line.
@@ -78,6 +86,17 @@ pub struct SharingEntry {
     /// Inter-thread dependences between consecutive sampled accesses.
     pub dependences: Dependences,
     pub advice: String,
+}
+
+/// Cheetah's assessment, by sampling: the accesses' samples in excess of
+/// the neighbouring instructions' rate are the contention's time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PredictedGain {
+    /// Speedup range of the accessing threads' work (1.0: none).
+    pub low: f64,
+    pub high: f64,
+    /// How it was estimated.
+    pub basis: String,
 }
 
 /// A busy line that is not a finding.

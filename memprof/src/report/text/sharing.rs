@@ -64,6 +64,13 @@ pub(super) fn write_false_sharing(out: &mut String, report: &Report) {
             group(e.invalidations),
             e.invalidation_rate * 100.0,
         );
+        if let Some(g) = &e.predicted_gain {
+            let _ = writeln!(
+                out,
+                "     if fixed: the threads' work ~{:.1}-{:.1}x faster (predicted)",
+                g.low, g.high
+            );
+        }
         let starts = o
             .starts_in_line()
             .map(|b| format!(" (starts at byte {b} of the line)"))

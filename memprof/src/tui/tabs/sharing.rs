@@ -494,6 +494,8 @@ pub(crate) mod tests {
             invalidation_rate: 0.5,
             samples: 240,
             cost_share: 0.02,
+            cost_samples: 240,
+            predicted_gain: None,
             threads: vec![15027, 15028, 15029],
             object: SharedObject {
                 kind: crate::report::model::ObjectKind::Global,
