@@ -471,3 +471,112 @@ fn more_lines_than_the_kernel_table_holds() {
     assert_code_line(e, "sharing.c", marked_line("sharing", "WIDE_COUNTER"));
     assert_eq!(entries(&report).len(), 1, "{:#}", report["false_sharing"]);
 }
+
+/// The linear-regression kernel built without optimisation, attached with
+/// `-p`: every field access reloads `args` from its stack slot into the
+/// register the load then overwrites (`mov 0x8(%rax),%rax`), so the stalled
+/// loads of `args->points` and `args->num_elems` are placed only through
+/// the backward slice (the base read back from the stack). The finding is
+/// false sharing of the calloc'd struct array, named by the calloc line,
+/// and the second worker's `points` and `num_elems` words (line offsets 24
+/// and 32: its struct starts 16 bytes into the shared line) are seen read.
+#[test]
+fn an_unoptimised_pointer_reload_kernel_is_false_sharing_at_its_calloc_line() {
+    if !require_root("an_unoptimised_pointer_reload_kernel_is_false_sharing_at_its_calloc_line") {
+        return;
+    }
+    let program = build_workload("linreg", Variant::Unoptimized).expect("building linreg");
+    let AttachRun { report, truth, .. } = attach_gated(
+        "sharing-linreg-O0",
+        &[],
+        &program,
+        &["calloc", "2", "60000000"],
+        &[],
+    );
+    check_entries(&report);
+    assert_eq!(
+        truth.get("block_offset"),
+        16,
+        "the array starts 16 bytes into a line"
+    );
+    let addresses = &report["sampling"]["addresses"];
+    assert!(
+        addresses["through_slice"].as_u64().unwrap_or(0) * 10
+            >= addresses["with_address"].as_u64().unwrap_or(u64::MAX),
+        "a tenth of the placed samples at least come through the slice: {addresses:#}"
+    );
+    let e = entries(&report)
+        .iter()
+        .find(|e| e["object"]["kind"] == "heap")
+        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
+    assert_eq!(e["kind"], "false", "{e:#}");
+    let site = &e["object"]["alloc_site"];
+    assert!(
+        site["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("linreg.c")),
+        "{site:#}"
+    );
+    assert_eq!(
+        site["line"],
+        marked_line("linreg", "LINREG_CALLOC"),
+        "{site:#}"
+    );
+    let read = |offset: u64| {
+        e["words"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|w| w["offset"] == offset && w["reads"].as_u64().unwrap_or(0) > 0)
+    };
+    assert!(read(24) && read(32), "points and num_elems read: {e:#}");
+    assert!(
+        e["code"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["function"] == "lreg_thread"),
+        "{e:#}"
+    );
+    assert_no_programs_left();
+}
+
+/// Thread pools that re-create their workers per phase: the kernel runs
+/// its two workers three times over the same struct array, new threads
+/// each round. Each round's two threads write different words of the
+/// shared line (false sharing); the three generations use the same words
+/// one after another, never at the same time, which is not true sharing.
+#[test]
+fn successive_generations_of_threads_are_not_true_sharing() {
+    if !require_root("successive_generations_of_threads_are_not_true_sharing") {
+        return;
+    }
+    let program = build_workload("linreg", Variant::Debug).expect("building linreg");
+    let w = program.to_str().expect("UTF-8");
+    let (_, report, truth) = trace_truth(
+        "sharing-linreg-rounds",
+        &["--no-tui", "--", w, "calloc", "2", "25000000", "3"],
+    );
+    check_entries(&report);
+    assert_eq!(truth.get("rounds"), 3);
+    let heap: Vec<&serde_json::Value> = entries(&report)
+        .iter()
+        .filter(|e| e["object"]["kind"] == "heap")
+        .collect();
+    assert!(!heap.is_empty(), "{:#}", report["false_sharing"]);
+    for e in &heap {
+        assert_eq!(e["kind"], "false", "{e:#}");
+        assert!(
+            e["threads"].as_array().is_some_and(|t| t.len() >= 4),
+            "threads of several rounds: {e:#}"
+        );
+        assert!(
+            !e["advice"]
+                .as_str()
+                .unwrap_or("")
+                .contains("padding cannot help"),
+            "{e:#}"
+        );
+    }
+    assert_no_programs_left();
+}
