@@ -110,6 +110,7 @@ pub fn false_sharing_entry() -> SharingEntry {
         samples: 3779,
         cost_share: 0.951,
         threads: vec![15027, 15028],
+        processes: Vec::new(),
         object: SharedObject {
             kind: ObjectKind::Heap,
             name: "64-byte heap block from sharing.c:120".into(),

@@ -56,6 +56,22 @@ pub fn empty_report(
     }
 }
 
+/// Tells the kernel the traced processes' new code layouts and shared
+/// mappings.
+pub fn apply_kernel_updates(
+    probes: &mut Probes,
+    process: &mut Process,
+) -> crate::error::Result<()> {
+    let updates = process.take_kernel_updates();
+    for (tgid, layout) in updates.layouts {
+        probes.trace(tgid, layout)?;
+    }
+    for (tgid, ranges) in updates.shared {
+        probes.set_shared_ranges(tgid, &ranges);
+    }
+    Ok(())
+}
+
 /// The target's state and the features of a session.
 pub struct Pipeline {
     pub process: Process,
@@ -90,14 +106,18 @@ impl Pipeline {
     }
 
     /// One sample: held while a launched command's exec is awaited,
-    /// dropped if it is of our launch gate, else handed to every feature.
+    /// dropped if it is of our launch gate, else handed to every feature
+    /// with its process's view current.
     pub fn on_sample(&mut self, ev: &SampleEvent) {
         if self.process.hold(ev) || self.process.before_launch(ev.time_ns) {
             return;
         }
+        self.process.saw_thread(ev.tid, ev.tgid);
+        self.process.enter(ev.tgid);
         for f in &mut self.features {
             f.on_sample(ev, &mut self.process);
         }
+        self.process.leave();
     }
 
     /// One thread record. After an exec, the samples held until then are
@@ -136,6 +156,9 @@ impl Pipeline {
     }
 
     pub fn after_drain(&mut self, probes: &mut Probes) {
+        if let Err(e) = apply_kernel_updates(probes, &mut self.process) {
+            tracing::warn!("{e}");
+        }
         for f in &mut self.features {
             f.after_drain(probes, &mut self.process);
         }

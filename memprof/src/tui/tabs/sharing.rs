@@ -495,6 +495,7 @@ pub(crate) mod tests {
             samples: 240,
             cost_share: 0.02,
             threads: vec![15027, 15028, 15029],
+            processes: Vec::new(),
             object: SharedObject {
                 kind: crate::report::model::ObjectKind::Global,
                 name: "g_counter".into(),
