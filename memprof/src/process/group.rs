@@ -75,6 +75,26 @@ impl Process {
         std::iter::once(self.main).chain(others).collect()
     }
 
+    /// What the report says of the forked children followed, if any.
+    pub fn children_note(&self) -> Option<String> {
+        let forked: Vec<String> = self
+            .pids()
+            .into_iter()
+            .filter(|p| !self.listed.contains(p) && *p != self.main)
+            .map(|p| p.to_string())
+            .collect();
+        if forked.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "followed {} forked child process(es) (pid {}): CPU sampling and false sharing \
+             cover them; the allocator and lock probes follow pid {} only",
+            forked.len(),
+            forked.join(", "),
+            self.main
+        ))
+    }
+
     /// Also traces process `pid` (another `-p` pid); its threads are
     /// returned as `Existing` thread events. It shares the layout of a
     /// process already traced whose code is mapped at the same places.
@@ -86,6 +106,7 @@ impl Process {
             .map(|v| (signature(&v.maps), v.layout))
             .collect();
         known.push((signature(&self.maps), self.layout));
+        self.listed.push(pid);
         self.enter(pid);
         let mine = signature(&self.maps);
         self.layout = match known.iter().find(|(s, _)| *s == mine) {
@@ -128,6 +149,9 @@ impl Process {
         let old = self.swap_view(view);
         self.others.insert(old.pid, old);
         if fresh {
+            // Its ranges are installed even when it has none: the
+            // kernel's slots may be a former process's of that pid.
+            self.kernel_dirty.insert(tgid);
             self.refresh_maps();
         }
     }
@@ -185,9 +209,11 @@ impl Process {
         match ev.kind {
             TASK_NEW_PROCESS | TASK_NEW_THREAD => {
                 if ev.kind == TASK_NEW_PROCESS {
-                    // A fork: the child's code is its parent's.
+                    // A fork: the child's code is its parent's. A view
+                    // left by an earlier process of that pid is stale.
                     let parent = self.tgid(ev.parent_tid);
                     let layout = self.layout_of(parent);
+                    self.others.remove(&ev.tgid);
                     self.enter(ev.tgid);
                     self.layout = layout;
                     self.leave();
@@ -370,6 +396,15 @@ mod tests {
         assert!(p.on_task(&exec).is_none(), "not the main process's exec");
         let updates = p.take_kernel_updates();
         assert_eq!(updates.layouts, vec![(child, 1)]);
+        assert!(
+            updates
+                .shared
+                .iter()
+                .any(|(pid, r)| *pid == child && r.is_empty()),
+            "a new process's slots are emptied: {updates:?}"
+        );
+        let note = p.children_note().expect("a note on the child");
+        assert!(note.contains(&format!("pid {child}")), "{note}");
     }
 
     #[test]
@@ -382,5 +417,7 @@ mod tests {
         assert!(!threads.is_empty(), "pid 1's threads");
         let updates = p.take_kernel_updates();
         assert_eq!(updates.layouts, vec![(1, 1)], "other code: its own layout");
+        assert_eq!(p.tgid(1), 1);
+        assert_eq!(p.children_note(), None, "a listed pid is no forked child");
     }
 }

@@ -48,6 +48,8 @@ pub struct Process {
     pub(super) tgid_of: HashMap<u32, u32>,
     /// Processes whose shared mappings or layout the kernel must learn.
     pub(super) kernel_dirty: HashSet<u32>,
+    /// The other `-p` pids (not followed children).
+    pub(super) listed: Vec<u32>,
     /// Processes whose code layout the kernel must learn.
     pub(super) layout_dirty: Vec<(u32, u32)>,
     /// Layouts given out so far (0: the main process's).
@@ -96,6 +98,7 @@ impl Process {
             tgid_of: HashMap::new(),
             kernel_dirty: HashSet::new(),
             layout_dirty: Vec::new(),
+            listed: Vec::new(),
             layouts: 1,
             shared_names: HashMap::new(),
             names: HashMap::new(),

@@ -360,6 +360,9 @@ impl Live {
         if self.target_exited {
             notes.push(format!("the target exited after {duration_s:.1} s"));
         }
+        if let Some(note) = self.pipeline.process.children_note() {
+            notes.push(note);
+        }
         let launched = self.target.launched();
         let target = Target {
             pid: self.target.pid(),

@@ -432,6 +432,30 @@ mod tests {
     }
 
     #[test]
+    fn another_process_s_samples_are_decoded_only_under_a_known_layout() {
+        let me = std::process::id();
+        let mut p = pipeline(me);
+        let ip =
+            another_process_s_samples_are_decoded_only_under_a_known_layout as *const () as u64;
+        // A process whose fork record is not read yet: layout unknown.
+        let stranger = u32::MAX - 11;
+        p.on_sample(&SampleEvent {
+            tgid: stranger,
+            ..sample(1, ip, stranger, SAMPLE_FLAG_NO_RECIPE)
+        });
+        assert!(sharing(&mut p).take_new_recipes().is_empty());
+        assert_eq!(p.process.pid(), me, "back on the main process's view");
+        assert_eq!(p.process.tgid(stranger), stranger);
+        // The main process's: decoded under its own address (layout 0).
+        p.on_sample(&SampleEvent {
+            tgid: me,
+            ..sample(2, ip, me, SAMPLE_FLAG_NO_RECIPE)
+        });
+        let new = sharing(&mut p).take_new_recipes();
+        assert_eq!(new.iter().map(|r| r.0).collect::<Vec<_>>(), [ip]);
+    }
+
+    #[test]
     fn late_samples_of_the_old_image_use_the_old_map() {
         let me = std::process::id();
         let mut p = pipeline(me);
