@@ -2,6 +2,10 @@
 
 /// `u32`: the thread-group id (process id) being traced.
 pub const TARGET_TGID: &str = "TARGET_TGID";
+/// `u32`: 1 to follow the children the traced processes fork.
+pub const FOLLOW_CHILDREN: &str = "FOLLOW_CHILDREN";
+/// `u32`: offset of `group_dead` in `sched:sched_process_exit`.
+pub const EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
 /// `u32`: offset of `pid` in the `task:task_newtask` record.
 pub const NEWTASK_PID_OFFSET: &str = "NEWTASK_PID_OFFSET";
 /// `u32`: offset of `clone_flags` in the `task:task_newtask` record.

@@ -10,7 +10,8 @@
 //! produces its records: [`sampler`] (CPU samples), [`threads`] (thread
 //! creation and exit), [`alloc`] (allocator calls and its syscalls),
 //! [`futex`] (futex calls and kernel lock waits), [`locks`] (pthread lock
-//! uprobes) and [`sharing`] (the per-cache-line table). Names shared by
+//! uprobes) and [`sharing`] (the per-cache-line table); [`procs`] says which processes
+//! are traced and how shared memory is keyed across them. Names shared by
 //! every family are in [`programs`], [`maps`], [`globals`] and [`counter`];
 //! [`Record`] decodes the records.
 #![no_std]
@@ -21,6 +22,7 @@ pub mod futex;
 pub mod globals;
 pub mod locks;
 pub mod maps;
+pub mod procs;
 pub mod programs;
 mod record;
 pub mod sampler;

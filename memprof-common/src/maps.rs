@@ -36,3 +36,10 @@ pub const HOLD_EVENTS: &str = "HOLD_EVENTS";
 pub const HELD_LOCKS: &str = "HELD_LOCKS";
 /// `u64` array: [`crate::locks::LOCK_CTL_GENERATION`].
 pub const LOCK_CTL: &str = "LOCK_CTL";
+/// Hash: tgid → code layout ([`crate::procs::recipe_key`]) of every
+/// traced process; the sampler follows only these. Forked children are
+/// added by the kernel when children are followed.
+pub const TRACED: &str = "TRACED";
+/// Hash: [`crate::procs::shared_slot`] → [`crate::procs::SharedRange`],
+/// the `MAP_SHARED` mappings of each traced process, slots from 0 on.
+pub const SHARED_RANGES: &str = "SHARED_RANGES";

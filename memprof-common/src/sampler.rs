@@ -4,7 +4,7 @@
 use crate::record::records;
 
 /// Byte size of the sample ring buffer (a power of two, page multiple).
-/// 4 MiB holds about 75k samples (48 bytes + 8 of header each): over 30 s
+/// 4 MiB holds about 65k samples (56 bytes + 8 of header each): over 30 s
 /// of the default rate on two CPUs if userspace stalls, while the loader
 /// drains it every [`DRAIN_INTERVAL_MS`](crate::DRAIN_INTERVAL_MS).
 pub const SAMPLES_RING_BYTES: u32 = 4 << 20;
@@ -58,13 +58,16 @@ pub struct SampleEvent {
     pub access: u32,
     /// With [`SAMPLE_FLAG_ADDR`]: bytes accessed.
     pub size: u32,
+    /// Process of the thread (several may be traced).
+    pub tgid: u32,
+    pub _pad: u32,
 }
 
 // The kernel writes this record and userspace reads it; a change in size is
 // a layout change both sides must see.
-const _: () = assert!(core::mem::size_of::<SampleEvent>() == 48);
+const _: () = assert!(core::mem::size_of::<SampleEvent>() == 56);
 
-// SAFETY: `#[repr(C)]`, integers only, 8+8+4+4+4+4+8+4+4 = 48 bytes
+// SAFETY: `#[repr(C)]`, integers only, 8+8+4+4+4+4+8+4+4+4+4 = 56 bytes
 // (asserted above) with every field naturally aligned, so no padding; any
 // bit pattern is a valid value.
 records!(SampleEvent);
@@ -85,9 +88,11 @@ mod tests {
             addr: 0x7f00_0040,
             access: crate::sharing::recipe::WRITE,
             size: 8,
+            tgid: 7,
+            _pad: 0,
         };
         // SAFETY: `SampleEvent` is plain data with no padding (see above):
-        // all 48 bytes of `s` are initialised.
+        // all 56 bytes of `s` are initialised.
         let bytes = unsafe {
             core::slice::from_raw_parts(
                 (&s as *const SampleEvent).cast::<u8>(),
@@ -95,6 +100,6 @@ mod tests {
             )
         };
         assert_eq!(SampleEvent::from_bytes(bytes), Some(s));
-        assert_eq!(SampleEvent::from_bytes(&bytes[..47]), None);
+        assert_eq!(SampleEvent::from_bytes(&bytes[..55]), None);
     }
 }

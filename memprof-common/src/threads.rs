@@ -13,6 +13,10 @@ pub const TASK_EXIT: u32 = 2;
 /// The target replaced its program image with `execve`.
 pub const TASK_EXEC: u32 = 3;
 
+/// A traced process forked a child that is followed too (`tid` and
+/// `tgid`: the child; `parent_tid`: the forking thread).
+pub const TASK_NEW_PROCESS: u32 = 4;
+
 /// A change in the target's set of threads or program image.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -4,16 +4,19 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
-    maps::PerCpuArray,
+    maps::{HashMap, PerCpuArray},
     Global,
 };
-use memprof_common::counter;
+use memprof_common::{counter, procs::TRACED_CAPACITY};
 
 /// Process being traced; written by the loader (`override_global`).
 // SAFETY (no_mangle, all three): the loader finds each global by this
 // exact name; no other symbol in the object has it.
 #[unsafe(no_mangle)]
 static TARGET_TGID: Global<u32> = Global::new(0);
+/// 1: children forked by a traced process are traced too.
+#[unsafe(no_mangle)]
+static FOLLOW_CHILDREN: Global<u32> = Global::new(0);
 /// Offsets of the first argument in `syscalls:sys_enter_*` records and of
 /// `ret` in `syscalls:sys_exit_*` records, read from tracefs by the loader
 /// because tracepoint layouts differ between kernel versions.
@@ -21,6 +24,12 @@ static TARGET_TGID: Global<u32> = Global::new(0);
 static SYSCALL_ARGS_OFFSET: Global<u32> = Global::new(16);
 #[unsafe(no_mangle)]
 static SYSCALL_RET_OFFSET: Global<u32> = Global::new(16);
+
+/// Every traced process (tgid → code layout): the main one, the other
+/// `-p` pids, and forked children, which [`follow_child`] adds before
+/// they first run.
+#[map(name = "TRACED")]
+static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(TRACED_CAPACITY, 0);
 
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -30,6 +39,42 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 #[inline(always)]
 pub fn target_tgid() -> u32 {
     TARGET_TGID.load()
+}
+
+/// The code layout of process `tgid` if it is traced (the sampler's
+/// filter; the allocator and lock programs follow the main process only).
+#[inline(always)]
+pub fn traced_layout(tgid: u32) -> Option<u32> {
+    // SAFETY: a map lookup; the value is a plain u32, copied out.
+    unsafe { TRACED.get(tgid) }.copied()
+}
+
+/// Traces the child `child` of traced process `parent` with the parent's
+/// layout (a fork copies the address space), when children are followed.
+/// Returns whether it did.
+#[inline(always)]
+pub fn follow_child(parent: u32, child: u32) -> bool {
+    if FOLLOW_CHILDREN.load() == 0 {
+        return false;
+    }
+    let Some(layout) = traced_layout(parent) else {
+        return false;
+    };
+    TRACED.insert(child, layout, 0).is_ok()
+}
+
+/// Gives traced process `tgid` a new layout (after its `exec`).
+#[inline(always)]
+pub fn set_layout(tgid: u32, layout: u32) {
+    if traced_layout(tgid).is_some() {
+        let _ = TRACED.insert(tgid, layout, 0);
+    }
+}
+
+/// Stops tracing process `tgid` (it exited).
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    let _ = TRACED.remove(tgid);
 }
 
 /// Offset of the first argument in `syscalls:sys_enter_*` records

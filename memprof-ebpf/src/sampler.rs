@@ -8,12 +8,12 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, PerfEventContext},
 };
 use memprof_common::{
-    counter, SampleEvent, SAMPLES_RING_BYTES, SAMPLES_WAKEUP_BYTES, SAMPLE_FLAG_KERNEL,
-    SAMPLE_FLAG_MEMORY, STACKS_CAPACITY,
+    counter, procs::recipe_key, SampleEvent, SAMPLES_RING_BYTES, SAMPLES_WAKEUP_BYTES,
+    SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY, STACKS_CAPACITY,
 };
 
 use crate::{
-    maps::{bpf_now, count, current_ids, target_tgid},
+    maps::{bpf_now, count, current_ids, traced_layout},
     sharing::{precise_mode, sample_access, Access},
 };
 
@@ -35,9 +35,9 @@ pub fn mp_cpu_sample(ctx: PerfEventContext) -> u32 {
 #[inline(always)]
 fn try_cpu_sample(ctx: &PerfEventContext) {
     let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
+    let Some(layout) = traced_layout(tgid) else {
         return;
-    }
+    };
     count(counter::SAMPLES_SEEN);
 
     // SAFETY: the kernel passes a valid `bpf_perf_event_data` whose `regs`
@@ -68,7 +68,9 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     let access = if in_kernel || precise_mode() {
         Access::default()
     } else {
-        sample_access(ctx, ip, tid, time_ns, false)
+        // Recipes are looked up by instruction and code layout: processes
+        // whose code differs at the same address have their own.
+        sample_access(ctx, recipe_key(layout, ip), tid, time_ns, false)
     };
 
     let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
@@ -86,6 +88,8 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         addr: access.addr,
         access: access.bits,
         size: access.size,
+        tgid,
+        _pad: 0,
     });
     // Wake the loader only when a good part of the buffer is waiting; it
     // drains on a timer otherwise.
@@ -103,9 +107,9 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
 #[perf_event]
 pub fn mp_mem_sample(ctx: PerfEventContext) -> u32 {
     let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
+    let Some(layout) = traced_layout(tgid) else {
         return 0;
-    }
+    };
     // SAFETY: the kernel passes a valid `bpf_perf_event_data`; reading its
     // registers is allowed.
     let (ip, cs) = unsafe { ((*ctx.ctx).regs.rip, (*ctx.ctx).regs.cs) };
@@ -113,7 +117,7 @@ pub fn mp_mem_sample(ctx: PerfEventContext) -> u32 {
         return 0; // a kernel access (the events exclude them; be sure)
     }
     let time_ns = bpf_now();
-    let access = sample_access(&ctx, ip, tid, time_ns, true);
+    let access = sample_access(&ctx, recipe_key(layout, ip), tid, time_ns, true);
     let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
         count(counter::SAMPLES_LOST);
         return 0;
@@ -129,6 +133,8 @@ pub fn mp_mem_sample(ctx: PerfEventContext) -> u32 {
         addr: access.addr,
         access: access.bits,
         size: access.size,
+        tgid,
+        _pad: 0,
     });
     entry.submit(BPF_RB_NO_WAKEUP as u64);
     0

@@ -17,6 +17,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     counter,
+    procs::{shared_slot, SharedRange, SHARED_RANGES_CAPACITY, SHARED_RANGES_PER_PROCESS},
     sharing::{
         reg, AccessRecipe, LineState, LineWords, LINES_CAPACITY, LINE_BYTES, RECIPES_CAPACITY,
         WORDS_CAPACITY, WORD_DETAIL_WRITES,
@@ -24,7 +25,7 @@ use memprof_common::{
     SAMPLE_FLAG_ADDR, SAMPLE_FLAG_NO_RECIPE,
 };
 
-use crate::maps::count;
+use crate::maps::{count, current_ids};
 
 /// `[0]`: 1 once the loader attached precise memory events (PEBS/IBS):
 /// their program records the accesses and the timer sampler stops
@@ -47,6 +48,13 @@ static LINES: LruHashMap<u64, LineState> = LruHashMap::with_max_entries(LINES_CA
 
 #[map(name = "WORDS")]
 static WORDS: LruHashMap<u64, LineWords> = LruHashMap::with_max_entries(WORDS_CAPACITY, 0);
+
+/// The `MAP_SHARED` mappings of each traced process, written by the
+/// loader: accesses to them are keyed by object and offset, so that
+/// processes mapping the same memory at different addresses meet.
+#[map(name = "SHARED_RANGES")]
+static SHARED_RANGES: HashMap<u64, SharedRange> =
+    HashMap::with_max_entries(SHARED_RANGES_CAPACITY, 0);
 
 /// A zeroed [`LineWords`] to insert from: at 320 bytes it does not fit on
 /// the BPF stack beside the rest. Never written.
@@ -136,8 +144,27 @@ fn read_user_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
+/// The key of `addr` in the line table for the current process: its
+/// canonical key in a shared mapping ([`memprof_common::procs`]), else the
+/// address. The loader keys the samples by the same rule.
+#[inline(always)]
+fn line_key(addr: u64) -> u64 {
+    let (tgid, _) = current_ids();
+    for slot in 0..SHARED_RANGES_PER_PROCESS {
+        // SAFETY: a map lookup; the value is plain data, only read.
+        let Some(range) = (unsafe { SHARED_RANGES.get(shared_slot(tgid, slot)) }) else {
+            break; // slots are filled from 0 on
+        };
+        if let Some(key) = range.key(addr) {
+            return key;
+        }
+    }
+    addr
+}
+
 #[inline(always)]
 fn record_line(addr: u64, recipe: &AccessRecipe, tid: u32, now_ns: u64) {
+    let addr = line_key(addr);
     let line = addr & !(LINE_BYTES - 1);
     let write = recipe.is_write();
     let Some(state) = line_entry(line) else {

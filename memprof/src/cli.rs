@@ -27,7 +27,7 @@ const AFTER_HELP: &str = concat!(
     "  0  success\n",
     "  1  internal failure (a bug or an unexpected system error; see the message)\n",
     "  2  usage error (bad or conflicting arguments)\n",
-    "  3  no such process (-p PID does not exist or exited before attach)\n",
+    "  3  no such process (a -p PID does not exist or exited before attach)\n",
     "  4  insufficient privilege (run as root, or with CAP_BPF and CAP_PERFMON)\n",
     "  5  the kernel lacks a needed feature (BTF, tracefs, perf events, ...)\n",
     "  6  the command to launch could not be found or run\n",
@@ -42,9 +42,19 @@ const AFTER_HELP: &str = concat!(
 #[command(group(ArgGroup::new("target").required(true).args(["pid", "command"])))]
 pub struct Cli {
     /// Attach to the running process PID (all its threads, also those it
-    /// creates later).
-    #[arg(short, long, value_name = "PID")]
-    pub pid: Option<u32>,
+    /// creates later), or to several processes: `-p 1,2,3` (the first is
+    /// the main one: the session ends when it exits). CPU sampling and
+    /// false sharing cover every traced process (lines of MAP_SHARED
+    /// memory are matched across them); the allocator and lock probes
+    /// trace the main process only.
+    #[arg(short, long, value_name = "PID[,PID...]", value_parser = parse_pid_list)]
+    pub pid: Option<PidList>,
+
+    /// Do not trace the processes the traced ones fork (by default their
+    /// children are followed from their first instruction, as `perf
+    /// record` does, for CPU sampling and false sharing).
+    #[arg(long)]
+    pub no_children: bool,
 
     /// Trace for this long, then print the summary and exit (e.g. 30s, 2m,
     /// 1m30s). Without it, trace until Ctrl-C or the target exits.
@@ -173,6 +183,44 @@ impl LockMode {
     }
 }
 
+/// The pids of `-p`: the main one first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PidList(pub Vec<u32>);
+
+impl PidList {
+    pub fn main(&self) -> u32 {
+        self.0[0]
+    }
+
+    /// The pids after the first.
+    pub fn others(&self) -> &[u32] {
+        &self.0[1..]
+    }
+}
+
+fn parse_pid_list(s: &str) -> Result<PidList, String> {
+    let mut pids = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(format!(
+                "empty pid in list `{s}` (expected PID or PID,PID,...)"
+            ));
+        }
+        let pid: u32 = part
+            .parse()
+            .map_err(|_| format!("`{part}` is not a process id (in `{s}`)"))?;
+        if pid == 0 {
+            return Err("pid 0 is not a process".into());
+        }
+        if pids.contains(&pid) {
+            return Err(format!("pid {pid} is given twice"));
+        }
+        pids.push(pid);
+    }
+    Ok(PidList(pids))
+}
+
 fn parse_budget(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim_end_matches('%')
@@ -211,7 +259,7 @@ mod tests {
     #[test]
     fn pid_and_duration_parse() {
         let cli = Cli::try_parse_from(["memprof-ebpf", "-p", "42", "--duration", "1m30s"]).unwrap();
-        assert_eq!(cli.pid, Some(42));
+        assert_eq!(cli.pid, Some(PidList(vec![42])));
         assert_eq!(cli.duration, Some(Duration::from_secs(90)));
         assert_eq!(cli.sample_freq, DEFAULT_SAMPLE_FREQ);
     }
@@ -227,6 +275,32 @@ mod tests {
     fn a_target_is_required_and_only_one() {
         assert!(Cli::try_parse_from(["memprof-ebpf"]).is_err());
         assert!(Cli::try_parse_from(["memprof-ebpf", "-p", "1", "--", "ls"]).is_err());
+    }
+
+    #[test]
+    fn pid_lists_parse_with_the_main_pid_first() {
+        let cli = Cli::try_parse_from(["memprof-ebpf", "-p", "7,3, 9"]).unwrap();
+        let pids = cli.pid.unwrap();
+        assert_eq!((pids.main(), pids.others()), (7, [3, 9].as_slice()));
+        assert!(!cli.no_children);
+        let cli = Cli::try_parse_from(["memprof-ebpf", "--no-children", "--", "ls"]).unwrap();
+        assert!(cli.no_children);
+    }
+
+    #[test]
+    fn bad_pid_lists_are_usage_errors_that_say_why() {
+        for (list, says) in [
+            ("1,,2", "empty pid"),
+            ("1,", "empty pid"),
+            ("1,x", "`x` is not a process id"),
+            ("1,-2", "`-2` is not a process id"),
+            ("4,4", "given twice"),
+            ("0", "pid 0"),
+        ] {
+            let err = Cli::try_parse_from(["memprof-ebpf", "-p", list]).unwrap_err();
+            assert_eq!(err.exit_code(), Cli::USAGE_EXIT, "{list}");
+            assert!(err.to_string().contains(says), "{list}: {err}");
+        }
     }
 
     #[test]

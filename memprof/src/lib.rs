@@ -93,8 +93,8 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
 /// opened now: a bad path fails before any tracing, and nothing needs the
 /// privilege to create files once probes are attached.
 fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
-    let target = match cli.pid {
-        Some(pid) => process::handle::TargetSpec::Pid(pid),
+    let target = match &cli.pid {
+        Some(pids) => process::handle::TargetSpec::Pid(pids.main()),
         None => process::handle::TargetSpec::Command(cli.command.clone()),
     };
     let launching = matches!(target, process::handle::TargetSpec::Command(_));
@@ -148,6 +148,8 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
     };
     let opts = options::Options {
         target,
+        extra_pids: cli.pid.as_ref().map_or(Vec::new(), |p| p.others().to_vec()),
+        follow_children: !cli.no_children,
         duration: cli.duration,
         frequency_hz: cli.sample_freq,
         command_output,

@@ -12,6 +12,10 @@ use crate::{
 #[derive(Debug)]
 pub struct Options {
     pub target: TargetSpec,
+    /// The other `-p` pids.
+    pub extra_pids: Vec<u32>,
+    /// Trace the children the traced processes fork.
+    pub follow_children: bool,
     pub duration: Option<Duration>,
     pub frequency_hz: u64,
     /// Where a launched command's output goes.

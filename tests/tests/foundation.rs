@@ -341,6 +341,8 @@ fn bad_input_gets_its_exit_code_and_message() {
         &["-p", "1", "--", "ls"],
         &["-p", "1", "--duration", "soon"],
         &["-p", "x"],
+        &["-p", "1,,2"],
+        &["-p", "1,1"],
     ] {
         let run = run_tool(args, quick);
         assert_eq!(run.code(), 2, "{args:?}: {}", run.stderr);
@@ -353,6 +355,12 @@ fn bad_input_gets_its_exit_code_and_message() {
     let run = run_tool(&["-p", &unused.to_string(), "--duration", "1s"], quick);
     assert_eq!(run.code(), 3, "{}", run.stderr);
     assert!(run.stderr.contains("no such process"), "{}", run.stderr);
+    // The same in a list of pids, after one that exists.
+    let me = std::process::id().to_string();
+    let list = format!("{me},{unused}");
+    let run = run_tool(&["-p", &list, "--duration", "1s"], quick);
+    assert_eq!(run.code(), 3, "{}", run.stderr);
+    assert!(run.stderr.contains(&unused.to_string()), "{}", run.stderr);
     // A kernel thread (kthreadd is pid 2): a usage error.
     let run = run_tool(&["-p", "2", "--duration", "1s"], quick);
     assert_eq!(run.code(), 2, "{}", run.stderr);

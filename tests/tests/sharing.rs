@@ -580,3 +580,182 @@ fn successive_generations_of_threads_are_not_true_sharing() {
     }
     assert_no_programs_left();
 }
+
+// Processes that share memory (tests/workloads/forkshare.c): two forked
+// children write neighbouring 8-byte counters of one line of a MAP_SHARED
+// mapping; the parent only sleeps.
+
+fn forkshare_workload() -> PathBuf {
+    build_workload("forkshare", Variant::Debug).expect("building forkshare")
+}
+
+/// Launches `forkshare MODE SECONDS` under the tool with `flags`; returns
+/// the report and the workload's truth (its children's pids).
+fn launch_forkshare(test: &str, flags: &[&str], mode: &str) -> (serde_json::Value, Truth) {
+    let w = forkshare_workload();
+    let mut args = vec!["--no-tui"];
+    args.extend_from_slice(flags);
+    args.extend(["--", w.to_str().expect("UTF-8"), mode, SECONDS]);
+    let (_, report, truth) = trace_truth(test, &args);
+    assert_no_programs_left();
+    (report, truth)
+}
+
+/// The finding on the shared mapping is false sharing between the two
+/// children, each a process of its own with its one thread, named by the
+/// mapping, at the counting line.
+fn assert_cross_process_finding(report: &serde_json::Value, truth: &Truth, name: &str) {
+    check_entries(report);
+    let e = entries(report)
+        .iter()
+        .find(|e| e["object"]["kind"] == "shared")
+        .unwrap_or_else(|| panic!("no finding on shared memory: {report:#}"));
+    assert_eq!(e["kind"], "false", "{e:#}");
+    assert_eq!(e["object"]["name"], name, "{e:#}");
+    assert_eq!(e["object"]["offset"], 1024, "the counters' line: {e:#}");
+    let children = [truth.get("child0_pid"), truth.get("child1_pid")];
+    let processes: Vec<(u64, Vec<u64>)> = e["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no processes: {e:#}"))
+        .iter()
+        .map(|p| {
+            let threads = p["threads"].as_array().expect("threads");
+            (
+                p["pid"].as_u64().expect("pid"),
+                threads.iter().filter_map(|t| t.as_u64()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        processes,
+        children.map(|c| (c, vec![c])).to_vec(),
+        "each child process with its own thread: {e:#}"
+    );
+    let mut threads: Vec<u64> = e["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .filter_map(|t| t.as_u64())
+        .collect();
+    threads.sort_unstable();
+    assert_eq!(threads, children.to_vec(), "threads kept as tids: {e:#}");
+    for w in e["words"].as_array().expect("words") {
+        assert_eq!(w["threads"].as_array().map(Vec::len), Some(1), "{w:#}");
+    }
+    assert_code_line(
+        e,
+        "forkshare.c",
+        marked_line("forkshare", "FORKSHARE_WRITE"),
+    );
+}
+
+/// Proves that a launched command's forked children are followed and that
+/// their accesses to one MAP_SHARED anonymous mapping meet on its line.
+#[test]
+fn forked_children_writing_one_shared_line_are_false_sharing_across_pids() {
+    if !require_root("forked_children_writing_one_shared_line_are_false_sharing_across_pids") {
+        return;
+    }
+    let (report, truth) = launch_forkshare("forkshare-anon", &[], "anon");
+    assert_cross_process_finding(&report, &truth, "[anon shared]");
+    assert_eq!(entries(&report).len(), 1, "{:#}", report["false_sharing"]);
+}
+
+/// Proves that lines of shared memory are keyed by object and offset, not
+/// by address: each child maps the /dev/shm object again at an address of
+/// its own, and their accesses still meet on one line.
+#[test]
+fn processes_mapping_a_shm_object_at_different_addresses_meet_on_its_line() {
+    if !require_root("processes_mapping_a_shm_object_at_different_addresses_meet_on_its_line") {
+        return;
+    }
+    let (report, truth) = launch_forkshare("forkshare-shm", &[], "shm");
+    assert_ne!(
+        truth.get("child0_addr") & !63,
+        truth.get("child1_addr") & !63,
+        "the children must use the line at different addresses"
+    );
+    let pid = report["target"]["pid"].as_u64().expect("pid");
+    assert_cross_process_finding(&report, &truth, &format!("/dev/shm/forkshare-{pid}"));
+}
+
+/// Proves `--no-children`: only the parent, which sleeps, is traced, so
+/// nothing is found (and the children's samples are not counted).
+#[test]
+fn without_children_the_processes_sharing_is_not_traced() {
+    if !require_root("without_children_the_processes_sharing_is_not_traced") {
+        return;
+    }
+    let (report, truth) = launch_forkshare("forkshare-nochildren", &["--no-children"], "anon");
+    assert!(entries(&report).is_empty(), "{:#}", report["false_sharing"]);
+    let tids: Vec<u64> = report["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .filter_map(|t| t["tid"].as_u64())
+        .collect();
+    for child in [truth.get("child0_pid"), truth.get("child1_pid")] {
+        assert!(!tids.contains(&child), "child {child} traced: {tids:?}");
+    }
+    assert!(
+        report["sampling"]["samples"].as_u64().unwrap_or(0) < 100,
+        "the parent sleeps: {:#}",
+        report["sampling"]
+    );
+}
+
+/// Proves that padding the counters apart leaves nothing to report,
+/// though the children are traced (their samples have addresses).
+#[test]
+fn padded_counters_in_shared_memory_are_no_finding() {
+    if !require_root("padded_counters_in_shared_memory_are_no_finding") {
+        return;
+    }
+    let (report, _) = launch_forkshare("forkshare-padded", &[], "padded");
+    check_entries(&report);
+    assert!(entries(&report).is_empty(), "{:#}", report["false_sharing"]);
+}
+
+/// Proves `-p PID,PID,PID`: attached to the parent and both children
+/// (children not followed, so only the list brings them in), held at the
+/// start gate until the tool traces, the cross-process finding is there.
+#[test]
+fn attached_to_a_list_of_pids_the_processes_sharing_is_found() {
+    if !require_root("attached_to_a_list_of_pids_the_processes_sharing_is_found") {
+        return;
+    }
+    let w = forkshare_workload();
+    let truth_path = Truth::path("forkshare-attach");
+    let truth_str = truth_path.to_str().expect("UTF-8").to_string();
+    let mut target = TestProcess::spawn_env(
+        &w,
+        &["anon", SECONDS],
+        &[("WORKLOAD_GO_SIGNAL", "1"), ("WORKLOAD_TRUTH", &truth_str)],
+    );
+    target.wait_ready();
+    let forked = Truth::read(&truth_path);
+    let list = format!(
+        "{},{},{}",
+        target.pid(),
+        forked.get("child0_pid"),
+        forked.get("child1_pid")
+    );
+    let json = report_path("forkshare-attach");
+    let tool = TracingTool::start(&[
+        "-p",
+        &list,
+        "--no-children",
+        "--no-tui",
+        "--json",
+        json.to_str().expect("UTF-8"),
+    ]);
+    // SAFETY: kill with the pid of our own unreaped child.
+    unsafe { libc::kill(target.pid() as i32, libc::SIGUSR1) };
+    let status = target.wait_timeout(std::time::Duration::from_secs(60));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let run = tool.finish(std::time::Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "-p {list}: {}", run.stderr);
+    let report = read_report(&json);
+    assert_cross_process_finding(&report, &Truth::read(&truth_path), "[anon shared]");
+    assert_no_programs_left();
+}

@@ -74,6 +74,10 @@ impl Probes {
         load: &Load,
     ) -> Result<Self> {
         let (mut ebpf, logger) = load_object(tgid, tracefs_dir, load)?;
+        // The main process is traced from the first program on, with
+        // layout 0; other processes are added by the session (or, forked
+        // children, by the kernel).
+        super::maps::trace_process(&mut ebpf, tgid, 0)?;
         attach_programs(&mut ebpf, load)?;
         let source = attach_sampler(&mut ebpf, frequency_hz, try_hardware)?;
         let mut probes = Self {
@@ -155,6 +159,8 @@ pub struct Load {
     pub alloc: Option<AllocLoad>,
     /// The pthread lock uprobes.
     pub lock_uprobes: bool,
+    /// Trace the children the traced processes fork.
+    pub follow_children: bool,
 }
 
 type Logger = Option<aya_log::EbpfLogger<&'static dyn log::Log>>;
@@ -165,6 +171,10 @@ fn load_object(tgid: u32, tracefs_dir: &Path, load: &Load) -> Result<(Ebpf, Logg
     let pid_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "pid", 4)?;
     let flags_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "clone_flags", 8)?;
     let glibc_header = u32::from(load.alloc.is_some_and(|a| a.glibc_header));
+    let follow = u32::from(load.follow_children);
+    let group_dead_off =
+        tracefs::field_offset(tracefs_dir, "sched", "sched_process_exit", "group_dead", 1)
+            .unwrap_or(u32::MAX);
     // The allocator's and the futex syscalls' arguments.
     let args_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_enter_mmap", "addr", 8)?;
     let ret_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_exit_mmap", "ret", 8)?;
@@ -177,6 +187,8 @@ fn load_object(tgid: u32, tracefs_dir: &Path, load: &Load) -> Result<(Ebpf, Logg
         .override_global(globals::TARGET_TGID, &tgid, true)
         .override_global(globals::NEWTASK_PID_OFFSET, &pid_off, true)
         .override_global(globals::NEWTASK_FLAGS_OFFSET, &flags_off, true)
+        .override_global(globals::FOLLOW_CHILDREN, &follow, true)
+        .override_global(globals::EXIT_GROUP_DEAD_OFFSET, &group_dead_off, true)
         .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
         .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)
         .override_global(globals::SYSCALL_RET_OFFSET, &ret_off, true)

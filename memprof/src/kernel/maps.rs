@@ -6,6 +6,7 @@ use memprof_common::{
     counter,
     locks::LOCK_CTL_GENERATION,
     maps,
+    procs::{shared_slot, SharedRange, SHARED_RANGES_PER_PROCESS},
     sharing::{AccessRecipe, LineState, LineWords},
     KernelStats, ALLOC_CTL_GENERATION,
 };
@@ -172,6 +173,33 @@ impl Probes {
         }
     }
 
+    /// Traces process `tgid` (its samples), with code layout `layout`.
+    pub fn trace(&mut self, tgid: u32, layout: u32) -> crate::error::Result<()> {
+        trace_process(&mut self.ebpf, tgid, layout)
+    }
+
+    /// Sets the shared mappings of process `tgid` the sampler translates
+    /// (slots from 0 on; the rest emptied).
+    pub fn set_shared_ranges(&mut self, tgid: u32, ranges: &[SharedRange]) {
+        let Some(mut map) = self
+            .ebpf
+            .map_mut(maps::SHARED_RANGES)
+            .and_then(|m| BpfHashMap::<_, u64, SharedRange>::try_from(m).ok())
+        else {
+            return;
+        };
+        for slot in 0..SHARED_RANGES_PER_PROCESS {
+            let key = shared_slot(tgid, slot);
+            let result = match ranges.get(slot as usize) {
+                Some(r) => map.insert(key, r, 0),
+                None => map.remove(&key),
+            };
+            if let Err(e) = result.filter_not_found() {
+                tracing::debug!("shared range {slot} of {tgid}: {e}");
+            }
+        }
+    }
+
     /// The kernel's state of `line`, if it is still in the table.
     pub fn line_state(&self, line: u64) -> Option<LineState> {
         let map = BpfHashMap::<_, u64, LineState>::try_from(self.ebpf.map(maps::LINES)?).ok()?;
@@ -197,6 +225,35 @@ impl Probes {
         let map = StackTraceMap::try_from(self.ebpf.map(maps::STACKS)?).ok()?;
         let trace = map.get(&id, 0).ok()?;
         Some(trace.frames().iter().map(|f| f.ip).collect())
+    }
+}
+
+/// Adds process `tgid` to the sampler's set with code layout `layout`.
+pub(super) fn trace_process(
+    ebpf: &mut aya::Ebpf,
+    tgid: u32,
+    layout: u32,
+) -> crate::error::Result<()> {
+    let mut map = ebpf
+        .map_mut(maps::TRACED)
+        .and_then(|m| BpfHashMap::<_, u32, u32>::try_from(m).ok())
+        .ok_or_else(|| anyhow::anyhow!("map {} missing", maps::TRACED))?;
+    map.insert(tgid, layout, 0)
+        .map_err(|e| anyhow::anyhow!("tracing process {tgid}: {e}"))?;
+    Ok(())
+}
+
+/// Removing a key that is not there is not an error here.
+trait NotFound {
+    fn filter_not_found(self) -> Result<(), aya::maps::MapError>;
+}
+
+impl NotFound for Result<(), aya::maps::MapError> {
+    fn filter_not_found(self) -> Result<(), aya::maps::MapError> {
+        match self {
+            Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            other => other,
+        }
     }
 }
 

@@ -29,6 +29,12 @@ pub struct Mapping {
     pub readable: bool,
     pub writable: bool,
     pub executable: bool,
+    /// `MAP_SHARED` (flag `s`).
+    pub shared: bool,
+    /// Device (major << 32 | minor) and inode of the backing object (0
+    /// for private anonymous memory).
+    pub dev: u64,
+    pub inode: u64,
     /// `/path/to/file`, `[heap]`, `[stack]`, `[vdso]`, ... or empty.
     pub name: Arc<str>,
 }
@@ -190,12 +196,12 @@ fn parse_line(line: &str) -> Option<Mapping> {
     let range = fields.next()?;
     let perms = fields.next()?.as_bytes();
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let _dev = fields.next()?;
-    let _inode = fields.next()?;
+    let dev = parse_dev(fields.next()?)?;
+    let inode = fields.next()?.parse().ok()?;
     let name = fields.next().unwrap_or("").trim_start();
     let name = name.strip_suffix(" (deleted)").unwrap_or(name);
     let (start, end) = range.split_once('-')?;
-    if perms.len() < 3 {
+    if perms.len() < 4 {
         return None;
     }
     let start = u64::from_str_radix(start, 16).ok()?;
@@ -212,8 +218,17 @@ fn parse_line(line: &str) -> Option<Mapping> {
         readable: perms[0] == b'r',
         writable: perms[1] == b'w',
         executable: perms[2] == b'x',
+        shared: perms[3] == b's',
+        dev,
+        inode,
         name: Arc::from(name),
     })
+}
+
+/// `fe:01` (hex major:minor) as major << 32 | minor.
+fn parse_dev(text: &str) -> Option<u64> {
+    let (major, minor) = text.split_once(':')?;
+    Some(u64::from_str_radix(major, 16).ok()? << 32 | u64::from_str_radix(minor, 16).ok()?)
 }
 
 /// The file name part of a path, for display (`/usr/lib/libc.so.6` →

@@ -7,6 +7,7 @@
 //! target through this module.
 
 pub mod files;
+pub mod group;
 pub mod handle;
 pub mod launch;
 pub mod maps;

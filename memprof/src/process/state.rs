@@ -8,10 +8,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memprof_common::{SampleEvent, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD};
+use memprof_common::{
+    procs::SharedRange, SampleEvent, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD,
+};
 
 use super::{
     files::FileCache,
+    group::View,
     maps::{call_of, Mapping, Place, ProcMaps},
     procfs,
     threads::{LiveThreads, ThreadEvent},
@@ -22,15 +25,38 @@ pub const MAPS_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// Samples held while waiting for a launched command's `exec`.
 const MAX_HELD_SAMPLES: usize = 100_000;
 
-/// The target as the features see it.
+/// The target as the features see it: the main process, and the other
+/// traced processes (`-p` pids, forked children), each with its own memory
+/// map. While a record of another process is handed to the features, its
+/// view is the current one ([`Process::enter`]); otherwise the main
+/// process's is.
 pub struct Process {
-    pid: u32,
-    maps: ProcMaps,
-    maps_read_at: Option<Instant>,
+    pub(super) pid: u32,
+    pub(super) maps: ProcMaps,
+    pub(super) maps_read_at: Option<Instant>,
     /// The memory map before the last `exec`, with the exec's time: records
     /// taken before it but drained after it belong to the old image.
-    before_exec: Option<(u64, ProcMaps)>,
-    names: HashMap<u32, String>,
+    pub(super) before_exec: Option<(u64, ProcMaps)>,
+    /// Code layout of the current view (`memprof_common::procs`).
+    pub(super) layout: u32,
+    /// Its `MAP_SHARED` mappings, as installed for the sampler.
+    pub(super) shared: Vec<SharedRange>,
+    /// The main process's pid and the other processes' views.
+    pub(super) main: u32,
+    pub(super) others: HashMap<u32, View>,
+    /// Process of each thread seen in another process than the main one.
+    pub(super) tgid_of: HashMap<u32, u32>,
+    /// Processes whose shared mappings or layout the kernel must learn.
+    pub(super) kernel_dirty: HashSet<u32>,
+    /// The other `-p` pids (not followed children).
+    pub(super) listed: Vec<u32>,
+    /// Processes whose code layout the kernel must learn.
+    pub(super) layout_dirty: Vec<(u32, u32)>,
+    /// Layouts given out so far (0: the main process's).
+    pub(super) layouts: u32,
+    /// What each shared object is, by its key's object hash.
+    pub(super) shared_names: HashMap<u64, String>,
+    pub(super) names: HashMap<u32, String>,
     /// For a launched command: samples held until its `exec`, because
     /// those taken before it are of our launch gate, not of the command.
     held: Option<Vec<SampleEvent>>,
@@ -42,7 +68,7 @@ pub struct Process {
     /// Threads alive over time.
     pub live: LiveThreads,
     /// Every thread seen: at attach or in a thread record.
-    known: HashSet<u32>,
+    pub(super) known: HashSet<u32>,
     /// The object files' bytes, read once each.
     pub files: FileCache,
 }
@@ -65,6 +91,16 @@ impl Process {
             maps: ProcMaps::default(),
             maps_read_at: None,
             before_exec: None,
+            layout: 0,
+            shared: Vec::new(),
+            main: pid,
+            others: HashMap::new(),
+            tgid_of: HashMap::new(),
+            kernel_dirty: HashSet::new(),
+            layout_dirty: Vec::new(),
+            listed: Vec::new(),
+            layouts: 1,
+            shared_names: HashMap::new(),
             names: HashMap::new(),
             held: None,
             launch_exec_ns: None,
@@ -92,7 +128,8 @@ impl Process {
     }
 
     /// Re-reads `/proc/PID/maps`; keeps the old snapshot if the process is
-    /// gone, so late records still resolve.
+    /// gone, so late records still resolve. A change in the shared
+    /// mappings is for the kernel to learn.
     pub fn refresh_maps(&mut self) {
         match ProcMaps::read(self.pid) {
             Ok(maps) if !maps.is_empty() => self.maps = maps,
@@ -100,6 +137,11 @@ impl Process {
             Err(e) => tracing::debug!("re-reading maps of {}: {e}", self.pid),
         }
         self.maps_read_at = Some(Instant::now());
+        let shared = super::group::shared_ranges(&self.maps, &mut self.shared_names);
+        if shared != self.shared {
+            self.shared = shared;
+            self.kernel_dirty.insert(self.pid);
+        }
     }
 
     /// Re-reads the map unless it was read less than `interval` ago.
@@ -205,7 +247,7 @@ impl Process {
     }
 
     fn learn_name(&mut self, tid: u32) {
-        match procfs::thread_name(self.pid, tid) {
+        match procfs::thread_name(self.tgid(tid), tid) {
             Some(name) => {
                 self.names.insert(tid, name);
             }
@@ -226,6 +268,9 @@ impl Process {
 
     /// Follows one thread record; returns what the features must hear.
     pub fn on_task(&mut self, ev: &TaskEvent) -> Option<TaskChange> {
+        if ev.tgid != 0 && ev.tgid != self.main {
+            return self.on_other_task(ev).map(TaskChange::Thread);
+        }
         let event = match ev.kind {
             TASK_NEW_THREAD => {
                 self.known.insert(ev.tid);

@@ -112,6 +112,7 @@ pub fn false_sharing_entry() -> SharingEntry {
         cost_samples: 3779,
         predicted_gain: None,
         threads: vec![15027, 15028],
+        processes: Vec::new(),
         object: SharedObject {
             kind: ObjectKind::Heap,
             name: "64-byte heap block from sharing.c:120".into(),

@@ -122,6 +122,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         &mut notes,
     )?;
     let pid = target.pid();
+    let others = other_pids(root, pid, &opts.extra_pids, &mut notes)?;
     let plans = features::plans(
         opts,
         &FeatureTarget {
@@ -130,7 +131,10 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         },
         &mut notes,
     );
-    let mut load = Load::default();
+    let mut load = Load {
+        follow_children: opts.follow_children,
+        ..Load::default()
+    };
     plans.iter().for_each(|p| p.load(&mut load));
     // On any error from here on, dropping `target` kills a launched command
     // (kill_on_drop), so it never runs on untraced.
@@ -143,10 +147,14 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
             "{why}: data addresses were computed by decoding timer samples instead"
         ));
     }
-    let (mut process, existing) = Process::new(pid);
+    let (mut process, mut existing) = Process::new(pid);
     if target.launched() {
         process.start_at_exec();
     }
+    for &other in &others {
+        existing.extend(process.add_process(other));
+    }
+    pipeline::apply_kernel_updates(&mut probes, &mut process)?;
     let mut started = Vec::with_capacity(plans.len());
     for plan in plans {
         started.push(plan.start(&mut probes, &mut process)?);
@@ -178,6 +186,27 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         target_exited: false,
         announce: quiet && std::io::stderr().is_terminal(),
     })
+}
+
+/// The other `-p` pids as processes (a thread id stands for its process),
+/// each checked as the main one is; a note says what is traced where.
+fn other_pids(root: &Path, main: u32, pids: &[u32], notes: &mut Vec<String>) -> Result<Vec<u32>> {
+    let mut tgids: Vec<u32> = Vec::new();
+    for &pid in pids {
+        let tgid = preflight::check_pid(root, pid)?;
+        if tgid != main && !tgids.contains(&tgid) {
+            tgids.push(tgid);
+        }
+    }
+    if !tgids.is_empty() {
+        let list: Vec<String> = tgids.iter().map(u32::to_string).collect();
+        notes.push(format!(
+            "also traced: pid {} (CPU sampling and false sharing; allocator and lock \
+             probes follow pid {main} only)",
+            list.join(", ")
+        ));
+    }
+    Ok(tgids)
 }
 
 impl Live {
@@ -330,6 +359,9 @@ impl Live {
         let mut notes = self.notes.clone();
         if self.target_exited {
             notes.push(format!("the target exited after {duration_s:.1} s"));
+        }
+        if let Some(note) = self.pipeline.process.children_note() {
+            notes.push(note);
         }
         let launched = self.target.launched();
         let target = Target {

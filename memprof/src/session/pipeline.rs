@@ -56,6 +56,22 @@ pub fn empty_report(
     }
 }
 
+/// Tells the kernel the traced processes' new code layouts and shared
+/// mappings.
+pub fn apply_kernel_updates(
+    probes: &mut Probes,
+    process: &mut Process,
+) -> crate::error::Result<()> {
+    let updates = process.take_kernel_updates();
+    for (tgid, layout) in updates.layouts {
+        probes.trace(tgid, layout)?;
+    }
+    for (tgid, ranges) in updates.shared {
+        probes.set_shared_ranges(tgid, &ranges);
+    }
+    Ok(())
+}
+
 /// The target's state and the features of a session.
 pub struct Pipeline {
     pub process: Process,
@@ -90,14 +106,18 @@ impl Pipeline {
     }
 
     /// One sample: held while a launched command's exec is awaited,
-    /// dropped if it is of our launch gate, else handed to every feature.
+    /// dropped if it is of our launch gate, else handed to every feature
+    /// with its process's view current.
     pub fn on_sample(&mut self, ev: &SampleEvent) {
         if self.process.hold(ev) || self.process.before_launch(ev.time_ns) {
             return;
         }
+        self.process.saw_thread(ev.tid, ev.tgid);
+        self.process.enter(ev.tgid);
         for f in &mut self.features {
             f.on_sample(ev, &mut self.process);
         }
+        self.process.leave();
     }
 
     /// One thread record. After an exec, the samples held until then are
@@ -136,6 +156,9 @@ impl Pipeline {
     }
 
     pub fn after_drain(&mut self, probes: &mut Probes) {
+        if let Err(e) = apply_kernel_updates(probes, &mut self.process) {
+            tracing::warn!("{e}");
+        }
         for f in &mut self.features {
             f.after_drain(probes, &mut self.process);
         }
@@ -406,6 +429,30 @@ mod tests {
         );
         p.on_sample(&at(150));
         assert_eq!(sharing(&mut p).take_new_recipes().len(), 1, "decoded again");
+    }
+
+    #[test]
+    fn another_process_s_samples_are_decoded_only_under_a_known_layout() {
+        let me = std::process::id();
+        let mut p = pipeline(me);
+        let ip =
+            another_process_s_samples_are_decoded_only_under_a_known_layout as *const () as u64;
+        // A process whose fork record is not read yet: layout unknown.
+        let stranger = u32::MAX - 11;
+        p.on_sample(&SampleEvent {
+            tgid: stranger,
+            ..sample(1, ip, stranger, SAMPLE_FLAG_NO_RECIPE)
+        });
+        assert!(sharing(&mut p).take_new_recipes().is_empty());
+        assert_eq!(p.process.pid(), me, "back on the main process's view");
+        assert_eq!(p.process.tgid(stranger), stranger);
+        // The main process's: decoded under its own address (layout 0).
+        p.on_sample(&SampleEvent {
+            tgid: me,
+            ..sample(2, ip, me, SAMPLE_FLAG_NO_RECIPE)
+        });
+        let new = sharing(&mut p).take_new_recipes();
+        assert_eq!(new.iter().map(|r| r.0).collect::<Vec<_>>(), [ip]);
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod report;
 pub mod words;
 
 use memprof_common::{
+    procs::{recipe_key, LAYOUT_UNKNOWN},
     sharing::{recipe, AccessRecipe},
     SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY, SAMPLE_FLAG_NO_RECIPE,
 };
@@ -100,11 +101,15 @@ impl Sharing {
     }
 
     /// The memory side of a user-mode sample: its address, or a request
-    /// to decode its instruction.
+    /// to decode its instruction. Instructions are known by their recipe
+    /// key (address and code layout of the sample's process); addresses
+    /// in shared mappings by their key in the shared object.
     fn on_user_access(&mut self, ev: &SampleEvent, process: &mut Process) {
+        let layout = process.layout();
+        let key = recipe_key(layout, ev.ip);
         if ev.flags & SAMPLE_FLAG_NO_RECIPE != 0 {
-            if !process.of_old_image(ev.time_ns) {
-                self.decode(ev.ip, process);
+            if !process.of_old_image(ev.time_ns) && layout != LAYOUT_UNKNOWN {
+                self.decode(key, ev.ip, process);
             }
             return;
         }
@@ -113,10 +118,19 @@ impl Sharing {
         }
         let insn = self.decoded.get(&ev.ip).map_or(ev.ip, |d| d.insn);
         self.code.on_placed(insn);
+        let insn = self
+            .decoded
+            .get(&key)
+            .map_or(key, |d| recipe_key(layout, d.insn));
+        if process.find(ev.addr).is_none() {
+            // Memory mapped since the map was read: perhaps a shared
+            // mapping the kernel should key by object.
+            process.refresh_maps_within(crate::process::state::MAPS_REFRESH_MIN_INTERVAL);
+        }
         self.profile.on_access(Access {
             tid: ev.tid,
             insn,
-            addr: ev.addr,
+            addr: process.shared_key(ev.addr),
             size: ev.size,
             read: ev.access & recipe::READ != 0,
             write: ev.access & recipe::WRITE != 0,
@@ -125,9 +139,10 @@ impl Sharing {
         });
     }
 
-    /// Decodes the instruction at `ip` once, for the kernel to use.
-    fn decode(&mut self, ip: u64, process: &mut Process) {
-        if self.decoded.contains_key(&ip) {
+    /// Decodes the instruction at `ip` once, for the kernel to use under
+    /// recipe key `key`.
+    fn decode(&mut self, key: u64, ip: u64, process: &mut Process) {
+        if self.decoded.contains_key(&key) {
             return; // decoded, not yet installed when this was sampled
         }
         let decoded = match code_around(process, ip) {
@@ -137,8 +152,8 @@ impl Sharing {
                 insn: ip,
             },
         };
-        self.decoded.insert(ip, decoded);
-        self.new_recipes.push((ip, decoded.recipe));
+        self.decoded.insert(key, decoded);
+        self.new_recipes.push((key, decoded.recipe));
     }
 
     /// Recipes decoded since the last call, to install in the kernel.
@@ -312,12 +327,18 @@ impl Feature for Sharing {
             .map(|(&ip, d)| (ip, d.insn))
             .collect();
         let blocks = &self.line_blocks;
+        let process: &Process = ctx.process;
         let inputs = Inputs {
             code: &self.code,
             sharing: &self.profile,
-            maps: ctx.process.maps(),
+            maps: process.maps(),
             alloc: ctx.heap,
             line_block: Box::new(|line| blocks.get(&line).copied().flatten()),
+            procs: Some(report::Procs {
+                main: process.main_pid(),
+                pid_of: Box::new(|tid| process.tgid(tid)),
+                shared_name: Box::new(|key| process.shared_name(key).map(str::to_string)),
+            }),
         };
         out.false_sharing = report::findings(&inputs, &lines, sampled, ctx.symbolizer);
         out.false_sharing_dismissed = report::dismissals(&inputs, &lines, sampled, ctx.symbolizer);

@@ -6,7 +6,10 @@ use std::{
     sync::Arc,
 };
 
-use memprof_common::sharing::{LineState, LineWords, LINE_BYTES, WORD_BYTES};
+use memprof_common::{
+    procs::{is_shared_key, split_shared_key},
+    sharing::{LineState, LineWords, LINE_BYTES, WORD_BYTES},
+};
 
 use super::{
     cost::{CodeSamples, LineCost},
@@ -22,7 +25,8 @@ use crate::{
     report::{
         model::{
             source_label, CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind,
-            PredictedGain, SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
+            PredictedGain, ProcessThreads, SharedObject, SharingCode, SharingEntry, SharingKind,
+            WordEntry,
         },
         names::Names,
     },
@@ -79,6 +83,35 @@ pub struct Inputs<'a> {
     pub line_block: Box<dyn Fn(u64) -> Option<LineBlock> + 'a>,
     /// Samples per instruction and thread: each line's cost.
     pub code: &'a CodeSamples,
+    /// Several processes: the traced processes, for the threads of other
+    /// processes than the main one, and the names of shared objects.
+    pub procs: Option<Procs<'a>>,
+}
+
+/// What the section needs to know of the traced processes.
+pub struct Procs<'a> {
+    pub main: u32,
+    /// The process of a thread.
+    pub pid_of: Box<dyn Fn(u32) -> u32 + 'a>,
+    /// What a shared-memory key's object is.
+    pub shared_name: Box<dyn Fn(u64) -> Option<String> + 'a>,
+}
+
+impl Procs<'_> {
+    /// The threads by process, when some are not the main process's.
+    fn group(&self, threads: &[u32]) -> Vec<ProcessThreads> {
+        let mut by_pid: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &t in threads {
+            by_pid.entry((self.pid_of)(t)).or_default().push(t);
+        }
+        if by_pid.keys().all(|&p| p == self.main) {
+            return Vec::new();
+        }
+        by_pid
+            .into_iter()
+            .map(|(pid, threads)| ProcessThreads { pid, threads })
+            .collect()
+    }
 }
 
 /// The entries for the lines the kernel's table holds, most costly first
@@ -200,6 +233,10 @@ fn entry(
         cost_samples: f.samples,
         predicted_gain: None,
         threads: f.threads.clone(),
+        processes: inputs
+            .procs
+            .as_ref()
+            .map_or(Vec::new(), |p| p.group(&f.threads)),
         advice: advice(&f, &object, layout.as_ref(), &field),
         words: f
             .words
@@ -266,6 +303,19 @@ fn object_of(
     line: u64,
     names: &mut dyn Names,
 ) -> (SharedObject, Option<Layout>) {
+    if is_shared_key(line) {
+        // Keyed by object and offset: the offset is the line's in the
+        // object (a file or a shared memory segment).
+        let name = inputs.procs.as_ref().and_then(|p| (p.shared_name)(line));
+        let object = SharedObject {
+            kind: ObjectKind::Shared,
+            name: name.unwrap_or_else(|| "shared memory".to_string()),
+            offset: split_shared_key(line).1 as i64,
+            size: None,
+            alloc_site: None,
+        };
+        return (object, None);
+    }
     let (maps, block, alloc) = (inputs.maps, (inputs.line_block)(line), inputs.alloc);
     if let Some((path, base)) = maps.data_owner(addr) {
         return global_object(&path, base, addr, line, names);
@@ -535,6 +585,7 @@ mod tests {
                 alloc,
                 line_block: Box::new(move |_| block),
                 code: &self.code,
+                procs: None,
             }
         }
     }
@@ -808,6 +859,7 @@ mod tests {
             alloc: Some(&alloc),
             line_block: Box::new(|_| None),
             code: &CodeSamples::default(),
+            procs: None,
         };
         let mut names = TableNames::new();
         let mut object = |addr: u64| {

@@ -26,6 +26,10 @@ schema_enum! {
         Stack = "stack",
         /// Another mapping: a file, a named region, anonymous memory.
         Mapped = "mapped",
+        /// A `MAP_SHARED` mapping several processes may map (a file,
+        /// `/dev/shm/NAME`, `[anon shared]`): the line is keyed by the
+        /// object and offset, not by one process's address.
+        Shared = "shared",
         /// Not mapped when the report was made.
         Unknown = "unknown",
     }
@@ -78,6 +82,10 @@ pub struct SharingEntry {
     /// null when there are too few samples around its accesses to tell.
     pub predicted_gain: Option<PredictedGain>,
     pub threads: Vec<u32>,
+    /// The threads by process, when some are not the main process's
+    /// (several processes traced); absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessThreads>,
     pub object: SharedObject,
     /// Words (4 bytes) touched, by offset in the line.
     pub words: Vec<WordEntry>,
@@ -97,6 +105,13 @@ pub struct PredictedGain {
     pub high: f64,
     /// How it was estimated.
     pub basis: String,
+}
+
+/// The threads of one process on a line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessThreads {
+    pub pid: u32,
+    pub threads: Vec<u32>,
 }
 
 /// A busy line that is not a finding.
@@ -121,7 +136,7 @@ pub struct DismissedLine {
 /// What lies on a shared line.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SharedObject {
-    /// "global", "heap", "stack", "mapped" or "unknown".
+    /// "global", "heap", "stack", "mapped", "shared" or "unknown".
     pub kind: ObjectKind,
     pub name: String,
     /// Offset of the line in the object (negative: the object starts

@@ -7,7 +7,7 @@ use memprof_common::sharing::WORD_BYTES;
 use super::{wrap_into, WIDTH};
 use crate::report::{
     format::{ellipsize, group},
-    model::{source_label, Report, WordEntry},
+    model::{source_label, Report, SharingEntry, WordEntry},
 };
 
 /// Shared lines shown in the summary.
@@ -85,8 +85,7 @@ pub(super) fn write_false_sharing(out: &mut String, report: &Report) {
         } else if let Some(b) = o.starts_in_line() {
             let _ = writeln!(out, "     the object starts at byte {b} of the line");
         }
-        let threads: Vec<String> = e.threads.iter().map(u32::to_string).collect();
-        wrap_into(out, "     threads: ", &threads.join(", "));
+        wrap_into(out, "     threads: ", &thread_list(e));
         wrap_into(out, "     bytes: ", &word_ranges(&e.words));
         for c in e.code.iter().take(3) {
             let line = format!(
@@ -101,6 +100,20 @@ pub(super) fn write_false_sharing(out: &mut String, report: &Report) {
         }
         wrap_into(out, "     fix: ", &e.advice);
     }
+}
+
+/// The line's threads: `12, 13`, or `pid:tid` when several processes
+/// touch it (`100:101, 200:200`).
+fn thread_list(e: &SharingEntry) -> String {
+    let threads: Vec<String> = if e.processes.is_empty() {
+        e.threads.iter().map(u32::to_string).collect()
+    } else {
+        e.processes
+            .iter()
+            .flat_map(|p| p.threads.iter().map(move |t| format!("{}:{t}", p.pid)))
+            .collect()
+    };
+    threads.join(", ")
 }
 
 /// `0-7 thread 12 (W), 8-15 threads 12,13 (R)`: runs of words with the
@@ -139,7 +152,7 @@ pub fn word_ranges(words: &[WordEntry]) -> String {
 mod tests {
     use crate::report::{
         fixtures::{report_with_sharing, sample_report},
-        model::{DismissReason, DismissedLine, ObjectKind},
+        model::{DismissReason, DismissedLine, ObjectKind, ProcessThreads},
         text::{render, WIDTH},
     };
 
@@ -161,6 +174,38 @@ mod tests {
             text.contains("busiest lines checked: g_padded+64 (one thread)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn lines_shared_by_processes_list_pid_and_tid_and_the_mapping() {
+        let mut r = report_with_sharing();
+        let e = &mut r.false_sharing[0];
+        e.object.kind = ObjectKind::Shared;
+        e.object.name = "/dev/shm/box".into();
+        e.object.size = None;
+        e.object.alloc_site = None;
+        e.processes = vec![
+            ProcessThreads {
+                pid: 300,
+                threads: vec![15027],
+            },
+            ProcessThreads {
+                pid: 301,
+                threads: vec![15028],
+            },
+        ];
+        let text = render(&r);
+        assert!(
+            text.contains("false sharing: /dev/shm/box (shared)"),
+            "{text}"
+        );
+        assert!(text.contains("threads: 300:15027, 301:15028"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        let entry = &json["false_sharing"][0];
+        assert_eq!(entry["processes"][1]["pid"], 301);
+        assert_eq!(entry["processes"][1]["threads"][0], 15028);
+        assert_eq!(entry["object"]["kind"], "shared");
+        assert_eq!(entry["threads"][1], 15028, "threads kept as they were");
     }
 
     #[test]

@@ -497,6 +497,7 @@ pub(crate) mod tests {
             cost_samples: 240,
             predicted_gain: None,
             threads: vec![15027, 15028, 15029],
+            processes: Vec::new(),
             object: SharedObject {
                 kind: crate::report::model::ObjectKind::Global,
                 name: "g_counter".into(),
