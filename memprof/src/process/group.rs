@@ -47,6 +47,11 @@ impl Process {
         self.main
     }
 
+    /// Threads of all the traced processes running at `time_ns`.
+    pub fn threads_at(&self, time_ns: u64) -> i64 {
+        self.live.count_at(time_ns) + self.others_live.count_at(time_ns)
+    }
+
     /// The current view's code layout.
     pub fn layout(&self) -> u32 {
         self.layout
@@ -115,8 +120,9 @@ impl Process {
         };
         self.layout_dirty.push((pid, self.layout));
         self.leave();
-        procfs::list_threads(pid)
-            .into_iter()
+        let tids = procfs::list_threads(pid);
+        self.others_live.add_initial(tids.len());
+        tids.into_iter()
             .map(|tid| {
                 self.tgid_of.insert(tid, pid);
                 self.known.insert(tid);
@@ -220,6 +226,7 @@ impl Process {
                 }
                 self.tgid_of.insert(ev.tid, ev.tgid);
                 self.known.insert(ev.tid);
+                self.others_live.change(ev.time_ns, 1);
                 Some(ThreadEvent::Created {
                     tid: ev.tid,
                     parent: ev.parent_tid,
@@ -227,6 +234,7 @@ impl Process {
                 })
             }
             TASK_EXIT => {
+                self.others_live.change(ev.time_ns, -1);
                 let comm = ev.comm_str();
                 if !comm.is_empty() {
                     self.names.insert(ev.tid, comm.to_string());

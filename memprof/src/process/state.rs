@@ -44,6 +44,8 @@ pub struct Process {
     /// The main process's pid and the other processes' views.
     pub(super) main: u32,
     pub(super) others: HashMap<u32, View>,
+    /// Threads of the other processes alive over time.
+    pub(super) others_live: LiveThreads,
     /// Process of each thread seen in another process than the main one.
     pub(super) tgid_of: HashMap<u32, u32>,
     /// Processes whose shared mappings or layout the kernel must learn.
@@ -95,6 +97,7 @@ impl Process {
             shared: Vec::new(),
             main: pid,
             others: HashMap::new(),
+            others_live: LiveThreads::default(),
             tgid_of: HashMap::new(),
             kernel_dirty: HashSet::new(),
             layout_dirty: Vec::new(),

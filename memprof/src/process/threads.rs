@@ -60,13 +60,25 @@ impl LiveThreads {
 
     /// Threads alive at `time_ns` (at least 1: the caller is one).
     pub fn at(&self, time_ns: u64) -> u32 {
+        self.count_at(time_ns).clamp(1, i64::from(u32::MAX)) as u32
+    }
+
+    /// Threads alive at `time_ns`, as counted (may be 0).
+    pub fn count_at(&self, time_ns: u64) -> i64 {
         let at = self.changes.partition_point(|(t, _)| *t <= time_ns);
-        let n = if at == 0 {
+        if at == 0 {
             self.initial
         } else {
             self.changes[at - 1].1
-        };
-        n.clamp(1, i64::from(u32::MAX)) as u32
+        }
+    }
+
+    /// `n` more threads were alive before the first change.
+    pub fn add_initial(&mut self, n: usize) {
+        self.initial += n as i64;
+        for c in &mut self.changes {
+            c.1 += n as i64;
+        }
     }
 }
 

@@ -135,7 +135,7 @@ impl Sharing {
             read: ev.access & recipe::READ != 0,
             write: ev.access & recipe::WRITE != 0,
             time_ns: ev.time_ns,
-            serial: process.live.at(ev.time_ns) < 2,
+            serial: process.threads_at(ev.time_ns) < 2,
         });
     }
 
