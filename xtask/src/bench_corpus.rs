@@ -477,7 +477,7 @@ impl Resolved {
                     && site["file"].as_str().is_some_and(|f| f.ends_with(file))
                     && site["line"].as_u64() == Some(u64::from(*line))
             }
-            Resolved::Shared => o["kind"] == "mapped",
+            Resolved::Shared => o["kind"] == "shared",
         }
     }
 
@@ -543,7 +543,8 @@ fn predicted_gain(e: &Value) -> Option<(f64, f64, String)> {
 fn gain_check(outcome: &Outcome, speedup: Option<f64>) -> Option<bool> {
     let (low, high, _) = outcome.predicted.as_ref()?;
     let measured = speedup?;
-    let mid = (low + high) / 2.0;
+    // A speedup range is multiplicative: its middle is the geometric mean.
+    let mid = (low * high).sqrt();
     Some((mid - measured).abs() <= GAIN_TOLERANCE * measured)
 }
 

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use memprof_common::sharing::{LineState, LineWords, LINE_BYTES};
+use memprof_common::sharing::{HistoryEntry, LineState, LineWords, LINE_BYTES};
 
 use super::words::{self, Touch};
 pub use super::words::{classify, SharingKind, WordUse};
@@ -69,6 +69,11 @@ struct LineSamples {
     writes: u64,
     /// Up to 2 distinct threads (enough to know the line is shared).
     threads: [u32; 2],
+    /// The kernel's rule replayed on the samples from the moment a second
+    /// thread touched the line (before, no access can invalidate): what
+    /// stands in for the kernel's entry when the kernel's table evicted
+    /// it, or re-created it with a shorter history.
+    replay: Option<Box<LineState>>,
 }
 
 impl LineSamples {
@@ -187,6 +192,22 @@ impl SharingProfile {
             entry.threads[0] = a.tid;
         } else if entry.threads[0] != a.tid && entry.threads[1] == 0 {
             entry.threads[1] = a.tid;
+            // Seeded with the first thread's entry, as the kernel's table
+            // holds it, without counting its accesses again.
+            let first = HistoryEntry {
+                tid: entry.threads[0],
+                write: u32::from(entry.writes > u64::from(a.write)),
+            };
+            entry.replay = Some(Box::new(LineState {
+                history: [first, HistoryEntry::default()],
+                last_tid: first.tid,
+                last_write: first.write,
+                last_writer: if first.write != 0 { first.tid } else { 0 },
+                ..LineState::default()
+            }));
+        }
+        if let Some(state) = entry.replay.as_mut() {
+            state.record(a.tid, a.write, a.time_ns);
         }
         let key = AccessKey {
             insn: a.insn,
@@ -218,6 +239,24 @@ impl SharingProfile {
             .collect();
         v.sort_unstable();
         v
+    }
+
+    /// The kernel's state of `line` or the samples' replay of it, whichever
+    /// saw more accesses: the kernel sees every sample (also those the ring
+    /// buffer dropped), but its LRU table may have evicted the line and
+    /// started it afresh.
+    fn longest_history<'a>(
+        &'a self,
+        line: u64,
+        kernel: Option<&'a LineState>,
+    ) -> Option<&'a LineState> {
+        let replay = self.lines.get(&line).and_then(|l| l.replay.as_deref());
+        let seen = |s: &LineState| s.reads + s.writes;
+        match (kernel, replay) {
+            (Some(k), Some(r)) if seen(r) > seen(k) => Some(r),
+            (Some(k), _) => Some(k),
+            (None, r) => r,
+        }
     }
 
     /// Lowest byte offset sampled on `line` (0 if none).
@@ -274,7 +313,9 @@ impl SharingProfile {
         kernel_words: Option<&LineWords>,
         total_samples: u64,
     ) -> Result<LineFinding, Dismissal> {
-        let state = state.ok_or(Dismissal::NotInTable)?;
+        let state = self
+            .longest_history(line, state)
+            .ok_or(Dismissal::NotInTable)?;
         let samples = (state.reads + state.writes).max(1);
         let invalidation_rate = state.invalidations as f64 / samples as f64;
         let cost_share = samples as f64 / total_samples.max(samples) as f64;
@@ -446,7 +487,7 @@ mod tests {
             Some(Dismissal::LowCost)
         );
         assert_eq!(
-            p.judge(LINE, None, None, 100).err(),
+            SharingProfile::new().judge(LINE, None, None, 100).err(),
             Some(Dismissal::NotInTable)
         );
         // One rare write among many reads of two threads: read-mostly.
@@ -578,7 +619,23 @@ mod tests {
         let (p, state) = profile(&ping_pong(20, (1, 0), (2, 8)));
         assert!(p.analyse(LINE, Some(&state), None, 20).is_some());
         assert_eq!(p.analyse(LINE, Some(&state), None, 1_000_000), None);
-        assert_eq!(p.analyse(LINE, None, None, 20), None, "evicted: unknown");
+    }
+
+    #[test]
+    fn a_line_the_kernel_evicted_is_judged_on_its_samples() {
+        let (p, state) = profile(&ping_pong(100, (1, 0), (2, 8)));
+        let f = p
+            .analyse(LINE, None, None, 200)
+            .expect("found from the samples");
+        assert_eq!(f.kind, SharingKind::False);
+        assert_eq!(f.invalidations, state.invalidations);
+        // Re-created by the kernel with a short history: the samples'
+        // longer one counts.
+        let mut fresh = LineState::default();
+        fresh.record(1, true, 1);
+        fresh.record(2, true, 2);
+        let f = p.analyse(LINE, Some(&fresh), None, 200).expect("a finding");
+        assert_eq!(f.invalidations, state.invalidations);
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //! counts the excess of the line's accesses over the neighbours' median;
 //! the high end the excess of every instruction around them over the
 //! neighbours' 25th percentile (a store waiting for the line stalls the
-//! instructions after it, where timer samples land too).
+//! instructions after it, where timer samples land too). Without a PMU's
+//! latencies this is a range, often wide; the benchmark compares it with
+//! measured padded/unpadded pairs.
 
 use std::collections::BTreeSet;
 
@@ -29,9 +31,9 @@ use crate::features::FastMap;
 /// the background rate.
 const NEIGHBOURHOOD: u64 = 256;
 /// Fewest neighbouring instructions for a background rate.
-const MIN_NEIGHBOURS: usize = 4;
+const MIN_NEIGHBOURS: usize = 2;
 /// The largest share of time the prediction may take out.
-const MAX_EXCESS: f64 = 0.95;
+const MAX_EXCESS: f64 = 0.9;
 
 /// The samples the sharing feature saw, per instruction and per thread.
 #[derive(Debug, Default)]
@@ -134,10 +136,10 @@ impl CodeSamples {
         if thread_samples == 0 {
             return None;
         }
-        // The line's accesses in excess of the background: the low end.
-        // The whole neighbourhood in excess of it (contention also stalls
-        // the instructions after a store that waits for the line): the
-        // high end.
+        // The low end: the line's accesses in excess of the neighbours'
+        // median. The high end: every instruction near them in excess of
+        // the neighbours' 25th percentile (a store waiting for the line
+        // stalls the instructions after it, where timer samples land).
         let on_line = |ip: &u64| self.insn_of_ip.get(ip).and_then(|i| fractions.get(i));
         let excess = |base: u64, all: bool| {
             let mut e = 0.0;
@@ -230,9 +232,11 @@ mod tests {
         let c = session();
         let f = finding(&[(0x400, 80)], &[1, 2]);
         let gain = c.line_cost(&f, 1000).gain.expect("a prediction");
-        // 110 - 10 = 100 excess samples of 200: twice as fast.
-        assert!((gain.excess_share - 0.5).abs() < 1e-9, "{gain:?}");
-        assert!((gain.low - 2.0).abs() < 1e-9 && (gain.high - 2.0).abs() < 1e-9);
+        // 110 - 10 = 100 excess samples of 200: twice as fast (the
+        // neighbours are all at the background rate: one answer).
+        assert!((gain.low - 2.0).abs() < 1e-9, "{gain:?}");
+        assert!((gain.high - 2.0).abs() < 1e-9, "{gain:?}");
+        assert!((gain.excess_share - 0.5).abs() < 1e-9);
         assert_eq!(gain.thread_samples, 200);
     }
 
