@@ -5,6 +5,9 @@
 //! A failure to symbolize is data on the frame (`module+0xoffset`), never an
 //! error: stripped binaries, deleted files and JIT code all still show up.
 
+#[cfg(test)]
+mod c_tests;
+mod demangle;
 pub mod dwarf;
 mod elf;
 
@@ -91,10 +94,13 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Self {
+        // Names are demangled by [`demangle::demangle`]: blazesym's
+        // demangling reads short C names as C++ type codes (`w` as
+        // `wchar_t`).
         let blazesym = Blazesym::builder()
             .enable_code_info(true)
             .enable_inlined_fns(true)
-            .enable_demangling(true)
+            .enable_demangling(false)
             .build();
         Self {
             blazesym,
@@ -153,8 +159,8 @@ impl Symbolizer {
                     .filter(|_| innermost)
                     .find(|f| !f.code_info.as_ref().is_some_and(|ci| is_library_source(ci)));
                 let (name, code_info) = match inner {
-                    Some(f) => (f.name.to_string(), f.code_info.as_ref()),
-                    None => (sym.name.to_string(), sym.code_info.as_deref()),
+                    Some(f) => (demangle::demangle(&f.name), f.code_info.as_ref()),
+                    None => (demangle::demangle(&sym.name), sym.code_info.as_deref()),
                 };
                 let file = code_info.map(|ci| {
                     let file = std::path::Path::new(&ci.file);
@@ -164,7 +170,7 @@ impl Symbolizer {
                     }
                 });
                 Frame {
-                    function: name,
+                    function: name.into_owned(),
                     module: short_name(path).to_string(),
                     file,
                     line: code_info.and_then(|ci| ci.line),
@@ -219,7 +225,7 @@ impl Symbolizer {
         let src = Source::Elf(elf);
         match self.symbolize_single(&src, Input::VirtOffset(vaddr)) {
             Ok(Symbolized::Sym(sym)) => Some(DataSymbol {
-                name: sym.name.into_owned(),
+                name: demangle::demangle(&sym.name).into_owned(),
                 offset: sym.offset as u64,
                 size: sym.size.map(|s| s as u64),
                 module: short_name(path).to_string(),
