@@ -1020,7 +1020,7 @@ fn one_letter_names_are_named_right() {
     assert_eq!(g["object"]["name"], "g", "{g:#}");
     assert_eq!(g["kind"], "false", "{g:#}");
     // The write is in spin_ns, inlined into w: the code line is
-    // spin_ns's own.
+    // spin_ns's own, with w as the function it was inlined into.
     let write = marked_line("short", "SHORT_G_WRITE");
     let code = g["code"]
         .as_array()
@@ -1029,6 +1029,7 @@ fn one_letter_names_are_named_right() {
         .find(|c| c["line"] == write)
         .unwrap_or_else(|| panic!("no code at short.c:{write}: {g:#}"));
     assert_eq!(code["function"], "spin_ns", "{code:#}");
+    assert_eq!(code["inlined_into"][0]["function"], "w", "{code:#}");
     let top = top_mutex(&report);
     assert_eq!(top["name"], "m", "{top:#}");
     assert_eq!(top["kind"], "mutex", "{top:#}");

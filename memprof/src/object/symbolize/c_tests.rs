@@ -1,5 +1,5 @@
 //! The symbolizer on a small C program built by gcc at test time: short
-//! names.
+//! names, and code inlined into its caller.
 
 use std::{path::Path, sync::Arc};
 
@@ -8,7 +8,8 @@ use object::{Object, ObjectSymbol};
 use super::{elf, Symbolizer};
 use crate::process::maps::Place;
 
-/// One- and two-letter names for functions, globals and a lock.
+/// One- and two-letter names for functions, globals and a lock, and a
+/// helper that is always inlined into `main` and calls `calloc`.
 const PROGRAM: &str = r#"
 #include <pthread.h>
 #include <stdlib.h>
@@ -48,6 +49,15 @@ int main(int argc, char **argv)
 	return r;
 }
 "#;
+
+/// The line of `PROGRAM` holding `marker`.
+fn line_of(marker: &str) -> u32 {
+    let i = PROGRAM
+        .lines()
+        .position(|l| l.contains(marker))
+        .expect("marker");
+    i as u32 + 1
+}
 
 /// Builds [`PROGRAM`] in `dir` with `-g -O1`, returns the executable.
 fn build(dir: &Path) -> Arc<str> {
@@ -115,4 +125,35 @@ fn short_names_are_named_right() {
         assert_eq!(sym.offset, offset);
         assert_eq!(sym.size, Some(size));
     }
+}
+
+/// The `calloc` call of a helper inlined into `main` is named at the
+/// helper's line, with `main` at the line that calls the helper as the
+/// function it was inlined into; the plain name is `main`'s line.
+#[test]
+fn inlined_calls_are_named_with_their_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let (main, size) = symbol(&path, "main");
+    let mut s = Symbolizer::new();
+    let calloc_line = line_of("MK_CALLOC");
+    let call_line = line_of("MAIN_CALL");
+    let found = (main..main + size).find_map(|addr| {
+        let place = code_place(&path, addr);
+        let chain = s.code_inlined(&place).clone();
+        (chain.frame.function == "mk").then_some((place, chain))
+    });
+    let (place, chain) = found.expect("code of mk inlined in main");
+    assert_eq!(chain.frame.line, Some(calloc_line), "{chain:?}");
+    assert!(
+        chain.frame.file.as_deref().unwrap().ends_with("names.c"),
+        "{chain:?}"
+    );
+    assert_eq!(chain.inlined_into.len(), 1, "{chain:?}");
+    let outer = &chain.inlined_into[0];
+    assert_eq!(outer.function, "main");
+    assert_eq!(outer.line, Some(call_line));
+    assert_eq!(chain.outermost(), outer);
+    assert_eq!(s.code(&place), *outer);
+    assert_eq!(s.code_innermost(&place), chain.frame);
 }
