@@ -69,13 +69,15 @@ pub(super) fn write_false_sharing(out: &mut String, report: &Report) {
             .map(|b| format!(" (starts at byte {b} of the line)"))
             .unwrap_or_default();
         if let Some(site) = &o.alloc_site {
-            let line = format!(
-                "     allocated in {} {}{}{starts}",
+            // Wrapped, not cut: the inline chain and the start offset
+            // both matter.
+            let text = format!(
+                "{} {}{}{starts}",
                 site.function,
                 source_label(site.file.as_deref(), site.line, "?"),
                 inlined_label(&site.inlined_into),
             );
-            let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+            wrap_into(out, "     allocated in ", &text);
         } else if let Some(b) = o.starts_in_line() {
             let _ = writeln!(out, "     the object starts at byte {b} of the line");
         }
@@ -234,5 +236,10 @@ mod tests {
             text.contains("\n     allocated in make_accums fs.c:11, inlined into main fs.c:25\n"),
             "{text}"
         );
+        // With the start offset too, the row wraps rather than losing it.
+        r.false_sharing[0].object.offset = -32;
+        let text = render(&r);
+        assert!(text.contains("(starts at byte"), "{text}");
+        assert!(text.lines().all(|l| l.chars().count() <= WIDTH), "{text}");
     }
 }
