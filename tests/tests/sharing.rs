@@ -264,6 +264,72 @@ fn per_thread_structs_in_one_heap_block_are_named_by_their_allocation() {
     assert_code_line(e, "sharing.c", marked_line("sharing", "HEAP_WRITE"));
 }
 
+/// Per-thread accumulators calloc'd by a helper that is always inlined
+/// into `main` (tests/workloads/inlined.c): the block is named by the
+/// helper's calloc line, not by main's line that calls the helper, and the
+/// allocation site says it was inlined into main at that line.
+#[test]
+fn an_allocation_in_an_inlined_helper_is_named_at_its_calloc_line() {
+    if !require_root("an_allocation_in_an_inlined_helper_is_named_at_its_calloc_line") {
+        return;
+    }
+    let w = build_workload("inlined", Variant::Debug).expect("building inlined");
+    let args = [
+        "--no-tui",
+        "--alloc-mode",
+        "full",
+        "--",
+        w.to_str().expect("UTF-8"),
+        SECONDS,
+    ];
+    let (_, report, truth) = trace_truth("sharing-inlined", &args);
+    check_entries(&report);
+    assert_no_programs_left();
+    assert!(truth.get("iterations") > 0);
+    let e = entries(&report)
+        .iter()
+        .find(|e| e["object"]["kind"] == "heap")
+        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
+    assert_eq!(e["kind"], "false", "{e:#}");
+    let calloc_line = marked_line("inlined", "HELPER_CALLOC");
+    let call_line = marked_line("inlined", "MAIN_CALLS_HELPER");
+    let site = &e["object"]["alloc_site"];
+    assert_eq!(site["function"], "make_accums", "{site:#}");
+    assert_eq!(site["line"], calloc_line, "{site:#}");
+    assert!(
+        site["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("inlined.c")),
+        "{site:#}"
+    );
+    let chain = site["inlined_into"].as_array().expect("inlined_into");
+    assert_eq!(chain.len(), 1, "{site:#}");
+    assert_eq!(chain[0]["function"], "main", "{site:#}");
+    assert_eq!(chain[0]["line"], call_line, "{site:#}");
+    assert!(
+        chain[0]["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("inlined.c")),
+        "{site:#}"
+    );
+    let name = e["object"]["name"].as_str().unwrap_or_default();
+    assert!(
+        name.ends_with(&format!("heap block from inlined.c:{calloc_line}")),
+        "{e:#}"
+    );
+    assert_two_workers_on_disjoint_words(&report, e);
+    assert_code_line(e, "inlined.c", marked_line("inlined", "INLINED_WRITE"));
+    // The allocator's top sites name the call the same way.
+    let sites = report["allocator"]["sites"].as_array().expect("sites");
+    let top = sites
+        .iter()
+        .find(|s| s["line"] == calloc_line)
+        .unwrap_or_else(|| panic!("no allocator site at the calloc line: {sites:#?}"));
+    assert_eq!(top["function"], "make_accums", "{top:#}");
+    assert_eq!(top["inlined_into"][0]["function"], "main", "{top:#}");
+    assert_eq!(top["inlined_into"][0]["line"], call_line, "{top:#}");
+}
+
 #[test]
 fn an_atomic_counter_shared_by_all_threads_is_true_sharing() {
     if !require_root("an_atomic_counter_shared_by_all_threads_is_true_sharing") {

@@ -6,10 +6,14 @@
  *
  *   short SECONDS   prints "ready", then 2 threads run w() for SECONDS:
  *                   lock m, ~20 us of busy work, unlock, ~5 us outside.
+ *                   The busy work increments the thread's own word of
+ *                   the global g (both words on one cache line: false
+ *                   sharing on a one-letter global).
  *                   Truth: acquisitions.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -18,6 +22,8 @@
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long n;
+/* One line of its own: thread i writes g[i]. */
+static volatile long g[8] __attribute__((aligned(64)));
 static long until_ns;
 
 static long now_ns(void)
@@ -27,22 +33,24 @@ static long now_ns(void)
 	return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-static void spin_ns(long ns)
+/* Always inlined: the hot function is w itself. */
+static inline __attribute__((always_inline)) void spin_ns(int id, long ns)
 {
 	long end = now_ns() + ns;
 	while (now_ns() < end)
-		;
+		for (int k = 0; k < 64; k++)
+			g[id]++; // SHORT_G_WRITE
 }
 
 static void *w(void *arg)
 {
-	(void)arg;
+	int id = (int)(intptr_t)arg;
 	while (now_ns() < until_ns) {
 		pthread_mutex_lock(&m); // SHORT_WAIT
 		n++;
-		spin_ns(20000);
+		spin_ns(id, 20000);
 		pthread_mutex_unlock(&m);
-		spin_ns(5000);
+		spin_ns(id, 5000);
 	}
 	return NULL;
 }
@@ -58,7 +66,7 @@ int main(int argc, char **argv)
 	puts("ready");
 	until_ns = now_ns() + (long)(seconds * 1e9);
 	pthread_t a, b;
-	if (pthread_create(&a, NULL, w, NULL) || pthread_create(&b, NULL, w, NULL))
+	if (pthread_create(&a, NULL, w, (void *)0) || pthread_create(&b, NULL, w, (void *)1))
 		return 1;
 	pthread_join(a, NULL);
 	pthread_join(b, NULL);

@@ -6,7 +6,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use super::names::Names;
 use crate::{
-    object::symbolize::{dwarf::Layout, DataSymbol, Frame},
+    object::symbolize::{dwarf::Layout, DataSymbol, Frame, Inlined},
     process::maps::{short_name, Place},
 };
 
@@ -92,6 +92,7 @@ pub fn fixture_code(
         function: function.into(),
         file: Some("/src/sharing.c".into()),
         line: Some(line),
+        inlined_into: vec![],
         module: "sharing".into(),
         reads,
         writes,
@@ -122,6 +123,7 @@ pub fn false_sharing_entry() -> SharingEntry {
                 function: "main".into(),
                 file: Some("/src/sharing.c".into()),
                 line: Some(120),
+                inlined_into: vec![],
             }),
         },
         words: vec![
@@ -174,6 +176,7 @@ pub fn site(function: &str, line: u32, bytes: u64, live_bytes: u64) -> SiteEntry
         file: Some("/src/work.c".into()),
         line: Some(line),
         module: "work".into(),
+        inlined_into: vec![],
         count: bytes / 64,
         bytes,
         live_bytes,
@@ -457,6 +460,8 @@ pub fn code_at(offset: u64) -> Place {
 #[derive(Debug, Default)]
 pub struct TableNames {
     code: HashMap<Place, Frame>,
+    /// Callers the code at a place was inlined into, innermost first.
+    inlined: HashMap<Place, Vec<Frame>>,
     /// Globals: (first address, size, name).
     globals: Vec<(u64, u64, String)>,
     layouts: HashMap<String, Layout>,
@@ -497,6 +502,21 @@ impl TableNames {
         )
     }
 
+    /// Says the code at `offset` in [`PROGRAM`] was inlined into
+    /// `function` at `prog.c:line` (call again for the next caller out).
+    pub fn inlined_into(mut self, offset: u64, function: &str, line: u32) -> Self {
+        self.inlined
+            .entry(code_at(offset))
+            .or_default()
+            .push(Frame {
+                function: function.into(),
+                module: "prog".into(),
+                file: Some("/src/prog.c".into()),
+                line: Some(line),
+            });
+        self
+    }
+
     /// A global of `size` bytes at `address`.
     pub fn global(mut self, address: u64, size: u64, name: &str) -> Self {
         self.globals.push((address, size, name.into()));
@@ -518,8 +538,13 @@ impl Names for TableNames {
             .unwrap_or_else(|| Frame::unknown(place))
     }
 
-    fn code_innermost(&mut self, place: &Place) -> Frame {
-        Names::code(self, place)
+    fn code_inlined(&mut self, place: &Place) -> Inlined {
+        let frame = Names::code(self, place);
+        let inlined_into = self.inlined.get(place).cloned().unwrap_or_default();
+        Inlined {
+            frame,
+            inlined_into,
+        }
     }
 
     fn data(&mut self, path: &Arc<str>, _file_base: u64, addr: u64) -> Option<DataSymbol> {

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use crate::{
-    object::symbolize::{dwarf::Layout, DataSymbol, Frame, Symbolizer},
+    object::symbolize::{dwarf::Layout, DataSymbol, Frame, Inlined, Symbolizer},
     process::maps::Place,
+    report::model::{CallerRef, CodeRef},
 };
 
 /// Names of code places and data addresses.
@@ -15,7 +16,13 @@ pub trait Names {
 
     /// The innermost function at a code place and its own source line:
     /// for code inlined into its caller, the inlined function.
-    fn code_innermost(&mut self, place: &Place) -> Frame;
+    fn code_innermost(&mut self, place: &Place) -> Frame {
+        self.code_inlined(place).frame
+    }
+
+    /// The innermost function at a code place, with the callers it was
+    /// inlined into: what an allocation site is named by.
+    fn code_inlined(&mut self, place: &Place) -> Inlined;
 
     /// The global or static variable holding `addr`, in the object file
     /// `path` whose file offset 0 is at `file_base`.
@@ -34,11 +41,38 @@ impl Names for Symbolizer {
         Symbolizer::code_innermost(self, place)
     }
 
+    fn code_inlined(&mut self, place: &Place) -> Inlined {
+        Symbolizer::code_inlined(self, place).clone()
+    }
+
     fn data(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<DataSymbol> {
         Symbolizer::data(self, path, file_base, addr)
     }
 
     fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<Layout> {
         Symbolizer::data_layout(self, path, name)
+    }
+}
+
+/// The callers a place was inlined into, for the report.
+pub fn callers(chain: &Inlined) -> Vec<CallerRef> {
+    chain
+        .inlined_into
+        .iter()
+        .map(|f| CallerRef {
+            function: f.function.clone(),
+            file: f.file.clone(),
+            line: f.line,
+        })
+        .collect()
+}
+
+/// A place at its innermost function, with its inline chain.
+pub fn code_ref(chain: &Inlined) -> CodeRef {
+    CodeRef {
+        function: chain.frame.function.clone(),
+        file: chain.frame.file.clone(),
+        line: chain.frame.line,
+        inlined_into: callers(chain),
     }
 }

@@ -247,7 +247,7 @@ impl Feature for Alloc {
             self.settings.mode,
             lost,
             ctx.kernel_stats,
-            |place| symbolizer.code(place),
+            |place| symbolizer.code_inlined(place).clone(),
         );
     }
 

@@ -8,12 +8,13 @@ use crate::{
     cli::AllocMode,
     features::alloc::analysis::{AllocProfile, Class, Origin, Phase, SiteStats},
     kernel::windows::Windowed,
-    object::symbolize::Frame,
+    object::symbolize::Inlined,
     process::maps::Place,
     report::model::{
         AllocOp, AllocatorReport, BlockOrigin, KernelThreadEntry, MemoryReport, OpStats, SiteEntry,
         SizeClass, Syscall, SyscallStats, ThreadPhase, TraceMode,
     },
+    report::names::callers,
 };
 
 impl From<Class> for SizeClass {
@@ -62,7 +63,7 @@ pub fn report(
     mode: AllocMode,
     lost: u64,
     kernel: &[(u32, KernelStats)],
-    mut symbolize: impl FnMut(&Place) -> Frame,
+    mut symbolize: impl FnMut(&Place) -> Inlined,
 ) -> AllocatorReport {
     let (Some(tracer), Some(profile)) = (tracer, profile) else {
         return AllocatorReport {
@@ -221,7 +222,7 @@ const SITES_PER_RANKING: usize = 10;
 fn sites(
     profile: &AllocProfile,
     scaling: &Scaling,
-    symbolize: &mut impl FnMut(&Place) -> Frame,
+    symbolize: &mut impl FnMut(&Place) -> Inlined,
 ) -> Vec<SiteEntry> {
     let all: Vec<_> = profile.sites().collect();
     let mut chosen: Vec<usize> = Vec::new();
@@ -240,12 +241,15 @@ fn sites(
         .into_iter()
         .map(|i| {
             let (place, s) = &all[i];
-            let frame = symbolize(place);
+            let chain = symbolize(place);
+            let inlined_into = callers(&chain);
+            let frame = chain.frame;
             SiteEntry {
                 function: frame.function,
                 file: frame.file,
                 line: frame.line,
                 module: frame.module,
+                inlined_into,
                 count: scale(s.count),
                 bytes: scale(s.bytes),
                 live_bytes: s.live_bytes,
@@ -267,6 +271,7 @@ mod tests {
             allocator::{Allocator, AllocatorKind},
             analysis::{op_name, AllocCall, LargeRule, SyscallCall},
         },
+        object::symbolize::Frame,
         options::AllocSettings,
         report::fixtures::code_at,
     };
@@ -325,8 +330,8 @@ mod tests {
     }
 
     /// `site{offset}`, for the places [`code_at`] gives.
-    fn site_names(place: &Place) -> Frame {
-        match place {
+    fn site_names(place: &Place) -> Inlined {
+        Inlined::alone(match place {
             Place::File { file_offset, .. } => Frame {
                 function: format!("site{file_offset}"),
                 module: "prog".into(),
@@ -334,7 +339,7 @@ mod tests {
                 line: None,
             },
             other => Frame::unknown(other),
-        }
+        })
     }
 
     #[test]
@@ -510,11 +515,13 @@ mod tests {
 
     #[test]
     fn without_a_tracer_the_section_only_says_the_mode() {
-        let off = report(None, None, AllocMode::Off, 0, &[], Frame::unknown);
+        let off = report(None, None, AllocMode::Off, 0, &[], |p| {
+            Inlined::alone(Frame::unknown(p))
+        });
         assert_eq!(off, AllocatorReport::default());
         let p = profile();
         let not_found = report(None, Some(&p), AllocMode::Sampled, 5, &[], |p| {
-            Frame::unknown(p)
+            Inlined::alone(Frame::unknown(p))
         });
         assert_eq!(
             not_found,

@@ -531,7 +531,8 @@ impl Naming<'_> {
         }
         let (alloc, index) = self.blocks?;
         let (_, block) = index.containing(uaddr)?;
-        let site = self.names.code(&alloc.site_place(block.site));
+        // The allocation call's own line, also inside an inlined helper.
+        let site = self.names.code_innermost(&alloc.site_place(block.site));
         Some(format!(
             "heap block from {}",
             source_label(site.file.as_deref(), site.line, &site.module)

@@ -24,11 +24,10 @@ use crate::{
     process::maps::{short_name, Place, ProcMaps},
     report::{
         model::{
-            source_label, CodeRef, Dependences, DismissReason, DismissedLine, ObjectKind,
-            PredictedGain, ProcessThreads, SharedObject, SharingCode, SharingEntry, SharingKind,
-            WordEntry,
+            source_label, Dependences, DismissReason, DismissedLine, ObjectKind, PredictedGain,
+            ProcessThreads, SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
         },
-        names::Names,
+        names::{callers, code_ref, Names},
     },
 };
 
@@ -265,7 +264,9 @@ fn code_sites(f: &LineFinding, inputs: &Inputs<'_>, names: &mut dyn Names) -> Ve
     let mut code: BTreeMap<(String, Option<String>, Option<u32>, String), SharingCode> =
         BTreeMap::new();
     for c in &f.code {
-        let frame = names.code_innermost(&inputs.maps.place(c.insn));
+        let chain = names.code_inlined(&inputs.maps.place(c.insn));
+        let inlined_into = callers(&chain);
+        let frame = chain.frame;
         let key = (
             frame.function.clone(),
             frame.file.clone(),
@@ -276,6 +277,7 @@ fn code_sites(f: &LineFinding, inputs: &Inputs<'_>, names: &mut dyn Names) -> Ve
             function: frame.function,
             file: frame.file,
             line: frame.line,
+            inlined_into,
             module: frame.module,
             reads: 0,
             writes: 0,
@@ -391,18 +393,17 @@ fn heap_object(
     line: u64,
     names: &mut dyn Names,
 ) -> SharedObject {
-    let site = names.code(&alloc.site_place(b.site));
+    // The line of the allocation call itself, also when the helper that
+    // makes it was inlined: that is the line to change.
+    let chain = names.code_inlined(&alloc.site_place(b.site));
+    let site = &chain.frame;
     let label = source_label(site.file.as_deref(), site.line, &site.module);
     SharedObject {
         kind: ObjectKind::Heap,
         name: format!("{}-byte heap block from {label}", b.size),
         offset: line as i64 - b.start as i64,
         size: Some(b.size),
-        alloc_site: Some(CodeRef {
-            function: site.function,
-            file: site.file,
-            line: site.line,
-        }),
+        alloc_site: Some(code_ref(&chain)),
     }
 }
 
@@ -486,7 +487,10 @@ mod tests {
             sharing::analysis::Access,
         },
         object::symbolize::dwarf::Member,
-        report::fixtures::{program_maps, TableNames},
+        report::{
+            fixtures::{program_maps, TableNames},
+            model::CodeRef,
+        },
     };
 
     /// `g_args`: four 24-byte `struct thread_arg` in the program's data.
@@ -696,6 +700,45 @@ mod tests {
         assert_eq!(e.dependences.write_after_write, 99);
     }
 
+    /// An allocation made in a helper inlined into its caller is named at
+    /// the helper's line, and says where it was inlined.
+    #[test]
+    fn an_inlined_allocation_site_carries_its_inline_chain() {
+        let s = Session::new().line(
+            &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 32)),
+            true,
+        );
+        let mut alloc = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
+        let block = LineBlock {
+            start: HEAP_LINE + 32,
+            size: 64,
+            site: 0x30,
+        };
+        let mut names = names()
+            .inlined_into(0x30, "setup", 40)
+            .inlined_into(0x30, "main", 50);
+        let entries = findings(
+            &s.inputs(Some(&alloc), Some(block)),
+            &s.kernel,
+            s.samples,
+            &mut names,
+        );
+        let object = &entries[0].object;
+        assert_eq!(object.name, "64-byte heap block from prog.c:30");
+        let site = object.alloc_site.as_ref().unwrap();
+        assert_eq!(
+            (site.function.as_str(), site.line),
+            ("make_queue", Some(30))
+        );
+        let chain: Vec<_> = site
+            .inlined_into
+            .iter()
+            .map(|c| (c.function.as_str(), c.line))
+            .collect();
+        assert_eq!(chain, [("setup", Some(40)), ("main", Some(50))]);
+    }
+
     #[test]
     fn a_heap_line_is_named_by_its_allocation_site() {
         // Both threads write the same word, 32 bytes into the line, where
@@ -730,6 +773,7 @@ mod tests {
                     function: "make_queue".into(),
                     file: Some("/src/prog.c".into()),
                     line: Some(30),
+                    inlined_into: vec![],
                 }),
             }
         );

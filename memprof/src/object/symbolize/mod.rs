@@ -5,6 +5,9 @@
 //! A failure to symbolize is data on the frame (`module+0xoffset`), never an
 //! error: stripped binaries, deleted files and JIT code all still show up.
 
+#[cfg(test)]
+mod c_tests;
+mod demangle;
 pub mod dwarf;
 mod elf;
 
@@ -71,12 +74,39 @@ pub struct DataSymbol {
     pub module: String,
 }
 
+/// A code place named at its innermost function, and the functions that
+/// code was inlined into.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Inlined {
+    /// The innermost function that is the program's own code, at its own
+    /// source line.
+    pub frame: Frame,
+    /// The callers `frame` was inlined into, each at the line of its call:
+    /// the innermost caller first, the function that was compiled (the
+    /// one a plain symbol lookup names) last. Empty when not inlined.
+    pub inlined_into: Vec<Frame>,
+}
+
+impl Inlined {
+    /// A place with no inlining.
+    pub fn alone(frame: Frame) -> Self {
+        Self {
+            frame,
+            inlined_into: Vec::new(),
+        }
+    }
+
+    /// The compiled function, at the line of the outermost inlined call.
+    pub fn outermost(&self) -> &Frame {
+        self.inlined_into.last().unwrap_or(&self.frame)
+    }
+}
+
 /// Symbolizer with a per-place cache. Blazesym keeps parsed ELF and DWARF
 /// data per file across calls, so each file is read once.
 pub struct Symbolizer {
     blazesym: Blazesym,
-    code: HashMap<Place, Frame>,
-    innermost: HashMap<Place, Frame>,
+    code: HashMap<Place, Inlined>,
     /// Layouts of global variables, per (file, symbol).
     layouts: HashMap<(Arc<str>, String), Option<dwarf::Layout>>,
     /// Per file: `p_vaddr - p_offset` of its first loadable segment.
@@ -91,15 +121,17 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Self {
+        // Names are demangled by [`demangle::demangle`]: blazesym's
+        // demangling reads short C names as C++ type codes (`w` as
+        // `wchar_t`).
         let blazesym = Blazesym::builder()
             .enable_code_info(true)
             .enable_inlined_fns(true)
-            .enable_demangling(true)
+            .enable_demangling(false)
             .build();
         Self {
             blazesym,
             code: HashMap::new(),
-            innermost: HashMap::new(),
             layouts: HashMap::new(),
             vaddr_bias: HashMap::new(),
         }
@@ -110,73 +142,43 @@ impl Symbolizer {
         self.code.len()
     }
 
-    /// The function and source line at a code place.
+    /// The function and source line at a code place: for code inlined
+    /// into its caller, the compiled function at the line of the call.
     pub fn code(&mut self, place: &Place) -> Frame {
-        if let Some(frame) = self.code.get(place) {
-            return frame.clone();
-        }
-        let frame = self.resolve_code(place);
-        self.code.insert(place.clone(), frame.clone());
-        frame
+        self.code_inlined(place).outermost().clone()
     }
 
     /// The innermost function at a code place and its own source line:
     /// for code inlined into its caller, the inlined function, not the
     /// caller's line that called it. What a data access is attributed to.
     pub fn code_innermost(&mut self, place: &Place) -> Frame {
-        if let Some(frame) = self.innermost.get(place) {
-            return frame.clone();
+        self.code_inlined(place).frame.clone()
+    }
+
+    /// The innermost function at a code place, with the chain of callers
+    /// it was inlined into. What an allocation site is named by.
+    pub fn code_inlined(&mut self, place: &Place) -> &Inlined {
+        if !self.code.contains_key(place) {
+            let chain = self.resolve(place);
+            self.code.insert(place.clone(), chain);
         }
-        let frame = self.resolve(place, true);
-        self.innermost.insert(place.clone(), frame.clone());
-        frame
+        &self.code[place]
     }
 
-    fn resolve_code(&self, place: &Place) -> Frame {
-        self.resolve(place, false)
-    }
-
-    fn resolve(&self, place: &Place, innermost: bool) -> Frame {
+    fn resolve(&self, place: &Place) -> Inlined {
         let Place::File { path, file_offset } = place else {
-            return Frame::unknown(place);
+            return Inlined::alone(Frame::unknown(place));
         };
         let src = Source::Elf(Elf::new(&**path));
         match self.symbolize_single(&src, Input::FileOffset(*file_offset)) {
-            Ok(Symbolized::Sym(sym)) => {
-                // The innermost inlined function that is the program's own
-                // code: an access inlined from the standard library
-                // (`AtomicU64::store`) belongs to the line that called it.
-                let inner = sym
-                    .inlined
-                    .iter()
-                    .rev()
-                    .filter(|_| innermost)
-                    .find(|f| !f.code_info.as_ref().is_some_and(|ci| is_library_source(ci)));
-                let (name, code_info) = match inner {
-                    Some(f) => (f.name.to_string(), f.code_info.as_ref()),
-                    None => (sym.name.to_string(), sym.code_info.as_deref()),
-                };
-                let file = code_info.map(|ci| {
-                    let file = std::path::Path::new(&ci.file);
-                    match &ci.dir {
-                        Some(dir) => dir.join(file).to_string_lossy().into_owned(),
-                        None => file.to_string_lossy().into_owned(),
-                    }
-                });
-                Frame {
-                    function: name,
-                    module: short_name(path).to_string(),
-                    file,
-                    line: code_info.and_then(|ci| ci.line),
-                }
-            }
+            Ok(Symbolized::Sym(sym)) => inline_chain(&sym, short_name(path)),
             Ok(Symbolized::Unknown(reason)) => {
                 tracing::debug!("no symbol for {path}+{file_offset:#x}: {reason}");
-                Frame::unknown(place)
+                Inlined::alone(Frame::unknown(place))
             }
             Err(e) => {
                 tracing::debug!("symbolizing {path}+{file_offset:#x} failed: {e}");
-                Frame::unknown(place)
+                Inlined::alone(Frame::unknown(place))
             }
         }
     }
@@ -219,13 +221,53 @@ impl Symbolizer {
         let src = Source::Elf(elf);
         match self.symbolize_single(&src, Input::VirtOffset(vaddr)) {
             Ok(Symbolized::Sym(sym)) => Some(DataSymbol {
-                name: sym.name.into_owned(),
+                name: demangle::demangle(&sym.name).into_owned(),
                 offset: sym.offset as u64,
                 size: sym.size.map(|s| s as u64),
                 module: short_name(path).to_string(),
             }),
             Ok(Symbolized::Unknown(_)) | Err(_) => None,
         }
+    }
+}
+
+/// Blazesym's symbol as an [`Inlined`]. Blazesym gives the compiled
+/// function with the line of its first inlined call, then each inlined
+/// function, outermost first, with the line of the next call in it (the
+/// innermost: the line of the address itself).
+fn inline_chain(sym: &blazesym::symbolize::Sym<'_>, module: &str) -> Inlined {
+    let frame = |name: &str, ci: Option<&blazesym::symbolize::CodeInfo<'_>>| Frame {
+        function: demangle::demangle(name).into_owned(),
+        module: module.to_string(),
+        file: ci.map(|ci| {
+            let file = std::path::Path::new(&ci.file);
+            match &ci.dir {
+                Some(dir) => dir.join(file).to_string_lossy().into_owned(),
+                None => file.to_string_lossy().into_owned(),
+            }
+        }),
+        line: ci.and_then(|ci| ci.line),
+    };
+    let outer = frame(&sym.name, sym.code_info.as_deref());
+    // The innermost inlined function that is the program's own code: an
+    // access inlined from the standard library (`AtomicU64::store`)
+    // belongs to the line that called it.
+    let own = |f: &&blazesym::symbolize::InlinedFn<'_>| {
+        !f.code_info.as_ref().is_some_and(|ci| is_library_source(ci))
+    };
+    let Some(inner) = sym.inlined.iter().rposition(|f| own(&f)) else {
+        return Inlined::alone(outer);
+    };
+    let mut inlined_into: Vec<Frame> = sym.inlined[..inner]
+        .iter()
+        .rev()
+        .map(|f| frame(&f.name, f.code_info.as_ref()))
+        .collect();
+    inlined_into.push(outer);
+    let f = &sym.inlined[inner];
+    Inlined {
+        frame: frame(&f.name, f.code_info.as_ref()),
+        inlined_into,
     }
 }
 

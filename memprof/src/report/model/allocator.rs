@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::{source_label, TraceMode};
+use super::{source_label, CallerRef, TraceMode};
 
 schema_enum! {
     /// An allocator entry point.
@@ -217,10 +217,14 @@ pub struct MemoryReport {
 /// One allocation site (the caller of the allocation function).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SiteEntry {
+    /// The innermost function making the call, at the call's line.
     pub function: String,
     pub file: Option<String>,
     pub line: Option<u32>,
     pub module: String,
+    /// The functions the call was inlined into, each at the line of the
+    /// inlined call, the compiled function last; empty when not inlined.
+    pub inlined_into: Vec<CallerRef>,
     /// Allocations (scaled when sampled).
     pub count: u64,
     /// Bytes requested (scaled when sampled).

@@ -138,6 +138,26 @@ pub struct Target {
     pub exited: bool,
 }
 
+/// A function that code was inlined into, at the line of the inlined call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CallerRef {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+/// `, inlined into main fs.c:25, inlined into ...` (empty when not
+/// inlined), for a summary line.
+pub fn inlined_label(callers: &[CallerRef]) -> String {
+    callers
+        .iter()
+        .map(|c| {
+            let at = source_label(c.file.as_deref(), c.line, "?");
+            format!(", inlined into {} {at}", c.function)
+        })
+        .collect()
+}
+
 /// `file.c:12`, `file.c`, or `(module)`.
 pub fn source_label(file: Option<&str>, line: Option<u32>, module: &str) -> String {
     use crate::process::maps::short_name;

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use super::CallerRef;
+
 schema_enum! {
     /// How threads share a cache line.
     pub enum SharingKind {
@@ -169,11 +171,15 @@ impl SharedObject {
     }
 }
 
+/// A place in the source, at its innermost inlined function.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CodeRef {
     pub function: String,
     pub file: Option<String>,
     pub line: Option<u32>,
+    /// The functions this code was inlined into, each at the line of the
+    /// inlined call, the compiled function last; empty when not inlined.
+    pub inlined_into: Vec<CallerRef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -192,6 +198,9 @@ pub struct SharingCode {
     pub function: String,
     pub file: Option<String>,
     pub line: Option<u32>,
+    /// The functions this line was inlined into (see
+    /// [`CodeRef::inlined_into`]).
+    pub inlined_into: Vec<CallerRef>,
     pub module: String,
     pub reads: u64,
     pub writes: u64,

@@ -7,7 +7,7 @@ use memprof_common::sharing::WORD_BYTES;
 use super::{wrap_into, WIDTH};
 use crate::report::{
     format::{ellipsize, group},
-    model::{source_label, Report, SharingEntry, WordEntry},
+    model::{inlined_label, source_label, Report, SharingEntry, WordEntry},
 };
 
 /// Shared lines shown in the summary.
@@ -76,12 +76,15 @@ pub(super) fn write_false_sharing(out: &mut String, report: &Report) {
             .map(|b| format!(" (starts at byte {b} of the line)"))
             .unwrap_or_default();
         if let Some(site) = &o.alloc_site {
-            let line = format!(
-                "     allocated in {} {}{starts}",
+            // Wrapped, not cut: the inline chain and the start offset
+            // both matter.
+            let text = format!(
+                "{} {}{}{starts}",
                 site.function,
-                source_label(site.file.as_deref(), site.line, "?")
+                source_label(site.file.as_deref(), site.line, "?"),
+                inlined_label(&site.inlined_into),
             );
-            let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+            wrap_into(out, "     allocated in ", &text);
         } else if let Some(b) = o.starts_in_line() {
             let _ = writeln!(out, "     the object starts at byte {b} of the line");
         }
@@ -263,5 +266,32 @@ mod tests {
         r.false_sharing[0].object.name = "g_counters".into();
         r.false_sharing[0].object.offset = 64;
         assert!(render(&r).contains("1. false sharing: g_counters+64 ("));
+    }
+
+    /// An allocation made in a helper inlined into its caller says so:
+    /// the helper's line first, then each function it was inlined into.
+    #[test]
+    fn an_inlined_allocation_site_names_its_callers() {
+        use crate::report::model::CallerRef;
+        let mut r = report_with_sharing();
+        let site = r.false_sharing[0].object.alloc_site.as_mut().unwrap();
+        site.function = "make_accums".into();
+        site.file = Some("/src/fs.c".into());
+        site.line = Some(11);
+        site.inlined_into = vec![CallerRef {
+            function: "main".into(),
+            file: Some("/src/fs.c".into()),
+            line: Some(25),
+        }];
+        let text = render(&r);
+        assert!(
+            text.contains("\n     allocated in make_accums fs.c:11, inlined into main fs.c:25\n"),
+            "{text}"
+        );
+        // With the start offset too, the row wraps rather than losing it.
+        r.false_sharing[0].object.offset = -32;
+        let text = render(&r);
+        assert!(text.contains("(starts at byte"), "{text}");
+        assert!(text.lines().all(|l| l.chars().count() <= WIDTH), "{text}");
     }
 }

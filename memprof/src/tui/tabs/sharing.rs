@@ -34,7 +34,7 @@ use crate::tui::{
 };
 
 use crate::report::{
-    model::{source_label, AddressSampling, SharingCode, SharingEntry},
+    model::{inlined_label, source_label, AddressSampling, SharingCode, SharingEntry},
     text::{ellipsize, format_bytes, group},
 };
 
@@ -255,6 +255,10 @@ impl Detail {
                 let source = source_label(site.file.as_deref(), site.line, "");
                 spans.push(format!(" {source}").into());
             }
+            let inlined = inlined_label(&site.inlined_into);
+            if !inlined.is_empty() {
+                spans.push(inlined.dim());
+            }
             ellipsize_line(Line::from(spans), room)
         });
         let Grid {
@@ -466,7 +470,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::{
         report::{
-            model::{tests::sample_report, CodeRef, Dependences, SharedObject},
+            model::{tests::sample_report, CallerRef, CodeRef, Dependences, SharedObject},
             Report,
         },
         tui::{
@@ -726,6 +730,11 @@ pub(crate) mod tests {
             function: "f".repeat(300),
             file: None,
             line: None,
+            inlined_into: vec![CallerRef {
+                function: "g".repeat(300),
+                file: None,
+                line: None,
+            }],
         });
         odd.words.push(word(64, 1, 1, &[1]));
         odd.words.push(word(u32::MAX, 1, 1, &[1]));
