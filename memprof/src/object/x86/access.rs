@@ -35,6 +35,8 @@ pub const LOOK_AHEAD: u64 = 256;
 const RUN_BEHIND: usize = 24;
 /// Instructions after a load searched for the store back to its address.
 const RUN_AHEAD: usize = 48;
+/// Start offsets tried at each end of the look-behind window.
+const SYNC_STARTS: usize = 16;
 
 /// A decoded recipe, with the address of the instruction it describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,8 +137,18 @@ fn stored_back(code: &[u8], code_ip: u64, run: &[Instruction], r: AccessRecipe) 
     let Some(load) = run.last() else {
         return r;
     };
+    let after = straight_after(code, code_ip, load.next_ip());
+    // Only a store with the same displacement and size can be one.
+    let candidate = after.iter().any(|i| {
+        i.op0_kind() == OpKind::Memory
+            && i.memory_displacement64() == load.memory_displacement64()
+            && i.memory_size() == load.memory_size()
+    });
+    if !candidate {
+        return r;
+    }
     let mut all = run.to_vec();
-    all.extend(straight_after(code, code_ip, load.next_ip()));
+    all.extend(after);
     if slice::stored_back(&all, run.len() - 1) {
         return AccessRecipe {
             flags: r.flags | recipe::WRITE | recipe::STORED_BACK,
@@ -189,9 +201,14 @@ fn run_before(code: &[u8], code_ip: u64, ip: u64) -> Vec<Instruction> {
         return Vec::new();
     }
     let from = end.saturating_sub(LOOK_BEHIND as usize);
-    // Votes for the instruction before each boundary.
+    // Votes for the instruction before each boundary, from chains started
+    // at the window's first bytes (each covers the whole window once in
+    // sync) and at its last ones (the instructions right before the IP
+    // get votes even when the window starts in data).
+    let starts = (from..end.min(from + SYNC_STARTS))
+        .chain(end.saturating_sub(SYNC_STARTS).max(from + SYNC_STARTS)..end);
     let mut before: HashMap<u64, Vec<(Instruction, u32)>> = HashMap::new();
-    for start in from..end {
+    for start in starts {
         let mut d = Decoder::with_ip(
             64,
             &code[start..end],
