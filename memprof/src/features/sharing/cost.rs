@@ -154,6 +154,11 @@ impl CodeSamples {
         };
         let speedup = |e: f64| 1.0 / (1.0 - e);
         let (low, high) = (excess(quantile(0.5), false), excess(quantile(0.25), true));
+        if low >= MAX_EXCESS {
+            // A loop that does little but access the line: the neighbours
+            // say nothing of what an uncontended access would cost.
+            return None;
+        }
         Some(Gain {
             low: speedup(low),
             high: speedup(high),
@@ -238,6 +243,16 @@ mod tests {
         assert!((gain.high - 2.0).abs() < 1e-9, "{gain:?}");
         assert!((gain.excess_share - 0.5).abs() < 1e-9);
         assert_eq!(gain.thread_samples, 200);
+    }
+
+    #[test]
+    fn a_loop_that_only_hammers_the_line_gets_no_prediction() {
+        let mut c = session();
+        c.by_ip.insert(0x404, 100_000);
+        c.placed.insert(0x400, 100_000);
+        c.by_thread.insert(1, 100_000);
+        let f = finding(&[(0x400, 100_000)], &[1, 2]);
+        assert_eq!(c.line_cost(&f, 200_000).gain, None);
     }
 
     #[test]

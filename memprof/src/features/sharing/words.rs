@@ -53,6 +53,8 @@ pub struct ThreadUse {
     /// First and last sampled access (0 and `u64::MAX` when unknown).
     pub first_ns: u64,
     pub last_ns: u64,
+    /// The bytes of the word it touched (bit i: byte i).
+    pub bytes: u8,
 }
 
 impl Default for ThreadUse {
@@ -62,6 +64,7 @@ impl Default for ThreadUse {
             writes: 0,
             first_ns: u64::MAX,
             last_ns: 0,
+            bytes: 0,
         }
     }
 }
@@ -80,6 +83,14 @@ impl ThreadUse {
 
     fn overlaps(&self, other: &ThreadUse) -> bool {
         self.first_ns <= other.last_ns && other.first_ns <= self.last_ns
+    }
+
+    /// Whether both used the same bytes at the same time, one writing:
+    /// neighbouring bytes of one word (`char` counters) are false sharing.
+    fn conflicts(&self, other: &ThreadUse) -> bool {
+        self.overlaps(other)
+            && self.bytes & other.bytes != 0
+            && (self.writes > 0 || other.writes > 0)
     }
 }
 
@@ -105,8 +116,16 @@ impl WordUse {
         }
     }
 
-    /// Records `reads` and `writes` of thread `tid` between two times.
-    pub fn add(&mut self, tid: u32, reads: u64, writes: u64, first_ns: u64, last_ns: u64) {
+    /// Records `reads` and `writes` of thread `tid` to the `bytes` (bit
+    /// mask) of the word between two times.
+    pub fn add(
+        &mut self,
+        tid: u32,
+        (reads, writes): (u64, u64),
+        bytes: u8,
+        first_ns: u64,
+        last_ns: u64,
+    ) {
         if reads > 0 {
             self.reads += reads;
             self.readers.insert(tid);
@@ -115,10 +134,9 @@ impl WordUse {
             self.writes += writes;
             self.writers.insert(tid);
         }
-        self.by_thread
-            .entry(tid)
-            .or_default()
-            .add(reads, writes, first_ns, last_ns);
+        let used = self.by_thread.entry(tid).or_default();
+        used.add(reads, writes, first_ns, last_ns);
+        used.bytes |= bytes;
     }
 
     pub fn threads(&self) -> BTreeSet<u32> {
@@ -147,7 +165,7 @@ impl WordUse {
             .filter(|(t, a)| {
                 self.by_thread
                     .iter()
-                    .any(|(u, b)| u != *t && a.overlaps(b) && (a.writes > 0 || b.writes > 0))
+                    .any(|(u, b)| u != *t && a.conflicts(b))
             })
             .map(|(_, a)| a)
             .collect();
@@ -184,12 +202,20 @@ pub fn from_touches(touches: impl IntoIterator<Item = Touch>) -> Vec<WordUse> {
     for t in touches {
         let first = t.offset / WORD_BYTES;
         let last = ((t.offset + t.size.max(1) - 1) / WORD_BYTES).min(WORDS_PER_LINE as u32 - 1);
+        let end = t.offset + t.size.max(1);
         for w in first..=last {
             let (r, wr) = (if t.read { t.n } else { 0 }, if t.write { t.n } else { 0 });
-            words
-                .entry(w)
-                .or_insert_with(|| WordUse::new(w * WORD_BYTES))
-                .add(t.tid, r, wr, t.first_ns, t.last_ns);
+            let base = w * WORD_BYTES;
+            let bytes = (0..WORD_BYTES)
+                .filter(|b| (t.offset..end).contains(&(base + b)))
+                .fold(0u8, |m, b| m | 1 << b);
+            words.entry(w).or_insert_with(|| WordUse::new(base)).add(
+                t.tid,
+                (r, wr),
+                bytes,
+                t.first_ns,
+                t.last_ns,
+            );
         }
     }
     words.into_values().collect()
@@ -233,17 +259,23 @@ fn spans(words: &[WordUse]) -> BTreeMap<u32, ThreadUse> {
     spans
 }
 
-/// Whether a thread other than the users of `w` was on the line while
-/// one of them used `w` (always, for the kernel's table).
+/// Whether, while a thread wrote `w`, another thread was on the line
+/// without using the same bytes of `w` at the same time (for the kernel's
+/// table, without times: whether a thread other than `w`'s users was on
+/// the line).
 fn neighbour_during(w: &WordUse, all: &BTreeSet<u32>, spans: &BTreeMap<u32, ThreadUse>) -> bool {
-    let users = w.threads();
-    let others = all.iter().filter(|u| !users.contains(u));
     if w.by_thread.is_empty() {
-        return others.count() > 0;
+        let users = w.threads();
+        return all.iter().any(|u| !users.contains(u));
     }
-    others
-        .filter_map(|u| spans.get(u))
-        .any(|span| w.by_thread.values().any(|own| own.overlaps(span)))
+    w.by_thread
+        .iter()
+        .filter(|(_, a)| a.writes > 0)
+        .any(|(t, a)| {
+            spans.iter().any(|(u, span)| {
+                u != t && a.overlaps(span) && w.by_thread.get(u).is_none_or(|b| !a.conflicts(b))
+            })
+        })
 }
 
 /// False, true or mixed sharing, from who touched which word when; None
@@ -362,6 +394,22 @@ mod tests {
             touch(2, 8, true, 100, (30, 40)),
         ]);
         assert_eq!(classify(&words), None);
+    }
+
+    #[test]
+    fn neighbouring_bytes_of_one_word_are_false_sharing() {
+        // Two processes' threads each increment their own byte of word 0.
+        let byte = |tid, offset| Touch {
+            size: 1,
+            ..touch(tid, offset, true, 100, (10, 90))
+        };
+        let words = from_touches([byte(1, 0), byte(2, 1)]);
+        assert_eq!(words.len(), 1);
+        assert!(!words[0].shared());
+        assert_eq!(classify(&words), Some(SharingKind::False));
+        // The same byte: true sharing.
+        let words = from_touches([byte(1, 0), byte(2, 0)]);
+        assert_eq!(classify(&words), Some(SharingKind::True));
     }
 
     #[test]
