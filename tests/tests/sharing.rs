@@ -156,6 +156,28 @@ fn assert_two_workers_on_disjoint_words(report: &serde_json::Value, e: &serde_js
 }
 
 /// One of the entry's code lines is `file:line`.
+/// The heap finding, which must be false sharing of the block allocated at
+/// the line of `workload`.c marked `marker`.
+fn false_heap_entry<'a>(
+    report: &'a serde_json::Value,
+    workload: &str,
+    marker: &str,
+) -> &'a serde_json::Value {
+    let e = entries(report)
+        .iter()
+        .find(|e| e["object"]["kind"] == "heap")
+        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
+    assert_eq!(e["kind"], "false", "{e:#}");
+    let site = &e["object"]["alloc_site"];
+    let file = format!("{workload}.c");
+    assert!(
+        site["file"].as_str().is_some_and(|f| f.ends_with(&file)),
+        "{site:#}"
+    );
+    assert_eq!(site["line"], marked_line(workload, marker), "{site:#}");
+    e
+}
+
 fn assert_code_line(e: &serde_json::Value, file: &str, line: u32) {
     let found = e["code"]
         .as_array()
@@ -239,23 +261,7 @@ fn per_thread_structs_in_one_heap_block_are_named_by_their_allocation() {
         return;
     }
     let report = launch("sharing-heap", "heap", "2");
-    let e = entries(&report)
-        .iter()
-        .find(|e| e["object"]["kind"] == "heap")
-        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
-    assert_eq!(e["kind"], "false", "{e:#}");
-    let site = &e["object"]["alloc_site"];
-    assert!(
-        site["file"]
-            .as_str()
-            .is_some_and(|f| f.ends_with("sharing.c")),
-        "{site:#}"
-    );
-    assert_eq!(
-        site["line"],
-        marked_line("sharing", "HEAP_ALLOC"),
-        "{site:#}"
-    );
+    let e = false_heap_entry(&report, "sharing", "HEAP_ALLOC");
     assert_eq!(
         e["object"]["size"], 64,
         "two 16-byte slots, rounded up to 64: {e:#}"
@@ -571,23 +577,7 @@ fn an_unoptimised_pointer_reload_kernel_is_false_sharing_at_its_calloc_line() {
             >= addresses["with_address"].as_u64().unwrap_or(u64::MAX),
         "a tenth of the placed samples at least come through the slice: {addresses:#}"
     );
-    let e = entries(&report)
-        .iter()
-        .find(|e| e["object"]["kind"] == "heap")
-        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
-    assert_eq!(e["kind"], "false", "{e:#}");
-    let site = &e["object"]["alloc_site"];
-    assert!(
-        site["file"]
-            .as_str()
-            .is_some_and(|f| f.ends_with("linreg.c")),
-        "{site:#}"
-    );
-    assert_eq!(
-        site["line"],
-        marked_line("linreg", "LINREG_CALLOC"),
-        "{site:#}"
-    );
+    let e = false_heap_entry(&report, "linreg", "LINREG_CALLOC");
     let read = |offset: u64| {
         e["words"]
             .as_array()

@@ -276,8 +276,8 @@ fn straight_tail(
 }
 
 /// Targets of the near jumps decoded from `sync` (an instruction boundary)
-/// to the end of the window after `ip`.
-fn branch_targets(code: &[u8], code_ip: u64, sync: u64, ip: u64) -> HashSet<u64> {
+/// to the end of the window after `ip`, and where decoding lost sync.
+fn jumps_from(code: &[u8], code_ip: u64, sync: u64, ip: u64) -> (HashSet<u64>, Option<u64>) {
     let start = (sync - code_ip) as usize;
     let end = code
         .len()
@@ -288,7 +288,7 @@ fn branch_targets(code: &[u8], code_ip: u64, sync: u64, ip: u64) -> HashSet<u64>
     while d.can_decode() {
         let insn = d.decode();
         if insn.is_invalid() {
-            break;
+            return (targets, Some(insn.ip()));
         }
         let jumps = matches!(
             insn.flow_control(),
@@ -298,33 +298,19 @@ fn branch_targets(code: &[u8], code_ip: u64, sync: u64, ip: u64) -> HashSet<u64>
             targets.insert(insn.near_branch_target());
         }
     }
-    targets
+    (targets, None)
+}
+
+fn branch_targets(code: &[u8], code_ip: u64, sync: u64, ip: u64) -> HashSet<u64> {
+    jumps_from(code, code_ip, sync, ip).0
 }
 
 /// Whether a jump in the window (decoded on from `sync`, an instruction
-/// boundary) lands on `ip`.
+/// boundary) lands on `ip`; conservatively yes when decoding lost sync
+/// before it.
 fn is_branch_target(code: &[u8], code_ip: u64, sync: u64, ip: u64) -> bool {
-    let start = (sync - code_ip) as usize;
-    let end = code
-        .len()
-        .min((ip - code_ip + LOOK_AHEAD) as usize)
-        .max(start);
-    let mut d = Decoder::with_ip(64, &code[start..end], sync, DecoderOptions::NONE);
-    while d.can_decode() {
-        let insn = d.decode();
-        if insn.is_invalid() {
-            // Lost sync: be conservative.
-            return insn.ip() <= ip;
-        }
-        let jumps = matches!(
-            insn.flow_control(),
-            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch
-        ) && matches!(insn.op0_kind(), OpKind::NearBranch64);
-        if jumps && insn.near_branch_target() == ip {
-            return true;
-        }
-    }
-    false
+    let (targets, lost) = jumps_from(code, code_ip, sync, ip);
+    targets.contains(&ip) || lost.is_some_and(|at| at <= ip)
 }
 
 /// Whether `insn` writes a register its memory operand is computed from.
