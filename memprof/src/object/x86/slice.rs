@@ -208,9 +208,8 @@ impl Eval {
         {
             return false;
         }
-        let written: Vec<u8> = self
-            .info
-            .info(insn)
+        let info = self.info.info(insn);
+        let written: Vec<u8> = info
             .used_registers()
             .iter()
             .filter(|u| {
@@ -224,7 +223,7 @@ impl Eval {
             })
             .filter_map(|u| gpr(u.register()))
             .collect();
-        let stores = self.info.info(insn).used_memory().iter().any(|m| {
+        let stores = info.used_memory().iter().any(|m| {
             !matches!(
                 m.access(),
                 OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess
@@ -375,16 +374,29 @@ fn is_stack(root: &Option<Root>) -> bool {
     matches!(root, Some(Root::Reg(r)) if *r == reg::RSP || *r == reg::RBP)
 }
 
+impl Eval {
+    /// The state after `run`, or None when the run leaves the straight
+    /// line.
+    fn through(run: &[Instruction]) -> Option<Self> {
+        let mut eval = Self::new();
+        run.iter().all(|insn| eval.step(insn)).then_some(eval)
+    }
+
+    /// Whether `insn` surely writes its memory operand.
+    fn writes_memory(&mut self, insn: &Instruction) -> bool {
+        self.info
+            .info(insn)
+            .used_memory()
+            .iter()
+            .any(|m| matches!(m.access(), OpAccess::Write | OpAccess::ReadWrite))
+    }
+}
+
 /// The recipe of the access `run[at]` for a sample taken right after it,
 /// when it overwrote its own base or index register: its address computed
 /// again from `run[..at]` (the straight-line code before it).
 pub fn slice(run: &[Instruction], at: usize, size: u8, flags: u32) -> Option<AccessRecipe> {
-    let mut eval = Eval::new();
-    for insn in &run[..at] {
-        if !eval.step(insn) {
-            return None;
-        }
-    }
+    let mut eval = Eval::through(&run[..at])?;
     let addr = eval.address(&run[at])?;
     if !eval.step(&run[at]) {
         return None;
@@ -395,28 +407,17 @@ pub fn slice(run: &[Instruction], at: usize, size: u8, flags: u32) -> Option<Acc
 /// Whether the load `run[at]` is stored back: a later instruction of the
 /// straight-line run writes the same address (same base value, same
 /// displacement, the base possibly reloaded from the same unchanged slot).
+/// Thread-local (`fs`/`gs`) operands have no address here, so never match.
 pub fn stored_back(run: &[Instruction], at: usize) -> bool {
-    let mut eval = Eval::new();
-    for insn in &run[..at] {
-        if !eval.step(insn) {
-            return false;
-        }
-    }
+    let Some(mut eval) = Eval::through(&run[..at]) else {
+        return false;
+    };
     let Some(addr) = eval.address(&run[at]) else {
         return false;
     };
     let size = run[at].memory_size().size();
-    let mut info = InstructionInfoFactory::new();
     for insn in &run[at..] {
-        let (writes, fs) = (
-            info.info(insn)
-                .used_memory()
-                .iter()
-                .any(|m| matches!(m.access(), OpAccess::Write | OpAccess::ReadWrite)),
-            matches!(insn.segment_prefix(), Register::FS | Register::GS),
-        );
-        if writes
-            && !fs
+        if eval.writes_memory(insn)
             && insn.memory_size().size() == size
             && eval.address(insn).as_ref() == Some(&addr)
         {
