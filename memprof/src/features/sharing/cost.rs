@@ -22,8 +22,6 @@
 //! latencies this is a range, often wide; the benchmark compares it with
 //! measured padded/unpadded pairs.
 
-use std::collections::BTreeSet;
-
 use super::analysis::LineFinding;
 use crate::features::FastMap;
 
@@ -101,37 +99,45 @@ impl CodeSamples {
     /// The cost of finding `f` among `total` samples of the target.
     pub fn line_cost(&self, f: &LineFinding, total: u64) -> LineCost {
         let fractions = self.fractions(f);
-        let mut samples = 0.0;
-        for (ip, &n) in &self.by_ip {
-            if let Some(frac) = self.insn_of_ip.get(ip).and_then(|i| fractions.get(i)) {
-                samples += n as f64 * frac;
+        // The sampled IPs standing for the line's accesses (their samples,
+        // and the share of them that is the line's), and the others.
+        let mut on_line: Vec<(u64, f64)> = Vec::new();
+        let mut others: Vec<(u64, u64)> = Vec::new();
+        for (&ip, &n) in &self.by_ip {
+            match self.insn_of_ip.get(&ip).and_then(|i| fractions.get(i)) {
+                Some(&frac) => on_line.push((n, frac)),
+                None => others.push((ip, n)),
             }
         }
+        let samples: f64 = on_line.iter().map(|&(n, frac)| n as f64 * frac).sum();
         // Samples placed but not through a decoded IP (precise events).
-        samples = samples.max(f.samples as f64);
+        let samples = samples.max(f.samples as f64);
         LineCost {
             samples,
             share: samples / total.max(1) as f64,
-            gain: self.gain(f, &fractions),
+            gain: self.gain(f, &fractions, &on_line, &others),
         }
     }
 
-    fn gain(&self, f: &LineFinding, fractions: &FastMap<u64, f64>) -> Option<Gain> {
-        let insns: BTreeSet<u64> = fractions.keys().copied().collect();
-        let (lo, hi) = (*insns.first()?, *insns.last()?);
-        let near = |ip: u64| ip + NEIGHBOURHOOD >= lo && ip <= hi + NEIGHBOURHOOD;
-        let mut background: Vec<u64> = self
-            .by_ip
+    fn gain(
+        &self,
+        f: &LineFinding,
+        fractions: &FastMap<u64, f64>,
+        on_line: &[(u64, f64)],
+        others: &[(u64, u64)],
+    ) -> Option<Gain> {
+        let lo = *fractions.keys().min()?;
+        let hi = *fractions.keys().max()?;
+        let mut near: Vec<u64> = others
             .iter()
-            .filter(|(ip, _)| near(**ip))
-            .filter(|(ip, _)| self.insn_of_ip.get(ip).is_none_or(|i| !insns.contains(i)))
-            .map(|(_, &n)| n)
+            .filter(|&&(ip, _)| ip + NEIGHBOURHOOD >= lo && ip <= hi + NEIGHBOURHOOD)
+            .map(|&(_, n)| n)
             .collect();
-        if background.len() < MIN_NEIGHBOURS {
+        if near.len() < MIN_NEIGHBOURS {
             return None;
         }
-        background.sort_unstable();
-        let quantile = |q: f64| background[((background.len() - 1) as f64 * q).round() as usize];
+        near.sort_unstable();
+        let quantile = |q: f64| near[((near.len() - 1) as f64 * q).round() as usize];
         let thread_samples: u64 = f.threads.iter().filter_map(|t| self.by_thread.get(t)).sum();
         if thread_samples == 0 {
             return None;
@@ -140,15 +146,16 @@ impl CodeSamples {
         // median. The high end: every instruction near them in excess of
         // the neighbours' 25th percentile (a store waiting for the line
         // stalls the instructions after it, where timer samples land).
-        let on_line = |ip: &u64| self.insn_of_ip.get(ip).and_then(|i| fractions.get(i));
-        let excess = |base: u64, all: bool| {
-            let mut e = 0.0;
-            for (ip, &n) in &self.by_ip {
-                match on_line(ip) {
-                    Some(frac) => e += n.saturating_sub(base) as f64 * frac,
-                    None if all && near(*ip) => e += n.saturating_sub(base) as f64,
-                    None => {}
-                }
+        let excess = |base: u64, with_near: bool| {
+            let mut e: f64 = on_line
+                .iter()
+                .map(|&(n, frac)| n.saturating_sub(base) as f64 * frac)
+                .sum();
+            if with_near {
+                e += near
+                    .iter()
+                    .map(|&n| n.saturating_sub(base) as f64)
+                    .sum::<f64>();
             }
             (e / thread_samples as f64).min(MAX_EXCESS)
         };
@@ -165,6 +172,11 @@ impl CodeSamples {
             excess_share: (low + high) / 2.0,
             thread_samples,
         })
+    }
+
+    /// CPU samples of all threads.
+    pub fn cpu_samples(&self) -> u64 {
+        self.by_thread.values().sum()
     }
 }
 

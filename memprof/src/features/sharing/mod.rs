@@ -76,9 +76,8 @@ pub struct Sharing {
     recipes_dropped: usize,
     /// The heap block under each shared line, looked up while it is live.
     line_blocks: FastMap<u64, Option<LineBlock>>,
-    /// CPU samples seen (the share of each line is taken of them).
-    cpu_samples: u64,
-    /// Samples per instruction and per thread (each line's cost).
+    /// Samples per instruction and per thread (each line's cost; the CPU
+    /// samples the share of each line is taken of).
     code: CodeSamples,
     /// The kernel's lines and their count, as read when detaching.
     final_lines: Option<(KernelLines, u64)>,
@@ -94,7 +93,6 @@ impl Sharing {
             recipes_reset: false,
             recipes_dropped: 0,
             line_blocks: FastMap::default(),
-            cpu_samples: 0,
             code: CodeSamples::default(),
             final_lines: None,
         }
@@ -107,6 +105,7 @@ impl Sharing {
     fn on_user_access(&mut self, ev: &SampleEvent, process: &mut Process) {
         let layout = process.layout();
         let key = recipe_key(layout, ev.ip);
+        self.code.on_user_sample(key);
         if ev.flags & SAMPLE_FLAG_NO_RECIPE != 0 {
             if !process.of_old_image(ev.time_ns) && layout != LAYOUT_UNKNOWN {
                 self.decode(key, ev.ip, process);
@@ -116,12 +115,11 @@ impl Sharing {
         if ev.flags & SAMPLE_FLAG_ADDR == 0 {
             return; // no memory operand (counted in the kernel)
         }
-        let insn = self.decoded.get(&ev.ip).map_or(ev.ip, |d| d.insn);
-        self.code.on_placed(insn);
         let insn = self
             .decoded
             .get(&key)
             .map_or(key, |d| recipe_key(layout, d.insn));
+        self.code.on_placed(insn);
         if process.find(ev.addr).is_none() {
             // Memory mapped since the map was read: perhaps a shared
             // mapping the kernel should key by object.
@@ -152,6 +150,10 @@ impl Sharing {
                 insn: ip,
             },
         };
+        if decoded.recipe.flags & recipe::NO_OPERAND == 0 {
+            let insn = recipe_key(process.layout(), decoded.insn);
+            self.code.insn_of_ip.insert(key, insn);
+        }
         self.decoded.insert(key, decoded);
         self.new_recipes.push((key, decoded.recipe));
     }
@@ -250,6 +252,7 @@ impl Feature for Sharing {
             // Instructions of the old image are not those of the new one
             // at the same addresses: decode afresh.
             self.decoded.clear();
+            self.code.insn_of_ip.clear();
             self.new_recipes.clear();
             self.recipes_reset = true;
         }
@@ -258,11 +261,9 @@ impl Feature for Sharing {
     fn on_sample(&mut self, ev: &SampleEvent, process: &mut Process) {
         let user = ev.flags & SAMPLE_FLAG_KERNEL == 0 && ev.ip != 0;
         if ev.flags & SAMPLE_FLAG_MEMORY == 0 {
-            self.cpu_samples += 1;
             self.code.on_thread_sample(ev.tid);
         }
         if user {
-            self.code.on_user_sample(ev.ip);
             self.on_user_access(ev, process);
         }
     }
@@ -318,14 +319,8 @@ impl Feature for Sharing {
         let sampled = if self.precise.is_some() {
             ctx.counters.user_samples
         } else {
-            self.cpu_samples
+            self.code.cpu_samples()
         };
-        self.code.insn_of_ip = self
-            .decoded
-            .iter()
-            .filter(|(_, d)| d.recipe.flags & recipe::NO_OPERAND == 0)
-            .map(|(&ip, d)| (ip, d.insn))
-            .collect();
         let blocks = &self.line_blocks;
         let process: &Process = ctx.process;
         let inputs = Inputs {
