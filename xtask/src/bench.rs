@@ -236,24 +236,37 @@ fn untraced(spin: &Path, chunks: u64) -> Result<f64> {
 /// Runs the workload under the profiler; returns its elapsed time and the
 /// profiler's report.
 fn traced(tool: &Path, spin: &Path, chunks: u64, json: &Path) -> Result<(f64, serde_json::Value)> {
-    let out = Command::new(tool)
-        .arg("--json")
-        .arg(json)
-        .arg("--")
-        .arg(spin)
-        .args(["work", "2", &chunks.to_string()])
-        .output()
-        .context("running memprof-ebpf")?;
+    let out = run_tool(
+        Command::new(tool)
+            .arg("--json")
+            .arg(json)
+            .arg("--")
+            .arg(spin)
+            .args(["work", "2", &chunks.to_string()]),
+    )?;
+    let t = elapsed(&String::from_utf8_lossy(&out.stdout))?;
+    Ok((t, read_report(json)?))
+}
+
+/// Runs the profiler as `cmd` to its end; fails with the command, its
+/// status and its stderr when it does not succeed.
+pub(crate) fn run_tool(cmd: &mut Command) -> Result<std::process::Output> {
+    let out = cmd.output().context("running memprof-ebpf")?;
     if !out.status.success() {
         bail!(
-            "memprof-ebpf failed ({}): {}",
+            "{cmd:?} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let t = elapsed(&String::from_utf8_lossy(&out.stdout))?;
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
-    Ok((t, report))
+    Ok(out)
+}
+
+/// The report the profiler wrote to `json`.
+pub(crate) fn read_report(json: &Path) -> Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    Ok(serde_json::from_str(&text)?)
 }
 
 fn elapsed(stdout: &str) -> Result<f64> {

@@ -16,7 +16,7 @@
 
 use std::{path::Path, process::Command};
 
-use crate::bench::verdict;
+use crate::bench::{read_report, verdict};
 use anyhow::Result;
 
 use crate::{
@@ -270,8 +270,7 @@ fn measure(
     let ns = run_for_metric(&mut cmd, config.name(), w.key)?;
     let loader_cpu = match config {
         Config::Sampled | Config::Full | Config::Floor => {
-            let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
-            report["loader"]["cpu_share"].as_f64()
+            read_report(json)?["loader"]["cpu_share"].as_f64()
         }
         _ => None,
     };

@@ -27,7 +27,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use workloads::Variant;
 
-use crate::bench::{median, run_for_metric, verdict};
+use crate::bench::{median, read_report, run_for_metric, run_tool, verdict};
 
 const TARGET_RECALL: f64 = 0.9;
 const TARGET_PRECISION: f64 = 1.0;
@@ -359,18 +359,17 @@ fn run_case(
     json_path: &Path,
 ) -> Result<Option<(Outcome, Option<f64>)>> {
     let _ = std::fs::remove_file(json_path);
-    let (report, note) = match case.program {
+    let report = match case.program {
         Bundled(name, variant) => {
             let exe = workloads::build_workload(name, variant)?;
-            (launched(tool, &exe, case.args, json_path)?, None)
+            launched(tool, &exe, case.args, json_path)?
         }
         StressNg => match stress_ng(tool, case.args, json_path)? {
             Some(r) => r,
             None => return Ok(None),
         },
     };
-    let mut outcome = judge(&report, case.expect)?;
-    outcome.note = note;
+    let outcome = judge(&report, case.expect)?;
     let speedup = match (case.program, case.padded) {
         (Bundled(name, variant), Some(padded)) => {
             let exe = workloads::build_workload(name, variant)?;
@@ -383,31 +382,18 @@ fn run_case(
 
 /// Runs `exe args` under the tool with its default options; its report.
 fn launched(tool: &Path, exe: &Path, args: &[&str], json_path: &Path) -> Result<Value> {
-    let out = Command::new(tool)
-        .arg("--json")
-        .arg(json_path)
-        .arg("--no-tui")
-        .arg("--")
-        .arg(exe)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .context("running memprof-ebpf")?;
-    if !out.status.success() {
-        bail!(
-            "memprof-ebpf failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    read(json_path)
-}
-
-fn read(path: &Path) -> Result<Value> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(serde_json::from_str(&text)?)
+    run_tool(
+        Command::new(tool)
+            .arg("--json")
+            .arg(json_path)
+            .arg("--no-tui")
+            .arg("--")
+            .arg(exe)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    )?;
+    read_report(json_path)
 }
 
 /// Median over `rounds` of unpadded time / padded time, run alternately
@@ -634,11 +620,7 @@ fn case_json(case: &Case, o: &Outcome, speedup: Option<f64>, within: Option<bool
 
 /// Runs stress-ng's cacheline stressor and attaches the tool to all its
 /// worker processes for [`ATTACH`]. None: stress-ng is not installed.
-fn stress_ng(
-    tool: &Path,
-    args: &[&str],
-    json_path: &Path,
-) -> Result<Option<(Value, Option<String>)>> {
+fn stress_ng(tool: &Path, args: &[&str], json_path: &Path) -> Result<Option<Value>> {
     let Some(exe) = find_in_path("stress-ng") else {
         return Ok(None);
     };
@@ -661,36 +643,24 @@ fn stress_ng(
     result.map(Some)
 }
 
-/// Attaches with `-p PID,PID,...`; a tool whose `-p` takes one pid only
-/// is attached to the first worker, and the note says so.
-fn attach_all(tool: &Path, pids: &[u32], json_path: &Path) -> Result<(Value, Option<String>)> {
-    let attach = |list: &str| {
+/// Attaches with `-p PID,PID,...` for [`ATTACH`]; the report.
+fn attach_all(tool: &Path, pids: &[u32], json_path: &Path) -> Result<Value> {
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    run_tool(
         Command::new(tool)
-            .args(["-p", list, "--duration", ATTACH, "--no-tui", "--json"])
+            .args([
+                "-p",
+                &list.join(","),
+                "--duration",
+                ATTACH,
+                "--no-tui",
+                "--json",
+            ])
             .arg(json_path)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-    };
-    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-    let out = attach(&list.join(","))?;
-    if out.status.success() {
-        return Ok((read(json_path)?, None));
-    }
-    let first = list.first().context("no stress-ng worker")?;
-    let out = attach(first)?;
-    if !out.status.success() {
-        bail!(
-            "memprof-ebpf -p {first} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let note = format!(
-        "-p {} was refused; attached to worker {first} only",
-        list.join(",")
-    );
-    Ok((read(json_path)?, Some(note)))
+            .stderr(Stdio::piped()),
+    )?;
+    read_report(json_path)
 }
 
 /// The processes descended from `root` (children, grandchildren...).

@@ -27,8 +27,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::bench::verdict;
-use anyhow::{bail, Context, Result};
+use crate::bench::{read_report, run_tool, verdict};
+use anyhow::{Context, Result};
 
 use crate::{
     bench::{median, run_for_metric},
@@ -99,7 +99,7 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
             let plain = elapsed(&sharing, w.mode, iters, None)?;
             untraced.push(plain);
             let traced = elapsed(&sharing, w.mode, iters, Some((&tool, &json)))?;
-            let report = read(&json)?;
+            let report = read_report(&json)?;
             ratios.push(traced / plain);
             if let Some(y) = hot_line_yield(&report) {
                 yields.push(y);
@@ -240,12 +240,6 @@ fn elapsed(sharing: &Path, mode: &str, iters: u64, tool: Option<(&Path, &Path)>)
     run_for_metric(&mut cmd, mode, "elapsed_ns ")
 }
 
-fn read(json: &Path) -> Result<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
-    Ok(serde_json::from_str(&text)?)
-}
-
 /// Of the samples of the threads touching the top line (the workers,
 /// which do nothing but the loop), the share the line's entry accounts
 /// for: each of those had an address.
@@ -311,20 +305,19 @@ fn sampler_ns_per_run() -> Option<f64> {
 /// `duration` and returns its report.
 fn attached(sharing: &Path, tool: &Path, json: &Path, duration: &str) -> Result<serde_json::Value> {
     let mut target = start_array(sharing)?;
-    let status = Command::new(tool)
-        .arg("-p")
-        .arg(target.id().to_string())
-        .args(["--duration", duration, "--no-tui", "--json"])
-        .arg(json)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()?;
+    let run = run_tool(
+        Command::new(tool)
+            .arg("-p")
+            .arg(target.id().to_string())
+            .args(["--duration", duration, "--no-tui", "--json"])
+            .arg(json)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     let _ = target.kill();
     let _ = target.wait();
-    if !status.success() {
-        bail!("memprof-ebpf -p failed ({status})");
-    }
-    read(json)
+    run?;
+    read_report(json)
 }
 
 /// Starts `sharing array 2 60` and waits until its workers run.
