@@ -3,6 +3,22 @@
 
 use crate::record::records;
 
+/// Log2 buckets of the kernel's wait-time histograms (and the loader's
+/// lock durations): bucket 0 counts 0 ns, bucket `i` `[2^(i-1), 2^i)` ns;
+/// the last one everything from 2^38 ns (4.6 minutes) up.
+pub const LOCK_HIST_BUCKETS: usize = 40;
+
+/// The bucket of a duration of `ns` nanoseconds.
+#[inline(always)]
+pub const fn log2_bucket(ns: u64) -> usize {
+    let i = (64 - ns.leading_zeros()) as usize;
+    if i < LOCK_HIST_BUCKETS {
+        i
+    } else {
+        LOCK_HIST_BUCKETS - 1
+    }
+}
+
 /// Byte size of the lock event ring buffer (only contended locks and
 /// kernel lock contention produce events).
 pub const LOCK_RING_BYTES: u32 = 4 << 20;

@@ -6,11 +6,10 @@
 //! frames belong to the lock implementation, what kind of lock a futex is
 //! and what it is called are decided at report time, with symbols.
 
-use hdrhistogram::Histogram;
-
 use memprof_common::locks::{hold_flag, lock_op};
 
-use crate::features::{latency_histogram, FastMap, FastSet};
+pub use super::durations::Durations;
+use crate::features::{FastMap, FastSet};
 use crate::process::maps::Place;
 
 /// Return addresses found on the stack at the futex call, innermost first
@@ -50,56 +49,6 @@ pub struct KernelWait {
     pub duration_ns: u64,
     /// Where the thread was in user space (the call that led there).
     pub ip: Place,
-}
-
-/// Durations of one kind (waits, holds...): their histogram, and the
-/// exact total and longest (the histogram rounds to 3 digits).
-#[derive(Debug, Clone)]
-pub struct Durations {
-    pub histogram: Histogram<u64>,
-    pub total_ns: u64,
-    pub max_ns: u64,
-}
-
-impl Default for Durations {
-    fn default() -> Self {
-        Self {
-            histogram: latency_histogram(),
-            total_ns: 0,
-            max_ns: 0,
-        }
-    }
-}
-
-impl Durations {
-    pub fn record(&mut self, ns: u64) {
-        let _ = self.histogram.record(ns.clamp(1, 1 << 40));
-        self.total_ns += ns;
-        self.max_ns = self.max_ns.max(ns);
-    }
-
-    pub fn add(&mut self, other: &Durations) {
-        let _ = self.histogram.add(&other.histogram);
-        self.total_ns += other.total_ns;
-        self.max_ns = self.max_ns.max(other.max_ns);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.histogram.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.histogram.is_empty()
-    }
-
-    pub fn mean_ns(&self) -> u64 {
-        self.histogram.mean().round() as u64
-    }
-
-    /// The 99th percentile, never above the exact longest.
-    pub fn p99_ns(&self) -> u64 {
-        self.histogram.value_at_quantile(0.99).min(self.max_ns)
-    }
 }
 
 /// Waits at one futex word.

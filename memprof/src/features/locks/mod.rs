@@ -7,6 +7,7 @@
 
 pub mod analysis;
 pub mod collect;
+pub mod durations;
 pub mod report;
 pub mod tracer;
 

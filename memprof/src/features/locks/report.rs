@@ -5,8 +5,6 @@
 
 use std::collections::HashMap;
 
-use hdrhistogram::Histogram;
-
 use crate::{
     features::{
         alloc::analysis::{AllocProfile, BlockIndex},
@@ -225,7 +223,7 @@ fn kernel_entries(profile: &LockProfile, names: &mut dyn Names) -> Vec<LockEntry
             wait_mean_ns: k.waits.mean_ns(),
             wait_p99_ns: k.waits.p99_ns(),
             wait_max_ns: k.waits.max_ns,
-            wait_histogram: log2_buckets(&k.waits.histogram),
+            wait_histogram: k.waits.log2_buckets(),
             waiters,
             ..LockEntry::default()
         });
@@ -263,19 +261,6 @@ impl Table {
         self.by_address.insert(address, i);
         &mut self.merged[i]
     }
-}
-
-/// Log2 buckets of a histogram: (upper bound in ns, count).
-pub fn log2_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
-    let mut buckets: Vec<(u64, u64)> = Vec::new();
-    for v in h.iter_recorded() {
-        let bound = v.value_iterated_to().max(1).next_power_of_two();
-        match buckets.last_mut() {
-            Some((b, n)) if *b == bound => *n += v.count_since_last_iteration(),
-            _ => buckets.push((bound, v.count_since_last_iteration())),
-        }
-    }
-    buckets
 }
 
 impl Traced {
@@ -366,7 +351,7 @@ impl Traced {
             entry.hold_mean_ns = Some(self.hold.mean_ns());
             entry.hold_max_ns = Some(self.hold.max_ns);
             entry.hold_total_ns = Some(self.hold.total_ns);
-            entry.hold_histogram = log2_buckets(&self.hold.histogram);
+            entry.hold_histogram = self.hold.log2_buckets();
         }
         entry.sections = sections;
     }
@@ -420,7 +405,7 @@ impl Merged {
             wait_mean_ns: self.waits.mean_ns(),
             wait_p99_ns: self.waits.p99_ns(),
             wait_max_ns: self.waits.max_ns,
-            wait_histogram: log2_buckets(&self.waits.histogram),
+            wait_histogram: self.waits.log2_buckets(),
             threads: self.threads,
             owner_seen: !owners.is_empty(),
             owners,
