@@ -18,7 +18,7 @@ pub const ALLOC_STATE_ERRORS: u32 = 5;
 /// Allocator calls seen at entry (whether or not their event made it),
 /// per operation: `ALLOC_OP_CALLS + op`.
 pub const ALLOC_OP_CALLS: u32 = 6;
-/// Lock events dropped (ring buffer full).
+/// Lock stack samples dropped (ring buffer full).
 pub const LOCK_EVENTS_LOST: u32 = ALLOC_OP_CALLS + crate::alloc_op::COUNT;
 /// User-mode samples of the target (those that could yield an address).
 pub const USER_SAMPLES: u32 = LOCK_EVENTS_LOST + 1;
@@ -52,5 +52,13 @@ pub const LOCK_STATE_ERRORS: u32 = HOLD_EVENTS_LOST + 3;
 pub const ADDRESSES_LOADED: u32 = LOCK_STATE_ERRORS + 1;
 /// User samples whose slice could not read the memory it needed.
 pub const SLICE_FAULTS: u32 = LOCK_STATE_ERRORS + 2;
+/// Futex calls and kernel lock waits aggregated by site alone (their
+/// lock's own key did not fit in [`crate::CONTENTION_KEYS`]).
+pub const CONTENTION_OVERFLOW: u32 = LOCK_STATE_ERRORS + 3;
+/// Futex calls and kernel lock waits not aggregated at all (both tables
+/// full).
+pub const CONTENTION_DROPPED: u32 = LOCK_STATE_ERRORS + 4;
+/// Lock stack samples sent to the loader.
+pub const LOCK_SAMPLES: u32 = LOCK_STATE_ERRORS + 5;
 /// Number of counters.
-pub const COUNT: u32 = LOCK_STATE_ERRORS + 3;
+pub const COUNT: u32 = LOCK_STATE_ERRORS + 6;

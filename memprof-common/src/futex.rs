@@ -1,5 +1,8 @@
-//! Lock contention as the kernel sees it: the record of a futex wait or
-//! wake of one of the target's threads, or of a kernel lock it waited for.
+//! Lock contention as the kernel sees it: futex waits and wakes of the
+//! target's threads and the kernel locks they wait for, aggregated in the
+//! kernel per (lock, kind, call site) ([`ContentionKey`] → [`Contention`]),
+//! with user stacks sampled at a bounded rate ([`LockEvent`]) for the
+//! loader to name the sites.
 
 use crate::record::records;
 
@@ -8,39 +11,197 @@ use crate::record::records;
 /// the last one everything from 2^38 ns (4.6 minutes) up.
 pub const LOCK_HIST_BUCKETS: usize = 40;
 
-/// The bucket of a duration of `ns` nanoseconds.
+/// The bucket of a duration of `ns` nanoseconds: one more than the index
+/// of its highest set bit, at most the last bucket. Computed by halving
+/// rather than `leading_zeros`, whose expansion on the BPF target leaves
+/// the verifier unable to bound the index.
 #[inline(always)]
 pub const fn log2_bucket(ns: u64) -> usize {
-    let i = (64 - ns.leading_zeros()) as usize;
-    if i < LOCK_HIST_BUCKETS {
-        i
+    let (mut b, mut v) = (0usize, ns);
+    if v >> 32 != 0 {
+        b += 32;
+        v >>= 32;
+    }
+    if v >> 16 != 0 {
+        b += 16;
+        v >>= 16;
+    }
+    if v >> 8 != 0 {
+        b += 8;
+        v >>= 8;
+    }
+    if v >> 4 != 0 {
+        b += 4;
+        v >>= 4;
+    }
+    if v >> 2 != 0 {
+        b += 2;
+        v >>= 2;
+    }
+    if v >> 1 != 0 {
+        b += 1;
+        v >>= 1;
+    }
+    b += v as usize;
+    if b < LOCK_HIST_BUCKETS {
+        b
     } else {
         LOCK_HIST_BUCKETS - 1
     }
 }
 
-/// Byte size of the lock event ring buffer (only contended locks and
-/// kernel lock contention produce events).
-pub const LOCK_RING_BYTES: u32 = 4 << 20;
-/// User stack words copied with a futex call, from the stack pointer: the
-/// loader finds the return addresses among them (the lock implementation
-/// in libc has no frame pointers to walk).
+/// Byte size of the lock sample ring: it carries only stack samples, at
+/// most [`SAMPLES_PER_S`] a second (plus a burst), whatever the futex rate.
+pub const LOCK_RING_BYTES: u32 = 1 << 20;
+/// User stack words copied with a sample, from the stack pointer: the
+/// loader unwinds them with the objects' call-frame information (the lock
+/// implementation in libc has no frame pointers to walk).
 pub const LOCK_STACK_WORDS: usize = 48;
 
-/// [`LockEvent::kind`].
+/// Contention keys aggregated individually (per futex word or kernel lock
+/// kind, wait or wake site); 376 bytes each, 6 MiB of kernel memory.
+pub const CONTENTION_KEYS: u32 = 16384;
+/// Keys aggregated by site alone once [`CONTENTION_KEYS`] is full (the
+/// "other locks"); beyond that, calls are only counted
+/// ([`crate::counter::CONTENTION_DROPPED`]).
+pub const CONTENTION_OTHER_KEYS: u32 = 2048;
+/// Instruction addresses with a site hint ([`SiteHint`]).
+pub const SITE_HINTS: u32 = 4096;
+/// Return-address slots a site hint names.
+pub const SITE_HINT_FRAMES: usize = 4;
+
+/// Stack samples per second, all keys together (a token bucket that
+/// holds up to a second's worth).
+pub const SAMPLES_PER_S: u64 = 200;
+/// Shortest interval between two samples of one key (at most 4 a second).
+pub const KEY_SAMPLE_INTERVAL_NS: u64 = 250_000_000;
+
+/// [`ContentionKey::kind`] and [`LockEvent::kind`].
 pub mod lock_event {
-    /// A thread enters a futex wait (`LockEvent::stack` is filled).
-    pub const WAIT_BEGIN: u32 = 1;
-    /// A thread enters a futex wake.
-    pub const WAKE_BEGIN: u32 = 2;
-    /// The futex call of `tid` returned (`ret`, `duration_ns`).
-    pub const END: u32 = 3;
-    /// A kernel lock the thread waited for (`lock:contention_*`); `op` is
-    /// the lock's flags, `uaddr` the lock's kernel address.
+    /// A futex wait (`addr` is the futex word).
+    pub const WAIT: u32 = 1;
+    /// A futex wake (`addr` is the futex word).
+    pub const WAKE: u32 = 2;
+    /// A kernel lock wait (`lock:contention_*`): `addr` is the lock's
+    /// `LCB_F_*` flags, its kind.
     pub const KERNEL: u32 = 4;
 }
 
-/// A futex call or kernel lock wait of one of the target's threads.
+/// What the kernel aggregates by: one lock (futex word, or kernel lock
+/// kind), one kind of call, one call site. `addr` 0 is the aggregate of
+/// every lock at that site once the table of individual keys is full.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ContentionKey {
+    pub addr: u64,
+    /// Hash of the call site: the syscall's instruction, the return
+    /// addresses the loader's [`SiteHint`] names, and the traced lock
+    /// call in progress (never 0).
+    pub site: u64,
+    pub kind: u32,
+    pub _pad: u32,
+}
+
+/// The calls of one [`ContentionKey`], updated with atomic adds (the
+/// longest with a racy compare: it may miss a maximum set at the same
+/// instant on another CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Contention {
+    pub count: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    /// Wakes: threads woken (the calls' return values).
+    pub woken: u64,
+    /// Wakes: the waits they ended (the waiter's whole wait), and how many.
+    pub caused_ns: u64,
+    pub caused_waits: u64,
+    /// When the key was last sampled (0: never).
+    pub last_sample_ns: u64,
+    /// Durations by [`log2_bucket`].
+    pub buckets: [u64; LOCK_HIST_BUCKETS],
+}
+
+impl Default for Contention {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            total_ns: 0,
+            max_ns: 0,
+            woken: 0,
+            caused_ns: 0,
+            caused_waits: 0,
+            last_sample_ns: 0,
+            buckets: [0; LOCK_HIST_BUCKETS],
+        }
+    }
+}
+
+/// Where the return addresses are at one syscall instruction: byte
+/// offsets from the stack pointer, found by the loader unwinding a sample
+/// with the call-frame information. The kernel hashes the words there
+/// into the site, so two callers of the same lock function are two sites.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SiteHint {
+    pub slots: [u16; SITE_HINT_FRAMES],
+    pub count: u32,
+    pub _pad: u32,
+}
+
+/// Key of [`crate::maps::WAITER_THREADS`]: a thread that waited on a
+/// futex word (the report's count of waiting threads).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WaiterKey {
+    pub addr: u64,
+    pub tid: u32,
+    pub _pad: u32,
+}
+
+/// Entries of [`crate::maps::WAITER_THREADS`] (an LRU: past it, the
+/// oldest are forgotten and thread counts become lower bounds).
+pub const WAITER_THREADS_CAPACITY: u32 = 65536;
+
+/// Mixes `word` into site hash `h` (a multiply and xor-shift: cheap in
+/// the kernel, and call sites differ in few bits).
+#[inline(always)]
+pub const fn mix_site(h: u64, word: u64) -> u64 {
+    let x = (h ^ word).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^ (x >> 29)
+}
+
+/// A token bucket in nanoseconds of credit: every `cost_ns` of credit
+/// buys one token; credit accrues with time up to `cap_ns`. Returns
+/// whether a token was taken and the credit left.
+#[inline(always)]
+pub const fn take_token(
+    credit_ns: u64,
+    last_ns: u64,
+    now_ns: u64,
+    cost_ns: u64,
+    cap_ns: u64,
+) -> (bool, u64) {
+    let mut credit = credit_ns.saturating_add(now_ns.saturating_sub(last_ns));
+    if credit > cap_ns {
+        credit = cap_ns;
+    }
+    if credit >= cost_ns {
+        (true, credit - cost_ns)
+    } else {
+        (false, credit)
+    }
+}
+
+/// Whether a key last sampled at `last_ns` may be sampled at `now_ns`.
+#[inline(always)]
+pub const fn key_may_sample(last_ns: u64, now_ns: u64) -> bool {
+    last_ns == 0 || now_ns.saturating_sub(last_ns) >= KEY_SAMPLE_INTERVAL_NS
+}
+
+/// A stack sample of a futex call or kernel lock wait of one of the
+/// target's threads, at a bounded rate: the first call of each key, then
+/// at most one per [`KEY_SAMPLE_INTERVAL_NS`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LockEvent {
@@ -52,30 +213,97 @@ pub struct LockEvent {
     /// The u32 8 bytes after the futex word when it waited: a glibc
     /// mutex's owner thread (`__owner`).
     pub owner: u32,
-    pub uaddr: u64,
+    /// The key's `addr` and `site`.
+    pub addr: u64,
+    pub site: u64,
     pub time_ns: u64,
-    /// For `END` and `KERNEL`: how long the call or wait took.
+    /// How long the call or wait took.
     pub duration_ns: u64,
-    /// For `END`: the return value (woken threads for a wake).
+    /// The call's return value (woken threads for a wake).
     pub ret: i64,
     /// User instruction, stack and frame pointers at the call.
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
-    /// For `WAIT_BEGIN` and `WAKE_BEGIN`: the return address of a traced
-    /// lock call or condvar wait in progress on the thread (0 if none).
-    /// Its return probe replaced that address on the stack with the
-    /// kernel's trampoline, which the loader swaps back.
+    /// The return address of a traced lock call or condvar wait in
+    /// progress on the thread (0 if none). Its return probe replaced that
+    /// address on the stack with the kernel's trampoline, which the loader
+    /// swaps back.
     pub lock_site: u64,
-    /// For `WAIT_BEGIN` and `WAKE_BEGIN`: the top of the user stack.
+    /// The top of the user stack.
     pub stack: [u64; LOCK_STACK_WORDS],
 }
 
-// The kernel writes this record and userspace reads it; a change in size is
-// a layout change both sides must see.
-const _: () = assert!(core::mem::size_of::<LockEvent>() == 80 + 8 * LOCK_STACK_WORDS);
+// The kernel writes these records and userspace reads them; a change in
+// size is a layout change both sides must see.
+const _: () = assert!(core::mem::size_of::<LockEvent>() == 88 + 8 * LOCK_STACK_WORDS);
+const _: () = assert!(core::mem::size_of::<ContentionKey>() == 24);
+const _: () = assert!(core::mem::size_of::<Contention>() == 56 + 8 * LOCK_HIST_BUCKETS);
+const _: () = assert!(core::mem::size_of::<SiteHint>() == 16);
+const _: () = assert!(core::mem::size_of::<WaiterKey>() == 16);
 
-// SAFETY: `#[repr(C)]`, four u32 then u64s, an i64 and a u64 array (size
-// asserted above), naturally aligned so no padding; any bit pattern is a
-// valid value.
-records!(LockEvent);
+// SAFETY: all `#[repr(C)]` and made of integers and integer arrays,
+// naturally aligned so without padding (sizes asserted above): the event
+// is four u32 then u64s, an i64 and a u64 array; the key two u64 and two
+// u32; the contention u64s; the hint four u16 and two u32; the waiter
+// key a u64 and two u32. Any bit
+// pattern is a valid value.
+records!(LockEvent, ContentionKey, Contention, SiteHint, WaiterKey);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_split_at_powers_of_two() {
+        assert_eq!(log2_bucket(0), 0);
+        assert_eq!(log2_bucket(1), 1);
+        assert_eq!((log2_bucket(2), log2_bucket(3)), (2, 2));
+        assert_eq!((log2_bucket(1023), log2_bucket(1024)), (10, 11));
+        assert_eq!(log2_bucket(u64::MAX), LOCK_HIST_BUCKETS - 1);
+    }
+
+    #[test]
+    fn the_token_bucket_allows_a_rate_and_a_burst() {
+        let cost = 1_000_000_000 / SAMPLES_PER_S;
+        let cap = 1_000_000_000;
+        // From empty, a token needs one cost of time.
+        assert_eq!(take_token(0, 0, cost - 1, cost, cap), (false, cost - 1));
+        assert_eq!(take_token(0, 0, cost, cost, cap), (true, 0));
+        // After a long quiet spell the credit is capped: a second's burst.
+        let (mut credit, mut last, mut taken) = (0, 0, 0);
+        let now = 60_000_000_000;
+        for _ in 0..1000 {
+            let (ok, c) = take_token(credit, last, now, cost, cap);
+            (credit, last) = (c, now);
+            taken += ok as u64;
+        }
+        assert_eq!(taken, SAMPLES_PER_S);
+        // Steady calls every microsecond for a second: the rate, not more.
+        let (mut credit, mut last, mut taken) = (0, now, 0);
+        for i in 1..=1_000_000u64 {
+            let t = now + i * 1000;
+            let (ok, c) = take_token(credit, last, t, cost, cap);
+            (credit, last) = (c, t);
+            taken += ok as u64;
+        }
+        assert_eq!(taken, SAMPLES_PER_S);
+        // A clock that goes backwards (another CPU's older time) adds nothing.
+        assert_eq!(take_token(5, 100, 50, cost, cap), (false, 5));
+    }
+
+    #[test]
+    fn a_key_is_sampled_first_then_at_its_interval() {
+        assert!(key_may_sample(0, 1));
+        assert!(!key_may_sample(1_000, 1_000 + KEY_SAMPLE_INTERVAL_NS - 1));
+        assert!(key_may_sample(1_000, 1_000 + KEY_SAMPLE_INTERVAL_NS));
+    }
+
+    #[test]
+    fn sites_differ_by_any_word() {
+        let a = mix_site(mix_site(0x1000, 0x4010), 0x5020);
+        let b = mix_site(mix_site(0x1000, 0x4010), 0x5028);
+        assert_ne!(a, b);
+        assert_ne!(mix_site(0, 0x10), mix_site(0, 0x18));
+    }
+}

@@ -18,8 +18,17 @@ pub const ALLOC_EVENTS: &str = "ALLOC_EVENTS";
 pub const ALLOC_CTL: &str = "ALLOC_CTL";
 /// Per-thread kernel-side statistics ([`crate::KernelStats`]).
 pub const KERNEL_STATS: &str = "KERNEL_STATS";
-/// Ring buffer of [`crate::LockEvent`].
+/// Ring buffer of [`crate::LockEvent`] (stack samples).
 pub const LOCK_EVENTS: &str = "LOCK_EVENTS";
+/// Hash: [`crate::ContentionKey`] → [`crate::Contention`], per lock.
+pub const CONTENTION: &str = "CONTENTION";
+/// Hash: the same, `addr` 0, once [`CONTENTION`] is full.
+pub const CONTENTION_OTHER: &str = "CONTENTION_OTHER";
+/// LRU hash: [`crate::WaiterKey`] → 1, the threads that waited on each
+/// futex word.
+pub const WAITER_THREADS: &str = "WAITER_THREADS";
+/// Hash: syscall instruction → [`crate::SiteHint`], written by the loader.
+pub const SITE_HINTS: &str = "SITE_HINTS";
 /// LRU hash: cache-line address → [`crate::sharing::LineState`].
 pub const LINES: &str = "LINES";
 /// LRU hash: cache-line address → [`crate::sharing::LineWords`].

@@ -3,23 +3,28 @@
 //! kernel locks they wait for.
 //!
 //! An uncontended lock never enters the kernel and costs nothing here. A
-//! futex wait or wake sends its user stack top (the lock implementation in
-//! libc keeps no frame pointers, so the loader finds the return addresses
-//! in it) and, for a wait, the word 8 bytes after the futex: a glibc
-//! mutex's owner thread.
+//! contended one is aggregated in place, per (lock, kind, call site), in
+//! `CONTENTION`: counts, total and longest time, log2 buckets, and for a
+//! wake the waits it ended (its holder's blame). The loader reads the map
+//! on its dashboard tick and at the end. The ring carries only user-stack
+//! samples, so the loader can name the sites: the first call of each key,
+//! then at most one per key every 250 ms and 200 a second overall.
 
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
     },
     macros::{map, tracepoint},
-    maps::{LruHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, RingBuf},
     programs::TracePointContext,
     Global,
 };
 use memprof_common::{
-    counter, lock_event, LockEvent, ALLOC_THREADS_CAPACITY, LOCK_RING_BYTES, LOCK_STACK_WORDS,
+    counter, key_may_sample, lock_event, log2_bucket, mix_site, take_token, Contention,
+    ContentionKey, LockEvent, SiteHint, WaiterKey, ALLOC_THREADS_CAPACITY, CONTENTION_KEYS,
+    CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, SAMPLES_PER_S, SITE_HINTS,
+    SITE_HINT_FRAMES, WAITER_THREADS_CAPACITY,
 };
 
 use crate::maps::{
@@ -36,9 +41,50 @@ static KLOCK_FLAGS_OFFSET: Global<u32> = Global::new(16);
 #[map(name = "LOCK_EVENTS")]
 static LOCK_EVENTS: RingBuf = RingBuf::with_byte_size(LOCK_RING_BYTES, 0);
 
-/// Threads in a futex call we reported the start of (tid → start time).
+#[map(name = "CONTENTION")]
+static CONTENTION: HashMap<ContentionKey, Contention> =
+    HashMap::with_max_entries(CONTENTION_KEYS, 0);
+
+#[map(name = "CONTENTION_OTHER")]
+static CONTENTION_OTHER: HashMap<ContentionKey, Contention> =
+    HashMap::with_max_entries(CONTENTION_OTHER_KEYS, 0);
+
+#[map(name = "WAITER_THREADS")]
+static WAITER_THREADS: LruHashMap<WaiterKey, u64> =
+    LruHashMap::with_max_entries(WAITER_THREADS_CAPACITY, 0);
+
+#[map(name = "SITE_HINTS")]
+static SITE_HINTS_MAP: HashMap<u64, SiteHint> = HashMap::with_max_entries(SITE_HINTS, 0);
+
+/// A zeroed [`Contention`] to insert from (376 bytes: too big for the
+/// BPF stack beside the rest).
+#[map(name = "ZERO_CONTENTION")]
+static ZERO_CONTENTION: Array<Contention> = Array::with_max_entries(1, 0);
+
+/// The sample token bucket: `[0]` credit in ns, `[1]` when last refilled.
+#[map(name = "LOCK_SAMPLE_BUCKET")]
+static SAMPLE_BUCKET: Array<u64> = Array::with_max_entries(2, 0);
+
+/// The site of the last wake of each futex word: the waiters it ends
+/// charge their wait to it.
+#[map(name = "FUTEX_WAKERS")]
+static WAKERS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(CONTENTION_KEYS, 0);
+
+/// A futex call in progress on a thread.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FutexCall {
+    start_ns: u64,
+    addr: u64,
+    site: u64,
+    kind: u32,
+    op: u32,
+    owner: u32,
+    _pad: u32,
+}
+
 #[map(name = "FUTEX_INFLIGHT")]
-static FUTEX_INFLIGHT: LruHashMap<u32, u64> =
+static FUTEX_INFLIGHT: LruHashMap<u32, FutexCall> =
     LruHashMap::with_max_entries(ALLOC_THREADS_CAPACITY, 0);
 
 /// A kernel lock wait in progress on a thread.
@@ -62,10 +108,10 @@ const FUTEX_CMD_MASK: u64 = !(128 | 256);
 fn futex_kind(cmd: u64) -> u32 {
     match cmd {
         // WAIT, LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2
-        0 | 6 | 9 | 11 | 13 => lock_event::WAIT_BEGIN,
+        0 | 6 | 9 | 11 | 13 => lock_event::WAIT,
         // WAKE, REQUEUE, CMP_REQUEUE, WAKE_OP, UNLOCK_PI, WAKE_BITSET,
         // CMP_REQUEUE_PI
-        1 | 3 | 4 | 5 | 7 | 10 | 12 => lock_event::WAKE_BEGIN,
+        1 | 3 | 4 | 5 | 7 | 10 | 12 => lock_event::WAKE,
         _ => 0,
     }
 }
@@ -87,39 +133,157 @@ fn user_regs() -> (u64, u64, u64) {
     }
 }
 
-/// Reports the start of a futex wait or wake on `uaddr`.
+/// The call site's hash: the instruction, the return addresses the
+/// loader's hint names for it, and the traced lock call in progress
+/// (whose return probe hides its return address on the stack).
 #[inline(always)]
-fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
-        return;
+fn site_of(ip: u64, sp: u64, lock_site: u64) -> u64 {
+    let mut h = mix_site(0, ip);
+    // SAFETY: a map lookup; the hint is plain data, copied out.
+    if let Some(hint) = unsafe { SITE_HINTS_MAP.get(ip) }.copied() {
+        for i in 0..SITE_HINT_FRAMES {
+            if i as u32 >= hint.count {
+                break;
+            }
+            let at = sp + u64::from(hint.slots[i]);
+            // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
+            let word = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+            h = mix_site(h, word);
+        }
     }
+    if lock_site != 0 {
+        h = mix_site(h, lock_site);
+    }
+    h | 1
+}
+
+/// Adds `v` to the u64 at `p` atomically (other CPUs update the same key).
+#[inline(always)]
+fn add(p: *mut u64, v: u64) {
+    // SAFETY: `p` points into a map value the caller looked up, valid
+    // while the program runs; the add is the BPF atomic instruction.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            p, v,
+        )
+    };
+}
+
+/// The aggregate of `key`, created if missing; once the table of
+/// individual locks is full, the aggregate of its site (`addr` 0).
+#[inline(always)]
+fn contention_of(key: &ContentionKey) -> Option<*mut Contention> {
+    if let Some(p) = CONTENTION.get_ptr_mut(key) {
+        return Some(p);
+    }
+    let zero = ZERO_CONTENTION.get(0)?;
+    // Fails when another CPU created it first (found next) or when full.
+    let _ = CONTENTION.insert(key, zero, BPF_NOEXIST as u64);
+    if let Some(p) = CONTENTION.get_ptr_mut(key) {
+        return Some(p);
+    }
+    count(counter::CONTENTION_OVERFLOW);
+    let other = ContentionKey { addr: 0, ..*key };
+    if let Some(p) = CONTENTION_OTHER.get_ptr_mut(other) {
+        return Some(p);
+    }
+    let _ = CONTENTION_OTHER.insert(other, zero, BPF_NOEXIST as u64);
+    let p = CONTENTION_OTHER.get_ptr_mut(other);
+    if p.is_none() {
+        count(counter::CONTENTION_DROPPED);
+    }
+    p
+}
+
+/// Counts one call of `ns` into `c`; `woken` for a wake.
+#[inline(always)]
+fn record(c: *mut Contention, ns: u64, woken: u64) {
+    // SAFETY: `c` comes from `contention_of`: a map value valid while the
+    // program runs. Counters use atomic adds; the longest is a racy
+    // compare and store (a maximum set at the same instant may be missed).
+    unsafe {
+        add(&raw mut (*c).count, 1);
+        add(&raw mut (*c).total_ns, ns);
+        if woken > 0 {
+            add(&raw mut (*c).woken, woken);
+        }
+        let b = log2_bucket(ns);
+        if b < (*c).buckets.len() {
+            add(&raw mut (*c).buckets[b], 1);
+        }
+        if ns > (*c).max_ns {
+            (*c).max_ns = ns;
+        }
+    }
+}
+
+/// Whether to send a stack sample of `c` now: the first call of a key,
+/// then one per interval, within the overall rate. Claims the slot.
+#[inline(always)]
+fn sample_now(c: *mut Contention, now: u64) -> bool {
+    // SAFETY: as in `record`; racing CPUs may both sample once.
+    let last = unsafe { (*c).last_sample_ns };
+    if !key_may_sample(last, now) {
+        return false;
+    }
+    let (Some(credit), Some(refilled)) =
+        (SAMPLE_BUCKET.get_ptr_mut(0), SAMPLE_BUCKET.get_ptr_mut(1))
+    else {
+        return false;
+    };
+    let cost = 1_000_000_000 / SAMPLES_PER_S;
+    // SAFETY: both pointers come from the map lookups. The bucket is
+    // updated without atomics: a race lets a sample or two more through.
+    unsafe {
+        let (ok, left) = take_token(*credit, *refilled, now, cost, 1_000_000_000);
+        *credit = left;
+        *refilled = now;
+        if ok {
+            (*c).last_sample_ns = now;
+        }
+        ok
+    }
+}
+
+/// The sample of a call: what the loader needs to name its site.
+struct Sample {
+    kind: u32,
+    tid: u32,
+    op: u32,
+    owner: u32,
+    addr: u64,
+    site: u64,
+    start_ns: u64,
+    duration_ns: u64,
+    ret: i64,
+    lock_site: u64,
+}
+
+/// Sends a stack sample.
+#[inline(always)]
+fn send_sample(s: &Sample) {
     let Some(mut entry) = LOCK_EVENTS.reserve::<LockEvent>(0) else {
         count(counter::LOCK_EVENTS_LOST);
         return;
     };
     let (ip, sp, bp) = user_regs();
-    let owner = if kind == lock_event::WAIT_BEGIN {
-        // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
-        unsafe { bpf_probe_read_user((uaddr + 8) as *const u32) }.unwrap_or(0)
-    } else {
-        0
-    };
     let e = entry.as_mut_ptr();
     // SAFETY: `e` points at the reserved record, valid and exclusively ours
     // until submit; every field is written before it.
     unsafe {
-        (*e).kind = kind;
-        (*e).tid = tid;
-        (*e).op = cmd;
-        (*e).owner = owner;
-        (*e).uaddr = uaddr;
-        (*e).duration_ns = 0;
-        (*e).ret = 0;
+        (*e).kind = s.kind;
+        (*e).tid = s.tid;
+        (*e).op = s.op;
+        (*e).owner = s.owner;
+        (*e).addr = s.addr;
+        (*e).site = s.site;
+        (*e).time_ns = s.start_ns;
+        (*e).duration_ns = s.duration_ns;
+        (*e).ret = s.ret;
         (*e).ip = ip;
         (*e).sp = sp;
         (*e).bp = bp;
-        (*e).lock_site = crate::locks::call_site(tid);
+        (*e).lock_site = s.lock_site;
         let stack = (*e).stack.as_mut_ptr() as *mut core::ffi::c_void;
         let size = (LOCK_STACK_WORDS * 8) as u32;
         if aya_ebpf::helpers::generated::bpf_probe_read_user(
@@ -139,17 +303,10 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
                 (*e).stack[0] = 0;
             }
         }
-        let t = bpf_now();
-        (*e).time_ns = t;
-        let _ = FUTEX_INFLIGHT.insert(tid, t, 0);
     }
-    submit_entry(entry);
-}
-
-#[inline(always)]
-fn submit_entry(entry: aya_ebpf::maps::ring_buf::RingBufEntry<LockEvent>) {
-    // Contended locks are rare next to allocator calls: wake the loader
-    // once a quarter of the ring is waiting, on a timer otherwise.
+    count(counter::LOCK_SAMPLES);
+    // Samples are few: wake the loader once a quarter of the ring waits,
+    // on a timer otherwise.
     let waiting = LOCK_EVENTS.query(BPF_RB_AVAIL_DATA as u64);
     entry.submit(if waiting >= u64::from(LOCK_RING_BYTES / 4) {
         BPF_RB_FORCE_WAKEUP as u64
@@ -158,7 +315,37 @@ fn submit_entry(entry: aya_ebpf::maps::ring_buf::RingBufEntry<LockEvent>) {
     });
 }
 
-/// Reports the end of a futex call reported by `futex_begin`.
+/// The start of a futex wait or wake on `uaddr`.
+#[inline(always)]
+fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
+    let (tgid, tid) = current_ids();
+    if tgid != target_tgid() {
+        return;
+    }
+    let (ip, sp, _) = user_regs();
+    let site = site_of(ip, sp, crate::locks::call_site(tid));
+    let owner = if kind == lock_event::WAIT {
+        // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
+        unsafe { bpf_probe_read_user((uaddr + 8) as *const u32) }.unwrap_or(0)
+    } else {
+        // The waiters this wake ends charge their wait to its site.
+        let _ = WAKERS.insert(uaddr, site, 0);
+        0
+    };
+    let call = FutexCall {
+        start_ns: bpf_now(),
+        addr: uaddr,
+        site,
+        kind,
+        op: cmd,
+        owner,
+        _pad: 0,
+    };
+    let _ = FUTEX_INFLIGHT.insert(tid, call, 0);
+}
+
+/// The end of a futex call `futex_begin` saw start: aggregated, the wait
+/// charged to the wake that ended it, and maybe sampled.
 #[inline(always)]
 fn futex_end(ctx: &TracePointContext) {
     let end = bpf_now();
@@ -166,35 +353,79 @@ fn futex_end(ctx: &TracePointContext) {
     if tgid != target_tgid() {
         return;
     }
-    let Some(start) = FUTEX_INFLIGHT.get_ptr(tid) else {
+    let Some(call) = FUTEX_INFLIGHT.get_ptr(tid) else {
         return;
     };
     // SAFETY: the pointer comes from the map lookup.
-    let start = unsafe { *start };
+    let call = unsafe { *call };
     let _ = FUTEX_INFLIGHT.remove(tid);
     // SAFETY: the offset comes from this kernel's format file.
     let ret = unsafe { ctx.read_at::<i64>(syscall_ret_offset()) }.unwrap_or(0);
-    let Some(mut entry) = LOCK_EVENTS.reserve::<LockEvent>(0) else {
-        count(counter::LOCK_EVENTS_LOST);
+    let ns = end.saturating_sub(call.start_ns);
+    let key = ContentionKey {
+        addr: call.addr,
+        site: call.site,
+        kind: call.kind,
+        _pad: 0,
+    };
+    let Some(c) = contention_of(&key) else {
         return;
     };
-    let e = entry.as_mut_ptr();
-    // SAFETY: as in `futex_begin`; the stack is not read for an end.
-    unsafe {
-        (*e).kind = lock_event::END;
-        (*e).tid = tid;
-        (*e).op = 0;
-        (*e).owner = 0;
-        (*e).uaddr = 0;
-        (*e).time_ns = start;
-        (*e).duration_ns = end.saturating_sub(start);
-        (*e).ret = ret;
-        (*e).ip = 0;
-        (*e).sp = 0;
-        (*e).bp = 0;
-        (*e).lock_site = 0;
+    let woken = if call.kind == lock_event::WAKE && ret > 0 {
+        ret as u64
+    } else {
+        0
+    };
+    record(c, ns, woken);
+    if call.kind == lock_event::WAIT {
+        if ret == 0 {
+            blame(call.addr, ns);
+        }
+        let waiter = WaiterKey {
+            addr: call.addr,
+            tid,
+            _pad: 0,
+        };
+        if WAITER_THREADS.get_ptr(waiter).is_none() {
+            let _ = WAITER_THREADS.insert(waiter, 1, 0);
+        }
     }
-    submit_entry(entry);
+    if sample_now(c, end) {
+        send_sample(&Sample {
+            kind: call.kind,
+            tid,
+            op: call.op,
+            owner: call.owner,
+            addr: call.addr,
+            site: call.site,
+            start_ns: call.start_ns,
+            duration_ns: ns,
+            ret,
+            lock_site: crate::locks::call_site(tid),
+        });
+    }
+}
+
+/// Charges a wait on `uaddr` that a wake ended to the last wake's site.
+#[inline(always)]
+fn blame(uaddr: u64, ns: u64) {
+    // SAFETY: a map lookup; the site is a plain u64, copied out.
+    let Some(site) = (unsafe { WAKERS.get(uaddr) }).copied() else {
+        return;
+    };
+    let key = ContentionKey {
+        addr: uaddr,
+        site,
+        kind: lock_event::WAKE,
+        _pad: 0,
+    };
+    if let Some(c) = contention_of(&key) {
+        // SAFETY: `c` is a map value from `contention_of`.
+        unsafe {
+            add(&raw mut (*c).caused_ns, ns);
+            add(&raw mut (*c).caused_waits, 1);
+        }
+    }
 }
 
 #[inline(always)]
@@ -217,14 +448,14 @@ pub fn mp_futex_in(ctx: TracePointContext) -> u32 {
 /// `futex_wait(uaddr, val, mask, flags, ...)` (futex2).
 #[tracepoint]
 pub fn mp_futexw_in(ctx: TracePointContext) -> u32 {
-    futex_begin(lock_event::WAIT_BEGIN, 0, arg(&ctx, 0));
+    futex_begin(lock_event::WAIT, 0, arg(&ctx, 0));
     0
 }
 
 /// `futex_wake(uaddr, mask, nr, flags)` (futex2).
 #[tracepoint]
 pub fn mp_futexk_in(ctx: TracePointContext) -> u32 {
-    futex_begin(lock_event::WAKE_BEGIN, 1, arg(&ctx, 0));
+    futex_begin(lock_event::WAKE, 1, arg(&ctx, 0));
     0
 }
 
@@ -264,6 +495,7 @@ pub fn mp_klock_begin(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// The end of a kernel lock wait: aggregated per (lock kind, user site).
 #[tracepoint]
 pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
     let end = bpf_now();
@@ -277,27 +509,31 @@ pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
     // SAFETY: the pointer comes from the map lookup.
     let w = unsafe { *w };
     let _ = KLOCK_INFLIGHT.remove(tid);
-    let Some(mut entry) = LOCK_EVENTS.reserve::<LockEvent>(0) else {
-        count(counter::LOCK_EVENTS_LOST);
+    let (ip, sp, _) = user_regs();
+    let key = ContentionKey {
+        addr: u64::from(w.flags),
+        site: site_of(ip, sp, 0),
+        kind: lock_event::KERNEL,
+        _pad: 0,
+    };
+    let Some(c) = contention_of(&key) else {
         return 0;
     };
-    let (ip, sp, bp) = user_regs();
-    let e = entry.as_mut_ptr();
-    // SAFETY: as in `futex_begin`; no stack for kernel waits.
-    unsafe {
-        (*e).kind = lock_event::KERNEL;
-        (*e).tid = tid;
-        (*e).op = w.flags;
-        (*e).owner = 0;
-        (*e).uaddr = w.addr;
-        (*e).time_ns = w.start_ns;
-        (*e).duration_ns = end.saturating_sub(w.start_ns);
-        (*e).ret = 0;
-        (*e).ip = ip;
-        (*e).sp = sp;
-        (*e).bp = bp;
-        (*e).lock_site = 0;
+    let ns = end.saturating_sub(w.start_ns);
+    record(c, ns, 0);
+    if sample_now(c, end) {
+        send_sample(&Sample {
+            kind: lock_event::KERNEL,
+            tid,
+            op: w.flags,
+            owner: 0,
+            addr: key.addr,
+            site: key.site,
+            start_ns: w.start_ns,
+            duration_ns: ns,
+            ret: 0,
+            lock_site: 0,
+        });
     }
-    submit_entry(entry);
     0
 }

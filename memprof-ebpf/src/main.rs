@@ -5,6 +5,10 @@
 //! in userspace (`memprof`).
 #![no_std]
 #![no_main]
+// `atomic_xadd`: `core` offers no atomic add on the BPF target, whose
+// instruction set has one (the contention counters need it).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod alloc;
 mod futex;

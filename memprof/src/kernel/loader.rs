@@ -132,12 +132,17 @@ impl Probes {
         }
     }
 
-    /// Takes a ring buffer out of the object (to be polled by the session).
-    pub fn take_ring(&mut self, name: &str) -> Result<RingBuf<MapData>> {
-        let map = self
+    /// Takes a map out of the object (for a feature to keep).
+    pub fn take_map(&mut self, name: &str) -> Result<aya::maps::Map> {
+        Ok(self
             .ebpf
             .take_map(name)
-            .ok_or_else(|| anyhow::anyhow!("map {name} missing from the eBPF object"))?;
+            .ok_or_else(|| anyhow::anyhow!("map {name} missing from the eBPF object"))?)
+    }
+
+    /// Takes a ring buffer out of the object (to be polled by the session).
+    pub fn take_ring(&mut self, name: &str) -> Result<RingBuf<MapData>> {
+        let map = self.take_map(name)?;
         Ok(RingBuf::try_from(map).map_err(anyhow::Error::new)?)
     }
 }

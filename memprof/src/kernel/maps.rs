@@ -43,6 +43,11 @@ pub struct Counters {
     pub line_errors: u64,
     pub addresses_loaded: u64,
     pub slice_faults: u64,
+    /// Futex calls and kernel lock waits aggregated by site only (lock
+    /// table full), not aggregated at all, and stack samples sent.
+    pub contention_overflow: u64,
+    pub contention_dropped: u64,
+    pub lock_samples: u64,
 }
 
 impl Counters {
@@ -85,6 +90,9 @@ impl Probes {
             line_errors: sum(counter::LINE_ERRORS),
             addresses_loaded: sum(counter::ADDRESSES_LOADED),
             slice_faults: sum(counter::SLICE_FAULTS),
+            contention_overflow: sum(counter::CONTENTION_OVERFLOW),
+            contention_dropped: sum(counter::CONTENTION_DROPPED),
+            lock_samples: sum(counter::LOCK_SAMPLES),
         }
     }
 

@@ -2,6 +2,7 @@
 //! their budget.
 
 pub mod budget;
+pub mod contention;
 pub mod loader;
 pub mod maps;
 pub mod precise;

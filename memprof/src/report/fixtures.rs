@@ -291,6 +291,10 @@ pub fn waiter(function: &str, line: Option<u32>, count: u64, wait_ns: u64) -> Wa
         module: "locks".into(),
         count,
         wait_ns,
+        chain: vec![format!(
+            "{function} ({})",
+            line.map_or("(locks)".to_string(), |l| format!("locks.c:{l}"))
+        )],
     }
 }
 
@@ -303,6 +307,7 @@ pub fn holder(function: &str, line: u32, count: u64) -> HolderSite {
         module: "locks".into(),
         count,
         woken: count - 3,
+        delay_caused_ns: count * 20_000,
     }
 }
 
@@ -407,6 +412,7 @@ pub fn trace_hot_lock(r: &mut Report) {
         count: 65_880,
         hold_ns: 1_435_000_000,
         hold_max_ns: 4_400_000,
+        delay_caused_ns: 1_010_000_000,
     }];
 }
 

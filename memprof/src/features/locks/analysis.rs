@@ -20,62 +20,32 @@ pub struct Chain {
     pub frames: Vec<Place>,
 }
 
-/// A thread blocked (or tried to) in a futex wait.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FutexWait {
-    pub uaddr: u64,
-    pub tid: u32,
-    /// The word 8 bytes after the futex: a glibc mutex's owner thread.
-    pub owner: u32,
-    pub duration_ns: u64,
-    pub chain: Chain,
-}
-
-/// A thread woke waiters of a futex (usually a lock's release).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FutexWake {
-    pub uaddr: u64,
-    pub tid: u32,
-    /// Threads woken (the call's return value).
+/// Wakes at one site of one futex word.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WakeSite {
+    /// Wake calls, and threads they woke.
+    pub calls: u64,
     pub woken: u64,
-    pub chain: Chain,
-}
-
-/// A wait for a kernel lock (`lock:contention_begin/end`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct KernelWait {
-    /// `LCB_F_*` flags: the kind of kernel lock.
-    pub flags: u32,
-    pub duration_ns: u64,
-    /// Where the thread was in user space (the call that led there).
-    pub ip: Place,
+    /// The waits they ended (each waiter's whole wait), and how many.
+    pub caused_ns: u64,
+    pub caused_waits: u64,
 }
 
 /// Waits at one futex word.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct FutexStats {
     pub waits: Durations,
     /// Waits per call chain: (count, ns).
     pub waiters: FastMap<Chain, (u64, u64)>,
-    /// Wakes per call chain: (calls, threads woken).
-    pub wakers: FastMap<Chain, (u64, u64)>,
-    /// Owner thread ids seen at wait time (glibc mutexes), with counts.
+    /// Wakes per call chain.
+    pub wakers: FastMap<Chain, WakeSite>,
+    /// Owner threads seen in sampled waits (glibc mutexes), with counts.
     pub owners: FastMap<u32, u64>,
     /// Threads that waited.
-    pub threads: FastSet<u32>,
+    pub threads: usize,
 }
 
 impl FutexStats {
-    fn new() -> Self {
-        Self {
-            waits: Durations::default(),
-            waiters: FastMap::default(),
-            wakers: FastMap::default(),
-            owners: FastMap::default(),
-            threads: FastSet::default(),
-        }
-    }
-
     /// Contended waits seen.
     pub fn contentions(&self) -> u64 {
         self.waits.count()
@@ -83,11 +53,11 @@ impl FutexStats {
 }
 
 /// Kernel lock waits of one kind.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct KernelStats {
     pub waits: Durations,
-    /// Waits per user place: (count, ns).
-    pub sites: FastMap<Place, (u64, u64)>,
+    /// Waits per user call chain: (count, ns).
+    pub sites: FastMap<Chain, (u64, u64)>,
 }
 
 /// A critical section (or a failed try/timed lock call) seen by the lock
@@ -174,34 +144,48 @@ impl LockProfile {
         Self::default()
     }
 
-    pub fn add_wait(&mut self, w: FutexWait) {
-        let f = self.futexes.entry(w.uaddr).or_insert_with(FutexStats::new);
-        f.waits.record(w.duration_ns);
-        if w.owner != 0 && w.owner != w.tid {
-            *f.owners.entry(w.owner).or_default() += 1;
+    /// Forgets the contention aggregates, to be replaced by a newer
+    /// snapshot of the kernel's (the uprobe sections stay).
+    pub fn clear_contention(&mut self) {
+        self.futexes.clear();
+        self.kernel.clear();
+    }
+
+    /// Waits on futex word `uaddr` at one call chain.
+    pub fn add_waits(&mut self, uaddr: u64, chain: Chain, waits: &Durations) {
+        let f = self.futexes.entry(uaddr).or_default();
+        f.waits.add(waits);
+        let site = f.waiters.entry(chain).or_default();
+        site.0 += waits.count();
+        site.1 += waits.total_ns;
+    }
+
+    /// Wakes of futex word `uaddr` at one call chain.
+    pub fn add_wakes(&mut self, uaddr: u64, chain: Chain, wakes: WakeSite) {
+        let f = self.futexes.entry(uaddr).or_default();
+        let site = f.wakers.entry(chain).or_default();
+        site.calls += wakes.calls;
+        site.woken += wakes.woken;
+        site.caused_ns += wakes.caused_ns;
+        site.caused_waits += wakes.caused_waits;
+    }
+
+    /// Who waited on futex word `uaddr`: the threads (counted by the
+    /// kernel) and the owners read in sampled waits.
+    pub fn set_waiters_seen(&mut self, uaddr: u64, threads: usize, owners: &FastMap<u32, u64>) {
+        if let Some(f) = self.futexes.get_mut(&uaddr) {
+            f.threads = threads;
+            f.owners.clone_from(owners);
         }
-        f.threads.insert(w.tid);
-        let site = f.waiters.entry(w.chain).or_default();
-        site.0 += 1;
-        site.1 += w.duration_ns;
     }
 
-    pub fn add_wake(&mut self, w: FutexWake) {
-        let f = self.futexes.entry(w.uaddr).or_insert_with(FutexStats::new);
-        let site = f.wakers.entry(w.chain).or_default();
-        site.0 += 1;
-        site.1 += w.woken;
-    }
-
-    pub fn add_kernel_wait(&mut self, w: KernelWait) {
-        let k = self.kernel.entry(w.flags).or_insert_with(|| KernelStats {
-            waits: Durations::default(),
-            sites: FastMap::default(),
-        });
-        k.waits.record(w.duration_ns);
-        let site = k.sites.entry(w.ip).or_default();
-        site.0 += 1;
-        site.1 += w.duration_ns;
+    /// Kernel lock waits of kind `flags` at one user call chain.
+    pub fn add_kernel_waits(&mut self, flags: u32, chain: Chain, waits: &Durations) {
+        let k = self.kernel.entry(flags).or_default();
+        k.waits.add(waits);
+        let site = k.sites.entry(chain).or_default();
+        site.0 += waits.count();
+        site.1 += waits.total_ns;
     }
 
     /// A critical section (or failed lock call) from the uprobes.
@@ -373,41 +357,46 @@ mod tests {
         }
     }
 
+    fn durations(ns: &[u64]) -> Durations {
+        let mut d = Durations::default();
+        for &n in ns {
+            d.record(n);
+        }
+        d
+    }
+
     #[test]
     fn waits_and_wakes_gather_per_futex_word() {
         let mut p = LockProfile::new();
-        for (tid, ns) in [(2, 1000), (3, 5000), (2, 2000)] {
-            p.add_wait(FutexWait {
-                uaddr: 0x1000,
-                tid,
-                owner: 7,
-                duration_ns: ns,
-                chain: chain(&[0x40]),
-            });
-        }
-        p.add_wait(FutexWait {
-            uaddr: 0x2000,
-            tid: 2,
-            owner: 0,
-            duration_ns: 100,
-            chain: chain(&[0x80]),
-        });
-        p.add_wake(FutexWake {
-            uaddr: 0x1000,
-            tid: 7,
+        p.add_waits(0x1000, chain(&[0x40]), &durations(&[1000, 2000]));
+        p.add_waits(0x1000, chain(&[0x48]), &durations(&[5000]));
+        p.add_waits(0x2000, chain(&[0x80]), &durations(&[100]));
+        let wake = WakeSite {
+            calls: 1,
             woken: 1,
-            chain: chain(&[0x50]),
-        });
+            caused_ns: 5000,
+            caused_waits: 1,
+        };
+        p.add_wakes(0x1000, chain(&[0x50]), wake);
+        p.add_wakes(0x1000, chain(&[0x50]), wake);
+        let owners = [(7, 3)].into_iter().collect();
+        p.set_waiters_seen(0x1000, 2, &owners);
         let futexes = p.futexes();
         assert_eq!(futexes[0].0, 0x1000, "most wait time first");
         let f = futexes[0].1;
         assert_eq!((f.contentions(), f.waits.total_ns), (3, 8000));
         assert_eq!(f.waits.max_ns, 5000);
         assert_eq!(f.owners.get(&7), Some(&3));
-        assert_eq!(f.threads.len(), 2);
-        assert_eq!(f.waiters.get(&chain(&[0x40])), Some(&(3, 8000)));
-        assert_eq!(f.wakers.get(&chain(&[0x50])), Some(&(1, 1)));
+        assert_eq!(f.threads, 2);
+        assert_eq!(f.waiters.get(&chain(&[0x40])), Some(&(2, 3000)));
+        let w = f.wakers.get(&chain(&[0x50])).unwrap();
+        assert_eq!((w.calls, w.caused_ns, w.caused_waits), (2, 10_000, 2));
         assert_eq!(futexes[1].1.owners.len(), 0, "no owner word");
+        // A newer snapshot replaces the aggregates; the sections stay.
+        p.add_section(section(0x10, lock_op::MUTEX_LOCK, 0, 5, (1, 2)));
+        p.clear_contention();
+        assert!(p.futexes().is_empty() && p.kernel().is_empty());
+        assert_eq!(p.holds().len(), 1);
     }
 
     #[test]
@@ -530,19 +519,13 @@ mod tests {
     #[test]
     fn kernel_waits_gather_per_kind() {
         let mut p = LockProfile::new();
-        p.add_kernel_wait(KernelWait {
-            flags: 2,
-            duration_ns: 300,
-            ip: place(9),
-        });
-        p.add_kernel_wait(KernelWait {
-            flags: 2,
-            duration_ns: 700,
-            ip: place(9),
-        });
+        p.add_kernel_waits(2, chain(&[9]), &durations(&[300]));
+        p.add_kernel_waits(2, chain(&[9]), &durations(&[700]));
+        p.add_kernel_waits(2, chain(&[10]), &durations(&[1]));
         let k = p.kernel();
         assert_eq!(k.len(), 1);
-        assert_eq!(k[0].1.waits.total_ns, 1000);
+        assert_eq!(k[0].1.waits.total_ns, 1001);
+        assert_eq!(k[0].1.sites.get(&chain(&[9])), Some(&(2, 1000)));
         assert_eq!(kernel_lock_kind(k[0].0), "kernel rwsem (read)");
         assert_eq!(kernel_lock_kind(32), "kernel mutex");
     }

@@ -1,13 +1,19 @@
 //! Lock records → the lock profile: critical sections from the lock
-//! uprobes, and futex waits and wakes from the kernel with their call
-//! chains (walked with the objects' call-frame information, then by
-//! scanning the copied stack for return addresses).
+//! uprobes; futex waits and wakes and kernel lock waits from the kernel's
+//! aggregates, named by the call chains of their stack samples (walked
+//! with the objects' call-frame information, then by scanning the copied
+//! stack for return addresses).
+//!
+//! Every table here has a bound: chains per site ([`SITES_MAX`]), owners
+//! per lock ([`OWNERS_MAX`]) and locks with owners ([`LOCKS_WITH_OWNERS`]).
 
-use memprof_common::{lock_event, locks::HoldEvent, LockEvent};
+use memprof_common::{
+    lock_event, locks::HoldEvent, Contention, ContentionKey, LockEvent, SiteHint, SITE_HINT_FRAMES,
+};
 
-use super::analysis::{Chain, FutexWait, FutexWake, KernelWait, LockProfile, Section};
+use super::analysis::{Chain, Durations, LockProfile, Section, WakeSite};
 use crate::{
-    features::FastMap,
+    features::{FastMap, FastSet},
     object::{files::CodeCache, unwind},
     process::{
         maps::{call_of, Place, ProcMaps},
@@ -21,24 +27,36 @@ const LOCK_MAPS_REFRESH_MIN_INTERVAL: std::time::Duration = std::time::Duration:
 
 /// Return addresses kept per futex call chain.
 const CHAIN_FRAMES: usize = 8;
-
-/// A futex call whose end has not come yet.
-#[derive(Debug)]
-struct PendingFutex {
-    wait: bool,
-    uaddr: u64,
-    owner: u32,
-    chain: Chain,
-}
+/// Call sites whose chain is kept (the kernel's site hashes; a program
+/// has tens to hundreds).
+const SITES_MAX: usize = 16384;
+/// Owner threads counted per lock, and locks whose owners are counted.
+const OWNERS_MAX: usize = 64;
+const LOCKS_WITH_OWNERS: usize = 16384;
 
 /// The lock profile and what building it needs.
 #[derive(Default)]
 pub struct LockCollector {
     pub profile: LockProfile,
-    /// Futex calls begun and not yet ended, per thread.
-    futex_calls: FastMap<u32, PendingFutex>,
+    /// The chain of each call site, from its first stack sample.
+    chains: FastMap<u64, Chain>,
+    /// Owner threads read in sampled waits, per futex word.
+    owners: FastMap<u64, FastMap<u32, u64>>,
+    /// Instructions whose site hint was computed (installed or not).
+    hinted: FastSet<u64>,
+    /// Hints for the kernel, not yet written to its map.
+    pub new_hints: Vec<(u64, SiteHint)>,
     code: CodeCache,
     unwinder: unwind::Unwinder,
+}
+
+/// A call chain unwound from a sample, and the stack offsets (from the
+/// stack pointer) of the return addresses the call-frame information
+/// found: the site hint.
+struct Unwound {
+    frames: Vec<Place>,
+    scan_from: usize,
+    slots: Vec<u16>,
 }
 
 impl LockCollector {
@@ -68,7 +86,8 @@ impl LockCollector {
         });
     }
 
-    /// One record of the lock ring buffer.
+    /// One stack sample of the lock ring: names its site, counts its
+    /// owner, and gives its instruction a site hint.
     pub fn on_record(&mut self, bytes: &[u8], process: &mut Process) {
         let Some(ev) = LockEvent::from_bytes(bytes) else {
             return;
@@ -77,49 +96,88 @@ impl LockCollector {
         if process.before_launch(ev.time_ns) {
             return;
         }
-        match ev.kind {
-            lock_event::WAIT_BEGIN | lock_event::WAKE_BEGIN => {
-                let chain = self.chain(&ev, process);
-                self.futex_calls.insert(
-                    ev.tid,
-                    PendingFutex {
-                        wait: ev.kind == lock_event::WAIT_BEGIN,
-                        uaddr: ev.uaddr,
-                        owner: ev.owner,
-                        chain,
-                    },
-                );
-            }
-            lock_event::END => {
-                let Some(call) = self.futex_calls.remove(&ev.tid) else {
-                    return;
-                };
-                if call.wait {
-                    self.profile.add_wait(FutexWait {
-                        uaddr: call.uaddr,
-                        tid: ev.tid,
-                        owner: call.owner,
-                        duration_ns: ev.duration_ns,
-                        chain: call.chain,
-                    });
-                } else {
-                    self.profile.add_wake(FutexWake {
-                        uaddr: call.uaddr,
-                        tid: ev.tid,
-                        woken: u64::try_from(ev.ret).unwrap_or(0),
-                        chain: call.chain,
-                    });
+        if !matches!(
+            ev.kind,
+            lock_event::WAIT | lock_event::WAKE | lock_event::KERNEL
+        ) {
+            tracing::warn!("unknown lock record kind {}", ev.kind);
+            return;
+        }
+        if ev.kind == lock_event::WAIT && ev.owner != 0 && ev.owner != ev.tid {
+            let full = self.owners.len() >= LOCKS_WITH_OWNERS;
+            if let Some(owners) = match self.owners.get_mut(&ev.addr) {
+                Some(o) => Some(o),
+                None if !full => Some(self.owners.entry(ev.addr).or_default()),
+                None => None,
+            } {
+                if owners.len() < OWNERS_MAX || owners.contains_key(&ev.owner) {
+                    *owners.entry(ev.owner).or_default() += 1;
                 }
             }
-            lock_event::KERNEL => {
-                let ip = process.call_site(ev.ip);
-                self.profile.add_kernel_wait(KernelWait {
-                    flags: ev.op,
-                    duration_ns: ev.duration_ns,
-                    ip,
-                });
+        }
+        let hint_needed = !self.hinted.contains(&ev.ip);
+        if self.chains.contains_key(&ev.site) && !hint_needed {
+            return;
+        }
+        let (chain, slots) = self.chain(&ev, process);
+        if hint_needed && !chain.frames.is_empty() {
+            self.hinted.insert(ev.ip);
+            if !slots.is_empty() {
+                let mut hint = SiteHint::default();
+                for (i, s) in slots.iter().take(SITE_HINT_FRAMES).enumerate() {
+                    hint.slots[i] = *s;
+                    hint.count = i as u32 + 1;
+                }
+                self.new_hints.push((ev.ip, hint));
             }
-            other => tracing::warn!("unknown lock record kind {other}"),
+        }
+        if self.chains.len() < SITES_MAX {
+            self.chains.entry(ev.site).or_insert(chain);
+        }
+    }
+
+    /// Replaces the profile's contention with a snapshot of the kernel's
+    /// aggregates, `threads` the count of threads that waited per futex
+    /// word.
+    pub fn rebuild(
+        &mut self,
+        snapshot: &[(ContentionKey, Contention)],
+        threads: &FastMap<u64, usize>,
+    ) {
+        self.profile.clear_contention();
+        for (key, c) in snapshot {
+            if c.count == 0 && c.caused_waits == 0 {
+                continue;
+            }
+            let chain = self
+                .chains
+                .get(&key.site)
+                .cloned()
+                .unwrap_or_else(unknown_chain);
+            let durations = Durations::from_log2(c.buckets, c.count, c.total_ns, c.max_ns);
+            match key.kind {
+                lock_event::WAIT => self.profile.add_waits(key.addr, chain, &durations),
+                lock_event::WAKE => self.profile.add_wakes(
+                    key.addr,
+                    chain,
+                    WakeSite {
+                        calls: c.count,
+                        woken: c.woken,
+                        caused_ns: c.caused_ns,
+                        caused_waits: c.caused_waits,
+                    },
+                ),
+                lock_event::KERNEL => {
+                    self.profile
+                        .add_kernel_waits(key.addr as u32, chain, &durations)
+                }
+                _ => {}
+            }
+        }
+        let empty = FastMap::default();
+        for (&addr, &n) in threads {
+            let owners = self.owners.get(&addr).unwrap_or(&empty);
+            self.profile.set_waiters_seen(addr, n, owners);
         }
     }
 
@@ -151,7 +209,7 @@ impl LockCollector {
 
     /// The call chain of a futex call: the syscall's place and the return
     /// addresses found among the stack words (each resolved at its call).
-    fn chain(&mut self, ev: &LockEvent, process: &mut Process) -> Chain {
+    fn chain(&mut self, ev: &LockEvent, process: &mut Process) -> (Chain, Vec<u16>) {
         // The futex call is in code that must be mapped: if our snapshot
         // does not have it (e.g. libc, just loaded after an exec), the
         // stack words would not be found either. Lock events are few, so
@@ -167,7 +225,11 @@ impl LockCollector {
             ev
         };
         let ip = process.place(ev.ip);
-        let (mut frames, scan_from) = self.unwind(ev, process);
+        let Unwound {
+            mut frames,
+            scan_from,
+            slots,
+        } = self.unwind(ev, process);
         for &word in ev.stack.iter().skip(scan_from) {
             if frames.len() >= CHAIN_FRAMES {
                 break;
@@ -187,14 +249,15 @@ impl LockCollector {
                 });
             }
         }
-        Chain { ip, frames }
+        (Chain { ip, frames }, slots)
     }
 
     /// Walks the futex call's stack with the objects' call-frame
-    /// information, as far as the copied stack words go. Returns the return
-    /// addresses' places and the index of the first stack word above the
-    /// last frame found (where scanning may continue).
-    fn unwind(&mut self, ev: &LockEvent, process: &mut Process) -> (Vec<Place>, usize) {
+    /// information, as far as the copied stack words go: the return
+    /// addresses' places and stack offsets, and the index of the first
+    /// stack word above the last frame found (where scanning may
+    /// continue).
+    fn unwind(&mut self, ev: &LockEvent, process: &mut Process) -> Unwound {
         let word = |addr: u64| -> Option<u64> {
             let i = usize::try_from(addr.checked_sub(ev.sp)? / 8).ok()?;
             (addr % 8 == ev.sp % 8).then_some(())?;
@@ -202,6 +265,7 @@ impl LockCollector {
         };
         let (mut ip, mut sp, mut bp) = (ev.ip, ev.sp, ev.bp);
         let mut frames = Vec::new();
+        let mut slots = Vec::new();
         for depth in 0..CHAIN_FRAMES {
             // A return address is resolved at its call instruction.
             let at = if depth == 0 { ip } else { call_of(ip) };
@@ -225,9 +289,13 @@ impl LockCollector {
                 unwind::Base::Bp => bp,
             };
             let cfa = base.wrapping_add_signed(rule.cfa_offset);
-            let Some(ra) = word(cfa.wrapping_add_signed(rule.ra_offset)).filter(|&a| a != 0) else {
+            let ra_at = cfa.wrapping_add_signed(rule.ra_offset);
+            let Some(ra) = word(ra_at).filter(|&a| a != 0) else {
                 break;
             };
+            if let Ok(slot) = u16::try_from(ra_at.wrapping_sub(ev.sp)) {
+                slots.push(slot);
+            }
             if let Some(o) = rule.bp_offset {
                 match word(cfa.wrapping_add_signed(o)) {
                     Some(saved) => bp = saved,
@@ -237,6 +305,105 @@ impl LockCollector {
             (ip, sp) = (ra, cfa);
         }
         let scan_from = usize::try_from(sp.saturating_sub(ev.sp) / 8).unwrap_or(usize::MAX);
-        (frames, scan_from)
+        Unwound {
+            frames,
+            scan_from,
+            slots,
+        }
+    }
+}
+
+/// The chain of a site no sample named (the sample budget ran out before
+/// its first call was sampled).
+fn unknown_chain() -> Chain {
+    Chain {
+        ip: Place::Unmapped { address: 0 },
+        frames: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn chain(offset: u64) -> Chain {
+        let at = Place::File {
+            path: Arc::from("/bin/prog"),
+            file_offset: offset,
+        };
+        Chain {
+            ip: at.clone(),
+            frames: vec![at],
+        }
+    }
+
+    fn key(addr: u64, site: u64, kind: u32) -> ContentionKey {
+        ContentionKey {
+            addr,
+            site,
+            kind,
+            _pad: 0,
+        }
+    }
+
+    fn calls(count: u64, ns: u64) -> Contention {
+        let mut c = Contention {
+            count,
+            total_ns: count * ns,
+            max_ns: ns,
+            ..Contention::default()
+        };
+        c.buckets[memprof_common::log2_bucket(ns)] = count;
+        c
+    }
+
+    #[test]
+    fn snapshots_merge_per_lock_and_replace_the_last_one() {
+        let mut c = LockCollector::default();
+        c.chains.insert(0xa1, chain(0x10));
+        c.chains.insert(0xa2, chain(0x20));
+        c.chains.insert(0xb1, chain(0x30));
+        c.owners.insert(0x1000, [(7, 2)].into_iter().collect());
+        let wake = Contention {
+            woken: 5,
+            caused_ns: 9000,
+            caused_waits: 3,
+            ..calls(5, 100)
+        };
+        let snapshot = vec![
+            (key(0x1000, 0xa1, lock_event::WAIT), calls(3, 1000)),
+            (key(0x1000, 0xa2, lock_event::WAIT), calls(1, 6000)),
+            (key(0x1000, 0xb1, lock_event::WAKE), wake),
+            // The per-site aggregate of locks past the kernel's table, and
+            // a site no sample named.
+            (key(0, 0xa1, lock_event::WAIT), calls(2, 50)),
+            (key(0x2000, 0xff, lock_event::WAIT), calls(1, 10)),
+            (key(2, 0xa2, lock_event::KERNEL), calls(4, 300)),
+        ];
+        let threads = [(0x1000, 3)].into_iter().collect();
+        for _ in 0..2 {
+            // Twice: the kernel's totals are cumulative, not deltas.
+            c.rebuild(&snapshot, &threads);
+            let futexes = c.profile.futexes();
+            let (addr, f) = futexes[0];
+            assert_eq!(addr, 0x1000);
+            assert_eq!((f.contentions(), f.waits.total_ns), (4, 9000));
+            assert_eq!(f.waits.max_ns, 6000);
+            assert_eq!(f.waiters.get(&chain(0x10)), Some(&(3, 3000)));
+            let w = f.wakers.get(&chain(0x30)).expect("the wake site");
+            assert_eq!(
+                (w.calls, w.woken, w.caused_ns, w.caused_waits),
+                (5, 5, 9000, 3)
+            );
+            assert_eq!((f.threads, f.owners.get(&7)), (3, Some(&2)));
+            let other = futexes.iter().find(|(a, _)| *a == 0).expect("other locks");
+            assert_eq!(other.1.waiters.get(&chain(0x10)), Some(&(2, 100)));
+            let unnamed = futexes.iter().find(|(a, _)| *a == 0x2000).unwrap();
+            assert_eq!(unnamed.1.waiters.get(&unknown_chain()), Some(&(1, 10)));
+            let kernel = c.profile.kernel();
+            assert_eq!((kernel[0].0, kernel[0].1.waits.count()), (2, 4));
+        }
     }
 }

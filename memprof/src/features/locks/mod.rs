@@ -9,6 +9,7 @@ pub mod analysis;
 pub mod collect;
 pub mod durations;
 pub mod report;
+pub mod sites;
 pub mod tracer;
 
 use std::{
@@ -16,13 +17,14 @@ use std::{
     time::Instant,
 };
 
-use memprof_common::{locks::HoldEvent, maps};
+use memprof_common::{locks::HoldEvent, maps, CONTENTION_KEYS};
 
 use super::{alloc::analysis::AllocProfile, Feature, Plan, ReportContext, Target};
 use crate::{
     cli::LockMode,
     error::Result,
     kernel::{
+        contention::ContentionMaps,
         loader::{Load, Probes},
         rings::{decoded, drain_batch, poll_ring, readable, Ring},
         windows::{Detaching, Windowed},
@@ -86,6 +88,7 @@ impl Plan for LockPlan {
         _process: &mut Process,
     ) -> Result<Box<dyn Feature>> {
         let futex = readable(probes.take_ring(maps::LOCK_EVENTS)?, "the lock ring buffer")?;
+        let contention = ContentionMaps::take(probes)?;
         let calls = match self.library {
             Some(library) => {
                 let holds = readable(
@@ -100,6 +103,7 @@ impl Plan for LockPlan {
         };
         Ok(Box::new(Locks {
             futex,
+            contention,
             calls,
             mode: self.mode,
             collector: LockCollector::default(),
@@ -109,8 +113,10 @@ impl Plan for LockPlan {
 
 /// The locks feature.
 pub struct Locks {
-    /// Futex and kernel-lock records.
+    /// Stack samples of futex calls and kernel lock waits.
     futex: Ring,
+    /// The kernel's contention aggregates.
+    contention: ContentionMaps,
     /// Critical sections and the lock uprobes (None when they are off or
     /// no pthread library was found).
     calls: Option<(Ring, Windowed)>,
@@ -132,6 +138,9 @@ impl Feature for Locks {
     fn drain(&mut self, process: &mut Process) -> bool {
         let collector = &mut self.collector;
         let mut more = drain_batch(&mut self.futex, |b| collector.on_record(b, process));
+        for (ip, hint) in collector.new_hints.drain(..) {
+            self.contention.install_hint(ip, hint);
+        }
         if let Some((holds, _)) = &mut self.calls {
             more |= drain_batch(holds, |b| {
                 if let Some(ev) = decoded(b, "critical-section", HoldEvent::from_bytes) {
@@ -170,12 +179,9 @@ impl Feature for Locks {
 
     fn report(&mut self, ctx: &mut ReportContext<'_>, out: &mut Report) {
         let counters = ctx.counters;
-        if counters.lock_events_lost > 0 {
-            ctx.notes.push(format!(
-                "{} lock events were lost (ring buffer full): lock counts are low",
-                counters.lock_events_lost
-            ));
-        }
+        self.collector
+            .rebuild(&self.contention.snapshot(), &self.contention.threads());
+        contention_notes(counters, ctx.notes);
         if counters.hold_events_lost > 0 {
             ctx.notes.push(format!(
                 "{} critical sections were lost (ring buffer full): acquisitions are low",
@@ -209,5 +215,30 @@ impl Feature for Locks {
             .as_mut()
             .map(|(_, t)| t.take_detaching())
             .unwrap_or_default()
+    }
+}
+
+/// What the kernel could not aggregate or sample, said in the notes.
+fn contention_notes(counters: &crate::kernel::maps::Counters, notes: &mut Vec<String>) {
+    if counters.contention_overflow > 0 {
+        notes.push(format!(
+            "{} futex calls or kernel lock waits were aggregated by call site only: more \
+             than {CONTENTION_KEYS} (lock, site) pairs (see \"other locks\")",
+            counters.contention_overflow
+        ));
+    }
+    if counters.contention_dropped > 0 {
+        notes.push(format!(
+            "{} futex calls or kernel lock waits were not counted (both contention tables \
+             full): lock counts are low",
+            counters.contention_dropped
+        ));
+    }
+    if counters.lock_events_lost > 0 {
+        notes.push(format!(
+            "{} lock stack samples were lost (ring buffer full): some call sites may be \
+             unnamed; counts are not affected",
+            counters.lock_events_lost
+        ));
     }
 }

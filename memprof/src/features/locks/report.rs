@@ -5,20 +5,21 @@
 
 use std::collections::HashMap;
 
+use super::sites::{
+    add_wait_site, blame_sections, holder_sites, key, kind_of, owner_entries, user_site,
+    waiter_sites, SiteKey, WaitTotals, SITES,
+};
 use crate::{
     features::{
         alloc::analysis::{AllocProfile, BlockIndex},
         locks::analysis::{
-            classify, is_lock_implementation, kernel_lock_kind, Chain, Durations, FutexStats,
-            HoldStats, LockProfile,
+            kernel_lock_kind, Durations, FutexStats, HoldStats, LockProfile, WakeSite,
         },
     },
-    object::symbolize::Frame,
     process::maps::{is_libc, ProcMaps},
     report::{
         model::{
-            source_label, HolderSite, LockEntry, LockKind, LockTracing, OwnerEntry, SectionEntry,
-            TraceMode, WaiterSite, FULLY_TRACED,
+            source_label, LockEntry, LockKind, LockTracing, SectionEntry, TraceMode, FULLY_TRACED,
         },
         names::Names,
     },
@@ -30,16 +31,12 @@ use crate::kernel::{
     windows::{Mode, Windowed},
 };
 
-/// Sites kept per lock.
-const SITES: usize = 5;
-/// Owner threads kept per lock.
-const OWNERS: usize = 5;
 /// Locks listed that the uprobes saw taken but nobody waited for (the
 /// most held first): many programs have thousands.
 const UNCONTENDED: usize = 20;
 
-/// A code site: (function, file, line, module).
-type SiteKey = (String, Option<String>, Option<u32>, String);
+/// The name of the futex words aggregated by call site only.
+pub const OTHER_LOCKS: &str = "other locks (aggregated by call site)";
 
 /// What the lock uprobes add to a lock.
 struct Traced {
@@ -59,8 +56,8 @@ struct Merged {
     waits: Durations,
     threads: usize,
     owners: HashMap<u32, u64>,
-    waiters: HashMap<SiteKey, (u64, u64)>,
-    holders: HashMap<SiteKey, (u64, u64)>,
+    waiters: HashMap<SiteKey, WaitTotals>,
+    holders: HashMap<SiteKey, WakeSite>,
     traced: Option<Traced>,
 }
 
@@ -162,7 +159,13 @@ fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>
         };
         // Only a glibc mutex keeps its owner 8 bytes after the futex word.
         let glibc = top.is_some_and(|c| is_libc(&naming.names.code(&c.ip).module));
-        let name = naming.name_of(address);
+        let name = if uaddr == 0 {
+            // The kernel's per-site aggregate of the locks that did not
+            // fit its table.
+            Some(OTHER_LOCKS.to_string())
+        } else {
+            naming.name_of(address)
+        };
         let m = table.slot(address, name, kind);
         m.add_futex(f, kind == LockKind::Mutex && glibc, naming.names);
     }
@@ -197,23 +200,11 @@ fn add_holds(table: &mut Table, profile: &LockProfile, tracer: &Windowed, naming
 fn kernel_entries(profile: &LockProfile, names: &mut dyn Names) -> Vec<LockEntry> {
     let mut entries = Vec::new();
     for (flags, k) in profile.kernel() {
-        let mut waiters: Vec<WaiterSite> = k
-            .sites
-            .iter()
-            .map(|(place, (count, ns))| {
-                let f = names.code(place);
-                WaiterSite {
-                    function: f.function,
-                    file: f.file,
-                    line: f.line,
-                    module: f.module,
-                    count: *count,
-                    wait_ns: *ns,
-                }
-            })
-            .collect();
-        waiters.sort_by_key(|w| std::cmp::Reverse(w.wait_ns));
-        waiters.truncate(SITES);
+        let mut sites: HashMap<SiteKey, WaitTotals> = HashMap::new();
+        for (chain, (count, ns)) in &k.sites {
+            add_wait_site(&mut sites, chain, *count, *ns, names);
+        }
+        let waiters = waiter_sites(sites);
         entries.push(LockEntry {
             address: "kernel".into(),
             name: Some(kernel_lock_kind(flags).into()),
@@ -332,6 +323,7 @@ impl Traced {
                         count,
                         hold_ns,
                         hold_max_ns: max,
+                        delay_caused_ns: 0,
                     }
                 },
             )
@@ -376,21 +368,21 @@ impl Merged {
     /// `owners` the owner threads read from the lock (glibc mutexes only).
     fn add_futex(&mut self, f: &FutexStats, owners: bool, names: &mut dyn Names) {
         self.waits.add(&f.waits);
-        self.threads = self.threads.max(f.threads.len());
+        self.threads = self.threads.max(f.threads);
         if owners {
             for (tid, n) in &f.owners {
                 *self.owners.entry(*tid).or_default() += n;
             }
         }
         for (chain, (count, ns)) in &f.waiters {
-            let site = self.waiters.entry(user_site(chain, names)).or_default();
-            site.0 += count;
-            site.1 += ns;
+            add_wait_site(&mut self.waiters, chain, *count, *ns, names);
         }
-        for (chain, (count, woken)) in &f.wakers {
+        for (chain, wakes) in &f.wakers {
             let site = self.holders.entry(user_site(chain, names)).or_default();
-            site.0 += count;
-            site.1 += woken;
+            site.calls += wakes.calls;
+            site.woken += wakes.woken;
+            site.caused_ns += wakes.caused_ns;
+            site.caused_waits += wakes.caused_waits;
         }
     }
 
@@ -410,100 +402,15 @@ impl Merged {
             owner_seen: !owners.is_empty(),
             owners,
             waiters: waiter_sites(self.waiters),
-            holders: holder_sites(self.holders),
+            holders: holder_sites(&self.holders),
             ..LockEntry::default()
         };
         if let Some(t) = self.traced {
             t.fill(&mut entry);
         }
+        blame_sections(&mut entry, &self.holders);
         entry
     }
-}
-
-/// The owner threads, most often seen first.
-fn owner_entries(owners: HashMap<u32, u64>) -> Vec<OwnerEntry> {
-    let mut owners: Vec<OwnerEntry> = owners
-        .into_iter()
-        .map(|(tid, count)| OwnerEntry { tid, count })
-        .collect();
-    owners.sort_by(|a, b| b.count.cmp(&a.count).then(a.tid.cmp(&b.tid)));
-    owners.truncate(OWNERS);
-    owners
-}
-
-/// The waiting sites, most wait time first.
-fn waiter_sites(waiters: HashMap<SiteKey, (u64, u64)>) -> Vec<WaiterSite> {
-    let mut waiters: Vec<WaiterSite> = waiters
-        .into_iter()
-        .map(
-            |((function, file, line, module), (count, wait_ns))| WaiterSite {
-                function,
-                file,
-                line,
-                module,
-                count,
-                wait_ns,
-            },
-        )
-        .collect();
-    waiters.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(b.count.cmp(&a.count)));
-    waiters.truncate(SITES);
-    waiters
-}
-
-/// The releasing sites, most wakes first.
-fn holder_sites(holders: HashMap<SiteKey, (u64, u64)>) -> Vec<HolderSite> {
-    let mut holders: Vec<HolderSite> = holders
-        .into_iter()
-        .map(
-            |((function, file, line, module), (count, woken))| HolderSite {
-                function,
-                file,
-                line,
-                module,
-                count,
-                woken,
-            },
-        )
-        .collect();
-    holders.sort_by_key(|h| std::cmp::Reverse(h.count));
-    holders.truncate(SITES);
-    holders
-}
-
-/// The kind of lock, from the functions around the futex call.
-fn kind_of(chain: &Chain, names: &mut dyn Names) -> LockKind {
-    let mut functions = vec![names.code(&chain.ip).function];
-    for place in &chain.frames {
-        let f = names.code(place);
-        let implementation = is_lock_implementation(&f.module, &f.function);
-        functions.push(f.function);
-        if !implementation {
-            break;
-        }
-    }
-    let refs: Vec<&str> = functions.iter().map(String::as_str).collect();
-    LockKind::from_name(classify(&refs)).unwrap_or_default()
-}
-
-/// The first frame of the chain outside the lock implementation: the
-/// code that took (or released) the lock.
-fn user_site(chain: &Chain, names: &mut dyn Names) -> SiteKey {
-    let mut last = None;
-    for place in &chain.frames {
-        let f = names.code(place);
-        if !is_lock_implementation(&f.module, &f.function) {
-            return key(f);
-        }
-        last = Some(f);
-    }
-    // No frame outside the implementation was found on the stack top:
-    // name the outermost one seen, or the syscall's place.
-    key(last.unwrap_or_else(|| names.code(&chain.ip)))
-}
-
-fn key(f: Frame) -> SiteKey {
-    (f.function, f.file, f.line, f.module)
 }
 
 impl Naming<'_> {
@@ -535,7 +442,7 @@ mod tests {
     use crate::{
         features::{
             alloc::analysis::{AllocCall, LargeRule},
-            locks::analysis::{is_contention, FutexWait, FutexWake, KernelWait, Section},
+            locks::analysis::{classify, is_contention, Chain, Section},
         },
         kernel::{
             uprobes::{Family, ProbePoint},
@@ -543,6 +450,7 @@ mod tests {
         },
         process::maps::Place,
         report::fixtures::{code_at, program_maps, TableNames},
+        report::model::OwnerEntry,
     };
 
     /// `g_lock`, a global of the sample program.
@@ -589,14 +497,46 @@ mod tests {
         }
     }
 
-    fn wait(uaddr: u64, tid: u32, owner: u32, duration_ns: u64, chain: Chain) -> FutexWait {
-        FutexWait {
-            uaddr,
-            tid,
-            owner,
-            duration_ns,
-            chain,
+    /// One futex wait: (word, thread, owner read, ns, chain).
+    type Wait = (u64, u32, u32, u64, Chain);
+
+    fn wait(uaddr: u64, tid: u32, owner: u32, duration_ns: u64, chain: Chain) -> Wait {
+        (uaddr, tid, owner, duration_ns, chain)
+    }
+
+    /// Adds waits as the kernel aggregates them, with the threads and
+    /// owners seen per word.
+    fn add_waits(p: &mut LockProfile, waits: Vec<Wait>) {
+        let mut seen: HashMap<
+            u64,
+            (
+                crate::features::FastSet<u32>,
+                crate::features::FastMap<u32, u64>,
+            ),
+        > = HashMap::new();
+        for (uaddr, tid, owner, ns, chain) in waits {
+            let mut d = Durations::default();
+            d.record(ns);
+            p.add_waits(uaddr, chain, &d);
+            let (threads, owners) = seen.entry(uaddr).or_default();
+            threads.insert(tid);
+            if owner != 0 && owner != tid {
+                *owners.entry(owner).or_default() += 1;
+            }
         }
+        for (uaddr, (threads, owners)) in seen {
+            p.set_waiters_seen(uaddr, threads.len(), &owners);
+        }
+    }
+
+    fn wake(p: &mut LockProfile, uaddr: u64, woken: u64, caused_ns: u64, chain: Chain) {
+        let w = WakeSite {
+            calls: 1,
+            woken,
+            caused_ns,
+            caused_waits: u64::from(caused_ns > 0),
+        };
+        p.add_wakes(uaddr, chain, w);
     }
 
     /// An allocator profile holding two 64-byte blocks from `make_queue`,
@@ -662,39 +602,33 @@ mod tests {
     #[test]
     fn waits_are_merged_per_lock_named_and_ranked() {
         let mut p = LockProfile::new();
+        let mut waits = Vec::new();
         // g_lock, a glibc mutex held by thread 1.
         for _ in 0..3 {
-            p.add_wait(wait(G_LOCK, 2, 1, 1000, chain(0x200, 0x10)));
+            waits.push(wait(G_LOCK, 2, 1, 1000, chain(0x200, 0x10)));
         }
-        p.add_wait(wait(G_LOCK, 3, 1, 5000, chain(0x200, 0x20)));
-        p.add_wake(FutexWake {
-            uaddr: G_LOCK,
-            tid: 1,
-            woken: 1,
-            chain: chain(0x300, 0x12),
-        });
+        waits.push(wait(G_LOCK, 3, 1, 5000, chain(0x200, 0x20)));
+        wake(&mut p, G_LOCK, 1, 0, chain(0x300, 0x12));
         // A condvar in a heap block: a long wait, but not contention.
-        p.add_wait(wait(HEAP_WORD, 4, 0, 1_000_000, chain(0x400, 0x40)));
+        waits.push(wait(HEAP_WORD, 4, 0, 1_000_000, chain(0x400, 0x40)));
         // A futex the program waits on itself; the owner word means nothing.
         let own = Chain {
             ip: code_at(0x50),
             frames: vec![code_at(0x50)],
         };
-        p.add_wait(wait(ANON, 5, 9, 2000, own.clone()));
-        p.add_wait(wait(ANON, 6, 9, 2000, own.clone()));
+        waits.push(wait(ANON, 5, 9, 2000, own.clone()));
+        waits.push(wait(ANON, 6, 9, 2000, own.clone()));
         // Wakes nobody waited for.
-        p.add_wake(FutexWake {
-            uaddr: ANON + 64,
-            tid: 1,
-            woken: 0,
-            chain: own,
-        });
-        p.add_kernel_wait(KernelWait {
-            flags: 2,
-            duration_ns: 500,
+        wake(&mut p, ANON + 64, 0, 0, own);
+        let mut k = Durations::default();
+        k.record(500);
+        let fault = Chain {
             ip: code_at(0x60),
-        });
+            frames: vec![code_at(0x60)],
+        };
+        p.add_kernel_waits(2, fault, &k);
         let alloc = alloc();
+        add_waits(&mut p, waits);
         let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
         let summary: Vec<_> = entries
             .iter()
@@ -743,11 +677,54 @@ mod tests {
     }
 
     #[test]
+    fn the_delay_a_release_caused_goes_to_the_sections_ending_there() {
+        let mut p = LockProfile::new();
+        sites_of(&mut p);
+        // A second section (line 20 → line 12), half as frequent.
+        p.set_site_place(3, code_at(0x20));
+        add_waits(&mut p, vec![wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10))]);
+        for lock_site in [1, 1, 3] {
+            p.add_section(Section {
+                lock_site,
+                ..section(G_LOCK, lock_op::MUTEX_LOCK, 100)
+            });
+        }
+        // Releases at line 12 ended 3,000 ns of waits; the program's line 40
+        // (no traced section ends there) ended 600 ns.
+        wake(&mut p, G_LOCK, 1, 3000, chain(0x300, 0x12));
+        wake(&mut p, G_LOCK, 1, 600, chain(0x300, 0x40));
+        let tracer = tracer(vec![], Mode::Full);
+        let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
+        let sections: Vec<_> = entries[0]
+            .sections
+            .iter()
+            .map(|s| (s.line, s.released_at.as_deref(), s.count, s.delay_caused_ns))
+            .collect();
+        assert_eq!(
+            sections,
+            [
+                (Some(10), Some("prog.c:12"), 2, 2000),
+                (Some(20), Some("prog.c:12"), 1, 1000),
+                (Some(40), Some("prog.c:40"), 0, 600),
+            ]
+        );
+        let holders: Vec<_> = entries[0]
+            .holders
+            .iter()
+            .map(|h| (h.line, h.delay_caused_ns))
+            .collect();
+        assert_eq!(holders, [(Some(12), 3000), (Some(40), 600)]);
+    }
+
+    #[test]
     fn futex_words_with_one_name_are_one_lock() {
         let mut p = LockProfile::new();
-        p.add_wait(wait(HEAP_WORD, 2, 0, 1000, chain(0x200, 0x10)));
-        p.add_wait(wait(HEAP_WORD + 0x100, 3, 0, 3000, chain(0x200, 0x10)));
+        let waits = vec![
+            wait(HEAP_WORD, 2, 0, 1000, chain(0x200, 0x10)),
+            wait(HEAP_WORD + 0x100, 3, 0, 3000, chain(0x200, 0x10)),
+        ];
         let alloc = alloc();
+        add_waits(&mut p, waits);
         let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
         assert_eq!(entries.len(), 1, "{entries:?}");
         let lock = &entries[0];
@@ -763,8 +740,9 @@ mod tests {
     #[test]
     fn uprobes_add_acquisitions_holds_and_sections() {
         let mut p = LockProfile::new();
+        let mut waits = Vec::new();
         sites_of(&mut p);
-        p.add_wait(wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10)));
+        waits.push(wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10)));
         p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 2000));
         p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 1000));
         p.add_section(Section {
@@ -774,8 +752,9 @@ mod tests {
         // An rwlock whose writers wait on its word 8 bytes in.
         let rwlock = ANON + 0x100;
         p.add_section(section(rwlock, lock_op::RW_WRLOCK, 500));
-        p.add_wait(wait(rwlock + 8, 4, 0, 700, chain(0x200, 0x20)));
+        waits.push(wait(rwlock + 8, 4, 0, 700, chain(0x200, 0x20)));
         let tracer = tracer(vec![], Mode::Full);
+        add_waits(&mut p, waits);
         let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
         assert_eq!(entries.len(), 2, "{entries:?}");
         let g = &entries[0];
@@ -796,6 +775,7 @@ mod tests {
                 count: 2,
                 hold_ns: 3000,
                 hold_max_ns: 2000,
+                delay_caused_ns: 0,
             }]
         );
         let rw = &entries[1];
@@ -809,8 +789,9 @@ mod tests {
     #[test]
     fn uncontended_locks_come_last_most_held_first_and_capped() {
         let mut p = LockProfile::new();
+        let mut waits = Vec::new();
         sites_of(&mut p);
-        p.add_wait(wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10)));
+        waits.push(wait(G_LOCK, 3, 2, 5000, chain(0x200, 0x10)));
         let held = UNCONTENDED as u64 + 1;
         for i in 0..held {
             p.add_section(section(
@@ -820,6 +801,7 @@ mod tests {
             ));
         }
         let tracer = tracer(vec![], Mode::Full);
+        add_waits(&mut p, waits);
         let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
         assert_eq!(entries.len(), 1 + UNCONTENDED);
         assert_eq!(entries[0].name.as_deref(), Some("g_lock"));

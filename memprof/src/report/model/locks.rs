@@ -104,6 +104,12 @@ pub struct SectionEntry {
     pub count: u64,
     pub hold_ns: u64,
     pub hold_max_ns: u64,
+    /// The waits of other threads that releases here ended (each
+    /// waiter's whole wait, from the futex wakes): the delay these
+    /// sections caused. A section seen only through its wakes (no lock
+    /// uprobe traced it) has `count` 0, and `function`, `file` and `line`
+    /// are those of its release.
+    pub delay_caused_ns: u64,
 }
 
 /// How the lock uprobes ran.
@@ -147,6 +153,9 @@ pub struct WaiterSite {
     pub module: String,
     pub count: u64,
     pub wait_ns: u64,
+    /// The call chain of a sampled wait here, innermost first, from this
+    /// site outwards: "function (file:line)".
+    pub chain: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -159,4 +168,7 @@ pub struct HolderSite {
     pub count: u64,
     /// Threads they woke.
     pub woken: u64,
+    /// The waits these wakes ended (each waiter's whole wait): the delay
+    /// the critical sections released here caused.
+    pub delay_caused_ns: u64,
 }

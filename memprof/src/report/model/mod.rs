@@ -355,6 +355,14 @@ pub(crate) mod tests {
     #[test]
     fn json_of_the_full_report_is_unchanged() {
         let json = crate::report::fixtures::full_report().to_json();
+        if std::env::var_os("MEMPROF_UPDATE_SNAPSHOTS").is_some() {
+            let path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/report/testdata/report.json"
+            );
+            std::fs::write(path, &json).expect("fixture writable");
+            return;
+        }
         assert_eq!(json, include_str!("../testdata/report.json"));
     }
 }

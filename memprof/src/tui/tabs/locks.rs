@@ -534,6 +534,7 @@ pub(crate) mod tests {
             count,
             hold_ns,
             hold_max_ns: 4_400_000,
+            delay_caused_ns: hold_ns / 2,
         };
         hot.sections = vec![
             section(
