@@ -66,6 +66,7 @@ pub(super) fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option
             );
             let _ = writeln!(out, "{line}");
         }
+        write_culprit(out, l);
         if l.owner_seen {
             let owners: Vec<String> = l.owners.iter().map(|o| o.tid.to_string()).collect();
             let line = format!("      held by thread(s) {}", owners.join(", "));
@@ -73,6 +74,28 @@ pub(super) fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option
         }
         write_lock_holds(out, l);
     }
+}
+
+/// The critical section that caused the most waiting (the waits its
+/// releases ended), when the wakes charged any.
+fn write_culprit(out: &mut String, l: &LockEntry) {
+    let Some(s) = l.sections.iter().find(|s| s.delay_caused_ns > 0) else {
+        return;
+    };
+    let caused: u64 = l.sections.iter().map(|s| s.delay_caused_ns).sum();
+    let share = s.delay_caused_ns as f64 / caused.max(1) as f64 * 100.0;
+    let released = s.released_at.as_deref().unwrap_or("?");
+    let section = if s.count > 0 {
+        let at = source_label(s.file.as_deref(), s.line, &s.module);
+        format!("{} {at} → {released}", s.function)
+    } else {
+        format!("the sections released in {} {released}", s.function)
+    };
+    let line = format!(
+        "      delay caused: {} ({share:.0}%) by {section}",
+        format_ns(s.delay_caused_ns)
+    );
+    let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
 }
 
 /// What the lock uprobes add: acquisitions, contention rate, hold times

@@ -329,7 +329,7 @@ fn render_detail(l: &LockEntry, estimates: bool, fit: &DetailFit, frame: &mut Fr
         render_sites(frame, waiters_area, header, rows, sites.widths, none);
     }
     if let Some(rows) = fit.holders {
-        let header = ["released by", "source", "wakes", "woken"];
+        let header = ["released by", "source", "wakes", "caused"];
         let none = if l.kind == LockKind::Kernel {
             "releasing code: not traced for kernel locks"
         } else {

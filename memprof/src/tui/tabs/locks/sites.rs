@@ -37,7 +37,7 @@ impl Sites {
             (&w.function, w.file.as_deref(), w.line, &w.module, numbers)
         });
         let holders = site_rows(&l.holders, |h| {
-            let numbers = [count_label(h.count), count_label(h.woken)];
+            let numbers = [count_label(h.count), format_ns(h.delay_caused_ns)];
             (&h.function, h.file.as_deref(), h.line, &h.module, numbers)
         });
         let sections = site_rows(&l.sections, |s| {
