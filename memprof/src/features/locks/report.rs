@@ -408,7 +408,11 @@ impl Merged {
         if let Some(t) = self.traced {
             t.fill(&mut entry);
         }
-        blame_sections(&mut entry, &self.holders);
+        // A condvar's or barrier's waiters wait for an event, not for a
+        // critical section: nothing to blame.
+        if self.kind.is_contention() {
+            blame_sections(&mut entry, &self.holders);
+        }
         entry
     }
 }
