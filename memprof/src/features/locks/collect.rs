@@ -38,8 +38,13 @@ const LOCKS_WITH_OWNERS: usize = 16384;
 #[derive(Default)]
 pub struct LockCollector {
     pub profile: LockProfile,
-    /// The chain of each call site, from its first stack sample.
-    chains: FastMap<u64, Chain>,
+    /// The chain of each (lock, call site) sampled, from its first
+    /// sample; and of each call site, for keys whose first call found the
+    /// sample budget spent. A site hashed before its hint was installed is
+    /// the bare syscall instruction, shared by every caller of that libc
+    /// helper (a mutex, a barrier): only its own samples name it right.
+    chains: FastMap<(u64, u64), Chain>,
+    site_chains: FastMap<u64, Chain>,
     /// Owner threads read in sampled waits, per futex word.
     owners: FastMap<u64, FastMap<u32, u64>>,
     /// Instructions whose site hint was computed (installed or not).
@@ -116,11 +121,11 @@ impl LockCollector {
             }
         }
         let hint_needed = !self.hinted.contains(&ev.ip);
-        if self.chains.contains_key(&ev.site) && !hint_needed {
+        if self.chains.contains_key(&(ev.addr, ev.site)) && !hint_needed {
             return;
         }
         let (chain, slots) = self.chain(&ev, process);
-        if hint_needed && !chain.frames.is_empty() {
+        if hint_needed && !chain.frames.is_empty() && self.hinted.len() < SITES_MAX {
             self.hinted.insert(ev.ip);
             if !slots.is_empty() {
                 let mut hint = SiteHint::default();
@@ -132,7 +137,12 @@ impl LockCollector {
             }
         }
         if self.chains.len() < SITES_MAX {
-            self.chains.entry(ev.site).or_insert(chain);
+            if self.site_chains.len() < SITES_MAX {
+                self.site_chains
+                    .entry(ev.site)
+                    .or_insert_with(|| chain.clone());
+            }
+            self.chains.entry((ev.addr, ev.site)).or_insert(chain);
         }
     }
 
@@ -151,7 +161,8 @@ impl LockCollector {
             }
             let chain = self
                 .chains
-                .get(&key.site)
+                .get(&(key.addr, key.site))
+                .or_else(|| self.site_chains.get(&key.site))
                 .cloned()
                 .unwrap_or_else(unknown_chain);
             let durations = Durations::from_log2(c.buckets, c.count, c.total_ns, c.max_ns);
@@ -362,9 +373,11 @@ mod tests {
     #[test]
     fn snapshots_merge_per_lock_and_replace_the_last_one() {
         let mut c = LockCollector::default();
-        c.chains.insert(0xa1, chain(0x10));
-        c.chains.insert(0xa2, chain(0x20));
-        c.chains.insert(0xb1, chain(0x30));
+        c.site_chains.insert(0xa1, chain(0x10));
+        c.site_chains.insert(0xa2, chain(0x20));
+        c.site_chains.insert(0xb1, chain(0x30));
+        // The bare instruction's site, sampled on another lock first.
+        c.chains.insert((0x3000, 0xa2), chain(0x90));
         c.owners.insert(0x1000, [(7, 2)].into_iter().collect());
         let wake = Contention {
             woken: 5,
@@ -381,6 +394,7 @@ mod tests {
             (key(0, 0xa1, lock_event::WAIT), calls(2, 50)),
             (key(0x2000, 0xff, lock_event::WAIT), calls(1, 10)),
             (key(2, 0xa2, lock_event::KERNEL), calls(4, 300)),
+            (key(0x3000, 0xa2, lock_event::WAIT), calls(1, 10)),
         ];
         let threads = [(0x1000, 3)].into_iter().collect();
         for _ in 0..2 {
@@ -402,6 +416,8 @@ mod tests {
             assert_eq!(other.1.waiters.get(&chain(0x10)), Some(&(2, 100)));
             let unnamed = futexes.iter().find(|(a, _)| *a == 0x2000).unwrap();
             assert_eq!(unnamed.1.waiters.get(&unknown_chain()), Some(&(1, 10)));
+            let own = futexes.iter().find(|(a, _)| *a == 0x3000).unwrap();
+            assert_eq!(own.1.waiters.get(&chain(0x90)), Some(&(1, 10)));
             let kernel = c.profile.kernel();
             assert_eq!((kernel[0].0, kernel[0].1.waits.count()), (2, 4));
         }
