@@ -328,8 +328,20 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
         // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
         unsafe { bpf_probe_read_user((uaddr + 8) as *const u32) }.unwrap_or(0)
     } else {
-        // The waiters this wake ends charge their wait to its site.
-        let _ = WAKERS.insert(uaddr, site, 0);
+        // The waiters this wake ends charge their wait to its site. In
+        // place when the word has an entry: an LRU insert costs several
+        // times a lookup, and a lock's wakes come from few sites.
+        match WAKERS.get_ptr_mut(uaddr) {
+            // SAFETY: the pointer comes from the map lookup.
+            Some(p) => unsafe {
+                if *p != site {
+                    *p = site;
+                }
+            },
+            None => {
+                let _ = WAKERS.insert(uaddr, site, 0);
+            }
+        }
         0
     };
     let call = FutexCall {
@@ -341,7 +353,16 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
         owner,
         _pad: 0,
     };
-    let _ = FUTEX_INFLIGHT.insert(tid, call, 0);
+    // Each thread reuses its entry (marked done at the call's end rather
+    // than deleted): a lookup instead of an LRU insert and delete per call.
+    match FUTEX_INFLIGHT.get_ptr_mut(tid) {
+        // SAFETY: the pointer comes from the map lookup; only this thread
+        // touches its own entry.
+        Some(p) => unsafe { *p = call },
+        None => {
+            let _ = FUTEX_INFLIGHT.insert(tid, call, 0);
+        }
+    }
 }
 
 /// The end of a futex call `futex_begin` saw start: aggregated, the wait
@@ -353,12 +374,19 @@ fn futex_end(ctx: &TracePointContext) {
     if tgid != target_tgid() {
         return;
     }
-    let Some(call) = FUTEX_INFLIGHT.get_ptr(tid) else {
+    let Some(entry) = FUTEX_INFLIGHT.get_ptr_mut(tid) else {
         return;
     };
-    // SAFETY: the pointer comes from the map lookup.
-    let call = unsafe { *call };
-    let _ = FUTEX_INFLIGHT.remove(tid);
+    // SAFETY: the pointer comes from the map lookup; only this thread
+    // touches its own entry. A start of 0 marks it done.
+    let call = unsafe {
+        let call = *entry;
+        (*entry).start_ns = 0;
+        call
+    };
+    if call.start_ns == 0 {
+        return;
+    }
     // SAFETY: the offset comes from this kernel's format file.
     let ret = unsafe { ctx.read_at::<i64>(syscall_ret_offset()) }.unwrap_or(0);
     let ns = end.saturating_sub(call.start_ns);
@@ -491,7 +519,14 @@ pub fn mp_klock_begin(ctx: TracePointContext) -> u32 {
         flags: flags.unwrap_or(0),
         _pad: 0,
     };
-    let _ = KLOCK_INFLIGHT.insert(tid, wait, 0);
+    match KLOCK_INFLIGHT.get_ptr_mut(tid) {
+        // SAFETY: the pointer comes from the map lookup; only this thread
+        // touches its own entry (reused, as the futex calls' are).
+        Some(p) => unsafe { *p = wait },
+        None => {
+            let _ = KLOCK_INFLIGHT.insert(tid, wait, 0);
+        }
+    }
     0
 }
 
@@ -503,12 +538,19 @@ pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
     if tgid != target_tgid() {
         return 0;
     }
-    let Some(w) = KLOCK_INFLIGHT.get_ptr(tid) else {
+    let Some(entry) = KLOCK_INFLIGHT.get_ptr_mut(tid) else {
         return 0;
     };
-    // SAFETY: the pointer comes from the map lookup.
-    let w = unsafe { *w };
-    let _ = KLOCK_INFLIGHT.remove(tid);
+    // SAFETY: the pointer comes from the map lookup; only this thread
+    // touches its own entry. A start of 0 marks it done.
+    let w = unsafe {
+        let w = *entry;
+        (*entry).start_ns = 0;
+        w
+    };
+    if w.start_ns == 0 {
+        return 0;
+    }
     let (ip, sp, _) = user_regs();
     let key = ContentionKey {
         addr: u64::from(w.flags),
