@@ -49,12 +49,23 @@ pub struct BpfStats {
 }
 
 impl BpfStats {
-    /// Turns the statistics on (before the programs load, so their counts
-    /// cover them from the start). Also taken when they are already on, so
-    /// that no one turning them off mid-session stops our counts.
-    pub fn enable(root: &Path) -> Self {
+    /// Turns the statistics on when `ask`ed (before the programs load, so
+    /// their counts cover them from the start). Also taken when they are
+    /// already on, so that no one turning them off mid-session stops our
+    /// counts.
+    pub fn enable(root: &Path, ask: bool) -> Self {
         let already_on = std::fs::read_to_string(root.join(SYSCTL))
             .is_ok_and(|v| v.trim() != "0" && !v.trim().is_empty());
+        if !ask {
+            return Self {
+                fd: None,
+                state: if already_on {
+                    StatsState::AlreadyOn
+                } else {
+                    StatsState::Unavailable("not turned on (--no-bpf-stats)".into())
+                },
+            };
+        }
         match enable_stats(Stats::RunTime) {
             Ok(fd) => Self {
                 fd: Some(fd),
@@ -137,5 +148,24 @@ mod tests {
         let off = StatsState::Unavailable("no".into());
         assert_eq!(off.label(), "unavailable: no");
         assert!(!off.counting() && StatsState::AlreadyOn.counting());
+    }
+
+    #[test]
+    fn left_off_they_count_only_when_already_on() {
+        let root = tempfile::tempdir().unwrap();
+        let sysctl = root.path().join(SYSCTL);
+        std::fs::create_dir_all(sysctl.parent().unwrap()).unwrap();
+        std::fs::write(&sysctl, "1\n").unwrap();
+        assert_eq!(
+            BpfStats::enable(root.path(), false).state,
+            StatsState::AlreadyOn
+        );
+        std::fs::write(&sysctl, "0\n").unwrap();
+        let off = BpfStats::enable(root.path(), false);
+        assert_eq!(
+            off.state.label(),
+            "unavailable: not turned on (--no-bpf-stats)"
+        );
+        assert!(off.fd.is_none());
     }
 }

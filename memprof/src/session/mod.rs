@@ -141,7 +141,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     // (kill_on_drop), so it never runs on untraced.
     let has_pmu = preflight::has_hardware_pmu(root);
     // Before the programs load, so their run-time counts cover them all.
-    let bpf_stats = BpfStats::enable(root);
+    let bpf_stats = BpfStats::enable(root, opts.bpf_stats);
     let mut probes = Probes::attach(pid, &tracefs_dir, opts.frequency_hz, has_pmu, &load)?;
     let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
     let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
