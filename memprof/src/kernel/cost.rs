@@ -138,6 +138,27 @@ pub struct KernelCost {
 }
 
 #[cfg(test)]
+impl KernelCost {
+    /// Two rings, two programs, the statistics turned on by the tool (for
+    /// the report's fixtures).
+    pub fn sample() -> Self {
+        let run = |name: &str, runs, run_ns| ProgramRun {
+            name: name.into(),
+            runs,
+            run_ns,
+        };
+        Self {
+            rings: vec![("samples".into(), 2_500), ("lock_events".into(), 50_000)],
+            bpf_stats: "enabled by memprof".into(),
+            programs: Some(vec![
+                run("cpu_sample", 5_000, 4_000_000),
+                run("futex_exit", 60_000, 21_000_000),
+            ]),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

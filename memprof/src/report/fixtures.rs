@@ -65,28 +65,18 @@ pub fn sample_report() -> Report {
     }
 }
 
-/// The profiler's cost over `duration_s`: two rings, two programs, the
-/// kernel's run-time statistics turned on by the tool.
+/// The profiler's cost over `duration_s`, its programs' part from
+/// [`KernelCost::sample`](crate::kernel::cost::KernelCost::sample).
 pub fn sample_loader(duration_s: f64) -> Loader {
-    use crate::kernel::cost::{KernelCost, ProgramRun};
-    let run = |name: &str, runs, run_ns| ProgramRun {
-        name: name.into(),
-        runs,
-        run_ns,
-    };
-    let kernel = KernelCost {
-        rings: vec![("samples".into(), 2_500), ("lock_events".into(), 50_000)],
-        bpf_stats: "enabled by memprof".into(),
-        programs: Some(vec![
-            run("cpu_sample", 5_000, 4_000_000),
-            run("futex_exit", 60_000, 21_000_000),
-        ]),
-    };
     let usage = Usage {
         cpu_s: 0.01,
         peak_rss_bytes: 20 << 20,
     };
-    Loader::new(usage, &kernel, duration_s)
+    Loader::new(
+        usage,
+        &crate::kernel::cost::KernelCost::sample(),
+        duration_s,
+    )
 }
 
 /// A word of a shared line, touched by `threads`.
