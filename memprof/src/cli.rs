@@ -56,6 +56,12 @@ pub struct Cli {
     #[arg(long)]
     pub no_children: bool,
 
+    /// Do not turn on the kernel's BPF run-time statistics. By default
+    /// they are on while tracing, to report how long the profiler's
+    /// programs ran; while on they time every BPF program on the machine.
+    #[arg(long)]
+    pub no_bpf_stats: bool,
+
     /// Trace for this long, then print the summary and exit (e.g. 30s, 2m,
     /// 1m30s). Without it, trace until Ctrl-C or the target exits.
     #[arg(short, long, value_name = "TIME", value_parser = parse_duration)]

@@ -150,6 +150,7 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
         target,
         extra_pids: cli.pid.as_ref().map_or(Vec::new(), |p| p.others().to_vec()),
         follow_children: !cli.no_children,
+        bpf_stats: !cli.no_bpf_stats,
         duration: cli.duration,
         frequency_hz: cli.sample_freq,
         command_output,

@@ -16,6 +16,8 @@ pub struct Options {
     pub extra_pids: Vec<u32>,
     /// Trace the children the traced processes fork.
     pub follow_children: bool,
+    /// Turn on BPF run-time statistics for the session.
+    pub bpf_stats: bool,
     pub duration: Option<Duration>,
     pub frequency_hz: u64,
     /// Where a launched command's output goes.

@@ -92,6 +92,11 @@ fn dashboard_shows_live_numbers_switches_tabs_and_quits_cleanly() {
     ] {
         assert!(text.contains(tab), "missing {tab}:\n{text}");
     }
+    // The profiler's own cost, live (after the first second): its BPF
+    // programs' run time (or why it is unknown) and the ring records.
+    wait_for("the profiler's kernel cost", Duration::from_secs(10), |s| {
+        s.contains("ring records ") && (s.contains(" runs/s") || s.contains("run time unknown"))
+    });
     // Live numbers: the sample count grows between refreshes.
     let count = |s: &str| -> u64 {
         let line = s

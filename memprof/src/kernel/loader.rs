@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use aya::{
-    maps::{Array, MapData, RingBuf},
+    maps::{Array, RingBuf},
     programs::{
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         PerfEvent, ProgramError, TracePoint, UProbe,
@@ -15,7 +15,11 @@ use aya::{
 };
 use memprof_common::{globals, maps, programs, syscall};
 
-use super::{precise, tracefs};
+use super::{
+    precise,
+    rings::{RingCounts, RingMap},
+    tracefs,
+};
 use crate::error::{Error, Result};
 
 /// The eBPF object built by `build.rs`.
@@ -58,6 +62,8 @@ pub struct Probes {
     precise_fds: Vec<std::os::fd::OwnedFd>,
     /// Why precise events were not used although the CPU has them.
     pub precise_error: Option<String>,
+    /// Records read from the rings taken out of the object.
+    pub rings: RingCounts,
 }
 
 impl Probes {
@@ -87,6 +93,7 @@ impl Probes {
             precise: None,
             precise_fds: Vec::new(),
             precise_error: None,
+            rings: RingCounts::default(),
         };
         if let Some(events) = try_hardware
             .then(|| precise::detect(Path::new("/")))
@@ -140,10 +147,12 @@ impl Probes {
             .ok_or_else(|| anyhow::anyhow!("map {name} missing from the eBPF object"))?)
     }
 
-    /// Takes a ring buffer out of the object (to be polled by the session).
-    pub fn take_ring(&mut self, name: &str) -> Result<RingBuf<MapData>> {
+    /// Takes a ring buffer out of the object (to be polled by the session),
+    /// counting the records read from it.
+    pub fn take_ring(&mut self, name: &str) -> Result<RingMap> {
         let map = self.take_map(name)?;
-        Ok(RingBuf::try_from(map).map_err(anyhow::Error::new)?)
+        let buf = RingBuf::try_from(map).map_err(anyhow::Error::new)?;
+        Ok(self.rings.counted(name, buf))
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod contention;
+pub mod cost;
 pub mod loader;
 pub mod maps;
 pub mod precise;
@@ -14,6 +15,7 @@ pub mod windows;
 
 use memprof_common::KernelStats;
 
+use cost::{BpfStats, KernelCost};
 use loader::Probes;
 use maps::Counters;
 
@@ -22,16 +24,36 @@ use maps::Counters;
 #[derive(Default)]
 pub struct Kernel {
     pub probes: Option<Probes>,
+    /// The run-time statistics, on while the programs run.
+    bpf_stats: Option<BpfStats>,
     counters: Counters,
     stats: Vec<(u32, KernelStats)>,
+    cost: KernelCost,
 }
 
 impl Kernel {
-    pub fn new(probes: Probes) -> Self {
+    pub fn new(probes: Probes, bpf_stats: BpfStats) -> Self {
         Self {
             probes: Some(probes),
+            bpf_stats: Some(bpf_stats),
             counters: Counters::default(),
             stats: Vec::new(),
+            cost: KernelCost::default(),
+        }
+    }
+
+    /// What the programs cost so far (or up to when they were detached).
+    pub fn cost(&self) -> KernelCost {
+        let Some(probes) = &self.probes else {
+            return self.cost.clone();
+        };
+        let state = self.bpf_stats.as_ref().map(|s| &s.state);
+        KernelCost {
+            rings: probes.rings.snapshot(),
+            bpf_stats: state.map_or_else(|| "unavailable: not requested".into(), |s| s.label()),
+            programs: state
+                .is_some_and(|s| s.counting())
+                .then(|| probes.program_runs()),
         }
     }
 
@@ -47,13 +69,18 @@ impl Kernel {
         }
     }
 
-    /// Reads the last counters and detaches every program.
+    /// Reads the last counters and costs and detaches every program.
     pub fn detach(&mut self) {
+        self.cost = self.cost();
         if let Some(mut probes) = self.probes.take() {
             self.stats = probes.kernel_stats();
             self.counters = probes.counters();
             probes.flush_logs();
             drop(probes);
+        }
+        // The programs are gone: the kernel may stop counting.
+        if let Some(stats) = &mut self.bpf_stats {
+            stats.close();
         }
     }
 }

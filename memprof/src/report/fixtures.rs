@@ -60,13 +60,23 @@ pub fn sample_report() -> Report {
         allocator: Default::default(),
         locks: vec![],
         lock_tracing: None,
-        loader: Loader {
-            cpu_s: 0.01,
-            cpu_share: 0.004,
-            peak_rss_bytes: 20 << 20,
-        },
+        loader: sample_loader(2.5),
         notes: vec![],
     }
+}
+
+/// The profiler's cost over `duration_s`, its programs' part from
+/// [`KernelCost::sample`](crate::kernel::cost::KernelCost::sample).
+pub fn sample_loader(duration_s: f64) -> Loader {
+    let usage = Usage {
+        cpu_s: 0.01,
+        peak_rss_bytes: 20 << 20,
+    };
+    Loader::new(
+        usage,
+        &crate::kernel::cost::KernelCost::sample(),
+        duration_s,
+    )
 }
 
 /// A word of a shared line, touched by `threads`.

@@ -22,6 +22,7 @@ use crate::{
     error::{Error, Result},
     features::{self, Target as FeatureTarget},
     kernel::{
+        cost::BpfStats,
         loader::{Load, Probes, SamplingSource},
         preflight,
         rings::{decoded, drain, readable, Ring},
@@ -139,6 +140,8 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     // On any error from here on, dropping `target` kills a launched command
     // (kill_on_drop), so it never runs on untraced.
     let has_pmu = preflight::has_hardware_pmu(root);
+    // Before the programs load, so their run-time counts cover them all.
+    let bpf_stats = BpfStats::enable(root, opts.bpf_stats);
     let mut probes = Probes::attach(pid, &tracefs_dir, opts.frequency_hz, has_pmu, &load)?;
     let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
     let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
@@ -173,7 +176,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         signals,
         notes,
         source: probes.source,
-        kernel: Kernel::new(probes),
+        kernel: Kernel::new(probes, bpf_stats),
         samples,
         tasks,
         pipeline,
@@ -379,7 +382,8 @@ impl Live {
             &mut notes,
             launched,
         );
-        report.loader = Loader::measure(duration_s);
+        report.loader = Loader::measure(duration_s, &self.kernel.cost());
+        notes.extend(report.loader.note());
         report.notes = notes;
         report
     }

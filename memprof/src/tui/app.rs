@@ -10,6 +10,7 @@ use ratatui::{
     Frame,
 };
 
+use super::rates::{Rates, Totals};
 use super::tabs::{
     allocator::AllocatorState,
     locks::{same_lock, LocksState},
@@ -30,14 +31,6 @@ pub enum Action {
     Redraw,
 }
 
-/// Samples per second, from the last two reports.
-#[derive(Debug, Clone, Copy)]
-struct Rate {
-    samples: u64,
-    at: Instant,
-    per_s: f64,
-}
-
 /// The dashboard's state.
 pub struct App {
     pub title: String,
@@ -55,7 +48,8 @@ pub struct App {
     /// The newest log line and how many there were (logs stay in memory
     /// while the dashboard is on screen).
     pub log_line: Option<(String, u64)>,
-    rate: Option<Rate>,
+    /// The last report's totals, when it came, and the rates up to it.
+    rates: Option<(Totals, Instant, Rates)>,
 }
 
 impl App {
@@ -69,37 +63,28 @@ impl App {
             locks: LocksState::default(),
             sharing: SharingState::default(),
             log_line: None,
-            rate: None,
+            rates: None,
         }
     }
 
     pub fn set_report(&mut self, report: Report) {
         let now = Instant::now();
-        let samples = report.sampling.samples;
-        self.rate = Some(match self.rate {
-            Some(prev) => {
-                let dt = now.duration_since(prev.at).as_secs_f64();
-                let per_s = if dt > 0.0 {
-                    samples.saturating_sub(prev.samples) as f64 / dt
+        let totals = Totals::of(&report);
+        let rates = match &self.rates {
+            Some((prev, at, rates)) => {
+                let dt = now.duration_since(*at).as_secs_f64();
+                if dt > 0.0 {
+                    totals.rates_since(prev, dt)
                 } else {
-                    prev.per_s
-                };
-                Rate {
-                    samples,
-                    at: now,
-                    per_s,
+                    rates.clone()
                 }
             }
-            None => Rate {
-                samples,
-                at: now,
-                per_s: if report.duration_s > 0.0 {
-                    samples as f64 / report.duration_s
-                } else {
-                    0.0
-                },
-            },
-        });
+            None if report.duration_s > 0.0 => {
+                totals.rates_since(&Totals::default(), report.duration_s)
+            }
+            None => Rates::default(),
+        };
+        self.rates = Some((totals, now, rates));
         if let Some(old) = &self.report {
             self.locks.follow(&old.locks, &report.locks, same_lock);
             self.sharing
@@ -110,7 +95,13 @@ impl App {
 
     /// Samples per second over the last refresh.
     pub fn samples_per_s(&self) -> f64 {
-        self.rate.map_or(0.0, |r| r.per_s)
+        self.rates.as_ref().map_or(0.0, |r| r.2.samples)
+    }
+
+    /// The profiler's own cost and the samples, per second over the last
+    /// refresh.
+    pub fn rates(&self) -> Rates {
+        self.rates.as_ref().map(|r| r.2.clone()).unwrap_or_default()
     }
 
     pub fn handle(&mut self, action: Action) {

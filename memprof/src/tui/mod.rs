@@ -8,6 +8,7 @@
 mod app;
 mod layout;
 pub mod log;
+pub(crate) mod rates;
 mod tabs;
 mod widgets;
 

@@ -47,11 +47,13 @@ macro_rules! schema_enum {
 
 mod allocator;
 mod cpu;
+mod loader;
 mod locks;
 mod sharing;
 
 pub use allocator::*;
 pub use cpu::*;
+pub use loader::*;
 pub use locks::*;
 pub use sharing::*;
 
@@ -165,39 +167,6 @@ pub fn source_label(file: Option<&str>, line: Option<u32>, module: &str) -> Stri
         (Some(file), Some(line)) => format!("{}:{line}", short_name(file)),
         (Some(file), None) => short_name(file).to_string(),
         _ => format!("({module})"),
-    }
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Loader {
-    /// CPU seconds the profiler itself used (user + system).
-    pub cpu_s: f64,
-    /// `cpu_s / duration_s`: the share of one core the profiler used.
-    pub cpu_share: f64,
-    /// Peak resident memory of the profiler, in bytes.
-    pub peak_rss_bytes: u64,
-}
-
-impl Loader {
-    /// Reads the profiler's own resource usage so far.
-    pub fn measure(duration_s: f64) -> Self {
-        // SAFETY: an all-zero rusage is a valid value for getrusage to fill.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `usage` is a valid, writable rusage.
-        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-            return Self::default();
-        }
-        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-        let cpu_s = secs(usage.ru_utime) + secs(usage.ru_stime);
-        Self {
-            cpu_s,
-            cpu_share: if duration_s > 0.0 {
-                cpu_s / duration_s
-            } else {
-                0.0
-            },
-            peak_rss_bytes: usage.ru_maxrss.max(0) as u64 * 1024,
-        }
     }
 }
 
@@ -340,14 +309,6 @@ pub(crate) mod tests {
         assert_eq!(h.source_label(), "main.c");
         h.line = Some(42);
         assert_eq!(h.source_label(), "main.c:42");
-    }
-
-    #[test]
-    fn loader_measures_itself() {
-        let l = Loader::measure(1.0);
-        assert!(l.peak_rss_bytes > 0);
-        assert!(l.cpu_s >= 0.0);
-        assert_eq!(Loader::measure(0.0).cpu_share, 0.0);
     }
 
     /// The JSON form of the fully filled fixture report, byte for byte as

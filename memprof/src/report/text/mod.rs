@@ -13,6 +13,7 @@ use super::model::Report;
 pub use allocator::{
     allocator_off, by_time, library_label, live_label, sites_by_bytes, syscall_origin,
 };
+pub use overview::share_of_a_core;
 pub use sharing::word_ranges;
 
 /// Width the summary is laid out for.

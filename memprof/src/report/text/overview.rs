@@ -3,10 +3,10 @@
 
 use std::fmt::Write as _;
 
-use super::WIDTH;
+use super::{wrap_into, WIDTH};
 use crate::report::{
-    format::{ellipsize, format_bytes, format_duration, group, percent},
-    model::Report,
+    format::{ellipsize, format_bytes, format_duration, format_ns, group, percent},
+    model::{Loader, Report},
 };
 
 /// Hot functions listed in the summary.
@@ -47,8 +47,63 @@ pub(super) fn write_header(out: &mut String, report: &Report) {
         l.cpu_share * 100.0,
         format_bytes(l.peak_rss_bytes),
     );
+    write_kernel_cost(out, l);
     for note in &report.notes {
         let _ = writeln!(out, "  note: {note}");
+    }
+}
+
+/// What the profiler's programs cost: their run time and the records they
+/// sent through the rings.
+fn write_kernel_cost(out: &mut String, l: &Loader) {
+    match (l.bpf_run_ns, l.bpf_runs) {
+        (Some(ns), Some(runs)) => {
+            let busiest: Vec<String> = l
+                .programs
+                .iter()
+                .take(3)
+                .filter(|p| p.run_ns > 0)
+                .map(|p| format!("{} {}", p.name, format_ns(p.run_ns)))
+                .collect();
+            let text = format!(
+                "{} run time ({}), {} runs ({}/s){}{}",
+                format_ns(ns),
+                share_of_a_core(l.bpf_run_share),
+                group(runs),
+                group(l.bpf_runs_per_s.unwrap_or(0.0).round() as u64),
+                if busiest.is_empty() { "" } else { "; most: " },
+                busiest.join(", "),
+            );
+            wrap_into(out, "  BPF programs: ", &text);
+        }
+        _ => wrap_into(
+            out,
+            "  BPF programs: ",
+            &format!("run time not measured (bpf_stats {})", l.bpf_stats),
+        ),
+    }
+    let mut rings: Vec<_> = l.rings.iter().filter(|r| r.events > 0).collect();
+    rings.sort_by_key(|r| std::cmp::Reverse(r.events));
+    let each: Vec<String> = rings
+        .iter()
+        .map(|r| format!("{} {}", r.name, group(r.events)))
+        .collect();
+    let text = format!(
+        "{} ({}/s){}{}",
+        group(l.ring_events),
+        group(l.ring_events_per_s.round() as u64),
+        if each.is_empty() { "" } else { ": " },
+        each.join(", "),
+    );
+    wrap_into(out, "  ring records read: ", &text);
+}
+
+/// `66.8% of a core` (two decimals under 1%), or `unknown`.
+pub fn share_of_a_core(share: Option<f64>) -> String {
+    match share {
+        Some(s) if s < 0.01 => format!("{:.2}% of a core", s * 100.0),
+        Some(s) => format!("{:.1}% of a core", s * 100.0),
+        None => "unknown".into(),
     }
 }
 
@@ -116,6 +171,46 @@ mod tests {
         for line in render(&r).lines() {
             assert!(line.chars().count() <= WIDTH, "too wide: {line}");
         }
+    }
+
+    /// The summary with its lines and indents run together.
+    fn flat(text: &str) -> String {
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn the_programs_cost_is_in_the_header() {
+        let text = flat(&render(&sample_report()));
+        assert!(
+            text.contains(
+                "BPF programs: 25.0 ms run time (1.0% of a core), 65,000 runs (26,000/s); \
+                 most: futex_exit 21.0 ms, cpu_sample 4.00 ms ring records read: 52,500 \
+                 (21,000/s): lock_events 50,000, samples 2,500"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn unmeasured_run_time_says_why() {
+        let mut r = sample_report();
+        r.loader.bpf_stats = "unavailable: the kernel refused".into();
+        (r.loader.bpf_run_ns, r.loader.bpf_runs) = (None, None);
+        let text = flat(&render(&r));
+        assert!(
+            text.contains(
+                "BPF programs: run time not measured (bpf_stats unavailable: the kernel refused)"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn shares_of_a_core() {
+        use super::share_of_a_core;
+        assert_eq!(share_of_a_core(Some(0.668)), "66.8% of a core");
+        assert_eq!(share_of_a_core(Some(0.00015)), "0.01% of a core");
+        assert_eq!(share_of_a_core(None), "unknown");
     }
 
     #[test]

@@ -9,10 +9,10 @@ use ratatui::{
 };
 
 use crate::report::{
-    text::{ellipsize, format_bytes, format_duration, group},
+    text::{ellipsize, format_bytes, format_duration, group, share_of_a_core},
     Report,
 };
-use crate::tui::App;
+use crate::tui::{rates::Rates, App};
 
 /// Draws the tab: the target and sampling health on top, the hot
 /// functions and the threads side by side under it.
@@ -23,17 +23,17 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         frame.render_widget(text, area);
         return;
     };
-    let [info, tables] = Layout::vertical([Constraint::Length(6), Constraint::Fill(1)]).areas(area);
-    render_info(report, app.samples_per_s(), frame, info);
+    let [info, tables] = Layout::vertical([Constraint::Length(7), Constraint::Fill(1)]).areas(area);
+    render_info(report, &app.rates(), frame, info);
     let [hot, threads] =
         Layout::horizontal([Constraint::Percentage(72), Constraint::Percentage(28)]).areas(tables);
     render_hot_functions(report, app.scroll, frame, hot);
     render_threads(report, frame, threads);
 }
 
-/// The target, elapsed time and threads, samples (`per_s` over the last
-/// refresh) and those lost, and what the profiler itself costs.
-fn render_info(report: &Report, per_s: f64, frame: &mut Frame, area: Rect) {
+/// The target, elapsed time and threads, samples and those lost, and what
+/// the profiler itself costs (rates over the last refresh).
+fn render_info(report: &Report, rates: &Rates, frame: &mut Frame, area: Rect) {
     let t = &report.target;
     let s = &report.sampling;
     let live = report.threads.iter().filter(|t| !t.exited).count();
@@ -62,31 +62,76 @@ fn render_info(report: &Report, per_s: f64, frame: &mut Frame, area: Rect) {
         Line::from(vec![
             "samples ".dim(),
             group(s.samples).into(),
-            format!(" ({:.0}/s, {} at {} Hz)", per_s, s.source, s.frequency_hz).into(),
+            format!(
+                " ({:.0}/s, {} at {} Hz)",
+                rates.samples, s.source, s.frequency_hz
+            )
+            .into(),
             "   lost ".dim(),
             ratatui::text::Span::styled(group(s.lost), lost_style),
         ]),
     ];
-    let l = &report.loader;
     let mut lines = lines;
-    lines.push(Line::from(vec![
-        "profiler ".dim(),
-        // Start-up dominates the first second; a share is meaningless then.
-        if report.duration_s < 1.0 {
-            format!("measuring…, {}", format_bytes(l.peak_rss_bytes))
-        } else {
-            format!(
-                "{:.1}% of a core, {}",
-                l.cpu_share * 100.0,
-                format_bytes(l.peak_rss_bytes)
-            )
-        }
-        .into(),
-    ]));
+    lines.extend(cost_lines(
+        report,
+        rates,
+        area.width.saturating_sub(2).into(),
+    ));
     frame.render_widget(
         Paragraph::new(lines).block(Block::bordered().title(" Overview ")),
         area,
     );
+}
+
+/// The profiler's CPU and memory and its BPF programs' run time, then the
+/// records read from the rings, busiest ring first; lines cut to `width`.
+fn cost_lines(report: &Report, rates: &Rates, width: usize) -> [Line<'static>; 2] {
+    let l = &report.loader;
+    // Start-up dominates the first second; a share is meaningless then.
+    if report.duration_s < 1.0 {
+        return [
+            Line::from(vec![
+                "profiler ".dim(),
+                format!("measuring…, {}", format_bytes(l.peak_rss_bytes)).into(),
+            ]),
+            Line::default(),
+        ];
+    }
+    let bpf = match (rates.bpf_run_share, rates.bpf_runs) {
+        (Some(share), Some(runs)) => format!(
+            "{}, {} runs/s",
+            share_of_a_core(Some(share)),
+            group(runs.round() as u64)
+        ),
+        _ => format!("run time unknown (bpf_stats {})", l.bpf_stats),
+    };
+    let profiler = format!(
+        "{:.1}% of a core, {}",
+        rates.cpu_share * 100.0,
+        format_bytes(l.peak_rss_bytes)
+    );
+    let rings: Vec<String> = rates
+        .rings
+        .iter()
+        .filter(|(_, per_s)| *per_s > 0.0)
+        .map(|(name, per_s)| format!("{name} {}", group(per_s.round() as u64)))
+        .collect();
+    let rings = format!(
+        "{}/s{}{}",
+        group(rates.ring_events.round() as u64),
+        if rings.is_empty() { "" } else { ": " },
+        rings.join(", ")
+    );
+    let cut = |lead: usize, text: String| ellipsize(&text, width.saturating_sub(lead));
+    [
+        Line::from(vec![
+            "profiler ".dim(),
+            profiler.clone().into(),
+            "   BPF ".dim(),
+            cut(9 + profiler.chars().count() + 7, bpf).into(),
+        ]),
+        Line::from(vec!["ring records ".dim(), cut(13, rings).into()]),
+    ]
 }
 
 /// The hot functions from row `scroll` on.
