@@ -48,6 +48,41 @@
  *                                      outside; prints "ns_per_cs X" (wall
  *                                      time per acquisition, all threads) on
  *                                      stderr
+ *   locks yield THREADS SECONDS        THREADS threads loop for SECONDS: lock
+ *                                      g_hot_lock (YIELDLOCK), sched_yield()
+ *                                      while holding it, unlock: the holder
+ *                                      gives up its CPU, so the others wait
+ *                                      on the futex nearly every round (and
+ *                                      the futex calls run at a high rate).
+ *                                      Prints "rounds_per_s X" on stderr;
+ *                                      truth: yield_rounds.
+ *   locks slowholder THREADS SECONDS   g_slow_lock: one thread (slow_holder)
+ *                                      takes it (SLOWLOCK) and holds it ~1 ms
+ *                                      every 10 ms; THREADS-1 threads
+ *                                      (fast_taker) take it (FASTLOCK) for a
+ *                                      few ns, sleeping ~50 us between. Nearly
+ *                                      all the waiting is caused by the slow
+ *                                      holder's section. Truth: slow_sections,
+ *                                      fast_sections, slow_hold_ns,
+ *                                      fast_wait_ns (time in the fast takers'
+ *                                      lock calls).
+ *   locks kwait THREADS SECONDS        THREADS threads map, touch, mprotect
+ *                                      and unmap anonymous memory in a loop
+ *                                      (churn_maps, called from kwait_loop):
+ *                                      each of those calls takes the
+ *                                      process's mmap_lock for writing, so
+ *                                      they wait on a KERNEL lock (the mm's
+ *                                      rwsem), not on a futex. Truth:
+ *                                      kwait_rounds.
+ *   locks roundrobin COUNT THREADS SECONDS
+ *                                      COUNT mutexes in a heap array
+ *                                      (g_rr_slots), taken in turn by THREADS
+ *                                      threads for SECONDS (ROUNDROBIN), each
+ *                                      for ~200 ns: threads meet on one when
+ *                                      one is preempted holding it, so the
+ *                                      contention is spread over the array.
+ *                                      Prints "rounds_per_s X"; truth:
+ *                                      rr_locks, rr_acquisitions.
  *
  * Every mode prints "ready" (unbuffered) once started, then exits 0.
  * Ground truth goes where truth.h says (WORKLOAD_TRUTH); with
@@ -64,15 +99,17 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "truth.h"
 
-#define MAX_THREADS 64
+#define MAX_THREADS 256
 #define ALIGNED __attribute__((aligned(64)))
 
 pthread_mutex_t g_hot_lock ALIGNED = PTHREAD_MUTEX_INITIALIZER;
@@ -81,6 +118,7 @@ pthread_mutex_t g_queue_lock ALIGNED = PTHREAD_MUTEX_INITIALIZER;
 pthread_cond_t g_queue_cond ALIGNED = PTHREAD_COND_INITIALIZER;
 pthread_rwlock_t g_table_lock ALIGNED = PTHREAD_RWLOCK_INITIALIZER;
 pthread_mutex_t g_solo_lock ALIGNED = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t g_slow_lock ALIGNED = PTHREAD_MUTEX_INITIALIZER;
 
 /* What the locks protect. */
 static unsigned long hot_counter ALIGNED;
@@ -136,7 +174,9 @@ static void sleep_ns(long ns)
 static void usage(void)
 {
 	fprintf(stderr, "usage: locks contended THREADS SECONDS | condvar SECONDS | rwlock SECONDS"
-			" | many LOCKS THREADS PASSES | uncontended N | contended_bench THREADS N\n");
+			" | many LOCKS THREADS PASSES | uncontended N | contended_bench THREADS N"
+			" | yield THREADS SECONDS | slowholder THREADS SECONDS | kwait THREADS SECONDS"
+			" | roundrobin COUNT THREADS SECONDS\n");
 	exit(2);
 }
 
@@ -459,6 +499,236 @@ static void locks_uncontended(long n)
 	fprintf(stderr, "ns_per_cs %.1f\n", (double)(now_ns() - started) / n);
 }
 
+/* ---- yield ---- */
+
+struct timed {
+	long until_ns;
+	unsigned long done; /* result */
+} ALIGNED;
+
+/* Lock, give up the CPU while holding the lock, unlock: whoever runs next
+ * finds the lock taken and waits on its futex, so nearly every round is a
+ * futex wait and a futex wake. */
+__attribute__((noinline)) unsigned long yield_loop(long until_ns)
+{
+	unsigned long rounds = 0;
+	while (now_ns() < until_ns) {
+		pthread_mutex_lock(&g_hot_lock); // YIELDLOCK
+		hot_counter++;
+		sched_yield();
+		pthread_mutex_unlock(&g_hot_lock); // YIELDUNLOCK
+		rounds++;
+	}
+	return rounds;
+}
+
+static void *yield_thread(void *arg)
+{
+	struct timed *t = arg;
+	pthread_barrier_wait(&start_line);
+	t->done = yield_loop(t->until_ns);
+	return NULL;
+}
+
+/* Runs `threads` threads of `fn` (a `struct timed` each) for `seconds`;
+ * returns their rounds, summed, and prints the rate. */
+static unsigned long run_timed(long threads, void *(*fn)(void *), double seconds)
+{
+	struct timed slots[MAX_THREADS];
+	long started = now_ns();
+	for (long t = 0; t < threads; t++)
+		slots[t] = (struct timed){.until_ns = started + (long)(seconds * 1e9)};
+	run_threads(threads, fn, slots, sizeof slots[0]);
+	double elapsed = (double)(now_ns() - started) / 1e9;
+	unsigned long rounds = 0;
+	for (long t = 0; t < threads; t++)
+		rounds += slots[t].done;
+	fprintf(stderr, "rounds %lu\n", rounds);
+	fprintf(stderr, "rounds_per_s %.0f\n", (double)rounds / elapsed);
+	return rounds;
+}
+
+static void locks_yield(long threads, double seconds)
+{
+	unsigned long rounds = run_timed(threads, yield_thread, seconds);
+	if (hot_counter != rounds) {
+		fprintf(stderr, "counter %lu != rounds %lu\n", hot_counter, rounds);
+		exit(1);
+	}
+	truth("yield_rounds", rounds);
+}
+
+/* ---- slowholder ---- */
+
+static long slow_until_ns;
+static unsigned long slow_counter ALIGNED;
+static unsigned long slow_sections;
+static unsigned long slow_hold_ns;
+static unsigned long fast_sections;
+static unsigned long fast_wait_ns;
+
+/* Every 10 ms: takes g_slow_lock and holds it ~1 ms. */
+__attribute__((noinline)) void slow_holder(void)
+{
+	long next = now_ns();
+	while (now_ns() < slow_until_ns) {
+		pthread_mutex_lock(&g_slow_lock); // SLOWLOCK
+		long got = now_ns();
+		busy_ns(1000 * 1000);
+		slow_counter++;
+		long released = now_ns();
+		pthread_mutex_unlock(&g_slow_lock); // SLOWUNLOCK
+		slow_sections++;
+		slow_hold_ns += released - got;
+		next += 10 * 1000 * 1000;
+		long left = next - now_ns();
+		if (left > 0)
+			sleep_ns(left);
+	}
+}
+
+/* Takes g_slow_lock for a moment, sleeps ~50 us, again. */
+__attribute__((noinline)) void fast_taker(unsigned long *sections, unsigned long *waited)
+{
+	while (now_ns() < slow_until_ns) {
+		long asked = now_ns();
+		pthread_mutex_lock(&g_slow_lock); // FASTLOCK
+		long got = now_ns();
+		slow_counter++;
+		pthread_mutex_unlock(&g_slow_lock); // FASTUNLOCK
+		++*sections;
+		*waited += got - asked;
+		sleep_ns(50 * 1000);
+	}
+}
+
+static void *slowholder_thread(void *arg)
+{
+	long role = *(long *)arg;
+	pthread_barrier_wait(&start_line);
+	if (role == 0) {
+		slow_holder();
+	} else {
+		unsigned long sections = 0, waited = 0;
+		fast_taker(&sections, &waited);
+		__atomic_fetch_add(&fast_sections, sections, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&fast_wait_ns, waited, __ATOMIC_RELAXED);
+	}
+	return NULL;
+}
+
+static void locks_slowholder(long threads, double seconds)
+{
+	slow_until_ns = now_ns() + (long)(seconds * 1e9);
+	/* One role per thread, cache-line apart: 0 is the slow holder. */
+	long roles[MAX_THREADS * 8];
+	for (long t = 0; t < threads; t++)
+		roles[t * 8] = t;
+	run_threads(threads, slowholder_thread, roles, 8 * sizeof roles[0]);
+	if (slow_counter != slow_sections + fast_sections) {
+		fprintf(stderr, "counter %lu != sections %lu\n", slow_counter,
+			slow_sections + fast_sections);
+		exit(1);
+	}
+	fprintf(stderr, "slow %lu fast %lu\n", slow_sections, fast_sections);
+	truth("slow_sections", slow_sections);
+	truth("fast_sections", fast_sections);
+	truth("slow_hold_ns", slow_hold_ns);
+	truth("fast_wait_ns", fast_wait_ns);
+}
+
+/* ---- kwait ---- */
+
+#define KWAIT_BYTES (64 * 1024)
+
+/* Maps 64 KiB, touches each page, makes it read-only and unmaps it: mmap,
+ * mprotect and munmap each take the mm's mmap_lock for writing, which the
+ * other threads hold as often: they wait in the kernel. */
+__attribute__((noinline)) void churn_maps(void)
+{
+	int prot = PROT_READ | PROT_WRITE, flags = MAP_PRIVATE | MAP_ANONYMOUS;
+	char *p = mmap(NULL, KWAIT_BYTES, prot, flags, -1, 0); // KWAITMMAP
+	if (p == MAP_FAILED)
+		exit(1);
+	for (long i = 0; i < KWAIT_BYTES; i += 4096)
+		p[i] = 1;
+	if (mprotect(p, KWAIT_BYTES, PROT_READ) != 0) // KWAITMPROTECT
+		exit(1);
+	sink = p[0];
+	munmap(p, KWAIT_BYTES); // KWAITMUNMAP
+}
+
+__attribute__((noinline)) unsigned long kwait_loop(long until_ns)
+{
+	unsigned long rounds = 0;
+	while (now_ns() < until_ns) {
+		churn_maps(); // KWAITCALL
+		rounds++;
+	}
+	return rounds;
+}
+
+static void *kwait_thread(void *arg)
+{
+	struct timed *t = arg;
+	pthread_barrier_wait(&start_line);
+	t->done = kwait_loop(t->until_ns);
+	return NULL;
+}
+
+/* ---- roundrobin ---- */
+
+struct rr_slot {
+	pthread_mutex_t lock;
+	unsigned long count;
+};
+struct rr_slot *g_rr_slots;
+static long rr_count;
+
+/* Takes every lock of the array in turn, ~200 ns each. */
+__attribute__((noinline)) unsigned long walk_round_robin(long until_ns)
+{
+	unsigned long rounds = 0;
+	for (long i = 0; (rounds & 63) || now_ns() < until_ns; i = i + 1 == rr_count ? 0 : i + 1) {
+		pthread_mutex_lock(&g_rr_slots[i].lock); // ROUNDROBIN
+		g_rr_slots[i].count++;
+		for (int k = 0; k < 40; k++)
+			sink = k;
+		pthread_mutex_unlock(&g_rr_slots[i].lock);
+		rounds++;
+	}
+	return rounds;
+}
+
+static void *rr_thread(void *arg)
+{
+	struct timed *t = arg;
+	pthread_barrier_wait(&start_line);
+	t->done = walk_round_robin(t->until_ns);
+	return NULL;
+}
+
+static void locks_roundrobin(long count, long threads, double seconds)
+{
+	rr_count = count;
+	g_rr_slots = calloc(count, sizeof *g_rr_slots);
+	if (!g_rr_slots)
+		exit(1);
+	for (long i = 0; i < count; i++)
+		pthread_mutex_init(&g_rr_slots[i].lock, NULL);
+	unsigned long rounds = run_timed(threads, rr_thread, seconds);
+	unsigned long counted = 0;
+	for (long i = 0; i < count; i++)
+		counted += g_rr_slots[i].count;
+	if (counted != rounds) {
+		fprintf(stderr, "counted %lu != rounds %lu\n", counted, rounds);
+		exit(1);
+	}
+	truth("rr_locks", count);
+	truth("rr_acquisitions", rounds);
+	free(g_rr_slots);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3)
@@ -497,6 +767,29 @@ int main(int argc, char **argv)
 		locks_contended(threads, 0, n, 1000, 250);
 		fprintf(stderr, "ns_per_cs %.1f\n",
 			(double)(now_ns() - started) / (double)total_acquisitions);
+	} else if (strcmp(mode, "yield") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], MAX_THREADS);
+		double seconds = seconds_arg(argv[3]);
+		start();
+		locks_yield(threads, seconds);
+	} else if (strcmp(mode, "slowholder") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], MAX_THREADS);
+		double seconds = seconds_arg(argv[3]);
+		if (threads < 2)
+			usage();
+		start();
+		locks_slowholder(threads, seconds);
+	} else if (strcmp(mode, "kwait") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], MAX_THREADS);
+		double seconds = seconds_arg(argv[3]);
+		start();
+		truth("kwait_rounds", run_timed(threads, kwait_thread, seconds));
+	} else if (strcmp(mode, "roundrobin") == 0 && argc == 5) {
+		long count = count_arg(argv[2], 10 * 1000 * 1000);
+		long threads = count_arg(argv[3], MAX_THREADS);
+		double seconds = seconds_arg(argv[4]);
+		start();
+		locks_roundrobin(count, threads, seconds);
 	} else {
 		usage();
 	}

@@ -277,7 +277,8 @@ fn elapsed(stdout: &str) -> Result<f64> {
 }
 
 /// Runs a self-timing workload command and returns the number it prints
-/// after `key` (on stderr or stdout).
+/// after `key` (on stderr or stdout, at the start of a line after any
+/// indentation).
 pub(crate) fn run_for_metric(cmd: &mut Command, what: &str, key: &str) -> Result<f64> {
     let out = cmd.output().with_context(|| format!("running {what}"))?;
     if !out.status.success() {
@@ -290,7 +291,7 @@ pub(crate) fn run_for_metric(cmd: &mut Command, what: &str, key: &str) -> Result
     let text =
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     text.lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .find_map(|l| l.trim_start().strip_prefix(key)?.trim().parse().ok())
         .with_context(|| format!("{what} printed no {key}: {text}"))
 }
 

@@ -7,6 +7,7 @@ mod bench;
 mod bench_alloc;
 mod bench_corpus;
 mod bench_locks;
+mod bench_locks_load;
 mod bench_sharing;
 mod fuzz;
 mod limits;

@@ -12,24 +12,26 @@ use anyhow::{bail, Context, Result};
 
 /// Debian packages: the eBPF toolchain, and what the tests use.
 const PACKAGES: &[&str] = &[
-    "rustc-web",       // rustc 1.96 with LLVM 22, sysroot /usr
-    "cargo-web",       // its cargo, so the linked toolchain is whole
-    "rust-web-src",    // its library source, for -Z build-std=core
-    "rust-web-clippy", // clippy for that compiler, to lint the eBPF crate
-    "llvm-22-dev",     // for bpf-linker
-    "bpftool",         // tests check that no program is left loaded
-    "bpftrace",        // the peer the benchmarks compare against
-    "gcc",             // builds the C workloads
-    "libc6-dev",       // including libc.a for the static-binary test
-    "binutils",        // strip, for the stripped-binary test
-    "tmux",            // drives the dashboard in its test
-    "pbzip2",          // a real multithreaded program for the lock tests
-    "sysbench",        // its mutex test: a third-party contended program
-    "stress-ng",       // its cacheline stressor: third-party false sharing
-    "redis-server",    // a third-party jemalloc program, with its own
-    "redis-tools",     // count of its memory (INFO memory)
-    "util-linux",      // setpriv, for the unprivileged-run test
-    "libjemalloc2",    // allocators the allocator tests preload
+    "rustc-web",          // rustc 1.96 with LLVM 22, sysroot /usr
+    "cargo-web",          // its cargo, so the linked toolchain is whole
+    "rust-web-src",       // its library source, for -Z build-std=core
+    "rust-web-clippy",    // clippy for that compiler, to lint the eBPF crate
+    "llvm-22-dev",        // for bpf-linker
+    "bpftool",            // tests check that no program is left loaded
+    "bpftrace",           // the peer the benchmarks compare against
+    "gcc",                // builds the C workloads
+    "libc6-dev",          // including libc.a for the static-binary test
+    "binutils",           // strip, for the stripped-binary test
+    "tmux",               // drives the dashboard in its test
+    "pbzip2",             // a real multithreaded program for the lock tests
+    "sysbench",           // its mutex test: a third-party contended program
+    "memcached",          // the lock benchmark attaches to it under load
+    "libmemcached-tools", // memcaslap, the load for it
+    "stress-ng",          // its cacheline stressor: third-party false sharing
+    "redis-server",       // a third-party jemalloc program, with its own
+    "redis-tools",        // count of its memory (INFO memory)
+    "util-linux",         // setpriv, for the unprivileged-run test
+    "libjemalloc2",       // allocators the allocator tests preload
     "libtcmalloc-minimal4",
     "libmimalloc2.0",
 ];
