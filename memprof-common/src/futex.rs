@@ -163,6 +163,59 @@ pub struct WaiterKey {
 /// oldest are forgotten and thread counts become lower bounds).
 pub const WAITER_THREADS_CAPACITY: u32 = 65536;
 
+/// Releases remembered per futex word ([`Releases`]).
+pub const RELEASES_KEPT: usize = 4;
+
+/// The last releases (wakes) of one futex word: when, and from which
+/// site. A waiter charges each part of its wait to the holder that
+/// released the lock at its end, so a long section is blamed for the
+/// waiting it caused even when another holder's wake ended the wait.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Releases {
+    /// Releases recorded so far: the next one goes to slot
+    /// `next % RELEASES_KEPT`.
+    pub next: u64,
+    pub times: [u64; RELEASES_KEPT],
+    pub sites: [u64; RELEASES_KEPT],
+}
+
+/// The parts of a wait from `start` to `end` (ns) each kept release
+/// caused, by slot: from the previous release in the wait (or the wait's
+/// start) up to it, the oldest first; the wake-up after the last release
+/// goes to that last one, which is also returned (the release that ended
+/// the wait). With no release inside the wait, the newest release before
+/// its end gets all of it. Slots are visited oldest first.
+#[inline(always)]
+pub fn wait_shares(r: &Releases, start: u64, end: u64) -> ([u64; RELEASES_KEPT], Option<usize>) {
+    let mut shares = [0u64; RELEASES_KEPT];
+    let mut from = start;
+    let mut last = None;
+    let mut newest: Option<usize> = None;
+    for k in 0..RELEASES_KEPT {
+        let slot = (r.next as usize).wrapping_add(k) % RELEASES_KEPT;
+        let t = r.times[slot];
+        if t == 0 || t > end {
+            continue;
+        }
+        if newest.is_none_or(|n| r.times[n] <= t) {
+            newest = Some(slot);
+        }
+        if t > from {
+            shares[slot] += t - from;
+            from = t;
+            last = Some(slot);
+        }
+    }
+    match last.or(newest) {
+        Some(slot) => {
+            shares[slot] += end.saturating_sub(from);
+            (shares, Some(slot))
+        }
+        None => (shares, None),
+    }
+}
+
 /// Mixes `word` into site hash `h` (a multiply and xor-shift: cheap in
 /// the kernel, and call sites differ in few bits).
 #[inline(always)]
@@ -241,14 +294,22 @@ const _: () = assert!(core::mem::size_of::<ContentionKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Contention>() == 56 + 8 * LOCK_HIST_BUCKETS);
 const _: () = assert!(core::mem::size_of::<SiteHint>() == 16);
 const _: () = assert!(core::mem::size_of::<WaiterKey>() == 16);
+const _: () = assert!(core::mem::size_of::<Releases>() == 8 + 16 * RELEASES_KEPT);
 
 // SAFETY: all `#[repr(C)]` and made of integers and integer arrays,
 // naturally aligned so without padding (sizes asserted above): the event
 // is four u32 then u64s, an i64 and a u64 array; the key two u64 and two
 // u32; the contention u64s; the hint four u16 and two u32; the waiter
-// key a u64 and two u32. Any bit
+// key a u64 and two u32; the releases u64s. Any bit
 // pattern is a valid value.
-records!(LockEvent, ContentionKey, Contention, SiteHint, WaiterKey);
+records!(
+    LockEvent,
+    ContentionKey,
+    Contention,
+    SiteHint,
+    WaiterKey,
+    Releases
+);
 
 #[cfg(test)]
 mod tests {
@@ -297,6 +358,45 @@ mod tests {
         assert!(key_may_sample(0, 1));
         assert!(!key_may_sample(1_000, 1_000 + KEY_SAMPLE_INTERVAL_NS - 1));
         assert!(key_may_sample(1_000, 1_000 + KEY_SAMPLE_INTERVAL_NS));
+    }
+
+    fn releases(at: &[(u64, u64)]) -> Releases {
+        let mut r = Releases::default();
+        for &(t, site) in at {
+            let slot = r.next as usize % RELEASES_KEPT;
+            r.times[slot] = t;
+            r.sites[slot] = site;
+            r.next += 1;
+        }
+        r
+    }
+
+    #[test]
+    fn a_wait_is_shared_by_the_holders_that_released_during_it() {
+        // A slow holder releases at 1,000 and a fast one at 1,010; a wait
+        // from 100 to 1,015 was caused 900 by the slow one, 15 by the fast.
+        let r = releases(&[(50, 7), (1000, 1), (1010, 2)]);
+        let (shares, last) = wait_shares(&r, 100, 1015);
+        let by_site = |site| -> u64 {
+            (0..RELEASES_KEPT)
+                .filter(|&s| r.sites[s] == site && r.times[s] != 0)
+                .map(|s| shares[s])
+                .sum()
+        };
+        assert_eq!((by_site(1), by_site(2), by_site(7)), (900, 15, 0));
+        assert_eq!(last.map(|s| r.sites[s]), Some(2));
+        // More releases than kept: the oldest kept one takes the start.
+        let r = releases(&[(10, 9), (20, 1), (30, 2), (40, 3), (50, 4)]);
+        let (shares, _) = wait_shares(&r, 0, 60);
+        assert_eq!(shares.iter().sum::<u64>(), 60);
+        // No release inside the wait: the newest before its end.
+        let r = releases(&[(10, 1), (20, 2)]);
+        let (shares, last) = wait_shares(&r, 30, 40);
+        assert_eq!(
+            (shares.iter().sum::<u64>(), last.map(|s| r.sites[s])),
+            (10, Some(2))
+        );
+        assert_eq!(wait_shares(&Releases::default(), 0, 5).1, None);
     }
 
     #[test]

@@ -21,10 +21,10 @@ use aya_ebpf::{
     Global,
 };
 use memprof_common::{
-    counter, key_may_sample, lock_event, log2_bucket, mix_site, take_token, Contention,
-    ContentionKey, LockEvent, SiteHint, WaiterKey, ALLOC_THREADS_CAPACITY, CONTENTION_KEYS,
-    CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, SAMPLES_PER_S, SITE_HINTS,
-    SITE_HINT_FRAMES, WAITER_THREADS_CAPACITY,
+    counter, key_may_sample, lock_event, log2_bucket, mix_site, take_token, wait_shares,
+    Contention, ContentionKey, LockEvent, Releases, SiteHint, WaiterKey, ALLOC_THREADS_CAPACITY,
+    CONTENTION_KEYS, CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, RELEASES_KEPT,
+    SAMPLES_PER_S, SITE_HINTS, SITE_HINT_FRAMES, WAITER_THREADS_CAPACITY,
 };
 
 use crate::maps::{
@@ -65,10 +65,11 @@ static ZERO_CONTENTION: Array<Contention> = Array::with_max_entries(1, 0);
 #[map(name = "LOCK_SAMPLE_BUCKET")]
 static SAMPLE_BUCKET: Array<u64> = Array::with_max_entries(2, 0);
 
-/// The site of the last wake of each futex word: the waiters it ends
-/// charge their wait to it.
-#[map(name = "FUTEX_WAKERS")]
-static WAKERS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(CONTENTION_KEYS, 0);
+/// The last releases (wakes) of each futex word, when and where: a
+/// waiter charges each part of its wait to the holder that released at
+/// its end.
+#[map(name = "FUTEX_RELEASES")]
+static RELEASES: LruHashMap<u64, Releases> = LruHashMap::with_max_entries(CONTENTION_KEYS, 0);
 
 /// A futex call in progress on a thread.
 #[repr(C)]
@@ -328,20 +329,7 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
         // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
         unsafe { bpf_probe_read_user((uaddr + 8) as *const u32) }.unwrap_or(0)
     } else {
-        // The waiters this wake ends charge their wait to its site. In
-        // place when the word has an entry: an LRU insert costs several
-        // times a lookup, and a lock's wakes come from few sites.
-        match WAKERS.get_ptr_mut(uaddr) {
-            // SAFETY: the pointer comes from the map lookup.
-            Some(p) => unsafe {
-                if *p != site {
-                    *p = site;
-                }
-            },
-            None => {
-                let _ = WAKERS.insert(uaddr, site, 0);
-            }
-        }
+        released(uaddr, site);
         0
     };
     let call = FutexCall {
@@ -407,7 +395,7 @@ fn futex_end(ctx: &TracePointContext) {
     record(c, ns, woken);
     if call.kind == lock_event::WAIT {
         if ret == 0 {
-            blame(call.addr, ns);
+            blame(call.addr, call.start_ns, end);
         }
         let waiter = WaiterKey {
             addr: call.addr,
@@ -434,24 +422,59 @@ fn futex_end(ctx: &TracePointContext) {
     }
 }
 
-/// Charges a wait on `uaddr` that a wake ended to the last wake's site.
+/// Records a release (wake) of `uaddr` from `site`, in place when the
+/// word has an entry (an LRU insert costs several times a lookup).
 #[inline(always)]
-fn blame(uaddr: u64, ns: u64) {
-    // SAFETY: a map lookup; the site is a plain u64, copied out.
-    let Some(site) = (unsafe { WAKERS.get(uaddr) }).copied() else {
+fn released(uaddr: u64, site: u64) {
+    let now = bpf_now();
+    match RELEASES.get_ptr_mut(uaddr) {
+        // SAFETY: the pointer comes from the map lookup. Two releases of
+        // one word at the same instant may take one slot (the lock is
+        // released once; the other is a spurious wake).
+        Some(r) => unsafe {
+            let slot = ((*r).next as usize) % RELEASES_KEPT;
+            (*r).times[slot] = now;
+            (*r).sites[slot] = site;
+            (*r).next += 1;
+        },
+        None => {
+            let mut r = Releases::default();
+            r.times[0] = now;
+            r.sites[0] = site;
+            r.next = 1;
+            let _ = RELEASES.insert(uaddr, r, 0);
+        }
+    }
+}
+
+/// Charges a wait on `uaddr` from `start` to `end` that a wake ended to
+/// the holders that released the lock during it, each for its part.
+#[inline(always)]
+fn blame(uaddr: u64, start: u64, end: u64) {
+    // SAFETY: a map lookup; the releases are plain data, copied out.
+    let Some(r) = (unsafe { RELEASES.get(uaddr) }).copied() else {
         return;
     };
-    let key = ContentionKey {
-        addr: uaddr,
-        site,
-        kind: lock_event::WAKE,
-        _pad: 0,
-    };
-    if let Some(c) = contention_of(&key) {
-        // SAFETY: `c` is a map value from `contention_of`.
-        unsafe {
-            add(&raw mut (*c).caused_ns, ns);
-            add(&raw mut (*c).caused_waits, 1);
+    let (shares, last) = wait_shares(&r, start, end);
+    for slot in 0..RELEASES_KEPT {
+        let ns = shares[slot];
+        if ns == 0 {
+            continue;
+        }
+        let key = ContentionKey {
+            addr: uaddr,
+            site: r.sites[slot],
+            kind: lock_event::WAKE,
+            _pad: 0,
+        };
+        if let Some(c) = contention_of(&key) {
+            // SAFETY: `c` is a map value from `contention_of`.
+            unsafe {
+                add(&raw mut (*c).caused_ns, ns);
+                if last == Some(slot) {
+                    add(&raw mut (*c).caused_waits, 1);
+                }
+            }
         }
     }
 }
