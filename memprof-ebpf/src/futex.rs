@@ -456,8 +456,7 @@ fn blame(uaddr: u64, start: u64, end: u64) {
         return;
     };
     let (shares, last) = wait_shares(&r, start, end);
-    for slot in 0..RELEASES_KEPT {
-        let ns = shares[slot];
+    for (slot, &ns) in shares.iter().enumerate() {
         if ns == 0 {
             continue;
         }
