@@ -2,6 +2,7 @@
 //! their budget.
 
 pub mod budget;
+pub mod calls;
 pub mod contention;
 pub mod cost;
 pub mod loader;
