@@ -5,6 +5,7 @@ pub mod budget;
 pub mod calls;
 pub mod contention;
 pub mod cost;
+pub mod cputime;
 pub mod loader;
 pub mod maps;
 pub mod precise;

@@ -21,6 +21,7 @@ use aya::programs::uprobe::UProbeLink;
 use super::{
     budget::{BudgetConfig, DutyCycle},
     calls::{CallCounter, CallEstimate},
+    cputime::{cpu_time, online_cpus, system_time},
     loader::Probes,
     uprobes::{Family, ProbePoint},
 };
@@ -75,36 +76,6 @@ pub struct WindowSettings {
     pub window: Duration,
     /// Longest gap between windows.
     pub max_gap: Duration,
-}
-
-/// System CPU seconds of process `pid` (all threads, past and present).
-fn system_time(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may contain spaces and parens).
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let stime: f64 = rest.split(' ').nth(12)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| stime / hz as f64)
-}
-
-/// CPU seconds of process `pid` (user and system, all threads).
-fn cpu_time(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split(' ').skip(11);
-    let utime: f64 = fields.next()?.parse().ok()?;
-    let stime: f64 = fields.next()?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| (utime + stime) / hz as f64)
-}
-
-/// CPUs online.
-fn online_cpus() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    n.max(1) as f64
 }
 
 /// Links of one window, each with the operation it probes.
@@ -283,19 +254,7 @@ impl Windowed {
                 let seen = calls.saturating_sub(calls_at_open);
                 let rate = seen as f64 / opened.elapsed().as_secs_f64().max(1e-3);
                 if self.first_window {
-                    // Too quiet to tell hot from cold (a launched command
-                    // starting up, a program without locks): probes that
-                    // fire this rarely cost less than the budget, so stay
-                    // attached and look again a window later. A busy
-                    // window decides even with few calls (a short window
-                    // on a loaded machine).
-                    let quiet = too_quiet_to_decide(seen, rate, &self.cycle);
-                    // After quiet stretches, the load may have begun in the
-                    // middle of this one: its rate, extrapolated over the
-                    // gap, would be low. One whole busy stretch more.
-                    let just_woke = !quiet && std::mem::replace(&mut self.quiet_before, false);
-                    if quiet || just_woke {
-                        self.quiet_before |= quiet;
+                    if self.first_window_waits(seen, rate) {
                         self.counter
                             .stretch(Instant::now(), &probes.op_calls(self.family));
                         self.stay_attached(links, opened, calls_at_open, calls);
@@ -356,6 +315,21 @@ impl Windowed {
             }
             State::Idle => Ok(None),
         }
+    }
+
+    /// Whether the first window goes on (a stretch with `seen` calls at
+    /// `rate` just ended). Too quiet to tell hot from cold (a launched
+    /// command starting up, a program without locks): probes that fire
+    /// this rarely cost less than the budget, so stay attached and look
+    /// again a stretch later; a busy stretch decides even with few calls (a
+    /// short window on a loaded machine). After quiet stretches the load
+    /// may have begun in the middle of this one, whose rate, extrapolated
+    /// over the gap, would be low: one whole busy stretch more.
+    fn first_window_waits(&mut self, seen: u64, rate: f64) -> bool {
+        let quiet = too_quiet_to_decide(seen, rate, &self.cycle);
+        let just_woke = !quiet && std::mem::replace(&mut self.quiet_before, false);
+        self.quiet_before |= quiet;
+        quiet || just_woke
     }
 
     /// The window's probes are gone: learn the trap cost and the call rate
@@ -636,12 +610,5 @@ mod tests {
         ));
         // Enough calls always decide.
         assert!(!too_quiet_to_decide(MIN_CALLS_TO_MEASURE, 1.0, &cycle));
-    }
-
-    #[test]
-    fn system_time_of_this_process_is_readable() {
-        let t = system_time(std::process::id()).unwrap();
-        assert!(t >= 0.0);
-        assert_eq!(system_time(0), None);
     }
 }

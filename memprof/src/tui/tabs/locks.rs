@@ -401,7 +401,7 @@ fn note_lines(l: &LockEntry, estimates: bool, width: usize) -> Vec<Line<'static>
     let contended = l
         .contention_rate
         .filter(|r| r.is_finite())
-        .map_or_else(|| percent(l.contentions, acquisitions) / 100.0, |r| r);
+        .unwrap_or_else(|| percent(l.contentions, acquisitions) / 100.0);
     let mut groups = vec![
         count,
         vec!["contended ".dim(), share_percent(contended, 1).into()],
