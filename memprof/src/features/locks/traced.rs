@@ -74,7 +74,7 @@ pub fn estimate_note(t: &LockTracing) -> Option<String> {
     let error = t.acquisitions_error?;
     Some(format!(
         "lock calls were traced {:.1}% of the time ({} windows) to stay within the budget; \
-         acquisitions are estimates: the calls the kernel counted while attached, extrapolated \
+         acquisitions are scaled estimates: the calls the kernel counted while attached, extrapolated \
          over each gap at the rate of the window before it (corrected for the probes' slowdown \
          of the target), shared among the locks as their sections were seen; claimed error \
          ±{:.0}% (the spread of the windows' rates, their counting noise, the slowdown \
