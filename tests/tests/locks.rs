@@ -773,8 +773,12 @@ const SAMPLED_ACQUISITIONS_TOLERANCE: f64 = 0.25;
 
 /// The default mode's acquisitions are an estimate: it must be near the
 /// workload's count, and the report must say how far it may be off (a
-/// claim that covers the truth). Today the estimate is 20x low (4,565 for
-/// 92,651) and no error is claimed.
+/// claim that covers the truth). Before #16 the estimate was 20x low
+/// (4,565 for 92,651) and no error was claimed. Now it comes from the
+/// calls counted in one window (a 3 s session gets one: the gaps are up to
+/// a minute) and was off by +8%, -32%, -17%, -16% in four runs on a loaded
+/// 2-CPU machine, the claim (±25%) covering three: one window's rate is
+/// too noisy for 25% until sessions get more, shorter-to-detach windows.
 #[test]
 #[ignore = "known wrong: Locks under heavy contention: aggregate in the kernel, bound the event rate, and make every number consistent (#16)"]
 fn sampled_acquisitions_are_within_their_claimed_error() {
@@ -844,12 +848,12 @@ fn sixty_four_threads_on_one_lock() {
 }
 
 /// Contention spread over 10,000 locks (`many 10000 2 5`, full mode):
-/// each lock is listed with its own acquisitions (summing to the
-/// workload's count), no lock event is lost, and the loader's memory
-/// stays bounded. Today the loader peaks at 6.5 GB, loses 134,640 events
-/// and slows the workload 20x.
+/// the locks' acquisitions — of those listed one by one and of the "other
+/// locks" aggregated by call site beyond the loader's table — sum to the
+/// workload's count, no lock event is lost, and the loader's memory stays
+/// bounded. Before #16 the loader peaked at 6.5 GB, lost 134,640 events
+/// and slowed the workload 20x.
 #[test]
-#[ignore = "known wrong: Locks under heavy contention: aggregate in the kernel, bound the event rate, and make every number consistent (#16)"]
 fn ten_thousand_contended_locks_stay_bounded() {
     if !require_root("ten_thousand_contended_locks_stay_bounded") {
         return;
@@ -860,12 +864,16 @@ fn ten_thousand_contended_locks_stay_bounded() {
         &["many", "10000", "2", "5"],
     );
     assert_loader_memory(&report);
+    // Locks beyond those the loader tracks one by one count in the
+    // "other locks" entry (aggregated by call site; here only
+    // g_many_locks[] are taken).
     let many: Vec<&serde_json::Value> = locks(&report)
         .iter()
         .filter(|l| {
             l["name"]
                 .as_str()
                 .is_some_and(|n| n.starts_with("g_many_locks"))
+                || l["address"] == "other"
         })
         .collect();
     let acquisitions: u64 = many.iter().map(|l| get(l, "acquisitions")).sum();

@@ -139,7 +139,7 @@ static unsigned long hot_wait_ns;
 static unsigned long cond_waits;
 static unsigned long queue_acquisitions;
 
-#define MAX_MANY 20000
+#define MAX_MANY 100000
 struct padded_mutex {
 	pthread_mutex_t lock;
 } ALIGNED;

@@ -2,8 +2,10 @@
 //! their budget.
 
 pub mod budget;
+pub mod calls;
 pub mod contention;
 pub mod cost;
+pub mod cputime;
 pub mod loader;
 pub mod maps;
 pub mod precise;

@@ -20,6 +20,8 @@ use aya::programs::uprobe::UProbeLink;
 
 use super::{
     budget::{BudgetConfig, DutyCycle},
+    calls::{CallCounter, CallEstimate},
+    cputime::{cpu_time, online_cpus, system_time},
     loader::Probes,
     uprobes::{Family, ProbePoint},
 };
@@ -76,17 +78,6 @@ pub struct WindowSettings {
     pub max_gap: Duration,
 }
 
-/// System CPU seconds of process `pid` (all threads, past and present).
-fn system_time(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may contain spaces and parens).
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let stime: f64 = rest.split(' ').nth(12)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| stime / hz as f64)
-}
-
 /// Links of one window, each with the operation it probes.
 type Links = Vec<(u32, UProbeLink)>;
 
@@ -131,11 +122,18 @@ pub struct Windowed {
     state: State,
     resident_links: Links,
     first_window: bool,
+    /// The first window saw a quiet stretch: the load began since, maybe
+    /// in the middle of the last stretch.
+    quiet_before: bool,
     generation: u64,
     /// Threads dropping links that nothing waits for yet.
     detaching: Vec<JoinHandle<()>>,
     /// Windows opened so far.
     pub windows: u64,
+    /// The calls the kernel counted, per window.
+    counter: CallCounter,
+    /// The target's CPU time when first attached, and last read.
+    cpu: Option<[(Instant, f64); 2]>,
 }
 
 impl Windowed {
@@ -169,9 +167,12 @@ impl Windowed {
             state: State::Idle,
             resident_links: Vec::new(),
             first_window: true,
+            quiet_before: false,
             generation: 0,
             detaching: Vec::new(),
             windows: 0,
+            counter: CallCounter::new(family.counters().1 as usize),
+            cpu: None,
         }
     }
 
@@ -211,6 +212,9 @@ impl Windowed {
             .collect();
         let floor = self.settings.mode == Mode::Floor;
         let links = probes.attach_points(self.family, &self.path, &windowed, self.pid, floor)?;
+        self.counter
+            .attached(Instant::now(), &probes.op_calls(self.family));
+        self.read_cpu();
         self.windows += 1;
         self.state = State::Attached {
             links,
@@ -250,13 +254,9 @@ impl Windowed {
                 let seen = calls.saturating_sub(calls_at_open);
                 let rate = seen as f64 / opened.elapsed().as_secs_f64().max(1e-3);
                 if self.first_window {
-                    // Too quiet to tell hot from cold (a launched command
-                    // starting up, a program without locks): probes that
-                    // fire this rarely cost less than the budget, so stay
-                    // attached and look again a window later. A busy
-                    // window decides even with few calls (a short window
-                    // on a loaded machine).
-                    if too_quiet_to_decide(seen, rate, &self.cycle) {
+                    if self.first_window_waits(seen, rate) {
+                        self.counter
+                            .stretch(Instant::now(), &probes.op_calls(self.family));
                         self.stay_attached(links, opened, calls_at_open, calls);
                         return Ok(None);
                     }
@@ -265,10 +265,21 @@ impl Windowed {
                 }
                 if self.cycle.duty(rate) >= 1.0 {
                     // Cheap enough to stay attached.
+                    self.counter
+                        .stretch(Instant::now(), &probes.op_calls(self.family));
                     self.stay_attached(links, opened, calls_at_open, calls);
                     return Ok(None);
                 }
                 let links = self.without_resident(links);
+                let resident = self.resident_by_op();
+                let cpu_per_call = self.cycle.trap_cost() / self.cpus();
+                self.counter.detaching(
+                    Instant::now(),
+                    &probes.op_calls(self.family),
+                    &resident,
+                    cpu_per_call,
+                );
+                self.read_cpu();
                 self.state = State::Detaching {
                     handles: detach(links),
                     opened,
@@ -304,6 +315,21 @@ impl Windowed {
             }
             State::Idle => Ok(None),
         }
+    }
+
+    /// Whether the first window goes on (a stretch with `seen` calls at
+    /// `rate` just ended). Too quiet to tell hot from cold (a launched
+    /// command starting up, a program without locks): probes that fire
+    /// this rarely cost less than the budget, so stay attached and look
+    /// again a stretch later; a busy stretch decides even with few calls (a
+    /// short window on a loaded machine). After quiet stretches the load
+    /// may have begun in the middle of this one, whose rate, extrapolated
+    /// over the gap, would be low: one whole busy stretch more.
+    fn first_window_waits(&mut self, seen: u64, rate: f64) -> bool {
+        let quiet = too_quiet_to_decide(seen, rate, &self.cycle);
+        let just_woke = !quiet && std::mem::replace(&mut self.quiet_before, false);
+        self.quiet_before |= quiet;
+        quiet || just_woke
     }
 
     /// The window's probes are gone: learn the trap cost and the call rate
@@ -394,6 +420,9 @@ impl Windowed {
     /// (about 0.2 s per link: the kernel takes a grace period per link,
     /// one after the other).
     pub fn finish(&mut self, probes: &Probes) {
+        self.counter
+            .end(Instant::now(), &probes.op_calls(self.family));
+        self.read_cpu();
         let calls = probes.calls(self.family);
         let mut handles = detach(std::mem::take(&mut self.resident_links));
         let window = match std::mem::replace(&mut self.state, State::Idle) {
@@ -439,6 +468,55 @@ impl Windowed {
     /// The detaches still running, to be waited for later.
     pub fn take_detaching(&mut self) -> Detaching {
         Detaching(std::mem::take(&mut self.detaching))
+    }
+
+    /// Operations whose probes all stay attached (resident), by code.
+    fn resident_by_op(&self) -> Vec<bool> {
+        let mut resident = vec![true; self.family.counters().1 as usize];
+        let mut probed = vec![false; resident.len()];
+        for p in &self.points {
+            if let Some(op) = usize::try_from(p.probe.op)
+                .ok()
+                .filter(|&op| op < resident.len())
+            {
+                probed[op] = true;
+                resident[op] &= p.resident.is_some();
+            }
+        }
+        resident.iter().zip(probed).map(|(r, p)| *r && p).collect()
+    }
+
+    fn read_cpu(&mut self) {
+        let Some(cpu) = cpu_time(self.pid) else {
+            return;
+        };
+        let now = (Instant::now(), cpu);
+        match &mut self.cpu {
+            Some([_, last]) => *last = now,
+            None => self.cpu = Some([now, now]),
+        }
+    }
+
+    /// The target's CPU use (CPUs busy on average) while traced, if read
+    /// over at least a second.
+    fn cpus_busy(&self) -> Option<f64> {
+        let [(t0, c0), (t1, c1)] = self.cpu?;
+        let wall = t1.saturating_duration_since(t0).as_secs_f64();
+        (wall >= 1.0).then(|| (c1 - c0) / wall)
+    }
+
+    /// The CPUs the target uses: as read over a second or more, else the
+    /// CPUs online.
+    fn cpus(&self) -> f64 {
+        self.cpus_busy().unwrap_or_else(online_cpus).max(0.1)
+    }
+
+    /// Estimated calls per operation over the session, from the calls the
+    /// kernel counted in each window (see `kernel::calls`); `probes` while
+    /// attached (the window or gap in progress counts up to now).
+    pub fn call_estimate(&self, probes: Option<&Probes>) -> CallEstimate {
+        let calls = probes.map(|p| p.op_calls(self.family));
+        self.counter.estimate(Instant::now(), calls.as_deref())
     }
 
     /// Fraction of the session the hot (windowed) probes were attached.
@@ -532,12 +610,5 @@ mod tests {
         ));
         // Enough calls always decide.
         assert!(!too_quiet_to_decide(MIN_CALLS_TO_MEASURE, 1.0, &cycle));
-    }
-
-    #[test]
-    fn system_time_of_this_process_is_readable() {
-        let t = system_time(std::process::id()).unwrap();
-        assert!(t >= 0.0);
-        assert_eq!(system_time(0), None);
     }
 }

@@ -436,6 +436,7 @@ pub fn full_report() -> Report {
         mode: TraceMode::Sampled,
         library: "/lib/libc.so.6".into(),
         traced_fraction: 0.25,
+        acquisitions_error: Some(0.2),
         windows: 7,
         functions: vec!["pthread_mutex_lock".into()],
         always_traced: vec!["pthread_cond_wait".into()],

@@ -23,6 +23,23 @@ pub fn percent(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// A share in [0, 1] as a percentage with `decimals` decimals, which says
+/// 100% only when it is whole: 0.9996 is "99.9%" (one decimal), not
+/// "100.0%".
+pub fn share_percent(share: f64, decimals: usize) -> String {
+    let share = if share.is_finite() {
+        share.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let step = 10f64.powi(-(decimals as i32));
+    let mut p = (share * 100.0 / step).round() * step;
+    if share < 1.0 && p >= 100.0 {
+        p = 100.0 - step;
+    }
+    format!("{p:.decimals$}%")
+}
+
 /// `3.25` → `3.2 s`, `125.0` → `2m05s`.
 pub fn format_duration(secs: f64) -> String {
     if !secs.is_finite() || secs < 0.0 {
@@ -89,6 +106,16 @@ pub fn ellipsize(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_share_is_whole_only_when_it_is() {
+        assert_eq!(share_percent(1.0, 0), "100%");
+        assert_eq!(share_percent(0.996, 0), "99%");
+        assert_eq!(share_percent(0.9996, 1), "99.9%");
+        assert_eq!(share_percent(0.6, 1), "60.0%");
+        assert_eq!(share_percent(1.7, 0), "100%");
+        assert_eq!(share_percent(f64::NAN, 0), "0%");
+    }
 
     #[test]
     fn formatting_helpers() {

@@ -6,10 +6,9 @@
 //! frames belong to the lock implementation, what kind of lock a futex is
 //! and what it is called are decided at report time, with symbols.
 
-use memprof_common::locks::{hold_flag, lock_op};
-
 pub use super::durations::Durations;
-use crate::features::{FastMap, FastSet};
+pub use super::holds::{HoldStats, Holds, OtherLocks, Section, SectionSite};
+use crate::features::FastMap;
 use crate::process::maps::Place;
 
 /// Return addresses found on the stack at the futex call, innermost first
@@ -60,83 +59,13 @@ pub struct KernelStats {
     pub sites: FastMap<Chain, (u64, u64)>,
 }
 
-/// A critical section (or a failed try/timed lock call) seen by the lock
-/// uprobes. Sites are return addresses; the report resolves them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Section {
-    pub lock: u64,
-    pub tid: u32,
-    /// `memprof_common::locks::lock_op` code of the call that took it.
-    pub op: u32,
-    /// `memprof_common::locks::hold_flag` bits.
-    pub flags: u32,
-    pub acquire_ns: u64,
-    pub hold_ns: u64,
-    pub lock_site: u64,
-    pub unlock_site: u64,
-}
-
-/// Totals of one critical-section site pair.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SectionSite {
-    pub count: u64,
-    pub hold_ns: u64,
-    pub hold_max_ns: u64,
-}
-
-/// What the lock uprobes saw of one lock.
-#[derive(Debug, Clone)]
-pub struct HoldStats {
-    /// Lock calls that took it, per operation (scaled at report time by
-    /// how long each operation was traced).
-    pub acquired_by_op: [u64; lock_op::COUNT as usize],
-    /// Try and timed calls that did not take it.
-    pub failed: u64,
-    /// Time to take it (lock calls only).
-    pub acquire: Durations,
-    /// Hold times of every section, including those a condvar wait ended
-    /// or began.
-    pub hold: Durations,
-    /// Per (lock site, unlock site): the critical sections' code.
-    pub sections: FastMap<(u64, u64), SectionSite>,
-    pub threads: FastSet<u32>,
-}
-
-impl HoldStats {
-    fn new() -> Self {
-        Self {
-            acquired_by_op: [0; lock_op::COUNT as usize],
-            failed: 0,
-            acquire: Durations::default(),
-            hold: Durations::default(),
-            sections: FastMap::default(),
-            threads: FastSet::default(),
-        }
-    }
-
-    /// Acquisitions seen (not scaled).
-    pub fn acquisitions(&self) -> u64 {
-        self.acquired_by_op.iter().sum()
-    }
-
-    /// Whether it is an rwlock (taken by rwlock calls).
-    pub fn is_rwlock(&self) -> bool {
-        self.acquired_by_op
-            .iter()
-            .enumerate()
-            .any(|(op, n)| *n > 0 && lock_op::is_rwlock(op as u32))
-    }
-}
-
 /// The lock profile of one session.
 #[derive(Debug, Default)]
 pub struct LockProfile {
     futexes: FastMap<u64, FutexStats>,
     kernel: FastMap<u32, KernelStats>,
-    holds: FastMap<u64, HoldStats>,
-    /// Code place of each lock/unlock site seen (return address → the
-    /// call's place), resolved once by the collector.
-    site_places: FastMap<u64, Place>,
+    /// What the lock uprobes saw (bounded: see `holds`).
+    holds: Holds,
 }
 
 impl LockProfile {
@@ -190,61 +119,65 @@ impl LockProfile {
 
     /// A critical section (or failed lock call) from the uprobes.
     pub fn add_section(&mut self, s: Section) {
-        let h = self.holds.entry(s.lock).or_insert_with(HoldStats::new);
-        h.threads.insert(s.tid);
-        if s.flags & hold_flag::FAILED != 0 {
-            h.failed += 1;
-            return;
-        }
-        if s.flags & hold_flag::REACQUIRED == 0 {
-            if let Some(n) = h.acquired_by_op.get_mut(s.op as usize) {
-                *n += 1;
-            }
-            h.acquire.record(s.acquire_ns);
-        }
-        h.hold.record(s.hold_ns);
-        let site = h.sections.entry((s.lock_site, s.unlock_site)).or_default();
-        site.count += 1;
-        site.hold_ns += s.hold_ns;
-        site.hold_max_ns = site.hold_max_ns.max(s.hold_ns);
+        self.holds.add(&s);
     }
 
     pub fn knows_site(&self, site: u64) -> bool {
-        self.site_places.contains_key(&site)
+        self.holds.knows_site(site)
+    }
+
+    /// Whether another site can be placed (their table is bounded).
+    pub fn can_place_site(&self) -> bool {
+        self.holds.can_place_site()
     }
 
     pub fn set_site_place(&mut self, site: u64, place: Place) {
-        self.site_places.insert(site, place);
+        self.holds.set_site_place(site, place);
     }
 
     /// The place of a site's call, once resolved.
     pub fn site_place(&self, site: u64) -> Option<&Place> {
-        self.site_places.get(&site)
+        self.holds.site_place(site)
     }
 
-    /// Locks the uprobes saw taken, most hold time first.
+    /// Locks the uprobes tracked one by one, most hold time first.
     pub fn holds(&self) -> Vec<(u64, &HoldStats)> {
-        let mut v: Vec<_> = self.holds.iter().map(|(a, h)| (*a, h)).collect();
-        v.sort_by(|a, b| {
-            b.1.hold
-                .total_ns
-                .cmp(&a.1.hold.total_ns)
-                .then(a.0.cmp(&b.0))
-        });
-        v
+        self.holds.ranked()
+    }
+
+    /// The uprobes' sections of the locks not tracked one by one, and the
+    /// sections seen per operation.
+    pub fn hold_table(&self) -> &Holds {
+        &self.holds
+    }
+
+    /// Keeps the locks that matter one by one — the contended ones first,
+    /// by wait time, then the most held — and aggregates the others (see
+    /// [`Holds::prune`]).
+    pub fn prune_holds(&mut self) {
+        let futexes = &self.futexes;
+        // A mutex's futex is its first word; an rwlock's are inside it.
+        let wait_ns = |lock: u64| {
+            [0, 4, 8, 12]
+                .iter()
+                .filter_map(|d| futexes.get(&(lock + d)))
+                .map(|f| f.waits.total_ns)
+                .sum()
+        };
+        self.holds.prune(wait_ns);
     }
 
     /// The traced lock a futex word belongs to: a glibc mutex's futex is
     /// its first word; an rwlock's readers and writers wait on words 4 and
     /// 8 bytes in.
     pub fn lock_of_futex(&self, uaddr: u64) -> Option<u64> {
-        if self.holds.contains_key(&uaddr) {
+        if self.holds.get(uaddr).is_some() {
             return Some(uaddr);
         }
         [4, 8, 12]
             .into_iter()
             .filter_map(|d| uaddr.checked_sub(d))
-            .find(|a| self.holds.get(a).is_some_and(HoldStats::is_rwlock))
+            .find(|a| self.holds.get(*a).is_some_and(HoldStats::is_rwlock))
     }
 
     /// Futex words with waits or wakes, most wait time first.
@@ -340,6 +273,8 @@ pub fn is_lock_implementation(module: &str, function: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use memprof_common::locks::{hold_flag, lock_op};
 
     use super::*;
 

@@ -71,7 +71,7 @@ impl LockCollector {
             return;
         }
         for site in [ev.lock_site, ev.unlock_site] {
-            if site != 0 && !self.profile.knows_site(site) {
+            if site != 0 && !self.profile.knows_site(site) && self.profile.can_place_site() {
                 // Sites are keyed by the return address, placed at the call.
                 let place = process.call_site(site);
                 if !matches!(place, Place::Unmapped { .. }) {

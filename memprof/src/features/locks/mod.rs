@@ -8,8 +8,10 @@
 pub mod analysis;
 pub mod collect;
 pub mod durations;
+pub mod holds;
 pub mod report;
 pub mod sites;
+pub mod traced;
 pub mod tracer;
 
 use std::{
@@ -34,6 +36,7 @@ use crate::{
     report::Report,
 };
 use collect::LockCollector;
+use traced::Scale;
 use tracer::LockLibrary;
 
 /// Finds the target's pthread lock functions unless their probes are off.
@@ -189,25 +192,34 @@ impl Feature for Locks {
             ));
         }
         let tracer = self.calls.as_ref().map(|(_, t)| t);
-        out.lock_tracing = report::tracing(tracer, counters);
-        if let Some(t) = &out.lock_tracing {
-            if t.estimates() {
-                ctx.notes.push(format!(
-                    "lock calls were traced {:.1}% of the time ({} windows) to stay within the \
-                     budget; acquisitions are scaled estimates",
-                    t.traced_fraction * 100.0,
-                    t.windows
-                ));
-            }
+        let estimate = tracer.map(|t| t.call_estimate(ctx.probes));
+        out.lock_tracing = traced::tracing(tracer, estimate.as_ref(), counters);
+        if let Some(note) = out.lock_tracing.as_ref().and_then(traced::estimate_note) {
+            ctx.notes.push(note);
         }
+        self.collector.profile.prune_holds();
+        let scale = estimate.map(|e| match self.mode {
+            LockMode::Sampled => Scale::new(&e, &self.collector.profile),
+            LockMode::Full | LockMode::Off => Scale::exact(),
+        });
         let heap: Option<&AllocProfile> = ctx.heap;
         out.locks = report::report(
             &self.collector.profile,
             ctx.process.maps(),
             heap,
-            tracer,
+            scale.as_ref(),
             ctx.symbolizer,
         );
+        let changed = traced::make_consistent(&mut out.locks);
+        ctx.notes.extend(traced::consistency_note(changed));
+        let unplaced = self.collector.profile.hold_table().sites_unplaced;
+        if unplaced > 0 {
+            ctx.notes.push(format!(
+                "{unplaced} critical sections' call sites were not resolved (more than {} \
+                 sites): they count in the totals only",
+                holds::SITE_PLACES_MAX
+            ));
+        }
     }
 
     fn take_detaching(&mut self) -> Detaching {

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 
 use super::sites::{
-    add_wait_site, blame_sections, holder_sites, key, kind_of, owner_entries, user_site,
-    waiter_sites, SiteKey, WaitTotals, SITES,
+    add_wait_site, blame_sections, holder_sites, kind_of, owner_entries, user_site, waiter_sites,
+    SiteKey, WaitTotals,
 };
+use super::traced::{other_locks_entry, Scale, Traced};
 use crate::{
     features::{
         alloc::analysis::{AllocProfile, BlockIndex},
@@ -18,17 +19,9 @@ use crate::{
     },
     process::maps::{is_libc, ProcMaps},
     report::{
-        model::{
-            source_label, LockEntry, LockKind, LockTracing, SectionEntry, TraceMode, FULLY_TRACED,
-        },
+        model::{source_label, LockEntry, LockKind},
         names::Names,
     },
-};
-use memprof_common::locks::lock_op;
-
-use crate::kernel::{
-    maps::Counters,
-    windows::{Mode, Windowed},
 };
 
 /// Locks listed that the uprobes saw taken but nobody waited for (the
@@ -37,16 +30,6 @@ const UNCONTENDED: usize = 20;
 
 /// The name of the futex words aggregated by call site only.
 pub const OTHER_LOCKS: &str = "other locks (aggregated by call site)";
-
-/// What the lock uprobes add to a lock.
-struct Traced {
-    acquisitions: u64,
-    failed: u64,
-    acquire: Durations,
-    hold: Durations,
-    /// (lock call site, release label) → (count, hold ns, longest hold).
-    sections: HashMap<(SiteKey, Option<String>), (u64, u64, u64)>,
-}
 
 /// One lock being put together from its futex words and uprobe records.
 struct Merged {
@@ -61,32 +44,6 @@ struct Merged {
     traced: Option<Traced>,
 }
 
-/// How the lock uprobes ran, for the report.
-pub fn tracing(tracer: Option<&Windowed>, counters: &Counters) -> Option<LockTracing> {
-    let tracer = tracer?;
-    let name = |op: &u32| lock_op::symbol(*op).to_string();
-    let mut functions: Vec<String> = tracer.ops().iter().map(name).collect();
-    functions.sort();
-    functions.dedup();
-    let mut always: Vec<String> = tracer.resident_ops().iter().map(name).collect();
-    always.sort();
-    always.dedup();
-    Some(LockTracing {
-        mode: match tracer.settings.mode {
-            Mode::Sampled => TraceMode::Sampled,
-            Mode::Full | Mode::Floor => TraceMode::Full,
-        },
-        library: tracer.path.to_string(),
-        traced_fraction: tracer.traced_fraction(),
-        windows: tracer.windows,
-        functions,
-        always_traced: always,
-        sections_lost: counters.hold_events_lost,
-        unmatched_unlocks: counters.unmatched_unlocks,
-        held_overflow: counters.held_overflow,
-    })
-}
-
 /// The lock entries of a report: contended locks first, most wait time
 /// first, then other waits, then (with the uprobes) locks taken without
 /// contention, most hold time first.
@@ -94,7 +51,7 @@ pub fn report(
     profile: &LockProfile,
     maps: &ProcMaps,
     alloc: Option<&AllocProfile>,
-    tracer: Option<&Windowed>,
+    scale: Option<&Scale>,
     names: &mut dyn Names,
 ) -> Vec<LockEntry> {
     let blocks = alloc.map(|a| (a, a.block_index()));
@@ -105,10 +62,14 @@ pub fn report(
     };
     let mut table = Table::default();
     add_futexes(&mut table, profile, &mut naming);
-    if let Some(tracer) = tracer {
-        add_holds(&mut table, profile, tracer, &mut naming);
-    }
+    let unlisted = match scale {
+        Some(scale) => add_holds(&mut table, profile, scale, &mut naming),
+        None => Vec::new(),
+    };
     let mut entries: Vec<LockEntry> = table.merged.into_iter().map(Merged::entry).collect();
+    if let Some(scale) = scale {
+        entries.extend(other_locks_entry(profile, &unlisted, scale, naming.names));
+    }
     entries.extend(kernel_entries(profile, naming.names));
     rank(&mut entries);
     entries
@@ -172,13 +133,21 @@ fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>
 }
 
 /// Adds what the lock uprobes saw: to the contended locks, and to the
-/// [`UNCONTENDED`] most held others.
-fn add_holds(table: &mut Table, profile: &LockProfile, tracer: &Windowed, naming: &mut Naming<'_>) {
+/// [`UNCONTENDED`] most held others. Returns the locks not listed (for
+/// the "other locks" entry).
+fn add_holds<'p>(
+    table: &mut Table,
+    profile: &'p LockProfile,
+    scale: &Scale,
+    naming: &mut Naming<'_>,
+) -> Vec<&'p HoldStats> {
     let mut uncontended = 0;
+    let mut unlisted = Vec::new();
     for (lock, h) in profile.holds() {
         let contended = table.by_address.contains_key(&lock);
         if !contended {
             if uncontended >= UNCONTENDED {
+                unlisted.push(h);
                 continue;
             }
             uncontended += 1;
@@ -190,10 +159,11 @@ fn add_holds(table: &mut Table, profile: &LockProfile, tracer: &Windowed, naming
         };
         let name = naming.name_of(lock);
         let m = table.slot(lock, name, kind);
-        m.threads = m.threads.max(h.threads.len());
+        m.threads = m.threads.max(h.thread_count());
         let t = m.traced.get_or_insert_with(Traced::new);
-        t.add(profile, h, tracer, naming.names);
+        t.add(profile, h, scale, naming.names);
     }
+    unlisted
 }
 
 /// One entry per kind of kernel lock, with the user code that led there.
@@ -251,101 +221,6 @@ impl Table {
         };
         self.by_address.insert(address, i);
         &mut self.merged[i]
-    }
-}
-
-impl Traced {
-    fn new() -> Self {
-        Self {
-            acquisitions: 0,
-            failed: 0,
-            acquire: Durations::default(),
-            hold: Durations::default(),
-            sections: HashMap::new(),
-        }
-    }
-
-    /// Adds one lock's uprobe statistics; counts are scaled by the time
-    /// each operation was traced.
-    fn add(
-        &mut self,
-        profile: &LockProfile,
-        h: &HoldStats,
-        tracer: &Windowed,
-        names: &mut dyn Names,
-    ) {
-        let scale = |n: u64, op: u32| {
-            let f = tracer.op_fraction(op);
-            if f > 0.0 && f < FULLY_TRACED {
-                (n as f64 / f).round() as u64
-            } else {
-                n
-            }
-        };
-        self.acquisitions += h
-            .acquired_by_op
-            .iter()
-            .enumerate()
-            .map(|(op, n)| scale(*n, op as u32))
-            .sum::<u64>();
-        self.failed += scale(h.failed, lock_op::MUTEX_TRYLOCK);
-        self.acquire.add(&h.acquire);
-        self.hold.add(&h.hold);
-        for (&(lock_site, unlock_site), s) in &h.sections {
-            let frame =
-                |site: u64, names: &mut dyn Names| profile.site_place(site).map(|p| names.code(p));
-            let Some(taken) = frame(lock_site, names) else {
-                continue; // not mapped when seen
-            };
-            let released = frame(unlock_site, names)
-                .map(|f| source_label(f.file.as_deref(), f.line, &f.module));
-            let e = self.sections.entry((key(taken), released)).or_default();
-            e.0 += s.count;
-            e.1 += s.hold_ns;
-            e.2 = e.2.max(s.hold_max_ns);
-        }
-    }
-
-    /// Fills in what the uprobes add to a lock's entry, whose
-    /// contentions are set.
-    fn fill(self, entry: &mut LockEntry) {
-        let mut sections: Vec<SectionEntry> = self
-            .sections
-            .into_iter()
-            .map(
-                |(((function, file, line, module), released_at), (count, hold_ns, max))| {
-                    SectionEntry {
-                        function,
-                        file,
-                        line,
-                        module,
-                        released_at,
-                        count,
-                        hold_ns,
-                        hold_max_ns: max,
-                        delay_caused_ns: 0,
-                    }
-                },
-            )
-            .collect();
-        sections.sort_by(|a, b| b.hold_ns.cmp(&a.hold_ns).then(b.count.cmp(&a.count)));
-        sections.truncate(SITES);
-        entry.acquisitions = Some(self.acquisitions);
-        entry.contention_rate =
-            (self.acquisitions > 0).then(|| entry.contentions as f64 / self.acquisitions as f64);
-        entry.failed_attempts = Some(self.failed);
-        if !self.acquire.is_empty() {
-            entry.acquire_p99_ns = Some(self.acquire.p99_ns());
-            entry.acquire_max_ns = Some(self.acquire.max_ns);
-        }
-        if !self.hold.is_empty() {
-            entry.hold_p99_ns = Some(self.hold.p99_ns());
-            entry.hold_mean_ns = Some(self.hold.mean_ns());
-            entry.hold_max_ns = Some(self.hold.max_ns);
-            entry.hold_total_ns = Some(self.hold.total_ns);
-            entry.hold_histogram = self.hold.log2_buckets();
-        }
-        entry.sections = sections;
     }
 }
 
@@ -438,9 +313,9 @@ impl Naming<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::{sync::Arc, time::Duration};
+    use std::sync::Arc;
 
-    use memprof_common::locks::hold_flag;
+    use memprof_common::locks::{hold_flag, lock_op};
 
     use super::*;
     use crate::{
@@ -448,13 +323,11 @@ mod tests {
             alloc::analysis::{AllocCall, LargeRule},
             locks::analysis::{classify, is_contention, Chain, Section},
         },
-        kernel::{
-            uprobes::{Family, ProbePoint},
-            windows::WindowSettings,
-        },
         process::maps::Place,
-        report::fixtures::{code_at, program_maps, TableNames},
-        report::model::OwnerEntry,
+        report::{
+            fixtures::{code_at, program_maps, TableNames},
+            model::{OwnerEntry, SectionEntry},
+        },
     };
 
     /// `g_lock`, a global of the sample program.
@@ -563,24 +436,6 @@ mod tests {
         }
         p.set_site_place(0x30, code_at(0x30));
         p
-    }
-
-    /// Lock uprobes in `mode`, nothing elapsed yet.
-    fn tracer(points: Vec<ProbePoint>, mode: Mode) -> Windowed {
-        let settings = WindowSettings {
-            mode,
-            budget: 0.05,
-            trap_cost_s: 1e-6,
-            window: Duration::from_millis(100),
-            max_gap: Duration::from_secs(1),
-        };
-        Windowed::new(
-            Family::Locks,
-            Arc::from("/usr/lib/libc.so.6"),
-            points,
-            settings,
-            1,
-        )
     }
 
     /// A critical section of `lock` taken by `op` at site 1 (the program's
@@ -697,8 +552,13 @@ mod tests {
         // (no traced section ends there) ended 600 ns.
         wake(&mut p, G_LOCK, 1, 3000, chain(0x300, 0x12));
         wake(&mut p, G_LOCK, 1, 600, chain(0x300, 0x40));
-        let tracer = tracer(vec![], Mode::Full);
-        let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
+        let entries = report(
+            &p,
+            &program_maps(),
+            None,
+            Some(&Scale::exact()),
+            &mut names(),
+        );
         let sections: Vec<_> = entries[0]
             .sections
             .iter()
@@ -757,9 +617,14 @@ mod tests {
         let rwlock = ANON + 0x100;
         p.add_section(section(rwlock, lock_op::RW_WRLOCK, 500));
         waits.push(wait(rwlock + 8, 4, 0, 700, chain(0x200, 0x20)));
-        let tracer = tracer(vec![], Mode::Full);
         add_waits(&mut p, waits);
-        let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
+        let entries = report(
+            &p,
+            &program_maps(),
+            None,
+            Some(&Scale::exact()),
+            &mut names(),
+        );
         assert_eq!(entries.len(), 2, "{entries:?}");
         let g = &entries[0];
         assert_eq!(g.name.as_deref(), Some("g_lock"));
@@ -804,47 +669,36 @@ mod tests {
                 1000 * (i + 1),
             ));
         }
-        let tracer = tracer(vec![], Mode::Full);
         add_waits(&mut p, waits);
-        let entries = report(&p, &program_maps(), None, Some(&tracer), &mut names());
-        assert_eq!(entries.len(), 1 + UNCONTENDED);
+        let entries = report(
+            &p,
+            &program_maps(),
+            None,
+            Some(&Scale::exact()),
+            &mut names(),
+        );
+        assert_eq!(entries.len(), 2 + UNCONTENDED);
         assert_eq!(entries[0].name.as_deref(), Some("g_lock"));
-        let holds: Vec<u64> = entries[1..]
+        let listed = &entries[1..=UNCONTENDED];
+        let holds: Vec<u64> = listed
             .iter()
             .map(|e| e.hold_total_ns.unwrap_or_default())
             .collect();
         let expected: Vec<u64> = (2..=held).rev().map(|i| 1000 * i).collect();
-        assert_eq!(holds, expected, "the least held is left out");
-        assert!(entries[1..].iter().all(|e| e.contentions == 0));
-        assert!(entries[1..].iter().all(|e| e.contention_rate == Some(0.0)));
-    }
-
-    #[test]
-    fn tracing_lists_the_probed_functions_once() {
-        assert_eq!(tracing(None, &Counters::default()), None);
-        let point = |op| ProbePoint { op, file_offset: 0 };
-        let points = vec![
-            point(lock_op::MUTEX_UNLOCK),
-            point(lock_op::MUTEX_LOCK),
-            point(lock_op::MUTEX_LOCK_OTHER_KINDS),
-        ];
-        let counters = Counters {
-            hold_events_lost: 1,
-            unmatched_unlocks: 2,
-            held_overflow: 3,
-            ..Counters::default()
-        };
-        let t = tracing(Some(&tracer(points, Mode::Floor)), &counters).unwrap();
-        assert_eq!(t.mode, TraceMode::Full);
-        assert_eq!(t.library, "/usr/lib/libc.so.6");
-        assert_eq!(t.functions, ["pthread_mutex_lock", "pthread_mutex_unlock"]);
-        assert!(t.always_traced.is_empty());
+        assert_eq!(holds, expected, "the least held is not listed alone");
+        // It counts in the "other locks" entry, with its sections.
+        let other = entries.last().unwrap();
+        assert_eq!(other.address, "other");
         assert_eq!(
-            (t.sections_lost, t.unmatched_unlocks, t.held_overflow),
-            (1, 2, 3)
+            other.name.as_deref(),
+            Some("other locks (1 taken, aggregated by lock call site)")
         );
-        let sampled = tracing(Some(&tracer(vec![], Mode::Sampled)), &counters).unwrap();
-        assert_eq!(sampled.mode, TraceMode::Sampled);
+        assert_eq!(
+            (other.acquisitions, other.hold_total_ns),
+            (Some(1), Some(1000))
+        );
+        assert_eq!(other.sections[0].line, Some(10));
+        assert!(entries[1..].iter().all(|e| e.contention_rate == Some(0.0)));
     }
 
     /// Every kind the analysis names is one of the report's, with the same

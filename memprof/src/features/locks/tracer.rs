@@ -28,10 +28,11 @@ use crate::{
 const TRAP_COST_S: f64 = 3.5e-6;
 /// Extra cost when the lock call's probe must be single-stepped.
 const SINGLE_STEP_COST_S: f64 = 3.3e-6;
-/// How long the probes stay attached per window: a hot lock's rate is
-/// known within a few milliseconds, and detaching adds about 0.1 s per hot
-/// link anyway.
-const WINDOW: Duration = Duration::from_millis(30);
+/// How long the probes stay attached per window: the rate measured in it
+/// is extrapolated over the gap after it, and on a loaded machine a 30 ms
+/// window's rate was off by up to a fifth; detaching adds about 0.1 s per
+/// hot link anyway.
+const WINDOW: Duration = Duration::from_millis(100);
 /// Longest gap between windows: a hot mutex's window costs the target
 /// about 0.7 s (window, plus three links detached one grace period after
 /// the other), so a 1.5% budget needs gaps near a minute.

@@ -38,7 +38,8 @@ impl LockKind {
 /// One lock (or futex word, or kind of kernel lock) threads waited for.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LockEntry {
-    /// Address of the (first) futex word, hex; for kernel locks, "kernel".
+    /// Address of the (first) futex word, hex; for kernel locks, "kernel";
+    /// for the locks aggregated by call site, "other".
     pub address: String,
     /// Global symbol, heap block ("heap block from file:line"), kernel
     /// lock kind, or null.
@@ -46,10 +47,11 @@ pub struct LockEntry {
     /// "mutex", "rwlock", "futex" or "kernel" (lock contention), or
     /// "condvar", "barrier", "join" or "semaphore" (waits for an event).
     pub kind: LockKind,
-    /// Acquisitions (needs the lock uprobes: null when not traced; an
-    /// estimate scaled by the traced time in sampled mode).
+    /// Acquisitions (needs the lock uprobes: null when not traced, or when
+    /// fewer than the contentions; in sampled mode an estimate scaled by
+    /// the calls the kernel counted, see `lock_tracing`).
     pub acquisitions: Option<u64>,
-    /// Contentions per acquisition (null without acquisitions).
+    /// Contentions per acquisition, at most 1 (null without acquisitions).
     pub contention_rate: Option<f64>,
     /// Try and timed lock calls that did not get the lock (scaled).
     pub failed_attempts: Option<u64>,
@@ -119,8 +121,12 @@ pub struct LockTracing {
     pub mode: TraceMode,
     /// The object whose lock functions were probed.
     pub library: String,
-    /// Fraction of the session the hot lock probes were attached.
+    /// Fraction of the session the hot lock probes were all attached
+    /// (1: every call traced).
     pub traced_fraction: f64,
+    /// Claimed relative error of the estimated acquisitions (0.15: ±15%),
+    /// null when every call was counted.
+    pub acquisitions_error: Option<f64>,
     pub windows: u64,
     /// Functions probed, and those attached all the time (cold ones).
     pub functions: Vec<String>,

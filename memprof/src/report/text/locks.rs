@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::WIDTH;
 use crate::report::{
-    format::{ellipsize, format_ns, group},
+    format::{ellipsize, format_ns, group, share_percent},
     model::{source_label, LockEntry, LockTracing},
 };
 
@@ -22,18 +22,8 @@ pub(super) fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option
         out,
         "Locks (waits seen from the kernel; lock contention first, then other waits)"
     );
-    match tracing {
-        Some(t) if t.estimates() => {
-            let _ = writeln!(
-                out,
-                "  lock calls traced {:.1}% of the time: acquisitions are estimates",
-                t.traced_fraction * 100.0
-            );
-        }
-        Some(_) => {
-            let _ = writeln!(out, "  lock calls: every call traced");
-        }
-        None => {}
+    if let Some(line) = tracing.map(mode_line) {
+        let _ = writeln!(out, "  {line}");
     }
     let _ = writeln!(
         out,
@@ -98,6 +88,28 @@ fn write_culprit(out: &mut String, l: &LockEntry) {
     let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
 }
 
+/// What was traced of the lock calls: "every call" only when the probes
+/// were attached all the time.
+fn mode_line(t: &LockTracing) -> String {
+    if t.estimates() {
+        let error = t
+            .acquisitions_error
+            .map(|e| format!(" (±{:.0}%)", e * 100.0))
+            .unwrap_or_default();
+        format!(
+            "lock calls traced {:.1}% of the time: acquisitions are estimates{error}",
+            t.traced_fraction * 100.0
+        )
+    } else if t.traced_fraction >= 1.0 {
+        "lock calls: every call traced".into()
+    } else {
+        format!(
+            "lock calls traced {} of the time",
+            share_percent(t.traced_fraction, 2)
+        )
+    }
+}
+
 /// What the lock uprobes add: acquisitions, contention rate, hold times
 /// and the critical section holding it longest.
 fn write_lock_holds(out: &mut String, l: &LockEntry) {
@@ -106,7 +118,7 @@ fn write_lock_holds(out: &mut String, l: &LockEntry) {
     };
     let mut line = format!("      {} acquisitions", group(acquisitions));
     if let Some(rate) = l.contention_rate {
-        let _ = write!(line, ", {:.0}% contended", (rate * 100.0).min(100.0));
+        let _ = write!(line, ", {} contended", share_percent(rate, 0));
     }
     if let (Some(mean), Some(p99), Some(max)) = (l.hold_mean_ns, l.hold_p99_ns, l.hold_max_ns) {
         let _ = write!(
@@ -151,6 +163,7 @@ mod tests {
             mode: TraceMode::Full,
             library: "/lib/libc.so.6".into(),
             traced_fraction: 1.0,
+            acquisitions_error: None,
             windows: 1,
             functions: vec![],
             always_traced: vec![],

@@ -8,7 +8,9 @@ mod sharing;
 
 use std::fmt::Write as _;
 
-pub use super::format::{ellipsize, format_bytes, format_duration, format_ns, group, percent};
+pub use super::format::{
+    ellipsize, format_bytes, format_duration, format_ns, group, percent, share_percent,
+};
 use super::model::Report;
 pub use allocator::{
     allocator_off, by_time, library_label, live_label, sites_by_bytes, syscall_origin,

@@ -26,7 +26,7 @@ use sites::{render_sites, Sites};
 
 use crate::report::{
     model::{LockEntry, LockKind},
-    text::{ellipsize, format_ns, group, percent},
+    text::{ellipsize, format_ns, group, percent, share_percent},
 };
 use crate::tui::{
     layout::{render_master_detail, DetailView, LineBudget, Lines, Selection},
@@ -401,13 +401,10 @@ fn note_lines(l: &LockEntry, estimates: bool, width: usize) -> Vec<Line<'static>
     let contended = l
         .contention_rate
         .filter(|r| r.is_finite())
-        .map_or_else(|| percent(l.contentions, acquisitions), |r| r * 100.0);
+        .unwrap_or_else(|| percent(l.contentions, acquisitions) / 100.0);
     let mut groups = vec![
         count,
-        vec![
-            "contended ".dim(),
-            format!("{:.1}%", contended.clamp(0.0, 100.0)).into(),
-        ],
+        vec!["contended ".dim(), share_percent(contended, 1).into()],
     ];
     if let Some(p99) = l.acquire_p99_ns {
         let mut acquire = vec!["lock call p99 ".dim(), format_ns(p99).into()];
@@ -550,6 +547,7 @@ pub(crate) mod tests {
             mode: crate::report::model::TraceMode::Sampled,
             library: "/lib/x86_64-linux-gnu/libc.so.6".into(),
             traced_fraction: 0.05,
+            acquisitions_error: Some(0.15),
             windows: 3,
             functions: vec![],
             always_traced: vec![],
