@@ -897,6 +897,22 @@ fn ten_thousand_contended_locks_stay_bounded() {
 
 const SYSBENCH: &str = "/usr/bin/sysbench";
 
+/// Whether `test` can run: as root, with Debian's sysbench installed (a
+/// loud skip otherwise).
+fn require_root_and_sysbench(test: &str) -> bool {
+    if !require_root(test) {
+        return false;
+    }
+    if !Path::new(SYSBENCH).exists() {
+        skip(
+            test,
+            &format!("{SYSBENCH} is not installed (cargo xtask setup installs it)"),
+        );
+        return false;
+    }
+    true
+}
+
 /// `sysbench mutex` with one mutex: THREADS threads each lock and unlock
 /// it LOCKS times (sysbench's own count: threads x --mutex-locks), with
 /// ~200 empty loops outside.
@@ -920,14 +936,7 @@ fn sysbench_mutex(threads: u32, locks: u64) -> Vec<String> {
 #[test]
 fn sysbench_mutex_acquisitions_are_counted() {
     const TEST: &str = "sysbench_mutex_acquisitions_are_counted";
-    if !require_root(TEST) {
-        return;
-    }
-    if !Path::new(SYSBENCH).exists() {
-        skip(
-            TEST,
-            &format!("{SYSBENCH} is not installed (cargo xtask setup installs it)"),
-        );
+    if !require_root_and_sysbench(TEST) {
         return;
     }
     const LOCKS: u64 = 100_000;
@@ -973,14 +982,7 @@ fn sysbench_mutex_acquisitions_are_counted() {
 #[test]
 fn sysbench_mutex_is_found_when_attached() {
     const TEST: &str = "sysbench_mutex_is_found_when_attached";
-    if !require_root(TEST) {
-        return;
-    }
-    if !Path::new(SYSBENCH).exists() {
-        skip(
-            TEST,
-            &format!("{SYSBENCH} is not installed (cargo xtask setup installs it)"),
-        );
+    if !require_root_and_sysbench(TEST) {
         return;
     }
     // ~150,000 acquisitions a second untraced: 20 M is minutes of work.
@@ -1286,14 +1288,7 @@ fn kernel_lock_waits_have_user_call_chains() {
 #[test]
 fn sysbench_threads_lock_is_found() {
     const TEST: &str = "sysbench_threads_lock_is_found";
-    if !require_root(TEST) {
-        return;
-    }
-    if !Path::new(SYSBENCH).exists() {
-        skip(
-            TEST,
-            &format!("{SYSBENCH} is not installed (cargo xtask setup installs it)"),
-        );
+    if !require_root_and_sysbench(TEST) {
         return;
     }
     let (_, report) = launch_with(

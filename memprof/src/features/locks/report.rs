@@ -458,6 +458,17 @@ mod tests {
         profile.set_site_place(2, code_at(0x12));
     }
 
+    /// The report of `p` with every lock call traced.
+    fn report_traced(p: &LockProfile) -> Vec<LockEntry> {
+        report(
+            p,
+            &program_maps(),
+            None,
+            Some(&Scale::exact()),
+            &mut names(),
+        )
+    }
+
     #[test]
     fn waits_are_merged_per_lock_named_and_ranked() {
         let mut p = LockProfile::new();
@@ -552,13 +563,7 @@ mod tests {
         // (no traced section ends there) ended 600 ns.
         wake(&mut p, G_LOCK, 1, 3000, chain(0x300, 0x12));
         wake(&mut p, G_LOCK, 1, 600, chain(0x300, 0x40));
-        let entries = report(
-            &p,
-            &program_maps(),
-            None,
-            Some(&Scale::exact()),
-            &mut names(),
-        );
+        let entries = report_traced(&p);
         let sections: Vec<_> = entries[0]
             .sections
             .iter()
@@ -618,13 +623,7 @@ mod tests {
         p.add_section(section(rwlock, lock_op::RW_WRLOCK, 500));
         waits.push(wait(rwlock + 8, 4, 0, 700, chain(0x200, 0x20)));
         add_waits(&mut p, waits);
-        let entries = report(
-            &p,
-            &program_maps(),
-            None,
-            Some(&Scale::exact()),
-            &mut names(),
-        );
+        let entries = report_traced(&p);
         assert_eq!(entries.len(), 2, "{entries:?}");
         let g = &entries[0];
         assert_eq!(g.name.as_deref(), Some("g_lock"));
@@ -670,13 +669,7 @@ mod tests {
             ));
         }
         add_waits(&mut p, waits);
-        let entries = report(
-            &p,
-            &program_maps(),
-            None,
-            Some(&Scale::exact()),
-            &mut names(),
-        );
+        let entries = report_traced(&p);
         assert_eq!(entries.len(), 2 + UNCONTENDED);
         assert_eq!(entries[0].name.as_deref(), Some("g_lock"));
         let listed = &entries[1..=UNCONTENDED];
