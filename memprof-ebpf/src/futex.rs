@@ -82,6 +82,10 @@ struct FutexCall {
     op: u32,
     owner: u32,
     _pad: u32,
+    /// The last futex word this thread was counted waiting on (in
+    /// `WAITER_THREADS`): a thread waiting on the same lock again skips
+    /// the lookup.
+    seen: u64,
 }
 
 #[map(name = "FUTEX_INFLIGHT")]
@@ -131,6 +135,21 @@ fn user_regs() -> (u64, u64, u64) {
         let sp = bpf_probe_read_kernel(regs.add(152) as *const u64).unwrap_or(0);
         let bp = bpf_probe_read_kernel(regs.add(32) as *const u64).unwrap_or(0);
         (ip, sp, bp)
+    }
+}
+
+/// The thread's user-mode instruction and stack pointers, in one read
+/// (`ip`, `cs`, `flags` and `sp` follow each other in `struct pt_regs`).
+#[inline(always)]
+fn user_ip_sp() -> (u64, u64) {
+    // SAFETY: as in `user_regs`; 128 is the offset of `ip`, and `sp` is
+    // the fourth word from there (152).
+    unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
+        match bpf_probe_read_kernel(regs.add(128) as *const [u64; 4]) {
+            Ok(words) => (words[0], words[3]),
+            Err(_) => (0, 0),
+        }
     }
 }
 
@@ -323,7 +342,7 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
     if tgid != target_tgid() {
         return;
     }
-    let (ip, sp, _) = user_regs();
+    let (ip, sp) = user_ip_sp();
     let site = site_of(ip, sp, crate::locks::call_site(tid));
     let owner = if kind == lock_event::WAIT {
         // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
@@ -340,13 +359,19 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
         op: cmd,
         owner,
         _pad: 0,
+        seen: 0,
     };
     // Each thread reuses its entry (marked done at the call's end rather
     // than deleted): a lookup instead of an LRU insert and delete per call.
     match FUTEX_INFLIGHT.get_ptr_mut(tid) {
         // SAFETY: the pointer comes from the map lookup; only this thread
         // touches its own entry.
-        Some(p) => unsafe { *p = call },
+        Some(p) => unsafe {
+            *p = FutexCall {
+                seen: (*p).seen,
+                ..call
+            }
+        },
         None => {
             let _ = FUTEX_INFLIGHT.insert(tid, call, 0);
         }
@@ -397,13 +422,17 @@ fn futex_end(ctx: &TracePointContext) {
         if ret == 0 {
             blame(call.addr, call.start_ns, end);
         }
-        let waiter = WaiterKey {
-            addr: call.addr,
-            tid,
-            _pad: 0,
-        };
-        if WAITER_THREADS.get_ptr(waiter).is_none() {
-            let _ = WAITER_THREADS.insert(waiter, 1, 0);
+        if call.seen != call.addr {
+            let waiter = WaiterKey {
+                addr: call.addr,
+                tid,
+                _pad: 0,
+            };
+            if WAITER_THREADS.get_ptr(waiter).is_none() {
+                let _ = WAITER_THREADS.insert(waiter, 1, 0);
+            }
+            // SAFETY: `entry` is this thread's map value, looked up above.
+            unsafe { (*entry).seen = call.addr };
         }
     }
     if sample_now(c, end) {
@@ -573,7 +602,7 @@ pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
     if w.start_ns == 0 {
         return 0;
     }
-    let (ip, sp, _) = user_regs();
+    let (ip, sp) = user_ip_sp();
     let key = ContentionKey {
         addr: u64::from(w.flags),
         site: site_of(ip, sp, 0),
