@@ -83,10 +83,22 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
         Some("foundation") => foundation(runs),
         Some("allocator") => allocator(alloc_rounds),
         Some("locks") => locks(alloc_rounds),
+        Some("redis") => {
+            let dir = root().join("target/bench");
+            std::fs::create_dir_all(&dir)?;
+            let summary = crate::bench_alloc_redis::run(&tool(), &dir)?;
+            std::fs::write(
+                dir.join("redis.json"),
+                serde_json::to_string_pretty(&summary)? + "\n",
+            )?;
+            Ok(())
+        }
         Some("sharing") => sharing(alloc_rounds),
         Some("corpus") => corpus(alloc_rounds),
         Some(other) => {
-            bail!("--only takes foundation, allocator, locks, sharing or corpus, not {other}")
+            bail!(
+                "--only takes foundation, allocator, redis, locks, sharing or corpus, not {other}"
+            )
         }
         None => {
             foundation(runs)?;
@@ -128,9 +140,11 @@ fn locks(rounds: usize) -> Result<()> {
 }
 
 fn allocator(rounds: usize) -> Result<()> {
-    let summary = crate::bench_alloc::run(rounds)?;
+    let mut summary = crate::bench_alloc::run(rounds)?;
     let out = root().join("target/bench/allocator.json");
     std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    let dir = out.parent().unwrap_or(Path::new("."));
+    summary["redis"] = crate::bench_alloc_redis::run(&tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
     Ok(())

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_alloc;
+mod bench_alloc_redis;
 mod bench_corpus;
 mod bench_locks;
 mod bench_locks_load;
