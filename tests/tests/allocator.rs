@@ -591,6 +591,73 @@ fn preloaded_mimalloc_is_named() {
     preloaded_allocator_is_named(label, path, prefix);
 }
 
+/// A launch through `env` that preloads an allocator
+/// (`-- env LD_PRELOAD=libjemalloc.so.2 ./alloc ...`): the allocator is
+/// the one the program `env` finally runs maps, found before it runs, so
+/// every call is traced there. Before #17, `env` and our own environment
+/// were inspected: glibc was probed and none of the workload's calls seen.
+#[test]
+fn env_launch_with_a_preloaded_allocator_traces_that_allocator() {
+    let test = "env_launch_with_a_preloaded_allocator_traces_that_allocator";
+    if !require_root(test) {
+        return;
+    }
+    let (_, path, prefix) = PRELOADED[0];
+    if !std::path::Path::new(path).exists() {
+        skip(
+            test,
+            &format!("{path} is not installed (cargo xtask setup installs it)"),
+        );
+        return;
+    }
+    let program = alloc_workload();
+    let preload = format!("LD_PRELOAD={path}");
+    let (_, report, truth) = trace_truth(
+        "alloc-env-preload",
+        &[
+            "--alloc-mode",
+            "full",
+            "--lock-mode",
+            "off",
+            "--no-tui",
+            "--",
+            "env",
+            "-u",
+            "MALLOC_CONF",
+            &preload,
+            program.to_str().expect("UTF-8 path"),
+            "threads",
+            ATTACH_THREADS,
+            ATTACH_PAIRS,
+        ],
+    );
+    let a = &report["allocator"];
+    let library = a["library"].as_str().unwrap_or_default();
+    assert!(library.starts_with(prefix), "library {library:?}: {a:#}");
+    assert!(
+        a["path"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("libjemalloc.so.2"),
+        "{a:#}"
+    );
+    // Launched, the start-up's blocks are seen too (libstdc++'s emergency
+    // pool, which jemalloc's C++ runtime brings): the workload's own sites
+    // are checked instead of all of them.
+    assert_full(&report);
+    assert_calls_truth(&report, &truth, ATTACH_THREADS.parse().expect("a number"));
+    check_latency_rows(&report);
+    let live: u64 = a["sites"]
+        .as_array()
+        .expect("sites")
+        .iter()
+        .filter(|s| s["module"] == "alloc")
+        .map(|s| s["live_bytes"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(live, truth.get("live_bytes"), "{:#}", a["sites"]);
+    assert_no_programs_left();
+}
+
 /// Proves that in a static executable the allocator is found in the
 /// executable itself (glibc linked in) and traced there.
 #[test]

@@ -47,8 +47,8 @@ pub fn plans(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Ve
 /// What a feature may look at while it plans: the process it will trace.
 pub struct Target<'a> {
     pub pid: u32,
-    /// The launched command's executable (None when attached).
-    pub exe: Option<&'a std::path::Path>,
+    /// What the launched command finally runs (None when attached).
+    pub launched: Option<&'a crate::process::command::FinalCommand>,
 }
 
 /// A feature before the programs are loaded.

@@ -17,7 +17,10 @@ use blazesym::inspect::{
     Inspector,
 };
 
-use crate::process::maps::{self, ProcMaps};
+use crate::process::{
+    command::FinalCommand,
+    maps::{self, ProcMaps},
+};
 
 /// One probe-able function: the names defined at one address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,16 +43,17 @@ pub fn objects_of(pid: u32) -> anyhow::Result<Vec<Arc<str>>> {
 
 /// The objects a command will search for a symbol, before it runs: the
 /// executable itself (static binaries, programs defining it themselves),
-/// then `LD_PRELOAD` libraries, then the libc we use ourselves.
-pub fn objects_for_command(exe: &Path) -> Vec<Arc<str>> {
-    let mut candidates: Vec<Arc<str>> = vec![Arc::from(exe.to_string_lossy().as_ref())];
-    if let Some(preload) = std::env::var_os("LD_PRELOAD") {
+/// then the `LD_PRELOAD` libraries of the environment it runs with, then
+/// the libc we use ourselves.
+pub fn objects_for_command(command: &FinalCommand) -> Vec<Arc<str>> {
+    let mut candidates: Vec<Arc<str>> = vec![Arc::from(command.exe.to_string_lossy().as_ref())];
+    if let Some(preload) = &command.preload {
+        let search = command.library_path.as_deref().unwrap_or("");
         candidates.extend(
             preload
-                .to_string_lossy()
                 .split([':', ' '])
                 .filter(|s| !s.is_empty())
-                .filter_map(resolve_library)
+                .filter_map(|name| resolve_library(name, search))
                 .map(Arc::from),
         );
     }
@@ -60,22 +64,26 @@ pub fn objects_for_command(exe: &Path) -> Vec<Arc<str>> {
 }
 
 /// A preloaded library named without a directory is looked up where the
-/// dynamic linker looks by default.
-fn resolve_library(name: &str) -> Option<String> {
+/// dynamic linker looks: `LD_LIBRARY_PATH` (`search`), then the default
+/// directories.
+fn resolve_library(name: &str, search: &str) -> Option<String> {
     if name.contains('/') {
         return Some(name.to_string());
     }
-    [
+    let defaults = [
         "/lib/x86_64-linux-gnu",
         "/usr/lib/x86_64-linux-gnu",
         "/lib64",
         "/lib",
         "/usr/lib",
-    ]
-    .iter()
-    .map(|dir| Path::new(dir).join(name))
-    .find(|p| p.exists())
-    .map(|p| p.to_string_lossy().into_owned())
+    ];
+    search
+        .split([':', ';'])
+        .filter(|d| !d.is_empty())
+        .chain(defaults)
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.exists())
+        .map(|p| p.to_string_lossy().into_owned())
 }
 
 /// Mapped code objects in the order the dynamic linker would search them

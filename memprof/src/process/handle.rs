@@ -2,13 +2,14 @@
 
 use std::{
     os::fd::{FromRawFd, OwnedFd},
-    path::{Path, PathBuf},
+    path::Path,
     time::Duration,
 };
 
 use tokio::io::unix::AsyncFd;
 
 use super::{
+    command::FinalCommand,
     launch::{self, Launched},
     procfs::command_line,
 };
@@ -38,15 +39,15 @@ pub enum TargetHandle {
 
 impl TargetHandle {
     /// The process to trace: attached, or launched and held at its gate.
-    /// Returns it with its command line and, when launched, its
-    /// executable.
+    /// Returns it with its command line and, when launched, what it
+    /// finally runs (seen through `env`).
     pub fn open(
         root: &Path,
         spec: &TargetSpec,
         output: &launch::Output,
         run_as: Option<&launch::RunAs>,
         notes: &mut Vec<String>,
-    ) -> Result<(Self, String, Option<PathBuf>)> {
+    ) -> Result<(Self, String, Option<FinalCommand>)> {
         match spec {
             TargetSpec::Pid(pid) => {
                 let tgid = preflight::check_pid(root, *pid)?;
@@ -64,10 +65,18 @@ impl TargetHandle {
             }
             TargetSpec::Command(cmd) => {
                 let launched = Launched::spawn(cmd, output, run_as)?;
-                let exe = cmd
-                    .first()
-                    .and_then(|p| super::launch::resolve(p, std::env::var_os("PATH")));
-                Ok((TargetHandle::Launched(launched), cmd.join(" "), exe))
+                let inherited = |name: &str| std::env::var_os(name);
+                let last = super::command::final_command(cmd, &inherited).or_else(|| {
+                    // `env -S ...` and the like: the command itself, as
+                    // our environment has it.
+                    Some(FinalCommand {
+                        exe: super::launch::resolve(cmd.first()?, inherited("PATH"))?,
+                        preload: std::env::var("LD_PRELOAD").ok(),
+                        library_path: std::env::var("LD_LIBRARY_PATH").ok(),
+                        through: 0,
+                    })
+                });
+                Ok((TargetHandle::Launched(launched), cmd.join(" "), last))
             }
         }
     }

@@ -115,7 +115,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let mut notes = Vec::new();
     let root = Path::new("/");
     let tracefs_dir = preflight::check_system(root, opts.frequency_hz)?;
-    let (mut target, command, exe) = TargetHandle::open(
+    let (mut target, command, last) = TargetHandle::open(
         root,
         &opts.target,
         &opts.command_output,
@@ -128,7 +128,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         opts,
         &FeatureTarget {
             pid,
-            exe: exe.as_deref(),
+            launched: last.as_ref(),
         },
         &mut notes,
     );

@@ -12,12 +12,13 @@
 //! `free` = `_ZdlPv` in mimalloc) are one entry point: probing both would
 //! count every call twice.
 
-use std::{path::Path, sync::Arc};
+use std::sync::Arc;
 
 use blazesym::inspect::Inspector;
 
-use crate::object::symbols::{
-    elf_source, entry_points, objects_for_command, objects_of, EntryPoint,
+use crate::{
+    object::symbols::{elf_source, entry_points, objects_for_command, objects_of, EntryPoint},
+    process::command::FinalCommand,
 };
 
 /// Allocation functions we look for, by their C names (and the C++
@@ -92,9 +93,9 @@ pub fn find(pid: u32) -> anyhow::Result<Option<Allocator>> {
 
 /// Finds the allocator a command will use before it runs (for a launched
 /// command, whose process is still our launch gate).
-pub fn find_for_command(exe: &Path) -> anyhow::Result<Option<Allocator>> {
+pub fn find_for_command(command: &FinalCommand) -> anyhow::Result<Option<Allocator>> {
     let inspector = Inspector::new();
-    for path in objects_for_command(exe) {
+    for path in objects_for_command(command) {
         if let Some(allocator) = inspect(&inspector, &path)? {
             return Ok(Some(allocator));
         }

@@ -47,14 +47,14 @@ pub fn plan(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Box
         settings: opts.alloc,
         allocator,
         pid: target.pid,
-        launched: target.exe.is_some(),
+        launched: target.launched.is_some(),
     })
 }
 
 fn find(target: &Target<'_>, notes: &mut Vec<String>) -> Option<Allocator> {
-    let found = match target.exe {
+    let found = match target.launched {
         None => allocator::find(target.pid),
-        Some(exe) => allocator::find_for_command(exe),
+        Some(command) => allocator::find_for_command(command),
     };
     match found {
         Ok(Some(a)) => Some(a),

@@ -56,7 +56,7 @@ pub fn plan(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Box
 }
 
 fn find(target: &Target<'_>, notes: &mut Vec<String>) -> Option<LockLibrary> {
-    match tracer::find(target.pid, target.exe) {
+    match tracer::find(target.pid, target.launched) {
         Ok(Some(library)) => Some(library),
         Ok(None) => {
             notes.push(

@@ -7,7 +7,7 @@
 //! `std::sync::Mutex` and other futex-based locks call no pthread
 //! function: their contention is seen from the kernel side only.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use blazesym::inspect::Inspector;
 use iced_x86::Register;
@@ -20,6 +20,7 @@ use crate::{
         windows::{Mode, WindowSettings, Windowed},
     },
     object::{symbols, x86::prologue},
+    process::command::FinalCommand,
 };
 
 /// Cost of one traced critical section whose probes the kernel emulates:
@@ -51,11 +52,12 @@ pub struct LockLibrary {
     pub emulated: bool,
 }
 
-/// Finds the lock functions of process `pid` (or of the command `exe`,
-/// before it runs). `None` when no object defines `pthread_mutex_lock`.
-pub fn find(pid: u32, exe: Option<&Path>) -> anyhow::Result<Option<LockLibrary>> {
-    let objects = match exe {
-        Some(exe) => symbols::objects_for_command(exe),
+/// Finds the lock functions of process `pid` (or of the launched
+/// `command`, before it runs). `None` when no object defines
+/// `pthread_mutex_lock`.
+pub fn find(pid: u32, command: Option<&FinalCommand>) -> anyhow::Result<Option<LockLibrary>> {
+    let objects = match command {
+        Some(command) => symbols::objects_for_command(command),
         None => symbols::objects_of(pid)?,
     };
     let inspector = Inspector::new();
