@@ -44,6 +44,15 @@ use signals::{next_action, sleep_until, sleep_until_instant, Signals};
 /// How often the dashboard refreshes.
 const TICK: Duration = Duration::from_secs(1);
 
+/// Longest time spent draining the rings before the session's other work
+/// (window deadlines, signals, the dashboard) gets a turn.
+const DRAIN_TURN: Duration = Duration::from_millis(20);
+
+/// Longest time spent draining when the session ends, before detaching: a
+/// ring the target fills as fast as it is read is never empty while the
+/// probes are in (what is left is counted as lost).
+const LAST_DRAIN: Duration = Duration::from_millis(300);
+
 /// Why tracing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
@@ -250,7 +259,7 @@ impl Live {
                     }
                 }
                 _ = drain.tick() => {
-                    self.drain_all();
+                    self.drain_all(DRAIN_TURN);
                     self.after_drain();
                 }
                 _ = self.target.exited() => {
@@ -296,21 +305,32 @@ impl Live {
         });
     }
 
-    /// Hands every record waiting in the rings to the features. Thread
-    /// and exec events first: they decide how the records taken after them
-    /// are read.
-    fn drain_all(&mut self) {
-        self.drain_features();
+    /// Hands the records waiting in the rings to the features, for at
+    /// most `turn`. Thread and exec events first: they decide how the
+    /// records taken after them are read.
+    fn drain_all(&mut self, turn: Duration) {
+        self.drain_features_within(Some(turn));
         self.drain_samples();
     }
 
     /// Drains the features' rings a batch at a time, reading the thread
     /// records again before each batch, so that a thread created while a
-    /// busy ring is drained is known before its records are read.
+    /// busy ring is drained is known before its records are read. At most
+    /// [`DRAIN_TURN`] per call: a ring written as fast as it is read would
+    /// otherwise keep the loop here, and the windows' deadlines (the
+    /// budget's detach) would never come — a hot allocator was then traced
+    /// all session long, losing events, at full cost to the target.
     fn drain_features(&mut self) {
+        self.drain_features_within(Some(DRAIN_TURN));
+    }
+
+    /// As [`Self::drain_features`], for at most `turn` (None: until the
+    /// rings are empty).
+    fn drain_features_within(&mut self, turn: Option<Duration>) {
+        let since = Instant::now();
         loop {
             self.drain_tasks();
-            if !self.pipeline.drain() {
+            if !self.pipeline.drain() || turn.is_some_and(|t| since.elapsed() >= t) {
                 break;
             }
         }
@@ -327,7 +347,7 @@ impl Live {
     /// ends a launched command that is still running.
     async fn finish(&mut self, reason: StopReason) {
         self.traced = Some(self.started.elapsed());
-        self.drain_all();
+        self.drain_all(LAST_DRAIN);
         if let Some(probes) = &mut self.kernel.probes {
             self.pipeline.finish(probes);
         }
