@@ -1036,8 +1036,17 @@ fn one_letter_names_are_named_right() {
     }
     let program = build_workload("short", Variant::Debug).expect("building short");
     let (_, report, truth) = launch_truth("locks-short", &[], &program, &["2"]);
+    // The program's own hottest function (the vDSO's clock_gettime, which
+    // w calls in its spin loop, can take more samples than w itself on
+    // some VMs: 44% against 25% on this one).
+    let own = report["hot_functions"]
+        .as_array()
+        .expect("hot_functions")
+        .iter()
+        .find(|h| h["module"] == "short")
+        .unwrap_or_else(|| panic!("no function of short: {:#}", report["hot_functions"]));
     assert_eq!(
-        report["hot_functions"][0]["function"], "w",
+        own["function"], "w",
         "the hot function w: {:#}",
         report["hot_functions"]
     );

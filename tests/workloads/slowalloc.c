@@ -1,11 +1,11 @@
 /*
  * slowalloc: an allocator with a known latency, for the tests that check
  * the latencies memprof-ebpf reports. Preloaded (LD_PRELOAD), it defines
- * malloc, which busy-waits SLOWALLOC_MALLOC_NS (2000 ns) measured on
+ * malloc, which busy-waits SLOWALLOC_MALLOC_NS (3000 ns) measured on
  * CLOCK_MONOTONIC and then takes the block from glibc (__libc_malloc), and
- * free, which hands the block straight back (__libc_free, no wait). So a
- * malloc really takes 2 us plus glibc's few tens of ns, and a free takes
- * glibc's time alone: a profiler that reports much more is reporting its
+ * free, which busy-waits SLOWALLOC_FREE_NS (1000 ns) and hands the block
+ * back (__libc_free). So a malloc really takes 3 us and a free 1 us, plus
+ * glibc's few tens of ns: a profiler that reports more is reporting its
  * own cost.
  *
  * calloc, realloc and the aligned allocations are left to glibc: the tests
@@ -15,7 +15,8 @@
 #include <stddef.h>
 #include <time.h>
 
-#define SLOWALLOC_MALLOC_NS 2000
+#define SLOWALLOC_MALLOC_NS 3000
+#define SLOWALLOC_FREE_NS 1000
 
 extern void *__libc_malloc(size_t size);
 extern void __libc_free(void *ptr);
@@ -27,15 +28,22 @@ static long now_ns(void)
 	return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-void *malloc(size_t size)
+static void busy_wait(long ns)
 {
-	long until = now_ns() + SLOWALLOC_MALLOC_NS;
+	long until = now_ns() + ns;
 	while (now_ns() < until)
 		;
+}
+
+void *malloc(size_t size)
+{
+	busy_wait(SLOWALLOC_MALLOC_NS);
 	return __libc_malloc(size);
 }
 
 void free(void *ptr)
 {
+	if (ptr)
+		busy_wait(SLOWALLOC_FREE_NS);
 	__libc_free(ptr);
 }

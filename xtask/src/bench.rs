@@ -93,11 +93,16 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
             )?;
             Ok(())
         }
+        Some("latency") => {
+            let dir = root().join("target/bench");
+            std::fs::create_dir_all(&dir)?;
+            crate::bench_alloc_latency::run(&tool(), &dir).map(drop)
+        }
         Some("sharing") => sharing(alloc_rounds),
         Some("corpus") => corpus(alloc_rounds),
         Some(other) => {
             bail!(
-                "--only takes foundation, allocator, redis, locks, sharing or corpus, not {other}"
+                "--only takes foundation, allocator, latency, redis, locks, sharing or corpus, not {other}"
             )
         }
         None => {
@@ -140,10 +145,12 @@ fn locks(rounds: usize) -> Result<()> {
 }
 
 fn allocator(rounds: usize) -> Result<()> {
-    let mut summary = crate::bench_alloc::run(rounds)?;
     let out = root().join("target/bench/allocator.json");
-    std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
     let dir = out.parent().unwrap_or(Path::new("."));
+    // The runs write their reports there: on a fresh clone it is not there.
+    std::fs::create_dir_all(dir)?;
+    let mut summary = crate::bench_alloc::run(rounds)?;
+    summary["latency"] = crate::bench_alloc_latency::run(&tool(), dir)?;
     summary["redis"] = crate::bench_alloc_redis::run(&tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());

@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_alloc;
+mod bench_alloc_latency;
 mod bench_alloc_redis;
 mod bench_corpus;
 mod bench_locks;

@@ -40,6 +40,10 @@ pub const RATE_ERROR_FLOOR: f64 = 0.1;
 pub const FEW_WINDOWS_ERROR_FLOOR: f64 = 0.25;
 /// Windows from which the spread of their rates is taken as known.
 pub const WINDOWS_FOR_SPREAD: u64 = 3;
+/// The claimed error once a window slowed the target beyond
+/// [`MAX_SLOWDOWN`]: the estimate is then unknown to a factor, not a
+/// percentage.
+pub const SATURATED_ERROR: f64 = 1.0;
 /// Largest slowdown corrected for: beyond, the rate attached says little.
 const MAX_SLOWDOWN: f64 = 0.5;
 /// A stretch attached shorter than this says too little of the rate: the
@@ -132,10 +136,16 @@ pub struct CallCounter {
     fewest_rate_calls: Option<u64>,
     /// Largest slowdown corrected for.
     slowdown: f64,
+    /// Relative error of the per-call cost the slowdown is computed from.
+    cost_error: f64,
+    /// A window slowed the target more than can be corrected for.
+    saturated: bool,
 }
 
 impl CallCounter {
-    pub fn new(ops: usize) -> Self {
+    /// `cost_error`: how far, relatively, the per-call cost given to
+    /// [`Self::detaching`] may be off (1: a model figure).
+    pub fn new(ops: usize, cost_error: f64) -> Self {
         Self {
             ops,
             counted: vec![0; ops],
@@ -147,6 +157,8 @@ impl CallCounter {
             rates: Spread::default(),
             fewest_rate_calls: None,
             slowdown: 0.0,
+            cost_error,
+            saturated: false,
         }
     }
 
@@ -226,9 +238,14 @@ impl CallCounter {
                 rate
             })
             .collect();
-        let slowdown = (window_rate * cpu_per_call).clamp(0.0, MAX_SLOWDOWN);
+        let raw_slowdown = window_rate * cpu_per_call;
+        self.saturated |= raw_slowdown >= MAX_SLOWDOWN;
+        let slowdown = raw_slowdown.clamp(0.0, MAX_SLOWDOWN);
         let rates: Vec<f64> = measured.iter().map(|r| r / (1.0 - slowdown)).collect();
         self.slowdown = self.slowdown.max(slowdown);
+        tracing::debug!(
+            "window rate {window_rate:.0} calls/s: slowdown {raw_slowdown:.2} (corrected for: {slowdown:.2})"
+        );
         self.rates.add(window_rate);
         self.fewest_rate_calls = Some(
             self.fewest_rate_calls
@@ -316,15 +333,27 @@ impl CallCounter {
                 .fewest_rate_calls
                 .map_or(1.0, |n| 1.0 / (n.max(1) as f64));
             let spread = this.rates.relative();
-            // The slowdown corrected for may be wrong by as much (a target
-            // that sleeps more than it computes was not slowed).
-            let slow = this.slowdown;
+            // The rate extrapolated is the window's ÷ (1 - slowdown); the
+            // slowdown is as wrong as the per-call cost it came from (a
+            // model figure: by all of it; a target that sleeps more than
+            // it computes was not slowed), which the division magnifies
+            // as the slowdown grows.
+            let s = this.slowdown;
+            let slow = s * this.cost_error / (1.0 - s);
             let floor = if this.rates.n < WINDOWS_FOR_SPREAD {
                 FEW_WINDOWS_ERROR_FLOOR
             } else {
                 RATE_ERROR_FLOOR
             };
-            share * (floor.powi(2) + spread.powi(2) + counting + slow.powi(2)).sqrt()
+            let error = share * (floor.powi(2) + spread.powi(2) + counting + slow.powi(2)).sqrt();
+            // Slowed beyond what can be corrected for, the rate seen
+            // attached may be any fraction of the real one (a hot
+            // allocator's: 1%).
+            if this.saturated {
+                error.max(SATURATED_ERROR)
+            } else {
+                error
+            }
         });
         CallEstimate {
             calls,
@@ -361,7 +390,7 @@ mod tests {
             t0: Instant::now(),
             counted: [0, 0],
         };
-        let mut c = CallCounter::new(2);
+        let mut c = CallCounter::new(2, 1.0);
         c.attached(t.at(0), &t.counted);
         let e = c.estimate(t.at(1000), Some(&[500, 7]));
         assert_eq!(e.calls, [500.0, 7.0]);
@@ -376,7 +405,7 @@ mod tests {
             t0: Instant::now(),
             counted: [0, 0],
         };
-        let mut c = CallCounter::new(2);
+        let mut c = CallCounter::new(2, 1.0);
         // Window 1: 100 ms at 1000 calls/s of op 0 (and op 1 resident,
         // counted all along), then 900 ms untraced.
         c.attached(t.at(0), &t.counted);
@@ -417,8 +446,8 @@ mod tests {
             counted: [0, 0],
         };
         // Five windows of 100 ms, each followed by 900 ms untraced.
-        let steady = |cpu_per_call: f64, per_window: u64| {
-            let mut c = CallCounter::new(2);
+        let steady_with = |cpu_per_call: f64, per_window: u64, cost_error: f64| {
+            let mut c = CallCounter::new(2, cost_error);
             let mut n = 0;
             for w in 0..5u64 {
                 c.attached(t.at(w * 1000), &[n, 0]);
@@ -429,6 +458,8 @@ mod tests {
             c.end(t.at(5000), &[n, 0]);
             c.estimate(t.at(5000), None)
         };
+        let steady =
+            |cpu_per_call: f64, per_window: u64| steady_with(cpu_per_call, per_window, 1.0);
         let e = steady(0.0, 10_000);
         assert!((e.calls[0] - 500_000.0).abs() < 1e-6);
         let err = e.error.unwrap();
@@ -438,13 +469,22 @@ mod tests {
         );
         // Traps taking 20% of the target's CPU at 100,000 calls/s: the
         // gaps ran 1/0.8 as fast, and the claim says the correction may be
-        // off by as much.
+        // off by as much (0.2 / 0.8 of the rate).
         let slowed = steady(0.2 / 100_000.0, 10_000);
         assert!((slowed.calls[0] - (50_000.0 + 450_000.0 / 0.8)).abs() < 1e-6);
         let share = 562_500.0 / 612_500.0;
-        let expected = share * (RATE_ERROR_FLOOR.powi(2) + 0.04 + 1e-4).sqrt();
+        let expected = share * (RATE_ERROR_FLOOR.powi(2) + 0.25f64.powi(2) + 1e-4).sqrt();
         assert!((slowed.error.unwrap() - expected).abs() < 1e-9);
         assert!(steady(0.0, 25).error.unwrap() > 0.15, "25 calls say little");
+        // A per-call cost measured at start: the correction is trusted to
+        // its stated error.
+        let calibrated = steady_with(0.2 / 100_000.0, 10_000, 0.35);
+        let expected = share * (RATE_ERROR_FLOOR.powi(2) + 0.0875f64.powi(2) + 1e-4).sqrt();
+        assert!((calibrated.error.unwrap() - expected).abs() < 1e-9);
+        // Traps taking more than half the target's CPU: the rate seen
+        // attached says little, calibrated or not.
+        let saturated = steady_with(0.6 / 100_000.0, 10_000, 0.35);
+        assert!(saturated.error.unwrap() >= SATURATED_ERROR);
     }
 
     #[test]
@@ -453,7 +493,7 @@ mod tests {
             t0: Instant::now(),
             counted: [0, 0],
         };
-        let mut c = CallCounter::new(1);
+        let mut c = CallCounter::new(1, 1.0);
         c.attached(t.at(0), &[0]);
         c.detaching(t.at(100), &[100], &[false], 0.0);
         // A dashboard tick in the gap: not "every call traced".

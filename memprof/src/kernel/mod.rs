@@ -6,6 +6,7 @@ pub mod calls;
 pub mod contention;
 pub mod cost;
 pub mod cputime;
+pub mod detach;
 pub mod loader;
 pub mod maps;
 pub mod precise;

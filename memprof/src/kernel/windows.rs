@@ -18,6 +18,9 @@ use std::{
 
 use aya::programs::uprobe::UProbeLink;
 
+use super::detach::detach;
+pub use super::detach::Detaching;
+
 use super::{
     budget::{BudgetConfig, DutyCycle},
     calls::{CallCounter, CallEstimate},
@@ -72,11 +75,21 @@ pub struct WindowSettings {
     pub budget: f64,
     /// Model cost of one traced call (all its traps), in seconds.
     pub trap_cost_s: f64,
+    /// How far `trap_cost_s` may be off, relatively, as the cost the
+    /// target pays per call: 1 for a model figure, less when measured on
+    /// this machine at start (see [`CALIBRATED_COST_ERROR`]).
+    pub trap_cost_error: f64,
     /// How long the probes stay attached per window.
     pub window: Duration,
     /// Longest gap between windows.
     pub max_gap: Duration,
 }
+
+/// How far a calibrated per-call cost may be from what the target pays:
+/// the calibration's own run-to-run spread (about 10% here), the CPUs
+/// the target is taken to use (read over a second, else all online), and
+/// a target that waits more than it computes, which the traps slow less.
+pub const CALIBRATED_COST_ERROR: f64 = 0.35;
 
 /// Links of one window, each with the operation it probes.
 type Links = Vec<(u32, UProbeLink)>;
@@ -128,6 +141,8 @@ pub struct Windowed {
     generation: u64,
     /// Threads dropping links that nothing waits for yet.
     detaching: Vec<JoinHandle<()>>,
+    /// Links to drop in the next gap (see [`Self::detach_later`]).
+    later: Links,
     /// Windows opened so far.
     pub windows: u64,
     /// The calls the kernel counted, per window.
@@ -170,8 +185,9 @@ impl Windowed {
             quiet_before: false,
             generation: 0,
             detaching: Vec::new(),
+            later: Vec::new(),
             windows: 0,
-            counter: CallCounter::new(family.counters().1 as usize),
+            counter: CallCounter::new(family.counters().1 as usize, settings.trap_cost_error),
             cpu: None,
         }
     }
@@ -272,7 +288,7 @@ impl Windowed {
                 }
                 let links = self.without_resident(links);
                 let resident = self.resident_by_op();
-                let cpu_per_call = self.cycle.trap_cost() / self.cpus();
+                let cpu_per_call = self.counted_cost_per_call();
                 self.counter.detaching(
                     Instant::now(),
                     &probes.op_calls(self.family),
@@ -362,6 +378,8 @@ impl Windowed {
             self.cycle.rate().unwrap_or(0.0),
             self.cycle.trap_cost() * 1e6
         );
+        let later = std::mem::take(&mut self.later);
+        self.detaching.extend(detach(later));
         let now = Instant::now();
         self.state = State::Gap {
             since: now,
@@ -466,8 +484,33 @@ impl Windowed {
     }
 
     /// The detaches still running, to be waited for later.
+    /// The share of the target's CPU one traced call per second takes, for
+    /// the counter's slowdown correction. A per-call cost calibrated at
+    /// start is used as is; the budget keeps the larger of it and what
+    /// windows measure (system time in 10 ms ticks, with the target's own
+    /// syscalls in it).
+    fn counted_cost_per_call(&self) -> f64 {
+        let per_call = if self.settings.trap_cost_error < 1.0 {
+            self.settings.trap_cost_s
+        } else {
+            self.cycle.trap_cost()
+        };
+        per_call / self.cpus()
+    }
+
+    /// Detaches `links` (the family's, attached elsewhere, e.g. for a
+    /// calibration) in the next gap, or at the end: the kernel removes
+    /// links one grace period at a time, and these must not lengthen a
+    /// window's detach, which the target pays for. They are dropped on
+    /// threads started then, after the session dropped its capabilities.
+    pub fn detach_later(&mut self, links: Vec<(u32, UProbeLink)>) {
+        self.later.extend(links);
+    }
+
     pub fn take_detaching(&mut self) -> Detaching {
-        Detaching(std::mem::take(&mut self.detaching))
+        let later = std::mem::take(&mut self.later);
+        self.detaching.extend(detach(later));
+        Detaching::new(std::mem::take(&mut self.detaching))
     }
 
     /// Operations whose probes all stay attached (resident), by code.
@@ -540,44 +583,6 @@ impl Windowed {
             self.traced_fraction()
         }
     }
-}
-
-/// Probes being removed by the kernel (about 0.2 s each, one after the
-/// other: the kernel serialises their grace periods). The process must not
-/// end before they are gone, but the report need not wait for them.
-#[derive(Default)]
-pub struct Detaching(Vec<JoinHandle<()>>);
-
-impl Detaching {
-    /// Links still being detached.
-    pub fn len(&self) -> usize {
-        self.0.iter().filter(|h| !h.is_finished()).count()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Adds another family's detaches.
-    pub fn extend(&mut self, other: Detaching) {
-        self.0.extend(other.0);
-    }
-
-    /// Waits until all are gone.
-    pub fn wait(self) {
-        for h in self.0 {
-            let _ = h.join();
-        }
-    }
-}
-
-/// Drops links on threads of their own: each drop blocks for a grace
-/// period, and in parallel they overlap.
-fn detach(links: Links) -> Vec<JoinHandle<()>> {
-    links
-        .into_iter()
-        .map(|(_, link)| std::thread::spawn(move || drop(link)))
-        .collect()
 }
 
 /// Whether the first window saw too little to tell hot from cold: few

@@ -14,6 +14,22 @@ pub fn group(n: u64) -> String {
     out
 }
 
+/// A number that may be unknown (an estimate not good enough to show),
+/// formatted with `f`, or `?`.
+pub fn maybe(n: Option<u64>, f: impl Fn(u64) -> String) -> String {
+    n.map_or_else(|| "?".to_string(), f)
+}
+
+/// A latency, or `<N ns` when below the `resolution` it was measured
+/// with (the probes' calibrated spread: nothing smaller can be told from
+/// zero).
+pub fn format_latency(ns: u64, resolution_ns: Option<u64>) -> String {
+    match resolution_ns {
+        Some(r) if ns < r => format!("<{}", format_ns(r)),
+        _ => format_ns(ns),
+    }
+}
+
 /// `part` as a percentage of `whole`; 0 when `whole` is 0.
 pub fn percent(part: u64, whole: u64) -> f64 {
     if whole == 0 {
@@ -106,6 +122,18 @@ pub fn ellipsize(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latencies_below_the_resolution_are_bounds() {
+        assert_eq!(
+            format_latency(45, Some(120)),
+            format!("<{}", format_ns(120))
+        );
+        assert_eq!(format_latency(450, Some(120)), format_ns(450));
+        assert_eq!(format_latency(0, None), format_ns(0));
+        assert_eq!(maybe(None, group), "?");
+        assert_eq!(maybe(Some(1234), group), "1,234");
+    }
 
     #[test]
     fn a_share_is_whole_only_when_it_is() {

@@ -12,6 +12,7 @@
 
 mod blocks;
 mod latency;
+pub mod probe_cost;
 mod sites;
 mod syscalls;
 
@@ -19,6 +20,7 @@ use memprof_common::alloc_op;
 
 pub use blocks::{Block, BlockIndex};
 pub use latency::{op_name, Class, Origin, Phase, SplitKey, SplitStats};
+pub use probe_cost::{ProbeCost, ProbeKind};
 pub use sites::SiteStats;
 pub use syscalls::{SyscallCall, SyscallKey, SyscallStats};
 
@@ -93,6 +95,10 @@ pub struct AllocProfile {
     calls: u64,
     /// Frees of blocks the tracker did not know (allocated before).
     unknown_frees: u64,
+    /// What the probes add to each call's duration, by kind.
+    probe_cost: ProbeCost,
+    /// The probe kind of each operation code (emulated or single-stepped).
+    kinds: Vec<ProbeKind>,
 }
 
 impl AllocProfile {
@@ -114,7 +120,36 @@ impl AllocProfile {
             brk_end: None,
             calls: 0,
             unknown_frees: 0,
+            probe_cost: ProbeCost::default(),
+            kinds: Vec::new(),
         }
+    }
+
+    /// Takes `cost` off every duration recorded from now on; `emulated[op]`
+    /// says how operation `op`'s probe is placed.
+    pub fn set_probe_cost(&mut self, cost: ProbeCost, emulated: &[bool]) {
+        self.kinds = (0..alloc_op::COUNT)
+            .map(|op| {
+                let emulated = emulated.get(op as usize).copied().unwrap_or(true);
+                ProbeKind::of(emulated, alloc_op::is_free(op))
+            })
+            .collect();
+        self.probe_cost = cost;
+    }
+
+    pub fn probe_cost(&self) -> &ProbeCost {
+        &self.probe_cost
+    }
+
+    /// The probe kinds of the operations (each once).
+    pub fn probe_kinds(&self) -> Vec<ProbeKind> {
+        let mut kinds: Vec<ProbeKind> = Vec::new();
+        for &k in &self.kinds {
+            if !kinds.contains(&k) {
+                kinds.push(k);
+            }
+        }
+        kinds
     }
 
     pub fn rule(&self) -> LargeRule {
@@ -221,7 +256,10 @@ impl AllocProfile {
                 phase,
             })
             .or_insert_with(SplitStats::new)
-            .record(call.duration_ns);
+            .record(match self.kinds.get(call.op as usize) {
+                Some(&kind) => self.probe_cost.correct(kind, call.duration_ns),
+                None => call.duration_ns,
+            });
     }
 
     /// Memory at the peak of mapped memory.

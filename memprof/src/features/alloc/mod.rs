@@ -6,6 +6,7 @@
 
 pub mod allocator;
 pub mod analysis;
+mod calibrate;
 pub mod collect;
 pub mod memory;
 pub mod report;
@@ -30,10 +31,10 @@ use crate::{
     },
     options::Options,
     process::state::Process,
-    report::{model::FULLY_TRACED, Report},
+    report::Report,
 };
 use allocator::{Allocator, AllocatorKind};
-use analysis::AllocProfile;
+use analysis::{AllocProfile, ProbeCost};
 use collect::AllocCollector;
 use tracer::AllocTracer;
 
@@ -99,10 +100,19 @@ impl Plan for AllocPlan {
             probes.take_ring(maps::ALLOC_EVENTS)?,
             "the allocator ring buffer",
         )?;
+        let mut ring = ring;
+        let mut held = Vec::new();
+        let (cost, calibration_links) =
+            calibration(self.settings.mode, probes, &mut ring, &mut held);
         let rule = tracer::large_rule(allocator.kind, self.settings.large_threshold);
         let glibc = allocator.kind == AllocatorKind::Glibc;
-        let mut collector = AllocCollector::new(AllocProfile::new(rule, self.launched, glibc));
-        let mut tracer = AllocTracer::new(allocator, self.settings, self.pid);
+        let mut profile = AllocProfile::new(rule, self.launched, glibc);
+        let (_, emulated) = tracer::probe_points(&allocator);
+        let trap_cost_s = tracer::calibrated_trap_cost(&cost, &emulated);
+        profile.set_probe_cost(cost, &emulated);
+        let mut collector = AllocCollector::new(profile);
+        let mut tracer = AllocTracer::new(allocator, self.settings, self.pid, trap_cost_s);
+        tracer.detach_later(calibration_links);
         let started = tracer.open(probes)?;
         collector.window(true, started);
         Ok(Box::new(Alloc {
@@ -111,10 +121,32 @@ impl Plan for AllocPlan {
                 ring,
                 tracer,
                 collector,
-                held: Vec::new(),
+                held,
             }),
         }))
     }
+}
+
+/// The probes' own cost on this machine, and the calibration's links
+/// (nothing to subtract in the benchmark's floor mode, or with
+/// `MEMPROF_ALLOC_CALIBRATION=off`; a failed calibration is a warning, and
+/// latencies are then raw).
+fn calibration(
+    mode: AllocMode,
+    probes: &mut Probes,
+    ring: &mut Ring,
+    held: &mut Vec<Vec<u8>>,
+) -> (ProbeCost, calibrate::Links) {
+    let off = std::env::var("MEMPROF_ALLOC_CALIBRATION").is_ok_and(|v| v == "off");
+    if off || mode == AllocMode::Floor {
+        return (ProbeCost::default(), Vec::new());
+    }
+    calibrate::run(probes, ring, held).unwrap_or_else(|e| {
+        tracing::warn!(
+            "cannot calibrate the allocator probes: {e:#}; latencies include their cost"
+        );
+        (ProbeCost::default(), Vec::new())
+    })
 }
 
 /// The allocator feature: off, not found, or traced.
@@ -229,20 +261,19 @@ impl Feature for Alloc {
             Some(t) => (Some(&t.tracer), Some(&t.collector.profile)),
             None => (None, None),
         };
-        if let Some(tracer) = tracer {
-            if self.settings.mode == AllocMode::Sampled && tracer.traced_fraction() < FULLY_TRACED {
-                ctx.notes.push(format!(
-                    "allocator calls were traced {:.1}% of the time ({} windows) to stay within \
-                     the {:.0}% overhead budget; allocator counts are scaled estimates",
-                    tracer.traced_fraction() * 100.0,
-                    tracer.windows,
-                    tracer.settings.budget * 100.0
-                ));
+        let estimate = tracer
+            .filter(|_| self.settings.mode == AllocMode::Sampled)
+            .map(|t| t.call_estimate(ctx.probes));
+        if let (Some(tracer), Some(e)) = (tracer, &estimate) {
+            tracing::debug!("allocator calls estimated: {e:?}");
+            if let Some(note) = report::estimate_note(tracer, e, self.settings.budget) {
+                ctx.notes.push(note);
             }
         }
         let symbolizer = &mut *ctx.symbolizer;
         out.allocator = report::report(
             tracer,
+            estimate.as_ref(),
             profile,
             self.settings.mode,
             lost,

@@ -6,13 +6,19 @@ use memprof_common::{alloc_op, KernelStats};
 use super::tracer::AllocTracer;
 use crate::{
     cli::AllocMode,
-    features::alloc::analysis::{AllocProfile, Class, Origin, Phase, SiteStats},
-    kernel::windows::Windowed,
+    features::alloc::analysis::{
+        AllocProfile, Class, Origin, Phase, ProbeCost, ProbeKind, SiteStats,
+    },
+    kernel::{
+        calls::{CallEstimate, WINDOWS_FOR_SPREAD},
+        windows::Windowed,
+    },
     object::symbolize::Inlined,
     process::maps::Place,
     report::model::{
-        AllocOp, AllocatorReport, BlockOrigin, KernelThreadEntry, MemoryReport, OpStats, SiteEntry,
-        SizeClass, Syscall, SyscallStats, ThreadPhase, TraceMode,
+        AllocOp, AllocatorReport, BlockOrigin, KernelThreadEntry, MemoryReport, OpStats,
+        ProbeCostReport, ProbeKindCost, SiteEntry, SizeClass, Syscall, SyscallStats, ThreadPhase,
+        TraceMode,
     },
     report::names::callers,
 };
@@ -59,6 +65,7 @@ impl From<AllocMode> for TraceMode {
 /// Builds the report's allocator section.
 pub fn report(
     tracer: Option<&AllocTracer>,
+    estimate: Option<&CallEstimate>,
     profile: Option<&AllocProfile>,
     mode: AllocMode,
     lost: u64,
@@ -72,7 +79,10 @@ pub fn report(
             ..Default::default()
         };
     };
-    let scaling = Scaling::of(mode.into(), tracer);
+    let scaling = match estimate {
+        Some(e) => Scaling::of(mode.into(), e, &seen_per_op(profile)),
+        None => Scaling::exact(),
+    };
     let always_traced = match scaling.sampled {
         true => tracer
             .resident_ops()
@@ -87,10 +97,12 @@ pub fn report(
         mode: mode.into(),
         traced_fraction: scaling.fraction,
         sampled: scaling.sampled,
+        count_error: scaling.error,
         large_rule: profile.rule().describe(),
         calls_traced: profile.calls(),
         always_traced,
         lost,
+        probe_cost_ns: probe_cost(profile.probe_cost(), &profile.probe_kinds()),
         ops: ops(profile, &scaling),
         syscalls: syscalls(profile),
         // The composition needs every call.
@@ -100,39 +112,129 @@ pub fn report(
     }
 }
 
-/// How counts traced in windows become estimates for the whole session.
+/// Largest claimed relative error of an estimated count that is shown as
+/// a number; beyond it the count is unknown (`null`) and a note says why.
+pub const MAX_COUNT_ERROR: f64 = 0.3;
+
+/// How the calls traced in windows become estimates for the whole session.
 #[derive(Debug, Clone, PartialEq)]
 struct Scaling {
     /// Fraction of the session the windowed probes were attached.
     fraction: f64,
-    /// Whether counts are estimates (sampled, and traced in part).
+    /// Whether counts are estimates (some operation was not traced all
+    /// the time).
     sampled: bool,
-    /// Fraction of the session each operation was traced, by code.
-    op_fractions: Vec<f64>,
+    /// Per operation code: estimated calls ÷ calls traced (1 when exact);
+    /// None when the estimate is not good enough to show.
+    factors: Vec<Option<f64>>,
+    /// Claimed relative error of the estimated counts (None: exact).
+    error: Option<f64>,
 }
 
 impl Scaling {
-    fn of(mode: TraceMode, tracer: &Windowed) -> Self {
-        let fraction = tracer.traced_fraction();
+    /// Every call traced: counts as seen.
+    fn exact() -> Self {
         Self {
-            fraction,
-            sampled: mode.estimates(fraction),
-            op_fractions: (0..alloc_op::COUNT)
-                .map(|op| tracer.op_fraction(op))
-                .collect(),
+            fraction: 1.0,
+            sampled: false,
+            factors: vec![Some(1.0); alloc_op::COUNT as usize],
+            error: None,
         }
     }
 
-    /// `n` calls of operation `op` traced, as an estimate for the session
-    /// when counts are scaled.
-    fn calls(&self, n: u64, op: u32) -> u64 {
-        let f = (self.op_fractions.get(op as usize)).map_or(self.fraction, |f| *f);
-        if self.sampled && f > 0.0 {
-            (n as f64 / f).round() as u64
-        } else {
-            n
+    /// From the calls the kernel counted per operation (`estimate`) and
+    /// the calls traced per operation (`seen`, by code).
+    fn of(mode: TraceMode, estimate: &CallEstimate, seen: &[u64]) -> Self {
+        if mode != TraceMode::Sampled || estimate.exact.iter().all(|e| *e) {
+            return Self::exact();
+        }
+        let known = estimate.error.is_none_or(|e| e <= MAX_COUNT_ERROR);
+        Self {
+            fraction: estimate.traced_fraction,
+            sampled: true,
+            factors: (0..alloc_op::COUNT as usize)
+                .map(|op| {
+                    let seen = seen.get(op).copied().unwrap_or(0);
+                    let exact = estimate.exact.get(op).copied().unwrap_or(true);
+                    (exact || known).then(|| estimate.scale(op, seen))
+                })
+                .collect(),
+            error: estimate.error,
         }
     }
+
+    /// `n` calls of operation `op` traced, as an estimate for the session;
+    /// None when unknown.
+    fn calls(&self, n: u64, op: u32) -> Option<u64> {
+        let factor = self
+            .factors
+            .get(op as usize)
+            .copied()
+            .unwrap_or(Some(1.0))?;
+        Some((n as f64 * factor).round() as u64)
+    }
+}
+
+/// The note saying how the counts were estimated, or why they are
+/// unknown; None when every call was traced.
+pub fn estimate_note(tracer: &Windowed, e: &CallEstimate, budget: f64) -> Option<String> {
+    let error = e.error?;
+    let how = format!(
+        "allocator calls were traced {:.1}% of the time ({} windows) to stay within the {:.0}% \
+         overhead budget; counts are estimates: the calls the kernel counted while the probes \
+         were attached, extrapolated over each gap at the rate of the window before it \
+         (corrected for the probes' slowdown of the target)",
+        e.traced_fraction * 100.0,
+        tracer.windows,
+        budget * 100.0,
+    );
+    Some(if error <= MAX_COUNT_ERROR {
+        format!("{how}; claimed error ±{:.0}%", error * 100.0)
+    } else {
+        format!(
+            "{how}; their claimed error, ±{:.0}%, is above {:.0}%, so the counts of the \
+             windowed operations are unknown (null; `traced` gives the calls seen): {}",
+            error * 100.0,
+            MAX_COUNT_ERROR * 100.0,
+            if e.windows < WINDOWS_FOR_SPREAD {
+                "too few windows to know how steady the rate is (a longer session helps)"
+            } else {
+                "the rate varied between windows, or the probes slowed the target too much \
+                 to correct for"
+            }
+        )
+    })
+}
+
+/// Calls traced per operation code.
+fn seen_per_op(profile: &AllocProfile) -> Vec<u64> {
+    let mut seen = vec![0; alloc_op::COUNT as usize];
+    for (key, stats) in profile.splits() {
+        if let Some(n) = seen.get_mut(key.op as usize) {
+            *n += stats.histogram.len();
+        }
+    }
+    seen
+}
+
+/// The calibration taken off the latencies, if any.
+fn probe_cost(cost: &ProbeCost, used: &[ProbeKind]) -> Option<ProbeCostReport> {
+    cost.is_calibrated().then(|| ProbeCostReport {
+        resolution_ns: cost.resolution_ns(used),
+        kinds: ProbeKind::ALL
+            .iter()
+            .filter_map(|&kind| {
+                let k = cost.kind(kind)?;
+                Some(ProbeKindCost {
+                    kind: kind.name().to_string(),
+                    added_ns: k.added_ns,
+                    spread_ns: k.spread_ns,
+                    cpu_ns: k.cpu_ns,
+                    calls: k.calls,
+                })
+            })
+            .collect(),
+    })
 }
 
 /// Latency per split, busiest first.
@@ -307,26 +409,30 @@ mod tests {
         p
     }
 
-    /// Every operation traced all the time.
     fn exact() -> Scaling {
-        Scaling {
-            fraction: 1.0,
-            sampled: false,
-            op_fractions: vec![1.0; alloc_op::COUNT as usize],
+        Scaling::exact()
+    }
+
+    /// The kernel counted 4x the mallocs traced and every free (resident),
+    /// with a claimed error of `error`.
+    fn estimate(error: f64) -> CallEstimate {
+        let mut calls = vec![0.0; alloc_op::COUNT as usize];
+        calls[alloc_op::MALLOC as usize] = 16.0;
+        calls[alloc_op::FREE as usize] = 1.0;
+        let mut exact = vec![false; alloc_op::COUNT as usize];
+        exact[alloc_op::FREE as usize] = true;
+        CallEstimate {
+            calls,
+            exact,
+            traced_fraction: 0.25,
+            error: Some(error),
+            windows: 5,
         }
     }
 
-    /// Windows covering a quarter of the session; `free` attached all the
-    /// time and `malloc` half of it.
+    /// The profile's four mallocs and one free under [`estimate`].
     fn windowed() -> Scaling {
-        let mut op_fractions = vec![0.25; alloc_op::COUNT as usize];
-        op_fractions[alloc_op::FREE as usize] = 1.0;
-        op_fractions[alloc_op::MALLOC as usize] = 0.5;
-        Scaling {
-            fraction: 0.25,
-            sampled: true,
-            op_fractions,
-        }
+        Scaling::of(TraceMode::Sampled, &estimate(0.1), &seen_per_op(&profile()))
     }
 
     /// `site{offset}`, for the places [`code_at`] gives.
@@ -360,11 +466,11 @@ mod tests {
         assert_eq!(
             splits,
             [
-                ("malloc", "small", Some("new"), "serial", 2),
+                ("malloc", "small", Some("new"), "serial", Some(2)),
                 // Ties in key order: small before large, malloc before free.
-                ("malloc", "small", Some("reused"), "serial", 1),
-                ("malloc", "large", Some("new"), "parallel", 1),
-                ("free", "small", Some("new"), "serial", 1),
+                ("malloc", "small", Some("reused"), "serial", Some(1)),
+                ("malloc", "large", Some("new"), "parallel", Some(1)),
+                ("free", "small", Some("new"), "serial", Some(1)),
             ]
         );
         let first = &ops[0];
@@ -374,41 +480,59 @@ mod tests {
     }
 
     #[test]
-    fn sampled_counts_are_scaled_by_the_time_each_op_was_traced() {
+    fn sampled_counts_are_the_kernels_counts_shared_as_the_calls_were_seen() {
         let ops = ops(&profile(), &windowed());
         let counts: Vec<_> = ops
             .iter()
             .map(|o| (o.op.name(), o.count, o.traced))
             .collect();
+        // 16 mallocs estimated for 4 seen: each seen stands for 4; the
+        // free was counted exactly.
         assert_eq!(
             counts,
             [
-                ("malloc", 4, 2),
-                ("malloc", 2, 1),
-                ("malloc", 2, 1),
-                ("free", 1, 1)
+                ("malloc", Some(8), 2),
+                ("malloc", Some(4), 1),
+                ("malloc", Some(4), 1),
+                ("free", Some(1), 1)
             ]
         );
         let scaling = windowed();
-        assert_eq!(
-            scaling.calls(3, 99),
-            12,
-            "an unknown op: the windows' fraction"
+        assert_eq!((scaling.sampled, scaling.error), (true, Some(0.1)));
+        assert_eq!(scaling.fraction, 0.25);
+        assert_eq!(scaling.calls(3, 99), Some(3), "an unknown op: as seen");
+    }
+
+    #[test]
+    fn counts_too_rough_to_show_are_unknown_but_exact_ones_stay() {
+        let rough = Scaling::of(
+            TraceMode::Sampled,
+            &estimate(MAX_COUNT_ERROR + 0.01),
+            &seen_per_op(&profile()),
         );
-        let untraced = Scaling {
-            op_fractions: vec![0.0; alloc_op::COUNT as usize],
-            ..windowed()
+        assert_eq!(rough.calls(4, alloc_op::MALLOC), None);
+        assert_eq!(rough.calls(1, alloc_op::FREE), Some(1), "resident: exact");
+        let ops = ops(&profile(), &rough);
+        assert!(ops
+            .iter()
+            .filter(|o| o.op == AllocOp::Malloc)
+            .all(|o| o.count.is_none() && o.traced > 0));
+    }
+
+    #[test]
+    fn full_mode_or_every_op_exact_is_not_sampled() {
+        let e = estimate(0.1);
+        let seen = seen_per_op(&profile());
+        assert_eq!(Scaling::of(TraceMode::Full, &e, &seen), Scaling::exact());
+        let all_exact = CallEstimate {
+            exact: vec![true; alloc_op::COUNT as usize],
+            error: None,
+            ..e
         };
         assert_eq!(
-            untraced.calls(3, alloc_op::MALLOC),
-            3,
-            "nothing to scale by"
+            Scaling::of(TraceMode::Sampled, &all_exact, &seen),
+            Scaling::exact()
         );
-        let partial_but_exact = Scaling {
-            sampled: false,
-            ..windowed()
-        };
-        assert_eq!(partial_but_exact.calls(3, alloc_op::MALLOC), 3);
     }
 
     #[test]
@@ -496,12 +620,12 @@ mod tests {
         let s10 = &sites[0];
         assert_eq!(
             (s10.count, s10.bytes, s10.live_bytes, s10.live_blocks),
-            (2, 20_000, 0, 0)
+            (Some(2), Some(20_000), 0, 0)
         );
         let s11 = &sites[10];
         assert_eq!(
             (s11.count, s11.bytes, s11.live_bytes, s11.live_blocks),
-            (1, 1500, 1500, 1)
+            (Some(1), Some(1500), 1500, 1)
         );
         assert_eq!(s11.module, "prog");
     }
@@ -510,17 +634,20 @@ mod tests {
     fn sampled_sites_are_scaled_like_malloc_but_not_what_is_live() {
         let sites = sites(&sites_profile(), &windowed(), &mut site_names);
         let s11 = sites.iter().find(|s| s.function == "site11").unwrap();
-        assert_eq!((s11.count, s11.bytes, s11.live_bytes), (2, 3000, 1500));
+        assert_eq!(
+            (s11.count, s11.bytes, s11.live_bytes),
+            (Some(4), Some(6000), 1500)
+        );
     }
 
     #[test]
     fn without_a_tracer_the_section_only_says_the_mode() {
-        let off = report(None, None, AllocMode::Off, 0, &[], |p| {
+        let off = report(None, None, None, AllocMode::Off, 0, &[], |p| {
             Inlined::alone(Frame::unknown(p))
         });
         assert_eq!(off, AllocatorReport::default());
         let p = profile();
-        let not_found = report(None, Some(&p), AllocMode::Sampled, 5, &[], |p| {
+        let not_found = report(None, None, Some(&p), AllocMode::Sampled, 5, &[], |p| {
             Inlined::alone(Frame::unknown(p))
         });
         assert_eq!(
@@ -543,7 +670,7 @@ mod tests {
             mode,
             ..Default::default()
         };
-        AllocTracer::new(allocator, settings, 1)
+        AllocTracer::new(allocator, settings, 1, None)
     }
 
     #[test]
@@ -562,6 +689,7 @@ mod tests {
         let tracer = tracer(AllocMode::Full);
         let r = report(
             Some(&tracer),
+            None,
             Some(&p),
             AllocMode::Full,
             7,
@@ -603,8 +731,10 @@ mod tests {
     fn memory_composition_needs_full_mode() {
         let p = profile();
         let tracer = tracer(AllocMode::Sampled);
+        let estimate = tracer.call_estimate(None);
         let r = report(
             Some(&tracer),
+            Some(&estimate),
             Some(&p),
             AllocMode::Sampled,
             0,
@@ -615,7 +745,7 @@ mod tests {
         assert_eq!(r.memory, None);
         // Nothing elapsed yet: the windows cover the whole session.
         assert_eq!((r.traced_fraction, r.sampled), (1.0, false));
-        assert_eq!(r.ops[0].count, 2);
+        assert_eq!(r.ops[0].count, Some(2));
     }
 
     /// The report's names are the analysis's.

@@ -6,14 +6,19 @@ use std::time::Duration;
 
 use super::allocator::{Allocator, AllocatorKind};
 pub use crate::kernel::windows::{ktime_ns, Detaching};
-use crate::{cli::AllocMode, features::alloc::analysis::LargeRule, options::AllocSettings};
+use crate::{
+    cli::AllocMode,
+    features::alloc::analysis::{LargeRule, ProbeCost, ProbeKind},
+    options::AllocSettings,
+};
 use crate::{
     kernel::{
         uprobes::{Family, ProbePoint},
-        windows::{Mode, WindowSettings, Windowed},
+        windows::{Mode, WindowSettings, Windowed, CALIBRATED_COST_ERROR},
     },
     object::x86::prologue,
 };
+use memprof_common::alloc_op;
 
 /// Cost of one traced call whose probes the kernel emulates: entry trap
 /// plus return trap: the model's starting point, raised when a window
@@ -37,10 +42,23 @@ pub fn large_rule(kind: AllocatorKind, flag: Option<u64>) -> LargeRule {
     }
 }
 
-/// Where to probe each entry point of `allocator`, and whether the hottest
-/// one (malloc) is emulated by the kernel.
-pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, bool) {
-    let mut malloc_emulated = true;
+/// The cost of one traced call for the budget: the calibrated cost of
+/// malloc's probe kind when there is one, else the model's.
+pub fn calibrated_trap_cost(cost: &ProbeCost, emulated: &[bool]) -> Option<f64> {
+    let malloc_emulated = emulated
+        .get(alloc_op::MALLOC as usize)
+        .copied()
+        .unwrap_or(true);
+    let kind = cost.kind(ProbeKind::of(malloc_emulated, false))?;
+    // Entry and return traps are both in the calibrated wall time.
+    (kind.cpu_ns > 0).then_some(kind.cpu_ns as f64 * 1e-9)
+}
+
+/// Where to probe each entry point of `allocator`, and whether the kernel
+/// emulates the probed instruction, by operation code (true for those not
+/// probed).
+pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, Vec<bool>) {
+    let mut emulated_by_op = vec![true; alloc_op::COUNT as usize];
     let points = allocator
         .entries
         .iter()
@@ -51,9 +69,7 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, bool) {
             // Enough for early-exit branches to be followed to their `ret`.
             let code = prologue::read_code(&allocator.path, entry.file_offset).unwrap_or_default();
             let (offset, emulated) = prologue::probe_site(&code);
-            if op as u32 == memprof_common::alloc_op::MALLOC {
-                malloc_emulated = emulated;
-            }
+            emulated_by_op[op] = emulated;
             tracing::debug!(
                 "probing {} at {:#x}+{offset} (kernel-emulated: {emulated})",
                 entry.names.join("="),
@@ -65,7 +81,7 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, bool) {
             })
         })
         .collect();
-    (points, malloc_emulated)
+    (points, emulated_by_op)
 }
 
 /// How long the probes stay attached per window. Detaching adds about
@@ -100,8 +116,16 @@ impl std::ops::DerefMut for AllocTracer {
 }
 
 impl AllocTracer {
-    pub fn new(allocator: Allocator, settings: AllocSettings, pid: u32) -> Self {
-        let (mut probes, emulated) = probe_points(&allocator);
+    /// `calibrated_trap_s`: what a traced call costs, as measured at start
+    /// (else the model's figure).
+    pub fn new(
+        allocator: Allocator,
+        settings: AllocSettings,
+        pid: u32,
+        calibrated_trap_s: Option<f64>,
+    ) -> Self {
+        let (mut probes, emulated_by_op) = probe_points(&allocator);
+        let emulated = emulated_by_op[alloc_op::MALLOC as usize];
         // For experiments and benchmarks: probe only the named operations.
         if let Ok(only) = std::env::var("MEMPROF_ALLOC_OPS") {
             probes.retain(|p| {
@@ -109,9 +133,10 @@ impl AllocTracer {
                     .any(|name| memprof_common::alloc_op::SYMBOLS[p.op as usize] == name)
             });
         }
-        let trap_cost_s = TRAP_COST_S + if emulated { 0.0 } else { SINGLE_STEP_COST_S };
+        let trap_cost_s = calibrated_trap_s
+            .unwrap_or(TRAP_COST_S + if emulated { 0.0 } else { SINGLE_STEP_COST_S });
         tracing::info!(
-            "allocator {} at {}: {} entry points; trap cost model {:.1} µs per call",
+            "allocator {} at {}: {} entry points; trap cost {:.2} µs per call",
             allocator.label(),
             allocator.path,
             probes.len(),
@@ -130,6 +155,11 @@ impl AllocTracer {
                 mode,
                 budget: settings.budget,
                 trap_cost_s,
+                trap_cost_error: if calibrated_trap_s.is_some() {
+                    CALIBRATED_COST_ERROR
+                } else {
+                    1.0
+                },
                 window: WINDOW,
                 max_gap: MAX_GAP,
             },
@@ -170,8 +200,8 @@ mod tests {
         let allocator = super::super::allocator::find(std::process::id())
             .unwrap()
             .expect("this test binary uses glibc");
-        let (points, malloc_emulated) = probe_points(&allocator);
-        assert!(malloc_emulated);
+        let (points, emulated) = probe_points(&allocator);
+        assert!(emulated[memprof_common::alloc_op::MALLOC as usize]);
         let free = allocator.entry("free").unwrap();
         let point = points
             .iter()

@@ -327,6 +327,7 @@ mod tests {
             mode,
             budget: 0.05,
             trap_cost_s: 1e-6,
+            trap_cost_error: 1.0,
             window: Duration::from_millis(100),
             max_gap: Duration::from_secs(1),
         };

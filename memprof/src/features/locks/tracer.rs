@@ -150,6 +150,7 @@ pub fn tracer(library: LockLibrary, mode: LockMode, budget: f64, pid: u32) -> Wi
             },
             budget: budget * BUDGET_SHARE,
             trap_cost_s,
+            trap_cost_error: 1.0,
             window: WINDOW,
             max_gap: MAX_GAP,
         },

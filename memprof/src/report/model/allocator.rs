@@ -125,9 +125,15 @@ pub struct AllocatorReport {
     /// Fraction of the session the allocator probes were attached (1 in
     /// full mode). Counts are scaled by its inverse when `sampled`.
     pub traced_fraction: f64,
-    /// Counts in `ops`, `syscalls` (inside the allocator) and `sites` are
-    /// estimates scaled from the traced windows.
+    /// Counts in `ops` and `sites` are estimates: the calls the kernel
+    /// counted while the probes were attached, extrapolated over the gaps
+    /// (see `count_error`). True whenever an operation was not traced all
+    /// the time.
     pub sampled: bool,
+    /// Claimed relative error of the estimated counts (0.1: ±10%); null
+    /// when they are exact. Above 0.3 the counts are null (unknown) and a
+    /// note says why.
+    pub count_error: Option<f64>,
     /// How "large" was decided: "glibc mmapped chunk" or "> N bytes".
     pub large_rule: String,
     /// Allocator calls traced (unscaled).
@@ -137,6 +143,10 @@ pub struct AllocatorReport {
     pub always_traced: Vec<AllocOp>,
     /// Allocator events lost (ring buffer full), unscaled.
     pub lost: u64,
+    /// What the probes themselves add to a traced call, measured at start
+    /// and already taken off every latency in `ops`; null when not
+    /// calibrated (latencies then include it).
+    pub probe_cost_ns: Option<ProbeCostReport>,
     /// Latency per split, busiest first.
     pub ops: Vec<OpStats>,
     pub syscalls: Vec<SyscallStats>,
@@ -147,6 +157,31 @@ pub struct AllocatorReport {
     pub sites: Vec<SiteEntry>,
     /// Kernel-side cost per thread: page faults and `mmap_lock` waits.
     pub kernel: Vec<KernelThreadEntry>,
+}
+
+/// The probes' calibrated cost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProbeCostReport {
+    /// Latencies below this cannot be told from zero (the calibration's
+    /// spread): the summary shows them as "< N ns".
+    pub resolution_ns: u64,
+    pub kinds: Vec<ProbeKindCost>,
+}
+
+/// The calibration of one probe kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProbeKindCost {
+    /// "emulated, allocation", "single-stepped, free", ...: how the kernel
+    /// handles the probed instruction, and which programs run.
+    pub kind: String,
+    /// Latency the probes add to a call (median), taken off.
+    pub added_ns: u64,
+    /// Interquartile range of the calibration's durations.
+    pub spread_ns: u64,
+    /// What a traced call costs the program in all (entry and return).
+    pub cpu_ns: u64,
+    /// Calls measured.
+    pub calls: u64,
 }
 
 /// Latency of one split of one operation.
@@ -162,8 +197,9 @@ pub struct OpStats {
     pub origin: Option<BlockOrigin>,
     /// "serial" (one live thread) or "parallel".
     pub phase: ThreadPhase,
-    /// Calls (scaled when sampled).
-    pub count: u64,
+    /// Calls (estimated when sampled; null when no estimate within 30%
+    /// is possible: see `traced`).
+    pub count: Option<u64>,
     /// Calls traced (unscaled).
     pub traced: u64,
     pub mean_ns: u64,
@@ -225,10 +261,11 @@ pub struct SiteEntry {
     /// The functions the call was inlined into, each at the line of the
     /// inlined call, the compiled function last; empty when not inlined.
     pub inlined_into: Vec<CallerRef>,
-    /// Allocations (scaled when sampled).
-    pub count: u64,
-    /// Bytes requested (scaled when sampled).
-    pub bytes: u64,
+    /// Allocations (estimated when sampled, as malloc's calls; null when
+    /// unknown).
+    pub count: Option<u64>,
+    /// Bytes requested (estimated when sampled; null when unknown).
+    pub bytes: Option<u64>,
     /// Bytes allocated here and not freed when tracing ended (leak
     /// candidates; unscaled).
     pub live_bytes: u64,

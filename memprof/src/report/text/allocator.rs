@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::report::{
-    format::{ellipsize, format_bytes, format_ns, group, percent},
+    format::{ellipsize, format_bytes, format_latency, format_ns, group, maybe, percent},
     model::{
         AllocOp, AllocatorReport, BlockOrigin, MemoryReport, OpStats, SiteEntry, SyscallStats,
         TraceMode,
@@ -31,7 +31,11 @@ pub(super) fn write_allocator(out: &mut String, a: &AllocatorReport) {
     }
     let _ = writeln!(out, "Allocator: {}", library_label(a));
     write_allocator_mode(out, a);
-    write_ops(out, &a.ops);
+    write_ops(
+        out,
+        &a.ops,
+        a.probe_cost_ns.as_ref().map(|c| c.resolution_ns),
+    );
     write_syscalls(out, &a.syscalls);
     write_memory(out, a.memory.as_ref());
     write_sites(out, &a.sites);
@@ -73,7 +77,7 @@ fn write_allocator_mode(out: &mut String, a: &AllocatorReport) {
 }
 
 /// Latency of the busiest splits.
-fn write_ops(out: &mut String, ops: &[OpStats]) {
+fn write_ops(out: &mut String, ops: &[OpStats], resolution: Option<u64>) {
     if ops.is_empty() {
         let _ = writeln!(out, "  no allocator calls traced");
         return;
@@ -84,7 +88,7 @@ fn write_ops(out: &mut String, ops: &[OpStats]) {
         "op", "class", "origin", "phase", "count", "mean", "p99", "max"
     );
     let mut by_count: Vec<&OpStats> = ops.iter().collect();
-    by_count.sort_by_key(|op| std::cmp::Reverse(op.count));
+    by_count.sort_by_key(|op| std::cmp::Reverse((op.count, op.traced)));
     for op in by_count.iter().take(TOP_OPS) {
         let _ = writeln!(
             out,
@@ -93,10 +97,10 @@ fn write_ops(out: &mut String, ops: &[OpStats]) {
             ellipsize(op.class.name(), 7),
             ellipsize(op.origin.map_or("-", BlockOrigin::name), 6),
             ellipsize(op.phase.name(), 8),
-            group(op.count),
-            format_ns(op.mean_ns),
-            format_ns(op.p99_ns),
-            format_ns(op.max_ns),
+            maybe(op.count, group),
+            format_latency(op.mean_ns, resolution),
+            format_latency(op.p99_ns, resolution),
+            format_latency(op.max_ns, resolution),
         );
     }
     if ops.len() > TOP_OPS {
@@ -189,8 +193,8 @@ fn write_sites(out: &mut String, sites: &[SiteEntry]) {
             "    {:<24} {:<18} {:>9} {:>10} {:>10}",
             ellipsize(&site.function, 24),
             ellipsize(&site.source_label(), 18),
-            group(site.count),
-            format_bytes(site.bytes),
+            maybe(site.count, group),
+            maybe(site.bytes, format_bytes),
             live_label(site),
         );
     }

@@ -14,6 +14,7 @@ use ratatui::{
 };
 
 use crate::report::{
+    format::{format_latency, maybe},
     model::{AllocatorReport, MemoryReport, OpStats, SiteEntry, SyscallStats, TraceMode},
     text::{
         allocator_off, by_time, format_bytes, format_ns, group, library_label, live_label, percent,
@@ -271,7 +272,8 @@ fn render_ops(a: &AllocatorReport, selected: Option<usize>, frame: &mut Frame, a
         (t, Some(s))
     };
     let mut state = TableState::new().with_selected(selected);
-    let table = ops_table(&a.ops, table_area.width);
+    let resolution = a.probe_cost_ns.as_ref().map(|c| c.resolution_ns);
+    let table = ops_table(&a.ops, resolution, table_area.width);
     frame.render_stateful_widget(table, table_area, &mut state);
     if let (Some(rect), Some(op)) = (chart_area, chosen) {
         render_chart(op, frame, rect);
@@ -297,7 +299,7 @@ const OP_COLUMNS: [Column; 9] = [
 
 /// The latency rows, durations humanized, with the columns that fit in
 /// `width`.
-fn ops_table(ops: &[OpStats], width: u16) -> Table<'static> {
+fn ops_table(ops: &[OpStats], resolution: Option<u64>, width: u16) -> Table<'static> {
     let rows = ops
         .iter()
         .map(|op| {
@@ -306,11 +308,11 @@ fn ops_table(ops: &[OpStats], width: u16) -> Table<'static> {
                 op.class.to_string(),
                 op.origin.map_or_else(|| "-".into(), |o| o.to_string()),
                 op.phase.to_string(),
-                count_label(op.count),
-                format_ns(op.mean_ns),
-                format_ns(op.p50_ns),
-                format_ns(op.p99_ns),
-                format_ns(op.max_ns),
+                maybe(op.count, count_label),
+                format_latency(op.mean_ns, resolution),
+                format_latency(op.p50_ns, resolution),
+                format_latency(op.p99_ns, resolution),
+                format_latency(op.max_ns, resolution),
             ]
         })
         .collect();
@@ -504,8 +506,8 @@ fn render_sites(sites: &[SiteEntry], frame: &mut Frame, area: Rect) {
             vec![
                 s.function.clone(),
                 s.source_label(),
-                count_label(s.count),
-                format_bytes(s.bytes),
+                maybe(s.count, count_label),
+                maybe(s.bytes, format_bytes),
                 live_label(s),
             ]
         })
