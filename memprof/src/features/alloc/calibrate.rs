@@ -6,7 +6,7 @@
 //! (the kernel emulates it) and a `mov` (single-stepped out of line, a
 //! second trap). The allocator's entry and return programs are attached to
 //! them — as an allocating operation and as a free, which read different
-//! things — for our own process only, and each is called a few thousand
+//! things — for our own process only, and each is called a thousand
 //! times: the durations the return program records are the probes' added
 //! latency, and the wall time of the calls with and without the probes is
 //! what a traced call costs the program. About 50 ms in all; the links are
@@ -29,7 +29,7 @@ use crate::{
 use aya::programs::uprobe::UProbeLink;
 
 /// Calls per kind.
-const CALLS: usize = 2000;
+const CALLS: usize = 1000;
 
 // The calibration functions: each returns its argument (a heap block, so
 // that the return program reads a real chunk header, as for malloc). The
@@ -129,6 +129,7 @@ pub fn run(
     ring: &mut Ring,
     held: &mut Vec<Vec<u8>>,
 ) -> Result<(ProbeCost, Links)> {
+    let started = Instant::now();
     let maps = ProcMaps::read(std::process::id()).context("reading our own mappings")?;
     let mut points = Vec::new();
     let mut path = None;
@@ -183,6 +184,7 @@ pub fn run(
         })
         .collect();
     let cost = ProbeCost::from_samples(&mut samples);
+    tracing::info!("allocator probes calibrated in {:?}", started.elapsed());
     for kind in ProbeKind::ALL {
         if let Some(k) = cost.kind(kind) {
             tracing::info!(
