@@ -188,6 +188,7 @@ pub fn site(function: &str, line: u32, bytes: u64, live_bytes: u64) -> SiteEntry
         module: "work".into(),
         inlined_into: vec![],
         count: Some(bytes / 64),
+        traced: bytes / 64,
         bytes: Some(bytes),
         live_bytes,
         live_blocks: live_bytes / 64,

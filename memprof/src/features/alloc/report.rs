@@ -353,6 +353,7 @@ fn sites(
                 module: frame.module,
                 inlined_into,
                 count: scale(s.count),
+                traced: s.count,
                 bytes: scale(s.bytes),
                 live_bytes: s.live_bytes,
                 live_blocks: s.live_blocks,

@@ -264,6 +264,8 @@ pub struct SiteEntry {
     /// Allocations (estimated when sampled, as malloc's calls; null when
     /// unknown).
     pub count: Option<u64>,
+    /// Allocations traced here (unscaled): what `live_blocks` is part of.
+    pub traced: u64,
     /// Bytes requested (estimated when sampled; null when unknown).
     pub bytes: Option<u64>,
     /// Bytes allocated here and not freed when tracing ended (leak
