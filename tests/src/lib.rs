@@ -356,6 +356,24 @@ pub struct Attached {
     pub how: String,
 }
 
+/// Calls `look` every 100 ms until process `pid` (our unreaped child,
+/// which /proc shows as a zombie once it exited) has exited, at most
+/// `limit`.
+pub fn while_running(pid: u32, limit: Duration, mut look: impl FnMut()) {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if state.is_empty() || state[state.rfind(')').unwrap_or(0)..].starts_with(") Z") {
+            break;
+        }
+        look();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `enum bpf_link_type` of a `uprobe_multi` link.
+const BPF_LINK_TYPE_UPROBE_MULTI: u64 = 12;
+
 /// Our programs attached now by process `holder` (the tool). When bpftool
 /// cannot tell which process holds an attachment, all of ours are listed.
 pub fn attached_programs(holder: u32) -> Vec<Attached> {
@@ -407,8 +425,13 @@ pub fn attached_programs(holder: u32) -> Vec<Attached> {
         }
     };
     for link in list(&bpftool(&["link", "show"])) {
-        let how = format!("link {}", link["type"].as_str().unwrap_or("?"));
-        add(&link, how);
+        // Older bpftools print newer link types as their number.
+        let kind = match &link["type"] {
+            serde_json::Value::String(s) => s.clone(),
+            n if n.as_u64() == Some(BPF_LINK_TYPE_UPROBE_MULTI) => "uprobe_multi".into(),
+            other => other.to_string(),
+        };
+        add(&link, format!("link {kind}"));
     }
     for perf in list(&bpftool(&["perf", "show"])) {
         let kind = perf["fd_type"]

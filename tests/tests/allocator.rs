@@ -813,16 +813,9 @@ fn off_mode_attaches_no_allocator_probes() {
         .expect("starting memprof-ebpf");
     let (start, tool_pid) = (Instant::now(), tool.id());
     let mut seen = Vec::new();
-    // Poll until the tool exits (its pid is unreaped, so /proc shows a
-    // zombie: stop at state Z).
-    while start.elapsed() < Duration::from_secs(30) {
-        let state = std::fs::read_to_string(format!("/proc/{tool_pid}/stat")).unwrap_or_default();
-        if state.is_empty() || state[state.rfind(')').unwrap_or(0)..].starts_with(") Z") {
-            break;
-        }
-        seen.extend(attached_programs(tool_pid));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    while_running(tool_pid, Duration::from_secs(30), || {
+        seen.extend(attached_programs(tool_pid))
+    });
     let run = finish(tool, start, Duration::from_secs(60));
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
     assert_eq!(read_report(&json)["allocator"]["mode"], "off");

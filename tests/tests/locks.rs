@@ -774,16 +774,14 @@ const SAMPLED_ACQUISITIONS_TOLERANCE: f64 = 0.25;
 /// The default mode's acquisitions are an estimate: it must be near the
 /// workload's count, and the report must say how far it may be off (a
 /// claim that covers the truth). Before #16 the estimate was 20x low
-/// (4,565 for 92,651) and no error was claimed. Now it comes from the
-/// calls counted in one window (a 3 s session gets one: the gaps are up to
-/// a minute) and was off by +8%, -32%, -17%, -16% in four runs on a loaded
-/// 2-CPU machine, the claim (±25%) covering three: one window's rate is
-/// too noisy for 25% until sessions get more, shorter-to-detach windows.
-/// The estimator is the windows' call counter (kernel/calls.rs), shared
-/// with the allocator: its accuracy with one window per short session is
-/// #17's (cheaper detaches, so that a session affords more windows).
+/// (4,565 for 92,651) and no error was claimed. With single links a 3 s
+/// session got one window (detaching three links took 0.5 s, so gaps were
+/// up to a minute) and was off by +8%, -32%, -17%, -16% in four runs, the
+/// claim (±25%) covering three. Since #17 the lock probes are three
+/// `uprobe_multi` links gone in about 75 ms, windows are 50 ms (20 ms the
+/// first), and a session affords several: within the claim in 10 runs of
+/// 10.
 #[test]
-#[ignore = "known wrong: Allocator on real programs: right counts when attaching, latency without the probe's own cost, the budget kept from the first second, call chains through wrappers, a quick exit (#17)"]
 fn sampled_acquisitions_are_within_their_claimed_error() {
     if !require_root("sampled_acquisitions_are_within_their_claimed_error") {
         return;

@@ -121,6 +121,13 @@ impl Probes {
                 })
             })
             .collect();
+        // The same programs loaded for uprobe_multi links run instead.
+        for (name, count, ns) in self.multi.iter().flat_map(|m| m.runs()) {
+            if let Some(run) = runs.iter_mut().find(|r| r.name == name) {
+                run.runs += count;
+                run.run_ns += ns;
+            }
+        }
         runs.sort_by(|a, b| a.name.cmp(&b.name));
         runs
     }
@@ -135,6 +142,8 @@ pub struct KernelCost {
     pub bpf_stats: String,
     /// Each program's runs, when the kernel counted them.
     pub programs: Option<Vec<ProgramRun>>,
+    /// How the hot uprobes were linked.
+    pub links: Option<super::uprobes::LinkMode>,
 }
 
 #[cfg(test)]
@@ -154,6 +163,10 @@ impl KernelCost {
                 run("cpu_sample", 5_000, 4_000_000),
                 run("futex_exit", 60_000, 21_000_000),
             ]),
+            links: Some(super::uprobes::LinkMode {
+                kind: "uprobe_multi",
+                why: None,
+            }),
         }
     }
 }

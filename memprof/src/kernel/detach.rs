@@ -4,7 +4,7 @@
 
 use std::thread::JoinHandle;
 
-use aya::programs::uprobe::UProbeLink;
+use super::uprobes::HotLink;
 
 /// Probes being removed by the kernel (about 0.2 s each, one after the
 /// other: the kernel serialises their grace periods). The process must not
@@ -41,9 +41,41 @@ impl Detaching {
 
 /// Drops links on threads of their own: each drop blocks for a grace
 /// period, and in parallel they overlap.
-pub fn detach(links: Vec<(u32, UProbeLink)>) -> Vec<JoinHandle<()>> {
+pub fn detach(links: Vec<HotLink>) -> Vec<JoinHandle<()>> {
     links
         .into_iter()
-        .map(|(_, link)| std::thread::spawn(move || drop(link)))
+        .map(|link| {
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                let n = link.ops.len();
+                drop(link);
+                tracing::debug!("link of {n} ops detached in {:?}", t.elapsed());
+            })
+        })
         .collect()
+}
+
+/// Links the session owns besides the hot uprobes (tracepoints, perf
+/// events), dropped together at the end.
+#[derive(Default)]
+pub struct OwnedLinks(Vec<Box<dyn Send>>);
+
+impl OwnedLinks {
+    pub fn push<L: Send + 'static>(&mut self, link: L) {
+        self.0.push(Box::new(link));
+    }
+
+    /// Drops every link, each on a thread of its own (the kernel may
+    /// overlap their grace periods); the caller waits for the threads.
+    pub fn detach(self) -> Vec<JoinHandle<()>> {
+        self.0
+            .into_iter()
+            .map(|link| std::thread::spawn(move || drop(link)))
+            .collect()
+    }
+
+    /// As [`Self::detach`], waiting until all are gone.
+    pub fn drop_all(self) {
+        Detaching::new(self.detach()).wait();
+    }
 }

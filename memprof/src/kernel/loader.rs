@@ -9,6 +9,7 @@ use aya::{
     maps::{Array, RingBuf},
     programs::{
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        trace_point::TracePointLink,
         PerfEvent, ProgramError, TracePoint, UProbe,
     },
     Ebpf, EbpfLoader,
@@ -16,9 +17,12 @@ use aya::{
 use memprof_common::{globals, maps, programs, syscall};
 
 use super::{
+    detach::{Detaching, OwnedLinks},
+    multi::MultiPrograms,
     precise,
     rings::{RingCounts, RingMap},
     tracefs,
+    uprobes::LinkMode,
 };
 use crate::error::{Error, Result};
 
@@ -64,6 +68,23 @@ pub struct Probes {
     pub precise_error: Option<String>,
     /// Records read from the rings taken out of the object.
     pub rings: RingCounts,
+    /// The hot programs loaded again for `uprobe_multi` links (None: single
+    /// links, see `link_mode`).
+    pub(super) multi: Option<MultiPrograms>,
+    /// How the hot uprobes are linked.
+    pub link_mode: LinkMode,
+    /// The tracepoint and perf-event links, taken out of the object so
+    /// that they are dropped in parallel (see `Drop`).
+    links: OwnedLinks,
+}
+
+impl Drop for Probes {
+    /// Each link's removal waits for a grace period: one after the other
+    /// (as dropping the object would) they took 1.9 s here; in parallel,
+    /// their waits overlap.
+    fn drop(&mut self) {
+        std::mem::take(&mut self.links).drop_all();
+    }
 }
 
 impl Probes {
@@ -79,13 +100,14 @@ impl Probes {
         try_hardware: bool,
         load: &Load,
     ) -> Result<Self> {
-        let (mut ebpf, logger) = load_object(tgid, tracefs_dir, load)?;
+        let (mut ebpf, logger, (multi, link_mode)) = load_object(tgid, tracefs_dir, load)?;
         // The main process is traced from the first program on, with
         // layout 0; other processes are added by the session (or, forked
         // children, by the kernel).
         super::maps::trace_process(&mut ebpf, tgid, 0)?;
-        attach_programs(&mut ebpf, load)?;
-        let source = attach_sampler(&mut ebpf, frequency_hz, try_hardware)?;
+        let mut links = OwnedLinks::default();
+        attach_programs(&mut ebpf, &mut links, load)?;
+        let source = attach_sampler(&mut ebpf, &mut links, frequency_hz, try_hardware)?;
         let mut probes = Self {
             ebpf,
             logger,
@@ -94,6 +116,9 @@ impl Probes {
             precise_fds: Vec::new(),
             precise_error: None,
             rings: RingCounts::default(),
+            multi,
+            link_mode,
+            links,
         };
         if let Some(events) = try_hardware
             .then(|| precise::detect(Path::new("/")))
@@ -130,6 +155,15 @@ impl Probes {
         ctl.set(0, 1, 0).map_err(anyhow::Error::new)?;
         self.precise = Some(events.name);
         Ok(())
+    }
+
+    /// Starts removing the tracepoint and perf-event links (the session is
+    /// over): the kernel takes a grace period for each, one after the
+    /// other under its `event_mutex`, about 40 ms here, so this overlaps
+    /// with the last drain and the report. The process waits for them
+    /// before it exits.
+    pub fn start_detaching(&mut self) -> Detaching {
+        Detaching::new(std::mem::take(&mut self.links).detach())
     }
 
     /// Moves messages the programs logged into our log.
@@ -180,8 +214,12 @@ pub struct Load {
 type Logger = Option<aya_log::EbpfLogger<&'static dyn log::Log>>;
 
 /// Loads the object with the load-time settings for `tgid` and this
-/// kernel's tracepoint layouts.
-fn load_object(tgid: u32, tracefs_dir: &Path, load: &Load) -> Result<(Ebpf, Logger)> {
+/// kernel's tracepoint layouts, and the hot programs for `uprobe_multi`.
+fn load_object(
+    tgid: u32,
+    tracefs_dir: &Path,
+    load: &Load,
+) -> Result<(Ebpf, Logger, (Option<MultiPrograms>, LinkMode))> {
     let pid_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "pid", 4)?;
     let flags_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "clone_flags", 8)?;
     let glibc_header = u32::from(load.alloc.is_some_and(|a| a.glibc_header));
@@ -210,6 +248,8 @@ fn load_object(tgid: u32, tracefs_dir: &Path, load: &Load) -> Result<(Ebpf, Logg
         .override_global(globals::KLOCK_FLAGS_OFFSET, &klock_flags, true)
         .load(OBJECT)
         .map_err(|e| classify(anyhow::Error::new(e).context("loading the eBPF object")))?;
+    // Before the logger takes its map out of the object.
+    let multi = load_multi(&ebpf, load);
     // Must exist before the programs load (they reference its map).
     let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
         Ok(logger) => Some(logger),
@@ -219,17 +259,85 @@ fn load_object(tgid: u32, tracefs_dir: &Path, load: &Load) -> Result<(Ebpf, Logg
         }
     };
 
-    Ok((ebpf, logger))
+    Ok((ebpf, logger, multi))
+}
+
+/// Set to `single` to attach one link per probe point (as on kernels
+/// before 6.6, which have no `uprobe_multi` links).
+const LINKS_ENV: &str = "MEMPROF_UPROBE_LINKS";
+
+/// The hot programs `load` asks for, loaded for `uprobe_multi` links; or
+/// why the session uses single links.
+fn load_multi(ebpf: &Ebpf, load: &Load) -> (Option<MultiPrograms>, LinkMode) {
+    let mut names = Vec::new();
+    if load.alloc.is_some() {
+        names.extend([
+            programs::ALLOC_ENTER,
+            programs::ALLOC_EXIT,
+            programs::ALLOC_FLOOR_ENTER,
+            programs::ALLOC_FLOOR_EXIT,
+        ]);
+    }
+    if load.lock_uprobes {
+        names.extend([programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK]);
+    }
+    let single = |why: String| {
+        let mode = LinkMode {
+            kind: "single",
+            why: Some(why),
+        };
+        (None, mode)
+    };
+    if names.is_empty() {
+        let mode = LinkMode {
+            kind: "none",
+            why: None,
+        };
+        return (None, mode);
+    }
+    if std::env::var(LINKS_ENV).is_ok_and(|v| v == "single") {
+        return single(format!("{LINKS_ENV}=single"));
+    }
+    match MultiPrograms::load(OBJECT, ebpf, &names) {
+        Ok(multi) => {
+            let mode = LinkMode {
+                kind: "uprobe_multi",
+                why: None,
+            };
+            (Some(multi), mode)
+        }
+        Err(e) => {
+            tracing::info!("uprobe_multi unavailable, one link per probe: {e:#}");
+            single(format!(
+                "uprobe_multi unavailable (kernel before 6.6?): {e:#}"
+            ))
+        }
+    }
 }
 
 /// Attaches the thread, allocator-syscall and lock tracepoints, and loads
 /// the uprobe programs the features attach later.
-fn attach_programs(ebpf: &mut Ebpf, load: &Load) -> Result<()> {
-    attach_tracepoint(ebpf, programs::TASK_NEW, "task", "task_newtask")?;
-    attach_tracepoint(ebpf, programs::TASK_EXIT, "sched", "sched_process_exit")?;
-    attach_tracepoint(ebpf, programs::TASK_EXEC, "sched", "sched_process_exec")?;
+fn attach_programs(ebpf: &mut Ebpf, links: &mut OwnedLinks, load: &Load) -> Result<()> {
+    links.push(attach_tracepoint(
+        ebpf,
+        programs::TASK_NEW,
+        "task",
+        "task_newtask",
+    )?);
+    links.push(attach_tracepoint(
+        ebpf,
+        programs::TASK_EXIT,
+        "sched",
+        "sched_process_exit",
+    )?);
+    links.push(attach_tracepoint(
+        ebpf,
+        programs::TASK_EXEC,
+        "sched",
+        "sched_process_exec",
+    )?);
     if load.alloc.is_some() {
-        attach_alloc_tracepoints(ebpf)?;
+        attach_alloc_tracepoints(ebpf, links)?;
         for name in [
             programs::ALLOC_ENTER,
             programs::ALLOC_EXIT,
@@ -241,7 +349,7 @@ fn attach_programs(ebpf: &mut Ebpf, load: &Load) -> Result<()> {
                 .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
         }
     }
-    attach_lock_tracepoints(ebpf)?;
+    attach_lock_tracepoints(ebpf, links)?;
     if load.lock_uprobes {
         for name in [programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK] {
             let prog: &mut UProbe = program(ebpf, name)?;
@@ -252,11 +360,18 @@ fn attach_programs(ebpf: &mut Ebpf, load: &Load) -> Result<()> {
     Ok(())
 }
 
-fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -> Result<()> {
+/// Loads `name` and attaches it to `category:event`; the caller owns the
+/// link.
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &str,
+    category: &str,
+    event: &str,
+) -> Result<TracePointLink> {
     let prog: &mut TracePoint = program(ebpf, name)?;
     prog.load()
         .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
-    prog.attach(category, event).map_err(|e| {
+    let id = prog.attach(category, event).map_err(|e| {
         let err =
             anyhow::Error::new(e).context(format!("attaching to tracepoint {category}:{event}"));
         match classify(err) {
@@ -267,14 +382,24 @@ fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, category: &str, event: &str) -
             other => other,
         }
     })?;
-    Ok(())
+    Ok(prog.take_link(id).map_err(anyhow::Error::new)?)
 }
 
 /// Futex calls (required: every contended user lock ends in one), the
 /// futex2 calls and kernel lock contention (optional: newer kernels).
-fn attach_lock_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
-    attach_tracepoint(ebpf, programs::FUTEX_ENTER, "syscalls", "sys_enter_futex")?;
-    attach_tracepoint(ebpf, programs::FUTEX_EXIT, "syscalls", "sys_exit_futex")?;
+fn attach_lock_tracepoints(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<()> {
+    links.push(attach_tracepoint(
+        ebpf,
+        programs::FUTEX_ENTER,
+        "syscalls",
+        "sys_enter_futex",
+    )?);
+    links.push(attach_tracepoint(
+        ebpf,
+        programs::FUTEX_EXIT,
+        "syscalls",
+        "sys_exit_futex",
+    )?);
     let optional: [(&str, &str, &[&str]); 4] = [
         (
             programs::FUTEX_WAIT_ENTER,
@@ -294,12 +419,13 @@ fn attach_lock_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
         (programs::KLOCK_BEGIN, "lock", &["contention_begin"]),
     ];
     for (prog, category, events) in optional {
-        if let Err(e) = attach_tracepoint_to(ebpf, prog, category, events) {
+        if let Err(e) = attach_tracepoint_to(ebpf, links, prog, category, events) {
             tracing::info!("{category}:{events:?} unavailable, left out: {e}");
         }
     }
-    if let Err(e) = attach_tracepoint(ebpf, programs::KLOCK_END, "lock", "contention_end") {
-        tracing::info!("lock:contention_end unavailable, left out: {e}");
+    match attach_tracepoint(ebpf, programs::KLOCK_END, "lock", "contention_end") {
+        Ok(link) => links.push(link),
+        Err(e) => tracing::info!("lock:contention_end unavailable, left out: {e}"),
     }
     Ok(())
 }
@@ -307,6 +433,7 @@ fn attach_lock_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
 /// Loads `name` once and attaches it to each of `events`.
 fn attach_tracepoint_to(
     ebpf: &mut Ebpf,
+    links: &mut OwnedLinks,
     name: &str,
     category: &str,
     events: &[&str],
@@ -315,28 +442,24 @@ fn attach_tracepoint_to(
     prog.load()
         .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
     for event in events {
-        prog.attach(category, event)
+        let id = prog
+            .attach(category, event)
             .map_err(|e| anyhow::anyhow!("attaching {name} to {category}:{event}: {e}"))?;
+        links.push(prog.take_link(id).map_err(anyhow::Error::new)?);
     }
     Ok(())
 }
 
 /// The allocator's syscalls (required), and page faults and `mmap_lock`
 /// (optional: not every kernel has these tracepoints).
-fn attach_alloc_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
+fn attach_alloc_tracepoints(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<()> {
     for (i, name) in syscall::NAMES.iter().enumerate() {
-        attach_tracepoint(
-            ebpf,
-            programs::SYSCALL_ENTER[i],
-            "syscalls",
-            &format!("sys_enter_{name}"),
-        )?;
-        attach_tracepoint(
-            ebpf,
-            programs::SYSCALL_EXIT[i],
-            "syscalls",
-            &format!("sys_exit_{name}"),
-        )?;
+        for (prog, event) in [
+            (programs::SYSCALL_ENTER[i], format!("sys_enter_{name}")),
+            (programs::SYSCALL_EXIT[i], format!("sys_exit_{name}")),
+        ] {
+            links.push(attach_tracepoint(ebpf, prog, "syscalls", &event)?);
+        }
     }
     for (prog, category, event) in [
         (programs::PAGE_FAULT, "exceptions", "page_fault_user"),
@@ -351,8 +474,11 @@ fn attach_alloc_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
             "mmap_lock_acquire_returned",
         ),
     ] {
-        if let Err(e) = attach_tracepoint(ebpf, prog, category, event) {
-            tracing::warn!("{category}:{event} unavailable, its statistics are left out: {e}");
+        match attach_tracepoint(ebpf, prog, category, event) {
+            Ok(link) => links.push(link),
+            Err(e) => {
+                tracing::warn!("{category}:{event} unavailable, its statistics are left out: {e}")
+            }
         }
     }
     Ok(())
@@ -362,6 +488,7 @@ fn attach_alloc_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
 /// available, else the `cpu-clock` software timer.
 fn attach_sampler(
     ebpf: &mut Ebpf,
+    owned: &mut OwnedLinks,
     frequency_hz: u64,
     try_hardware: bool,
 ) -> Result<SamplingSource> {
@@ -388,6 +515,9 @@ fn attach_sampler(
                     return Err(e);
                 }
             }
+        }
+        for id in links {
+            owned.push(prog.take_link(id)?);
         }
         Ok(())
     };

@@ -9,6 +9,7 @@ pub mod cputime;
 pub mod detach;
 pub mod loader;
 pub mod maps;
+pub mod multi;
 pub mod precise;
 pub mod preflight;
 pub mod rings;
@@ -57,6 +58,7 @@ impl Kernel {
             programs: state
                 .is_some_and(|s| s.counting())
                 .then(|| probes.program_runs()),
+            links: Some(probes.link_mode.clone()),
         }
     }
 

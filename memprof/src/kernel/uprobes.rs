@@ -1,7 +1,7 @@
 //! Attaching uprobes at chosen instructions of a file, for one process:
 //! the hot families (allocator, locks) the features attach in windows.
 
-use std::num::NonZeroU32;
+use std::{num::NonZeroU32, os::fd::OwnedFd};
 
 use aya::programs::{
     uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
@@ -43,12 +43,36 @@ pub struct ProbePoint {
     pub file_offset: u64,
 }
 
+/// One attached link: a single probe, or (`uprobe_multi`) all of one
+/// program's points in a file.
+pub enum Link {
+    Single(UProbeLink),
+    Multi(OwnedFd),
+}
+
+/// An attached link and the operations it probes. Dropping it detaches
+/// it, which blocks for a kernel grace period (see `kernel::windows`).
+pub struct HotLink {
+    pub ops: Vec<u32>,
+    pub link: Link,
+}
+
+/// How the hot probes are linked in this session, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkMode {
+    /// `"uprobe_multi"` (one link per program) or `"single"` (one per
+    /// probe point).
+    pub kind: &'static str,
+    /// Why single links are used, if they are.
+    pub why: Option<String>,
+}
+
 impl Probes {
     /// Attaches a family's probes at `points` of `path`, for process `pid`
-    /// only. The caller owns the links (each with its operation): dropping
-    /// one detaches it, which blocks for a while (see `kernel::windows`).
-    /// With `floor`, programs that do nothing are attached instead (the
-    /// benchmark's measure of the trap cost alone; allocator only).
+    /// only. The caller owns the links: dropping one detaches it, which
+    /// blocks for a while (see `kernel::windows`). With `floor`, programs
+    /// that do nothing are attached instead (the benchmark's measure of the
+    /// trap cost alone; allocator only).
     pub fn attach_points(
         &mut self,
         family: Family,
@@ -56,7 +80,7 @@ impl Probes {
         points: &[ProbePoint],
         pid: u32,
         floor: bool,
-    ) -> Result<Vec<(u32, UProbeLink)>> {
+    ) -> Result<Vec<HotLink>> {
         // Return probes first: a return without a recorded entry is
         // ignored, but entries recorded before their return probe exists
         // would wait for returns that never come.
@@ -79,9 +103,21 @@ impl Probes {
                 ]
             }
         };
-        let scope = UProbeScope::OneProcess(
-            NonZeroU32::new(pid).ok_or_else(|| anyhow::anyhow!("pid 0 cannot be probed"))?,
-        );
+        let pid = NonZeroU32::new(pid).ok_or_else(|| anyhow::anyhow!("pid 0 cannot be probed"))?;
+        if self.multi.is_some() {
+            match self.attach_multi(path, &plan, pid.get()) {
+                Ok(links) => return Ok(links),
+                Err(e) => {
+                    tracing::warn!("uprobe_multi links failed, using single links: {e}");
+                    self.multi = None;
+                    self.link_mode = LinkMode {
+                        kind: "single",
+                        why: Some(format!("uprobe_multi link refused: {e}")),
+                    };
+                }
+            }
+        }
+        let scope = UProbeScope::OneProcess(pid);
         let mut links = Vec::with_capacity(points.len() * 2);
         for (name, points) in plan {
             let prog: &mut UProbe = program(&mut self.ebpf, name)?;
@@ -96,8 +132,34 @@ impl Probes {
                         point.file_offset
                     )))
                 })?;
-                links.push((point.op, prog.take_link(id).map_err(anyhow::Error::new)?));
+                links.push(HotLink {
+                    ops: vec![point.op],
+                    link: Link::Single(prog.take_link(id).map_err(anyhow::Error::new)?),
+                });
             }
+        }
+        Ok(links)
+    }
+
+    /// One `uprobe_multi` link per program of `plan`, in its order.
+    fn attach_multi(
+        &self,
+        path: &str,
+        plan: &[(&str, Vec<ProbePoint>)],
+        pid: u32,
+    ) -> std::io::Result<Vec<HotLink>> {
+        let Some(multi) = &self.multi else {
+            return Ok(Vec::new());
+        };
+        let mut links = Vec::with_capacity(plan.len());
+        for (name, points) in plan.iter().filter(|(_, p)| !p.is_empty()) {
+            let offsets: Vec<u64> = points.iter().map(|p| p.file_offset).collect();
+            let cookies: Vec<u64> = points.iter().map(|p| u64::from(p.op)).collect();
+            let fd = multi.attach(name, path, &offsets, &cookies, pid)?;
+            links.push(HotLink {
+                ops: points.iter().map(|p| p.op).collect(),
+                link: Link::Multi(fd),
+            });
         }
         Ok(links)
     }

@@ -82,6 +82,8 @@ struct Live {
     target_exited: bool,
     /// Whether to print progress on stderr (not while the dashboard is up).
     announce: bool,
+    /// The tracepoint and perf-event links being removed.
+    detaching: Detaching,
 }
 
 /// Runs a whole session and returns its report. With a dashboard, it is
@@ -197,6 +199,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         traced: None,
         target_exited: false,
         announce: quiet && std::io::stderr().is_terminal(),
+        detaching: Detaching::default(),
     })
 }
 
@@ -347,6 +350,9 @@ impl Live {
     /// ends a launched command that is still running.
     async fn finish(&mut self, reason: StopReason) {
         self.traced = Some(self.started.elapsed());
+        if let Some(probes) = &mut self.kernel.probes {
+            self.detaching.extend(probes.start_detaching());
+        }
         self.drain_all(LAST_DRAIN);
         if let Some(probes) = &mut self.kernel.probes {
             self.pipeline.finish(probes);
@@ -366,7 +372,7 @@ impl Live {
 
     /// The probes the kernel is still removing.
     fn take_detaching(&mut self) -> Detaching {
-        let mut detaching = Detaching::default();
+        let mut detaching = std::mem::take(&mut self.detaching);
         for f in &mut self.pipeline.features {
             detaching.extend(f.take_detaching());
         }

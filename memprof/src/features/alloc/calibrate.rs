@@ -26,7 +26,6 @@ use crate::{
     },
     process::maps::ProcMaps,
 };
-use aya::programs::uprobe::UProbeLink;
 
 /// Calls per kind.
 const CALLS: usize = 1000;
@@ -201,7 +200,7 @@ pub fn run(
 }
 
 /// Links attached for the calibration, each with its operation.
-pub type Links = Vec<(u32, UProbeLink)>;
+pub type Links = Vec<crate::kernel::uprobes::HotLink>;
 
 /// Wall time per call of `f`, over [`CALLS`] calls.
 fn ns_per_call(f: CalibFn, block: *mut u8) -> f64 {

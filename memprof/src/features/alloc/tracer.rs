@@ -85,14 +85,18 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, Vec<bool>) {
 }
 
 /// How long the probes stay attached per window. Detaching adds about
-/// 0.35 s of tracing (the kernel's grace periods), so longer windows would
-/// buy little precision at a high price.
-const WINDOW: Duration = Duration::from_millis(100);
+/// 75 ms of tracing (two `uprobe_multi` links, a grace period each, partly
+/// overlapping): shorter windows buy more of them under the budget, and
+/// the estimate averages their rates.
+const WINDOW: Duration = Duration::from_millis(50);
+/// The first window: a hot allocator traps on every call while its rate
+/// is not yet known, so this one is short.
+const FIRST_WINDOW: Duration = Duration::from_millis(20);
 /// Longest gap between windows. A window of a hot allocator costs about
-/// 0.45 s of the target's time (window + detach), so keeping a 5% budget
-/// needs gaps of about 10 s, and up to 30 s for the hottest loops; a
-/// shorter cap would break the budget.
-const MAX_GAP: Duration = Duration::from_secs(30);
+/// 0.13 s of tracing (window + detach) at a slowdown of several times, so
+/// keeping a 5% budget needs gaps of a few seconds, up to 10 s for the
+/// hottest loops; a shorter cap would break the budget.
+const MAX_GAP: Duration = Duration::from_secs(10);
 
 /// The allocator probes of one session: the allocator, and its entry
 /// points attached in windows (the code shared with the lock probes).
@@ -161,6 +165,7 @@ impl AllocTracer {
                     1.0
                 },
                 window: WINDOW,
+                first_window: FIRST_WINDOW,
                 max_gap: MAX_GAP,
             },
             pid,

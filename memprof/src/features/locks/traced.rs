@@ -329,6 +329,7 @@ mod tests {
             trap_cost_s: 1e-6,
             trap_cost_error: 1.0,
             window: Duration::from_millis(100),
+            first_window: Duration::from_millis(100),
             max_gap: Duration::from_secs(1),
         };
         Windowed::new(

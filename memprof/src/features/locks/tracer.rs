@@ -30,14 +30,18 @@ const TRAP_COST_S: f64 = 3.5e-6;
 /// Extra cost when the lock call's probe must be single-stepped.
 const SINGLE_STEP_COST_S: f64 = 3.3e-6;
 /// How long the probes stay attached per window: the rate measured in it
-/// is extrapolated over the gap after it, and on a loaded machine a 30 ms
-/// window's rate was off by up to a fifth; detaching adds about 0.1 s per
-/// hot link anyway.
-const WINDOW: Duration = Duration::from_millis(100);
+/// is extrapolated over the gap after it (on a loaded machine a 30 ms
+/// window's rate was off by up to a fifth; the estimate averages the
+/// windows'), and detaching adds about 75 ms (three `uprobe_multi` links,
+/// a grace period each, partly overlapping).
+const WINDOW: Duration = Duration::from_millis(50);
+/// The first window: a hot mutex traps on every call while the rate is
+/// not yet known.
+const FIRST_WINDOW: Duration = Duration::from_millis(20);
 /// Longest gap between windows: a hot mutex's window costs the target
-/// about 0.7 s (window, plus three links detached one grace period after
-/// the other), so a 1.5% budget needs gaps near a minute.
-const MAX_GAP: Duration = Duration::from_secs(60);
+/// about 0.15 s (window and detach), so a 1.5% budget needs gaps of about
+/// 10 s.
+const MAX_GAP: Duration = Duration::from_secs(20);
 /// Share of `--budget` the lock probes may use: the uncontended case is
 /// the common one, and its slowdown must stay within 2%.
 pub const BUDGET_SHARE: f64 = 0.3;
@@ -152,6 +156,7 @@ pub fn tracer(library: LockLibrary, mode: LockMode, budget: f64, pid: u32) -> Wi
             trap_cost_s,
             trap_cost_error: 1.0,
             window: WINDOW,
+            first_window: FIRST_WINDOW,
             max_gap: MAX_GAP,
         },
         pid,

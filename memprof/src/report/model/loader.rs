@@ -35,6 +35,18 @@ pub struct Loader {
     pub bpf_runs_per_s: Option<f64>,
     /// Each loaded program, most run time first (empty when not counted).
     pub programs: Vec<ProgramCost>,
+    /// How the hot uprobes (allocator, locks) were linked: one
+    /// `uprobe_multi` link per program, or single links and why.
+    pub uprobe_links: Option<UprobeLinks>,
+}
+
+/// How the hot uprobes were linked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UprobeLinks {
+    /// `uprobe_multi`, `single` or `none` (no hot uprobes).
+    pub kind: String,
+    /// Why not `uprobe_multi`.
+    pub why: Option<String>,
 }
 
 /// Records read from one ring.
@@ -134,6 +146,10 @@ impl Loader {
             bpf_runs,
             bpf_runs_per_s: bpf_runs.map(|n| per_second(n as f64, duration_s)),
             programs,
+            uprobe_links: kernel.links.as_ref().map(|l| UprobeLinks {
+                kind: l.kind.into(),
+                why: l.why.clone(),
+            }),
         }
     }
 
@@ -175,6 +191,7 @@ mod tests {
             rings: vec![("samples".into(), 300), ("lock_events".into(), 900)],
             bpf_stats: "enabled by memprof".into(),
             programs: Some(vec![run("a", 10, 1_000), run("b", 30, 3_000_000)]),
+            links: None,
         };
         let usage = Usage {
             cpu_s: 0.5,
@@ -200,6 +217,7 @@ mod tests {
             rings: vec![],
             bpf_stats: "unavailable: the kernel refused".into(),
             programs: None,
+            links: None,
         };
         let l = Loader::new(Usage::default(), &kernel, 1.0);
         assert_eq!(l.bpf_run_ns, None);

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::programs::uprobe::UProbeLink;
+mod resident;
 
 use super::detach::detach;
 pub use super::detach::Detaching;
@@ -26,7 +26,7 @@ use super::{
     calls::{CallCounter, CallEstimate},
     cputime::{cpu_time, online_cpus, system_time},
     loader::Probes,
-    uprobes::{Family, ProbePoint},
+    uprobes::{Family, HotLink, ProbePoint},
 };
 use crate::error::Result;
 
@@ -48,13 +48,13 @@ const AIM_AT_SHARE_OF_BUDGET: f64 = 0.8;
 /// about the cost of a call.
 const MIN_CALLS_TO_MEASURE: u64 = 1000;
 /// How often to check whether a window's probes are gone.
-const DETACH_POLL: Duration = Duration::from_millis(20);
+const DETACH_POLL: Duration = Duration::from_millis(5);
 /// An operation whose traced calls cost less than this share of the
 /// budget stays attached all the time: windows only for the hot ones,
 /// because every link detached costs the kernel a grace period, and the
 /// target keeps trapping until the last one is gone (measured: 0.3 s for
 /// malloc+free, 1.4 s for all nine entry points of glibc).
-const RESIDENT_SHARE_OF_BUDGET: f64 = 0.1;
+pub(super) const RESIDENT_SHARE_OF_BUDGET: f64 = 0.1;
 
 /// How the probes of one family are attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +81,10 @@ pub struct WindowSettings {
     pub trap_cost_error: f64,
     /// How long the probes stay attached per window.
     pub window: Duration,
+    /// How long the first window (and each of its quiet stretches) lasts:
+    /// short, because nothing is known yet of the calls' rate and a hot
+    /// function traps on every call meanwhile.
+    pub first_window: Duration,
     /// Longest gap between windows.
     pub max_gap: Duration,
 }
@@ -91,8 +95,8 @@ pub struct WindowSettings {
 /// a target that waits more than it computes, which the traps slow less.
 pub const CALIBRATED_COST_ERROR: f64 = 0.35;
 
-/// Links of one window, each with the operation it probes.
-type Links = Vec<(u32, UProbeLink)>;
+/// Links of one window, each with the operations it probes.
+pub(super) type Links = Vec<HotLink>;
 
 /// What the windowed probes are doing.
 enum State {
@@ -134,6 +138,10 @@ pub struct Windowed {
     cycle: DutyCycle,
     state: State,
     resident_links: Links,
+    /// Resident operations whose probes went with a window's link (one
+    /// `uprobe_multi` link holds hot and cold operations): attach them
+    /// again, on their own, when it is gone.
+    reattach_resident: bool,
     first_window: bool,
     /// The first window saw a quiet stretch: the load began since, maybe
     /// in the middle of the last stretch.
@@ -181,6 +189,7 @@ impl Windowed {
             cycle,
             state: State::Idle,
             resident_links: Vec::new(),
+            reattach_resident: false,
             first_window: true,
             quiet_before: false,
             generation: 0,
@@ -200,15 +209,6 @@ impl Windowed {
     /// The cost of one traced call in use (model, or measured if higher).
     pub fn trap_cost(&self) -> f64 {
         self.cycle.trap_cost()
-    }
-
-    /// Operations attached for good (cold ones, in sampled mode).
-    pub fn resident_ops(&self) -> Vec<u32> {
-        self.points
-            .iter()
-            .filter(|p| p.resident.is_some())
-            .map(|p| p.probe.op)
-            .collect()
     }
 
     /// Opens a window: attaches every point that is not resident.
@@ -247,6 +247,9 @@ impl Windowed {
             return None;
         }
         match &self.state {
+            State::Attached { opened, .. } if self.first_window => {
+                Some(*opened + self.settings.first_window)
+            }
             State::Attached { opened, .. } => Some(*opened + self.cycle.next().window),
             State::Detaching { .. } => Some(Instant::now() + DETACH_POLL),
             State::Gap { until, .. } => Some(*until),
@@ -322,6 +325,7 @@ impl Windowed {
                 for h in handles.drain(..) {
                     let _ = h.join();
                 }
+                self.reattach_resident(probes)?;
                 self.window_ended(probes, opened, calls_at_open, stime_at_open);
                 Ok(Some(false))
             }
@@ -403,31 +407,6 @@ impl Windowed {
         };
     }
 
-    /// After the first window, operations called so rarely that tracing
-    /// them costs a small part of the budget stay attached for good.
-    fn make_cold_ops_resident(&mut self, probes: &Probes, window: Duration) {
-        let per_op = probes.op_calls(self.family);
-        let now = Instant::now();
-        let limit = self.settings.budget * RESIDENT_SHARE_OF_BUDGET;
-        for p in &mut self.points {
-            let calls = per_op.get(p.probe.op as usize).copied().unwrap_or(0);
-            let rate = calls as f64 / window.as_secs_f64().max(1e-3);
-            if rate * self.cycle.trap_cost() < limit {
-                p.resident = Some(now);
-            }
-        }
-    }
-
-    /// Moves the links of resident operations out of `links` (kept
-    /// attached); returns the rest.
-    fn without_resident(&mut self, links: Links) -> Links {
-        let resident = self.resident_ops();
-        let (keep, rest): (Links, Links) =
-            links.into_iter().partition(|(op, _)| resident.contains(op));
-        self.resident_links.extend(keep);
-        rest
-    }
-
     /// Whether the windowed probes are attached now.
     pub fn attached(&self) -> bool {
         matches!(self.state, State::Attached { .. } | State::Detaching { .. })
@@ -501,32 +480,22 @@ impl Windowed {
     /// Detaches `links` (the family's, attached elsewhere, e.g. for a
     /// calibration) in the next gap, or at the end: the kernel removes
     /// links one grace period at a time, and these must not lengthen a
-    /// window's detach, which the target pays for. They are dropped on
-    /// threads started then, after the session dropped its capabilities.
-    pub fn detach_later(&mut self, links: Vec<(u32, UProbeLink)>) {
-        self.later.extend(links);
+    /// window's detach, which the target pays for. Without windows (full
+    /// mode) they go at once. Either way they are dropped on threads of
+    /// their own.
+    pub fn detach_later(&mut self, links: Vec<HotLink>) {
+        if self.settings.mode == Mode::Sampled {
+            self.later.extend(links);
+        } else {
+            // No windows to keep short: gone now, not at the end.
+            self.detaching.extend(detach(links));
+        }
     }
 
     pub fn take_detaching(&mut self) -> Detaching {
         let later = std::mem::take(&mut self.later);
         self.detaching.extend(detach(later));
         Detaching::new(std::mem::take(&mut self.detaching))
-    }
-
-    /// Operations whose probes all stay attached (resident), by code.
-    fn resident_by_op(&self) -> Vec<bool> {
-        let mut resident = vec![true; self.family.counters().1 as usize];
-        let mut probed = vec![false; resident.len()];
-        for p in &self.points {
-            if let Some(op) = usize::try_from(p.probe.op)
-                .ok()
-                .filter(|&op| op < resident.len())
-            {
-                probed[op] = true;
-                resident[op] &= p.resident.is_some();
-            }
-        }
-        resident.iter().zip(probed).map(|(r, p)| *r && p).collect()
     }
 
     fn read_cpu(&mut self) {
@@ -567,20 +536,6 @@ impl Windowed {
         match self.settings.mode {
             Mode::Full | Mode::Floor => 1.0,
             Mode::Sampled => self.cycle.traced_fraction(),
-        }
-    }
-
-    /// Fraction of the session operation `op` was traced: 1 for resident
-    /// operations (attached all the time), else that of the windows.
-    pub fn op_fraction(&self, op: u32) -> f64 {
-        let resident = self
-            .points
-            .iter()
-            .any(|p| p.probe.op == op && p.resident.is_some());
-        if resident {
-            1.0
-        } else {
-            self.traced_fraction()
         }
     }
 }
