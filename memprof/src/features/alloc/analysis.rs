@@ -24,6 +24,7 @@ pub use probe_cost::{ProbeCost, ProbeKind};
 pub use sites::SiteStats;
 pub use syscalls::{SyscallCall, SyscallKey, SyscallStats};
 
+use super::classes::SizeClasses;
 use super::memory::{Composition, MemoryAccount};
 use crate::features::{FastMap, FastSet};
 use crate::process::maps::Place;
@@ -77,7 +78,8 @@ pub struct AllocProfile {
     /// initialisation), for processes traced from their start.
     skip_first: bool,
     seen_alloc: bool,
-    usable_known: bool,
+    /// The allocator's size classes and usable sizes.
+    classes: SizeClasses,
     splits: FastMap<SplitKey, SplitStats>,
     handed_out: FastSet<u64>,
     /// Live blocks by start address (hashed: the per-call path; ordered
@@ -102,12 +104,12 @@ pub struct AllocProfile {
 }
 
 impl AllocProfile {
-    pub fn new(rule: LargeRule, skip_first: bool, usable_known: bool) -> Self {
+    pub fn new(rule: LargeRule, skip_first: bool, classes: SizeClasses) -> Self {
         Self {
             rule,
             skip_first,
             seen_alloc: false,
-            usable_known,
+            classes,
             splits: FastMap::default(),
             handed_out: FastSet::default(),
             live: FastMap::default(),
@@ -156,9 +158,16 @@ impl AllocProfile {
         self.rule
     }
 
-    /// Whether usable sizes come from the allocator (glibc headers).
+    /// Whether usable sizes are the allocator's (glibc's headers, or the
+    /// size classes of jemalloc and mimalloc).
     pub fn usable_known(&self) -> bool {
-        self.usable_known
+        self.classes.usable_known()
+    }
+
+    /// The memory account's class of a block.
+    pub(super) fn size_class(&self, usable: u64, class: Class) -> u32 {
+        let mmapped = self.rule == LargeRule::GlibcChunk && class == Class::Large;
+        self.classes.class(usable, mmapped)
     }
 
     /// Calls recorded.
@@ -179,7 +188,10 @@ impl AllocProfile {
             let usable = chunk_size.saturating_sub(if mmapped { 16 } else { 8 });
             (mmapped, usable)
         });
-        let usable = glibc.map_or(size, |(_, u)| u.max(size));
+        let usable = match glibc {
+            Some((_, u)) => u.max(size),
+            None => self.classes.usable(size).unwrap_or(size),
+        };
         let class = match (self.rule, glibc) {
             (LargeRule::GlibcChunk, Some((mmapped, _))) => {
                 if mmapped {
@@ -315,7 +327,7 @@ mod tests {
 
     #[test]
     fn addresses_handed_out_before_are_reused() {
-        let mut p = AllocProfile::new(LargeRule::Above(1000), false, false);
+        let mut p = AllocProfile::new(LargeRule::Above(1000), false, SizeClasses::Unknown);
         p.add_call(call(MALLOC, 0x1000, 64));
         p.add_call(call(FREE, 0x1000, 0));
         p.add_call(call(MALLOC, 0x1000, 64));
@@ -334,7 +346,7 @@ mod tests {
 
     #[test]
     fn the_first_allocation_is_left_out_of_latency_only() {
-        let mut p = AllocProfile::new(LargeRule::Above(1000), true, false);
+        let mut p = AllocProfile::new(LargeRule::Above(1000), true, SizeClasses::Unknown);
         p.add_call(call(MALLOC, 0x1000, 64));
         p.add_call(call(MALLOC, 0x2000, 64));
         assert_eq!(count(&p, |k| k.op == MALLOC), 1);
@@ -344,7 +356,7 @@ mod tests {
 
     #[test]
     fn glibc_classes_come_from_the_chunk_header() {
-        let mut p = AllocProfile::new(LargeRule::GlibcChunk, false, true);
+        let mut p = AllocProfile::new(LargeRule::GlibcChunk, false, SizeClasses::Glibc);
         // 1 MiB mmapped chunk: size 0x101000 | IS_MMAPPED.
         let mut big = call(MALLOC, 0x7f00_0000_0010, 1 << 20);
         big.chunk = 0x101002;
@@ -374,7 +386,7 @@ mod tests {
 
     #[test]
     fn phases_follow_the_live_thread_count() {
-        let mut p = AllocProfile::new(LargeRule::Above(1000), false, false);
+        let mut p = AllocProfile::new(LargeRule::Above(1000), false, SizeClasses::Unknown);
         p.add_call(call(MALLOC, 0x1000, 8));
         let mut c = call(MALLOC, 0x2000, 8);
         c.live_threads = 3;
@@ -385,7 +397,7 @@ mod tests {
 
     #[test]
     fn free_of_null_is_ignored_and_realloc_moves_the_block() {
-        let mut p = AllocProfile::new(LargeRule::Above(1000), false, false);
+        let mut p = AllocProfile::new(LargeRule::Above(1000), false, SizeClasses::Unknown);
         p.add_call(call(FREE, 0, 0));
         assert_eq!(p.splits().len(), 0);
         p.add_call(call(MALLOC, 0x1000, 10));
@@ -400,7 +412,7 @@ mod tests {
 
     #[test]
     fn sites_keep_live_bytes_for_leaks() {
-        let mut p = AllocProfile::new(LargeRule::Above(1000), false, false);
+        let mut p = AllocProfile::new(LargeRule::Above(1000), false, SizeClasses::Unknown);
         p.set_site_place(0x40, place(0x40));
         p.set_site_place(0x10, place(0x10));
         assert!(p.knows_site(0x40) && !p.knows_site(0x50));

@@ -133,7 +133,11 @@ mod tests {
 
     #[test]
     fn syscalls_know_whether_the_probes_were_attached() {
-        let mut c = AllocCollector::new(AllocProfile::new(LargeRule::Above(1 << 20), false, true));
+        let mut c = AllocCollector::new(AllocProfile::new(
+            LargeRule::Above(1 << 20),
+            false,
+            crate::features::alloc::classes::SizeClasses::Glibc,
+        ));
         c.window(true, 100);
         c.window(false, 200);
         c.window(true, 300);

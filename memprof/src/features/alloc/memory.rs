@@ -5,11 +5,16 @@
 //! - *requested*: bytes the program asked for and has not freed;
 //! - *usable*: the blocks the allocator actually handed out for them
 //!   (requested + internal fragmentation);
-//! - *blowup*, by the recently-freed-counter method: per size class a
-//!   counter goes up by the bytes freed and down by the bytes then
-//!   allocated in that class (not below zero). What is left is memory freed
-//!   by one part of the program and held by the allocator without being
-//!   reused for the same class;
+//! - *blowup*, as the research design defines it, per size class (the
+//!   allocator's real classes, see `classes`; large objects are one more
+//!   class): an upper bound, the freed bytes whose blocks were not handed
+//!   out again, minus the recently-freed counter, which every free raises
+//!   and every allocation in the class lowers while it is above zero.
+//!   Memory freed in one place while the program's demand in that class
+//!   was met with new memory is blowup: freed 100 blocks, then allocated
+//!   100 that did not reuse them, is 100 blocks of blowup; freed 100 and
+//!   allocated nothing since is none (nothing needed them); freed and
+//!   reused is none. Unmapping does not change it;
 //! - *mapped*: what the allocator got from the kernel (mmap, mremap, brk,
 //!   minus munmap);
 //! - *external fragmentation and metadata*: the rest, mapped − usable −
@@ -18,22 +23,29 @@
 //! All of it is reported at the moment mapped memory peaked. Pure and
 //! allocator-agnostic: the size class and usable size come with each event.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+/// Freed blocks remembered (by address) for the upper bound; beyond, frees
+/// are counted as untracked and the bound is low by their bytes.
+pub const UNREUSED_CAP: usize = 1 << 20;
 
 /// One event for the memory account.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemEvent {
-    /// A block of `usable` bytes (class `class`) handed out for `requested`.
+    /// A block of `usable` bytes (class `class`) at `addr` handed out for
+    /// `requested`.
     Alloc {
         requested: u64,
         usable: u64,
         class: u32,
+        addr: u64,
     },
     /// A block given back (its sizes as when it was allocated).
     Free {
         requested: u64,
         usable: u64,
         class: u32,
+        addr: u64,
     },
     /// The allocator mapped `bytes` more (mmap, brk growth, mremap growth).
     Map { bytes: u64 },
@@ -76,12 +88,30 @@ impl Composition {
     }
 }
 
+/// One size class's blowup terms, in bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct ClassTerms {
+    /// Freed and not handed out again (the upper bound).
+    unreused: u64,
+    /// The recently-freed counter.
+    counter: u64,
+}
+
+impl ClassTerms {
+    fn blowup(self) -> u64 {
+        self.unreused.saturating_sub(self.counter)
+    }
+}
+
 /// The running account.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryAccount {
     now: Composition,
-    /// Recently freed bytes per size class (blowup).
-    freed: BTreeMap<u32, u64>,
+    classes: BTreeMap<u32, ClassTerms>,
+    /// Freed blocks not handed out again: address → (class, usable).
+    unreused: HashMap<u64, (u32, u64)>,
+    /// Frees not remembered ([`UNREUSED_CAP`] reached).
+    untracked_frees: u64,
     peak: Composition,
     peak_requested: u64,
 }
@@ -92,57 +122,67 @@ impl MemoryAccount {
     }
 
     pub fn apply(&mut self, event: MemEvent) {
-        let now = &mut self.now;
         match event {
             MemEvent::Alloc {
                 requested,
                 usable,
                 class,
+                addr,
             } => {
-                now.requested += requested;
-                now.usable += usable;
-                if let Some(held) = self.freed.get_mut(&class) {
-                    let reused = (*held).min(usable);
-                    *held -= reused;
-                    now.blowup -= reused;
+                self.now.requested += requested;
+                self.now.usable += usable;
+                if let Some((old, bytes)) = self.unreused.remove(&addr) {
+                    self.update(old, |t| t.unreused = t.unreused.saturating_sub(bytes));
                 }
-                self.peak_requested = self.peak_requested.max(now.requested);
+                self.update(class, |t| t.counter = t.counter.saturating_sub(usable));
+                self.peak_requested = self.peak_requested.max(self.now.requested);
             }
             MemEvent::Free {
                 requested,
                 usable,
                 class,
+                addr,
             } => {
                 // A free of a block allocated before we looked: its sizes
                 // were never added, so do not go below zero.
-                now.requested = now.requested.saturating_sub(requested);
-                now.usable = now.usable.saturating_sub(usable);
-                *self.freed.entry(class).or_default() += usable;
-                now.blowup += usable;
-            }
-            MemEvent::Map { bytes } => now.mapped += bytes,
-            MemEvent::Unmap { bytes } => {
-                now.mapped = now.mapped.saturating_sub(bytes);
-                // Memory returned to the kernel is no longer held by the
-                // allocator: take it from the blowup first (largest
-                // classes first: large blocks are the ones unmapped).
-                let mut left = bytes.min(now.blowup);
-                now.blowup -= left;
-                for held in self.freed.values_mut().rev() {
-                    let take = (*held).min(left);
-                    *held -= take;
-                    left -= take;
-                    if left == 0 {
-                        break;
+                self.now.requested = self.now.requested.saturating_sub(requested);
+                self.now.usable = self.now.usable.saturating_sub(usable);
+                let remembered =
+                    self.unreused.len() < UNREUSED_CAP || self.unreused.contains_key(&addr);
+                if remembered {
+                    if let Some((old, bytes)) = self.unreused.insert(addr, (class, usable)) {
+                        self.update(old, |t| t.unreused = t.unreused.saturating_sub(bytes));
                     }
+                } else {
+                    self.untracked_frees += 1;
                 }
+                self.update(class, |t| {
+                    t.counter += usable;
+                    if remembered {
+                        t.unreused += usable;
+                    }
+                });
+            }
+            MemEvent::Map { bytes } => self.now.mapped += bytes,
+            MemEvent::Unmap { bytes } => {
+                self.now.mapped = self.now.mapped.saturating_sub(bytes);
             }
         }
-        if self.now.mapped > self.peak.mapped
-            || (self.now.mapped == self.peak.mapped && self.now.usable > self.peak.usable)
+        let now = self.now;
+        if now.mapped > self.peak.mapped
+            || (now.mapped == self.peak.mapped && now.usable > self.peak.usable)
         {
-            self.peak = self.now;
+            self.peak = now;
         }
+    }
+
+    /// Changes one class's terms, keeping the total blowup in step.
+    fn update(&mut self, class: u32, change: impl FnOnce(&mut ClassTerms)) {
+        let terms = self.classes.entry(class).or_default();
+        let before = terms.blowup();
+        change(terms);
+        let after = terms.blowup();
+        self.now.blowup = self.now.blowup - before + after;
     }
 
     /// Memory now.
@@ -161,12 +201,18 @@ impl MemoryAccount {
         self.peak_requested
     }
 
+    /// Frees whose blocks were not remembered for the blowup's upper bound
+    /// (more than [`UNREUSED_CAP`] freed blocks not reused).
+    pub fn untracked_frees(&self) -> u64 {
+        self.untracked_frees
+    }
+
     /// Blowup now, per size class (classes with none left out).
     pub fn blowup_by_class(&self) -> Vec<(u32, u64)> {
-        self.freed
+        self.classes
             .iter()
-            .filter(|(_, b)| **b > 0)
-            .map(|(c, b)| (*c, *b))
+            .map(|(c, t)| (*c, t.blowup()))
+            .filter(|(_, b)| *b > 0)
             .collect()
     }
 }
@@ -183,6 +229,28 @@ mod tests {
         }
         a
     }
+
+    /// `n` blocks of 112 usable bytes (class 7) at `base`, `base + 0x100`...
+    fn allocs(n: u64, base: u64) -> impl Iterator<Item = MemEvent> {
+        (0..n).map(move |i| Alloc {
+            requested: 100,
+            usable: 112,
+            class: 7,
+            addr: base + i * 0x100,
+        })
+    }
+
+    fn frees(n: u64, base: u64) -> impl Iterator<Item = MemEvent> {
+        (0..n).map(move |i| Free {
+            requested: 100,
+            usable: 112,
+            class: 7,
+            addr: base + i * 0x100,
+        })
+    }
+
+    const T1: u64 = 0x10_0000;
+    const T2: u64 = 0x90_0000;
 
     #[test]
     fn empty_account_is_all_zero() {
@@ -201,6 +269,7 @@ mod tests {
                 requested: 10,
                 usable: 24,
                 class: 1,
+                addr: T1,
             },
         ]);
         let c = a.now();
@@ -211,95 +280,83 @@ mod tests {
         assert_eq!(c.external_fragmentation(), 4096 - 24);
     }
 
+    /// Thread 1 frees 100 blocks, thread 2 then allocates 100 of the same
+    /// class that do not reuse them: 100 blocks of blowup.
     #[test]
-    fn freed_memory_reused_by_the_same_class_is_not_blowup() {
-        let a = account(&[
-            Map { bytes: 1000 },
-            Alloc {
-                requested: 100,
-                usable: 112,
-                class: 7,
-            },
-            Free {
-                requested: 100,
-                usable: 112,
-                class: 7,
-            },
-            Alloc {
-                requested: 100,
-                usable: 112,
-                class: 7,
-            },
-        ]);
-        assert_eq!(a.now().blowup, 0);
-        assert_eq!(a.now().usable, 112);
+    fn freed_blocks_not_reused_while_the_class_allocates_anew_are_blowup() {
+        let mut events: Vec<MemEvent> = allocs(100, T1).collect();
+        events.extend(frees(100, T1));
+        events.extend(allocs(100, T2));
+        let a = account(&events);
+        assert_eq!(a.now().blowup, 100 * 112);
+        assert_eq!(a.blowup_by_class(), vec![(7, 100 * 112)]);
+        assert_eq!(a.now().usable, 100 * 112);
     }
 
+    /// Freed and nothing allocated since: nothing needed the memory.
     #[test]
-    fn freed_memory_not_reused_by_its_class_is_blowup() {
-        // Threads free 8 blocks of class 7; the program then allocates in
-        // class 9 only: the class-7 memory is held, unused.
-        let mut events = vec![Map { bytes: 4096 }];
-        events.extend((0..8).map(|_| Alloc {
-            requested: 100,
-            usable: 112,
-            class: 7,
-        }));
-        events.extend((0..8).map(|_| Free {
-            requested: 100,
-            usable: 112,
-            class: 7,
-        }));
-        events.extend((0..4).map(|_| Alloc {
+    fn freed_blocks_with_no_demand_since_are_not_blowup() {
+        let mut events: Vec<MemEvent> = allocs(100, T1).collect();
+        events.extend(frees(100, T1));
+        let a = account(&events);
+        assert_eq!(a.now().blowup, 0);
+        assert!(a.blowup_by_class().is_empty());
+    }
+
+    /// Freed, then handed out again for the next requests: pure reuse.
+    #[test]
+    fn reused_blocks_are_not_blowup() {
+        let mut events: Vec<MemEvent> = allocs(100, T1).collect();
+        events.extend(frees(100, T1));
+        events.extend(allocs(100, T1));
+        let a = account(&events);
+        assert_eq!(a.now().blowup, 0);
+    }
+
+    /// Demand in another class does not use a class's freed blocks.
+    #[test]
+    fn allocations_of_another_class_leave_the_blowup_alone() {
+        let mut events: Vec<MemEvent> = allocs(8, T1).collect();
+        events.extend(frees(8, T1));
+        events.extend((0..4).map(|i| Alloc {
             requested: 200,
             usable: 208,
             class: 9,
+            addr: T2 + i * 0x100,
         }));
         let a = account(&events);
-        let c = a.now();
-        assert_eq!(c.blowup, 8 * 112);
-        assert_eq!(a.blowup_by_class(), vec![(7, 8 * 112)]);
-        assert_eq!(c.usable, 4 * 208);
-        assert_eq!(c.external_fragmentation(), 4096 - 4 * 208 - 8 * 112);
-        assert_eq!(a.requested_peak(), 800);
-        // Partial reuse lowers the counter, never below zero.
+        assert_eq!(
+            a.now().blowup,
+            0,
+            "class 7's counter still covers its frees"
+        );
+        // Half of class 7's freed blocks wanted again, from new memory.
         let mut a = a;
-        a.apply(Alloc {
-            requested: 2000,
-            usable: 2000,
-            class: 7,
-        });
-        assert_eq!(a.now().blowup, 0);
+        for e in allocs(4, T2 + 0x10_0000) {
+            a.apply(e);
+        }
+        assert_eq!(a.now().blowup, 4 * 112);
     }
 
     #[test]
-    fn unmapping_takes_from_the_blowup_and_the_peak_is_kept() {
-        let mut a = account(&[
-            Map { bytes: 1 << 20 },
-            Alloc {
-                requested: 200_000,
-                usable: 200_704,
-                class: 40,
-            },
-            Free {
-                requested: 200_000,
-                usable: 200_704,
-                class: 40,
-            },
-        ]);
-        assert_eq!(a.now().blowup, 200_704);
-        a.apply(Unmap { bytes: 200_704 });
+    fn unmapping_leaves_the_blowup_and_the_peak_is_kept() {
+        let mut events: Vec<MemEvent> = vec![Map { bytes: 1 << 20 }];
+        events.extend(allocs(10, T1));
+        events.extend(frees(10, T1));
+        events.extend(allocs(10, T2));
+        let mut a = account(&events);
+        assert_eq!(a.now().blowup, 10 * 112);
+        a.apply(Unmap { bytes: 4096 });
         let now = a.now();
-        assert_eq!((now.blowup, now.mapped), (0, (1 << 20) - 200_704));
+        assert_eq!((now.blowup, now.mapped), (10 * 112, (1 << 20) - 4096));
         let peak = a.at_peak();
         assert_eq!(peak.mapped, 1 << 20);
         assert_eq!(
-            peak.usable, 200_704,
+            peak.usable,
+            10 * 112,
             "the peak is the moment mapped memory was highest"
         );
-        assert!(
-            (peak.share_of_mapped(peak.usable) - 200_704.0 / (1u64 << 20) as f64).abs() < 1e-12
-        );
+        assert!((peak.share_of_mapped(1 << 19) - 0.5).abs() < 1e-12);
     }
 
     #[test]
@@ -309,6 +366,7 @@ mod tests {
                 requested: 64,
                 usable: 80,
                 class: 3,
+                addr: T1,
             },
             Unmap { bytes: 1 << 30 },
         ]);

@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod analysis;
 mod calibrate;
+pub mod classes;
 pub mod collect;
 pub mod memory;
 pub mod report;
@@ -35,6 +36,7 @@ use crate::{
 };
 use allocator::{Allocator, AllocatorKind};
 use analysis::{AllocProfile, ProbeCost};
+use classes::SizeClasses;
 use collect::AllocCollector;
 use tracer::AllocTracer;
 
@@ -105,8 +107,7 @@ impl Plan for AllocPlan {
         let (cost, calibration_links) =
             calibration(self.settings.mode, probes, &mut ring, &mut held);
         let rule = tracer::large_rule(allocator.kind, self.settings.large_threshold);
-        let glibc = allocator.kind == AllocatorKind::Glibc;
-        let mut profile = AllocProfile::new(rule, self.launched, glibc);
+        let mut profile = AllocProfile::new(rule, self.launched, SizeClasses::of(allocator.kind));
         let (_, emulated) = tracer::probe_points(&allocator);
         let trap_cost_s = tracer::calibrated_trap_cost(&cost, &emulated);
         profile.set_probe_cost(cost, &emulated);

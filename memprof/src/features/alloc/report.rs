@@ -373,6 +373,7 @@ mod tests {
         features::alloc::{
             allocator::{Allocator, AllocatorKind},
             analysis::{op_name, AllocCall, LargeRule, SyscallCall},
+            classes::SizeClasses,
         },
         object::symbolize::Frame,
         options::AllocSettings,
@@ -399,7 +400,7 @@ mod tests {
     /// thread), then a large malloc while two threads live; the small
     /// blocks come from call site 0x10, the large one from 0x30.
     fn profile() -> AllocProfile {
-        let mut p = AllocProfile::new(LargeRule::Above(1024), false, false);
+        let mut p = AllocProfile::new(LargeRule::Above(1024), false, SizeClasses::Unknown);
         p.add_call(call(alloc_op::MALLOC, 0x1000, 16, 0x10, 100, 1));
         p.add_call(call(alloc_op::MALLOC, 0x2000, 16, 0x10, 300, 1));
         p.add_call(call(alloc_op::FREE, 0x1000, 0, 0x20, 50, 1));
@@ -584,7 +585,7 @@ mod tests {
     /// allocates 1500 bytes once and keeps them; site 12 allocates 10
     /// bytes once and frees them.
     fn sites_profile() -> AllocProfile {
-        let mut p = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        let mut p = AllocProfile::new(LargeRule::Above(1 << 20), false, SizeClasses::Unknown);
         let mut ptr = 0x10_0000;
         let mut malloc = |p: &mut AllocProfile, site: u64, size: u64, keep: bool| {
             ptr += 0x1_0000;

@@ -419,7 +419,11 @@ mod tests {
     /// An allocator profile holding two 64-byte blocks from `make_queue`,
     /// 0x100 and 0x200 bytes into the heap ([`HEAP_WORD`] is in the first).
     fn alloc() -> AllocProfile {
-        let mut p = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        let mut p = AllocProfile::new(
+            LargeRule::Above(1 << 20),
+            false,
+            crate::features::alloc::classes::SizeClasses::Unknown,
+        );
         for ptr in [0x5555_5555_a100, 0x5555_5555_a200] {
             p.add_call(AllocCall {
                 op: memprof_common::alloc_op::MALLOC,

@@ -708,7 +708,11 @@ mod tests {
             &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 32)),
             true,
         );
-        let mut alloc = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        let mut alloc = AllocProfile::new(
+            LargeRule::Above(1 << 20),
+            false,
+            crate::features::alloc::classes::SizeClasses::Unknown,
+        );
         alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
         let block = LineBlock {
             start: HEAP_LINE + 32,
@@ -747,7 +751,11 @@ mod tests {
             &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 32)),
             true,
         );
-        let mut alloc = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        let mut alloc = AllocProfile::new(
+            LargeRule::Above(1 << 20),
+            false,
+            crate::features::alloc::classes::SizeClasses::Unknown,
+        );
         alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
         let block = LineBlock {
             start: HEAP_LINE + 32,
@@ -881,7 +889,11 @@ mod tests {
     #[test]
     fn what_lies_on_a_line_without_a_symbol_or_block() {
         let sharing = SharingProfile::new();
-        let mut alloc = AllocProfile::new(LargeRule::Above(1 << 20), false, false);
+        let mut alloc = AllocProfile::new(
+            LargeRule::Above(1 << 20),
+            false,
+            crate::features::alloc::classes::SizeClasses::Unknown,
+        );
         alloc.add_syscall(SyscallCall {
             nr: syscall::MMAP,
             inside: Some(alloc_op::MALLOC),

@@ -140,20 +140,20 @@ fn write_memory(out: &mut String, memory: Option<&MemoryReport>) {
     };
     let _ = writeln!(
         out,
-        "  memory at the mapped peak {:>21} {:>9}",
+        "  memory at the mapped peak {:>25} {:>9}",
         "bytes", "of mapped"
     );
     let rows = [
         ("requested", m.requested_at_peak),
         ("internal fragmentation", m.internal_fragmentation),
-        ("blowup (freed, not reused)", m.blowup),
+        ("blowup (freed while class grew)", m.blowup),
         ("external frag. + metadata", m.external_fragmentation),
         ("mapped peak", m.mapped_peak),
     ];
     for (label, bytes) in rows {
         let _ = writeln!(
             out,
-            "    {label:<28} {:>16} {:>8.1}%",
+            "    {label:<32} {:>16} {:>8.1}%",
             format_bytes(bytes),
             percent(bytes, m.mapped_peak)
         );
@@ -328,7 +328,7 @@ mod tests {
         assert!(section.contains("outside") && section.contains("untraced"));
         // Memory composition with shares of the mapped peak.
         assert!(section.contains("30.0 MiB     46.9%"), "{section}");
-        assert!(section.contains("blowup (freed, not reused)"));
+        assert!(section.contains("blowup (freed while class grew)"));
         assert!(section.contains("64.0 MiB    100.0%"), "{section}");
         assert!(section.contains("requested peak 40.0 MiB"));
         // Sites by bytes; the leak candidate shows its live bytes.

@@ -32,10 +32,16 @@ impl AllocProfile {
         site.bytes += call.size;
         site.live_bytes += call.size;
         site.live_blocks += 1;
+        if let Some(stale) = self.live.remove(&ptr) {
+            // Handed out twice without a free we saw (a free in an
+            // untraced window): the old block is gone.
+            self.forget(ptr, &stale);
+        }
         self.memory.apply(MemEvent::Alloc {
             requested: call.size,
             usable,
-            class: size_class(usable),
+            class: self.size_class(usable, class),
+            addr: ptr,
         });
         let block = Block {
             size: call.size,
@@ -46,20 +52,16 @@ impl AllocProfile {
             tid: call.tid,
             time_ns: call.start_ns,
         };
-        if let Some(stale) = self.live.insert(ptr, block) {
-            // Handed out twice without a free we saw (a free in an
-            // untraced window): the old block is gone.
-            self.forget(&stale);
-        }
+        self.live.insert(ptr, block);
     }
 
     pub(super) fn release(&mut self, ptr: u64) -> Option<Block> {
         let block = self.live.remove(&ptr)?;
-        self.forget(&block);
+        self.forget(ptr, &block);
         Some(block)
     }
 
-    fn forget(&mut self, block: &Block) {
+    fn forget(&mut self, ptr: u64, block: &Block) {
         if let Some(site) = self.sites.get_mut(&block.site) {
             site.live_bytes = site.live_bytes.saturating_sub(block.size);
             site.live_blocks = site.live_blocks.saturating_sub(1);
@@ -67,7 +69,8 @@ impl AllocProfile {
         self.memory.apply(MemEvent::Free {
             requested: block.size,
             usable: block.usable,
-            class: size_class(block.usable),
+            class: self.size_class(block.usable, block.class),
+            addr: ptr,
         });
     }
 
@@ -109,10 +112,4 @@ impl<'a> BlockIndex<'a> {
         let block = self.profile.live.get(&start)?;
         (addr < start + block.size.max(1)).then_some((start, block))
     }
-}
-
-/// The blowup class of a block: its usable size for glibc (its bin), else
-/// the next power of two (what size-class allocators round to, roughly).
-fn size_class(usable: u64) -> u32 {
-    u32::try_from(usable.next_power_of_two()).unwrap_or(u32::MAX)
 }

@@ -215,6 +215,7 @@ mod tests {
 
     use super::*;
     use crate::features::alloc::analysis::LargeRule;
+    use crate::features::alloc::classes::SizeClasses;
 
     fn sys(nr: u32, inside: Option<u32>, args: [u64; 4], ret: i64) -> SyscallCall {
         SyscallCall {
@@ -229,7 +230,7 @@ mod tests {
 
     #[test]
     fn mapped_memory_follows_the_allocators_syscalls() {
-        let mut p = AllocProfile::new(LargeRule::GlibcChunk, false, true);
+        let mut p = AllocProfile::new(LargeRule::GlibcChunk, false, SizeClasses::Glibc);
         // brk(0) at start-up, outside: the heap's start.
         p.add_syscall(sys(syscall::BRK, None, [0; 4], 0x10_0000));
         // malloc grows the heap by 132 KiB.
