@@ -231,22 +231,34 @@ mod tests {
     }
 
     /// `n` blocks of 112 usable bytes (class 7) at `base`, `base + 0x100`...
-    fn allocs(n: u64, base: u64) -> impl Iterator<Item = MemEvent> {
-        (0..n).map(move |i| Alloc {
-            requested: 100,
-            usable: 112,
-            class: 7,
-            addr: base + i * 0x100,
+    /// handed out, or (`freed`) given back.
+    fn blocks(n: u64, base: u64, freed: bool) -> impl Iterator<Item = MemEvent> {
+        (0..n).map(move |i| {
+            let (requested, usable, class, addr) = (100, 112, 7, base + i * 0x100);
+            if freed {
+                Free {
+                    requested,
+                    usable,
+                    class,
+                    addr,
+                }
+            } else {
+                Alloc {
+                    requested,
+                    usable,
+                    class,
+                    addr,
+                }
+            }
         })
     }
 
+    fn allocs(n: u64, base: u64) -> impl Iterator<Item = MemEvent> {
+        blocks(n, base, false)
+    }
+
     fn frees(n: u64, base: u64) -> impl Iterator<Item = MemEvent> {
-        (0..n).map(move |i| Free {
-            requested: 100,
-            usable: 112,
-            class: 7,
-            addr: base + i * 0x100,
-        })
+        blocks(n, base, true)
     }
 
     const T1: u64 = 0x10_0000;
