@@ -62,7 +62,10 @@ pub fn run(tool: &Path, dir: &Path) -> Result<Value> {
     // first measured pass.
     let _ = throughput()?;
     let untraced = throughput()?;
-    let (traced, exit_s, report) = under_tool(tool, dir, pid)?;
+    let (traced, exit_s, report) = under_tool(tool, dir, pid, &[])?;
+    // The same with one link per probe point (kernels before 6.6).
+    let single = [("MEMPROF_UPROBE_LINKS", "single")];
+    let (single_rate, single_exit_s, _) = under_tool(tool, dir, pid, &single)?;
     let bpftrace = under_bpftrace(pid)?;
     let untraced_after = throughput()?;
     drop(server);
@@ -88,6 +91,11 @@ pub fn run(tool: &Path, dir: &Path) -> Result<Value> {
         )
     );
     println!(
+        "    with single uprobe links (MEMPROF_UPROBE_LINKS=single, as before 6.6): \
+         {single_rate:.0} requests/s ({:.3}x), exit after SIGINT {single_exit_s:.2} s",
+        single_rate / base
+    );
+    println!(
         "    allocator {} sampled={} traced_fraction={} calls traced {}",
         alloc["library"], alloc["sampled"], alloc["traced_fraction"], alloc["calls_traced"]
     );
@@ -96,6 +104,8 @@ pub fn run(tool: &Path, dir: &Path) -> Result<Value> {
         "ratio_default": ratio,
         "ratio_bpftrace": bt_ratio,
         "exit_s": exit_s,
+        "uprobe_links": report["loader"]["uprobe_links"],
+        "single_links": { "requests_per_s": single_rate, "exit_s": single_exit_s },
         "allocator": {
             "library": alloc["library"],
             "sampled": alloc["sampled"],
@@ -163,10 +173,15 @@ fn csv_rates(text: &str) -> Vec<f64> {
         .collect()
 }
 
-/// A pass under the tool attached in its default mode; then SIGINT, timed
-/// to the tool's exit. Returns the pass's rate, the exit time and the
-/// report.
-fn under_tool(tool: &Path, dir: &Path, pid: u32) -> Result<(f64, f64, Value)> {
+/// A pass under the tool attached in its default mode (with `env`); then
+/// SIGINT, timed to the tool's exit. Returns the pass's rate, the exit
+/// time and the report.
+fn under_tool(
+    tool: &Path,
+    dir: &Path,
+    pid: u32,
+    env: &[(&str, &str)],
+) -> Result<(f64, f64, Value)> {
     let json = dir.join("redis-report.json");
     let log = dir.join("redis-tool.log");
     let _ = std::fs::remove_file(&json);
@@ -176,6 +191,7 @@ fn under_tool(tool: &Path, dir: &Path, pid: u32) -> Result<(f64, f64, Value)> {
         .arg(&json)
         .arg("--log-file")
         .arg(&log)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
