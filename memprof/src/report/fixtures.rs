@@ -226,6 +226,7 @@ pub fn sample_allocator() -> AllocatorReport {
             external_fragmentation: 20 << 20,
             mapped_peak: 64 << 20,
             requested_end: 2 << 20,
+            usable_end: 2 << 20,
             usable_known: true,
         }),
         sites: vec![

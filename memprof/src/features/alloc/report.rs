@@ -298,6 +298,7 @@ fn memory(profile: &AllocProfile) -> MemoryReport {
         external_fragmentation: peak.external_fragmentation(),
         mapped_peak: peak.mapped,
         requested_end: profile.memory_now().requested,
+        usable_end: profile.memory_now().usable,
         usable_known: profile.usable_known(),
     }
 }

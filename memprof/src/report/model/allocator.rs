@@ -245,8 +245,13 @@ pub struct MemoryReport {
     pub mapped_peak: u64,
     /// Live requested bytes when tracing ended.
     pub requested_end: u64,
-    /// Whether usable sizes are real (glibc block headers) or equal to the
-    /// requested sizes (allocators that hide them).
+    /// Usable bytes of the blocks live when tracing ended (allocated
+    /// while traced): comparable with an allocator's own count of
+    /// `malloc_usable_size` (redis's `used_memory`) over the session.
+    pub usable_end: u64,
+    /// Whether usable sizes are real (glibc's block headers, jemalloc's and
+    /// mimalloc's size classes) or equal to the requested sizes
+    /// (allocators whose classes are not known: tcmalloc, others).
     pub usable_known: bool,
 }
 
