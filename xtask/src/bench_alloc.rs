@@ -151,7 +151,10 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
                 per_config[i].push(s);
             }
         }
-        results.insert(format!("{}_{}s", w.mode, w.run_s), summarize(w, &per_config));
+        results.insert(
+            format!("{}_{}s", w.mode, w.run_s),
+            summarize(w, &per_config),
+        );
     }
     Ok(serde_json::Value::Object(results))
 }

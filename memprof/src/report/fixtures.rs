@@ -206,6 +206,7 @@ pub fn sample_allocator() -> AllocatorReport {
         count_error: None,
         large_rule: "glibc mmapped chunk".into(),
         calls_traced: 123_456,
+        untracked_blocks: 0,
         always_traced: vec![],
         lost: 0,
         probe_cost_ns: None,

@@ -97,11 +97,20 @@ pub struct AllocProfile {
     calls: u64,
     /// Frees of blocks the tracker did not know (allocated before).
     unknown_frees: u64,
+    /// Most live blocks tracked (see [`MAX_LIVE_BLOCKS`]).
+    live_cap: usize,
+    /// Blocks handed out while `live_cap` blocks were live: not tracked.
+    untracked_blocks: u64,
     /// What the probes add to each call's duration, by kind.
     probe_cost: ProbeCost,
     /// The probe kind of each operation code (emulated or single-stepped).
     kinds: Vec<ProbeKind>,
 }
+
+/// Most live blocks the tracker holds: 48 bytes each in its table (the
+/// address and a [`Block`]), so 192 MiB at most, twice that while the
+/// table grows. Blocks allocated beyond are counted, not tracked.
+pub const MAX_LIVE_BLOCKS: usize = 1 << 22;
 
 impl AllocProfile {
     pub fn new(rule: LargeRule, skip_first: bool, classes: SizeClasses) -> Self {
@@ -122,6 +131,8 @@ impl AllocProfile {
             brk_end: None,
             calls: 0,
             unknown_frees: 0,
+            live_cap: MAX_LIVE_BLOCKS,
+            untracked_blocks: 0,
             probe_cost: ProbeCost::default(),
             kinds: Vec::new(),
         }
@@ -178,6 +189,12 @@ impl AllocProfile {
     /// Frees of blocks allocated before tracing (or in an untraced window).
     pub fn unknown_frees(&self) -> u64 {
         self.unknown_frees
+    }
+
+    /// Blocks handed out while the tracker was full ([`MAX_LIVE_BLOCKS`]):
+    /// live bytes, leaks and the memory account leave them out.
+    pub fn untracked_blocks(&self) -> u64 {
+        self.untracked_blocks
     }
 
     /// (class, usable bytes) of a block from its size and glibc header.
@@ -315,6 +332,33 @@ mod tests {
             site: 0x10,
             live_threads: 1,
         }
+    }
+
+    #[test]
+    fn the_live_block_tracker_is_bounded() {
+        // The table's entry: the address and a block.
+        assert!(std::mem::size_of::<(u64, Block)>() <= 48);
+        let mut p = AllocProfile::new(LargeRule::Above(1000), false, SizeClasses::Unknown);
+        p.live_cap = 3;
+        for i in 0..5 {
+            p.add_call(call(MALLOC, 0x1000 + i * 0x100, 64));
+        }
+        assert_eq!(p.live.len(), 3);
+        assert_eq!(p.untracked_blocks(), 2);
+        assert_eq!(
+            p.memory_now().requested,
+            3 * 64,
+            "untracked blocks are left out"
+        );
+        // The site still counts every call.
+        assert_eq!(
+            p.sites.get(&0x10).map(|s| (s.count, s.live_blocks)),
+            Some((5, 3))
+        );
+        // A freed slot is used again.
+        p.add_call(call(FREE, 0x1000, 0));
+        p.add_call(call(MALLOC, 0x9000, 64));
+        assert_eq!((p.live.len(), p.untracked_blocks()), (3, 2));
     }
 
     fn count(p: &AllocProfile, f: impl Fn(&SplitKey) -> bool) -> u64 {

@@ -262,6 +262,13 @@ impl Feature for Alloc {
             Some(t) => (Some(&t.tracer), Some(&t.collector.profile)),
             None => (None, None),
         };
+        if let Some(n) = profile.map(|p| p.untracked_blocks()).filter(|&n| n > 0) {
+            ctx.notes.push(format!(
+                "{n} blocks were allocated while {} were live, the tracker's cap: live bytes, \
+                 leaks and memory composition leave them out",
+                analysis::MAX_LIVE_BLOCKS
+            ));
+        }
         let estimate = tracer
             .filter(|_| self.settings.mode == AllocMode::Sampled)
             .map(|t| t.call_estimate(ctx.probes));

@@ -102,6 +102,7 @@ pub fn report(
         calls_traced: profile.calls(),
         always_traced,
         lost,
+        untracked_blocks: profile.untracked_blocks(),
         probe_cost_ns: probe_cost(profile.probe_cost(), &profile.probe_kinds()),
         ops: ops(profile, &scaling),
         syscalls: syscalls(profile),

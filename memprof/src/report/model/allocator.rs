@@ -143,6 +143,9 @@ pub struct AllocatorReport {
     pub always_traced: Vec<AllocOp>,
     /// Allocator events lost (ring buffer full), unscaled.
     pub lost: u64,
+    /// Blocks handed out while the live-block tracker was full (4,194,304
+    /// live blocks): live bytes, leaks and memory leave them out.
+    pub untracked_blocks: u64,
     /// What the probes themselves add to a traced call, measured at start
     /// and already taken off every latency in `ops`; null when not
     /// calibrated (latencies then include it).

@@ -30,6 +30,11 @@ impl AllocProfile {
         let site = self.sites.entry(call.site).or_default();
         site.count += 1;
         site.bytes += call.size;
+        if self.live.len() >= self.live_cap && !self.live.contains_key(&ptr) {
+            self.untracked_blocks += 1;
+            return;
+        }
+        let site = self.sites.entry(call.site).or_default();
         site.live_bytes += call.size;
         site.live_blocks += 1;
         if let Some(stale) = self.live.remove(&ptr) {
