@@ -23,7 +23,7 @@
 //! All of it is reported at the moment mapped memory peaked. Pure and
 //! allocator-agnostic: the size class and usable size come with each event.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::features::FastMap;
 
 /// Freed blocks remembered (by address) for the upper bound; beyond, frees
 /// are counted as untracked and the bound is low by their bytes.
@@ -107,9 +107,9 @@ impl ClassTerms {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryAccount {
     now: Composition,
-    classes: BTreeMap<u32, ClassTerms>,
+    classes: FastMap<u32, ClassTerms>,
     /// Freed blocks not handed out again: address → (class, usable).
-    unreused: HashMap<u64, (u32, u64)>,
+    unreused: FastMap<u64, (u32, u64)>,
     /// Frees not remembered ([`UNREUSED_CAP`] reached).
     untracked_frees: u64,
     peak: Composition,
@@ -209,11 +209,14 @@ impl MemoryAccount {
 
     /// Blowup now, per size class (classes with none left out).
     pub fn blowup_by_class(&self) -> Vec<(u32, u64)> {
-        self.classes
+        let mut by_class: Vec<(u32, u64)> = self
+            .classes
             .iter()
             .map(|(c, t)| (*c, t.blowup()))
             .filter(|(_, b)| *b > 0)
-            .collect()
+            .collect();
+        by_class.sort_unstable();
+        by_class
     }
 }
 
