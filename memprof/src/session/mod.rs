@@ -161,11 +161,9 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let mut probes = Probes::attach(pid, &tracefs_dir, opts.frequency_hz, has_pmu, &load)?;
     let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
     let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
-    if let Some(why) = &probes.precise_error {
-        notes.push(format!(
-            "{why}: data addresses were computed by decoding timer samples instead"
-        ));
-    }
+    let decoded =
+        |why| format!("{why}: data addresses were computed by decoding timer samples instead");
+    notes.extend(probes.precise_error.as_ref().map(decoded));
     let (mut process, mut existing) = Process::new(pid);
     if target.launched() {
         process.start_at_exec();
