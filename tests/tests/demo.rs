@@ -233,8 +233,7 @@ fn sampled_mode_keeps_every_traced_block_of_a_leaking_site_live() {
 /// rounds, "100% contended" beside 10,562 waits). With single links an
 /// 8 s session got one window and was within 25% in two runs of three
 /// (-28%, -45% in others). Since #17 (`uprobe_multi` links, detached in
-/// about 75 ms; 50 ms windows) it gets 3-5 windows: within 25% in 5 runs
-/// of 5 (claimed errors 23-36%).
+/// about 75 ms) it gets 3-4 windows: within 25% in 10 runs of 10.
 #[test]
 fn default_lock_mode_counts_the_demo_lock_acquisitions() {
     if !require_root("default_lock_mode_counts_the_demo_lock_acquisitions") {

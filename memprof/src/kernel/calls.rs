@@ -36,8 +36,9 @@ pub const RATE_ERROR_FLOOR: f64 = 0.1;
 /// The floor with fewer than [`WINDOWS_FOR_SPREAD`] windows: how much the
 /// rate varies from window to window is not known yet (measured: a single
 /// 30 ms window of a contended mutex on a loaded 2-CPU machine was off by
-/// -13% to +22%).
-pub const FEW_WINDOWS_ERROR_FLOOR: f64 = 0.25;
+/// -13% to +22%; one-window estimates of the demo's lock -28.6% against a
+/// claim of 25%, of a contended mutex +29% against 28%).
+pub const FEW_WINDOWS_ERROR_FLOOR: f64 = 0.35;
 /// Windows from which the spread of their rates is taken as known.
 pub const WINDOWS_FOR_SPREAD: u64 = 3;
 /// The claimed error once a window slowed the target beyond

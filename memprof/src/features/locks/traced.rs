@@ -326,6 +326,7 @@ mod tests {
         let settings = WindowSettings {
             mode,
             budget: 0.05,
+            aim: 0.8,
             trap_cost_s: 1e-6,
             trap_cost_error: 1.0,
             window: Duration::from_millis(100),

@@ -31,17 +31,22 @@ const TRAP_COST_S: f64 = 3.5e-6;
 const SINGLE_STEP_COST_S: f64 = 3.3e-6;
 /// How long the probes stay attached per window: the rate measured in it
 /// is extrapolated over the gap after it (on a loaded machine a 30 ms
-/// window's rate was off by up to a fifth; the estimate averages the
-/// windows'), and detaching adds about 75 ms (three `uprobe_multi` links,
-/// a grace period each, partly overlapping).
-const WINDOW: Duration = Duration::from_millis(50);
-/// The first window: a hot mutex traps on every call while the rate is
-/// not yet known.
-const FIRST_WINDOW: Duration = Duration::from_millis(20);
+/// window's rate was off by up to a fifth), and detaching adds about
+/// 75 ms (three `uprobe_multi` links, a grace period each, partly
+/// overlapping): shorter windows would spend the budget on detaching.
+const WINDOW: Duration = Duration::from_millis(100);
+/// The first window: as long as the others. A session of a few seconds
+/// affords only this one under the lock budget, so its rate is the whole
+/// estimate (20 ms first windows were off by up to 29%).
+const FIRST_WINDOW: Duration = WINDOW;
 /// Longest gap between windows: a hot mutex's window costs the target
 /// about 0.15 s (window and detach), so a 1.5% budget needs gaps of about
 /// 10 s.
 const MAX_GAP: Duration = Duration::from_secs(20);
+/// The share of their budget the lock windows aim at: lower, and a
+/// session of a few seconds gets too few windows for its estimate (at
+/// 50%, 2 runs of 6 out of ±25%).
+const AIM_AT_SHARE_OF_BUDGET: f64 = 0.8;
 /// Share of `--budget` the lock probes may use: the uncontended case is
 /// the common one, and its slowdown must stay within 2%.
 pub const BUDGET_SHARE: f64 = 0.3;
@@ -153,6 +158,7 @@ pub fn tracer(library: LockLibrary, mode: LockMode, budget: f64, pid: u32) -> Wi
                 LockMode::Full | LockMode::Off => Mode::Full,
             },
             budget: budget * BUDGET_SHARE,
+            aim: AIM_AT_SHARE_OF_BUDGET,
             trap_cost_s,
             trap_cost_error: 1.0,
             window: WINDOW,

@@ -39,11 +39,6 @@ pub fn ktime_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The controller aims below the budget: its cost of a call is an
-/// estimate, and a window's detach costs the target more than the window
-/// itself shows, so aiming at the budget itself overshoots it.
-const AIM_AT_SHARE_OF_BUDGET: f64 = 0.8;
-
 /// Traced calls in a window below which its system time says too little
 /// about the cost of a call.
 const MIN_CALLS_TO_MEASURE: u64 = 1000;
@@ -73,6 +68,10 @@ pub struct WindowSettings {
     pub mode: Mode,
     /// Allowed slowdown as a fraction (0.05 = 5%).
     pub budget: f64,
+    /// The share of the budget the controller aims at: its cost of a call
+    /// is an estimate, and a window's detach costs the target more than
+    /// the window itself shows, so aiming at the budget itself overshoots.
+    pub aim: f64,
     /// Model cost of one traced call (all its traps), in seconds.
     pub trap_cost_s: f64,
     /// How far `trap_cost_s` may be off, relatively, as the cost the
@@ -168,7 +167,7 @@ impl Windowed {
         pid: u32,
     ) -> Self {
         let cycle = DutyCycle::new(BudgetConfig {
-            budget: settings.budget * AIM_AT_SHARE_OF_BUDGET,
+            budget: settings.budget * settings.aim,
             trap_cost_s: settings.trap_cost_s,
             window: settings.window,
             max_gap: settings.max_gap,
