@@ -479,16 +479,12 @@ impl Windowed {
     /// Detaches `links` (the family's, attached elsewhere, e.g. for a
     /// calibration) in the next gap, or at the end: the kernel removes
     /// links one grace period at a time, and these must not lengthen a
-    /// window's detach, which the target pays for. Without windows (full
-    /// mode) they go at once. Either way they are dropped on threads of
-    /// their own.
+    /// window's detach, which the target pays for. They are dropped on
+    /// threads started then, after the session dropped its capabilities
+    /// (capabilities are per thread: a thread started before would keep
+    /// them all; in full mode that is at the end).
     pub fn detach_later(&mut self, links: Vec<HotLink>) {
-        if self.settings.mode == Mode::Sampled {
-            self.later.extend(links);
-        } else {
-            // No windows to keep short: gone now, not at the end.
-            self.detaching.extend(detach(links));
-        }
+        self.later.extend(links);
     }
 
     pub fn take_detaching(&mut self) -> Detaching {
