@@ -450,13 +450,29 @@ fn sampled_mode_estimates_acquisitions() {
     );
     assert_sampled(&report);
     let hot = must_lock(&report, "g_hot_lock");
-    assert_between(
-        "g_hot_lock acquisitions",
-        get(hot, "acquisitions") as f64,
-        1.0,
-        truth.get("hot_acquisitions") as f64 * 1.5,
-        hot,
-    );
+    let notes = report["notes"].as_array().cloned().unwrap_or_default();
+    let said = |text: &str| {
+        notes
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.contains(text)))
+    };
+    match hot["acquisitions"].as_u64() {
+        Some(estimate) => assert_between(
+            "g_hot_lock acquisitions",
+            estimate as f64,
+            1.0,
+            truth.get("hot_acquisitions") as f64 * 1.5,
+            hot,
+        ),
+        // A 3 s session affords one window under the lock budget; an
+        // estimate from it below the futex waits seen is shown as unknown,
+        // with a note (seen once in CI on 455875a). The number itself is
+        // checked by sampled_acquisitions_are_within_their_claimed_error.
+        None => assert!(
+            said("their acquisitions are shown as unknown"),
+            "acquisitions null without a note saying why: {notes:#?}"
+        ),
+    }
     assert_hot_hold_p99(hot);
     assert_wait_truth(hot, &truth);
     assert!(
