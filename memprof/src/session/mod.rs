@@ -265,18 +265,12 @@ impl Live {
                     self.after_drain();
                     // A busy ring must not hold a window open past its end.
                     if window.is_some_and(|w| w <= Instant::now()) {
-                        if let Some(probes) = &mut self.kernel.probes {
-                            self.pipeline.on_deadlines(probes, &mut self.notes);
-                        }
+                        self.on_deadlines();
                     }
                 }
-                _ = sleep_until_instant(window) => {
-                    if let Some(probes) = &mut self.kernel.probes {
-                        self.pipeline.on_deadlines(probes, &mut self.notes);
-                    }
-                }
+                _ = sleep_until_instant(window) => self.on_deadlines(),
                 _ = drain.tick() => {
-                    self.drain_all(DRAIN_TURN);
+                    self.drain_all(Some(DRAIN_TURN));
                     self.after_drain();
                 }
                 _ = self.target.exited() => {
@@ -323,11 +317,18 @@ impl Live {
     }
 
     /// Hands the records waiting in the rings to the features, for at
-    /// most `turn`. Thread and exec events first: they decide how the
-    /// records taken after them are read.
-    fn drain_all(&mut self, turn: Duration) {
-        self.drain_features_within(Some(turn));
+    /// most `turn` (None: until they are empty). Thread and exec events
+    /// first: they decide how the records taken after them are read.
+    fn drain_all(&mut self, turn: Option<Duration>) {
+        self.drain_features_within(turn);
         self.drain_samples();
+    }
+
+    /// Calls back the features whose window deadline has come.
+    fn on_deadlines(&mut self) {
+        if let Some(probes) = &mut self.kernel.probes {
+            self.pipeline.on_deadlines(probes, &mut self.notes);
+        }
     }
 
     /// Drains the features' rings a batch at a time, reading the thread
@@ -372,13 +373,7 @@ impl Live {
         // however long that takes (a slow reader behind a burst of calls
         // once lost 4% of them here). A live one may keep the rings full
         // while its probes are attached: a turn at most.
-        match self.target_exited {
-            true => {
-                self.drain_features_within(None);
-                self.drain_samples();
-            }
-            false => self.drain_all(LAST_DRAIN),
-        }
+        self.drain_all((!self.target_exited).then_some(LAST_DRAIN));
         if let Some(probes) = &mut self.kernel.probes {
             self.pipeline.finish(probes);
         }
