@@ -134,6 +134,13 @@ fn mimalloc_usable(size: u64) -> u64 {
 mod tests {
     use super::*;
 
+    /// Checks `usable` against (request, block size) rows of a size table.
+    fn check(usable: fn(u64) -> u64, table: &[(u64, u64)]) {
+        for &(size, block) in table {
+            assert_eq!(usable(size), block, "size {size}");
+        }
+    }
+
     #[test]
     fn jemalloc_classes_are_its_size_table() {
         // From jemalloc 5.3's size class table (LG_QUANTUM 4, 4 KiB pages).
@@ -154,9 +161,7 @@ mod tests {
             (14337, 16384),
             (100_000, 114_688),
         ];
-        for (size, usable) in table {
-            assert_eq!(jemalloc_usable(size), usable, "size {size}");
-        }
+        check(jemalloc_usable, &table);
     }
 
     #[test]
@@ -171,9 +176,7 @@ mod tests {
             (129, 160),
             (1000, 1024),
         ];
-        for (size, usable) in table {
-            assert_eq!(mimalloc_usable(size), usable, "size {size}");
-        }
+        check(mimalloc_usable, &table);
     }
 
     #[test]
