@@ -4,4 +4,5 @@ pub mod files;
 pub mod symbolize;
 pub mod symbols;
 pub mod unwind;
+pub mod walk;
 pub mod x86;

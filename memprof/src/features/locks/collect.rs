@@ -14,7 +14,11 @@ use memprof_common::{
 use super::analysis::{Chain, Durations, LockProfile, Section, WakeSite};
 use crate::{
     features::{FastMap, FastSet},
-    object::{files::CodeCache, unwind},
+    object::{
+        files::CodeCache,
+        unwind,
+        walk::{walk, StackCopy, Walk},
+    },
     process::{
         maps::{call_of, Place, ProcMaps},
         state::Process,
@@ -53,15 +57,6 @@ pub struct LockCollector {
     pub new_hints: Vec<(u64, SiteHint)>,
     code: CodeCache,
     unwinder: unwind::Unwinder,
-}
-
-/// A call chain unwound from a sample, and the stack offsets (from the
-/// stack pointer) of the return addresses the call-frame information
-/// found: the site hint.
-struct Unwound {
-    frames: Vec<Place>,
-    scan_from: usize,
-    slots: Vec<u16>,
 }
 
 impl LockCollector {
@@ -236,7 +231,9 @@ impl LockCollector {
             ev
         };
         let ip = process.place(ev.ip);
-        let Unwound {
+        // The stack offsets of the return addresses the call-frame
+        // information found are the site hint.
+        let Walk {
             mut frames,
             scan_from,
             slots,
@@ -264,63 +261,16 @@ impl LockCollector {
     }
 
     /// Walks the futex call's stack with the objects' call-frame
-    /// information, as far as the copied stack words go: the return
-    /// addresses' places and stack offsets, and the index of the first
-    /// stack word above the last frame found (where scanning may
-    /// continue).
-    fn unwind(&mut self, ev: &LockEvent, process: &mut Process) -> Unwound {
-        let word = |addr: u64| -> Option<u64> {
-            let i = usize::try_from(addr.checked_sub(ev.sp)? / 8).ok()?;
-            (addr % 8 == ev.sp % 8).then_some(())?;
-            ev.stack.get(i).copied()
+    /// information, as far as the copied stack words go.
+    fn unwind(&mut self, ev: &LockEvent, process: &mut Process) -> Walk {
+        let copy = StackCopy {
+            ip: ev.ip,
+            sp: ev.sp,
+            bp: ev.bp,
+            words: &ev.stack,
+            ip_returned: false,
         };
-        let (mut ip, mut sp, mut bp) = (ev.ip, ev.sp, ev.bp);
-        let mut frames = Vec::new();
-        let mut slots = Vec::new();
-        for depth in 0..CHAIN_FRAMES {
-            // A return address is resolved at its call instruction.
-            let at = if depth == 0 { ip } else { call_of(ip) };
-            let Some(m) = process.find(at) else { break };
-            if !m.executable || !m.is_file() {
-                break;
-            }
-            let path = m.name.clone();
-            let offset = at - m.start + m.offset;
-            if depth > 0 {
-                frames.push(Place::File {
-                    path: path.clone(),
-                    file_offset: offset,
-                });
-            }
-            let Some(rule) = self.unwinder.rule(&mut process.files, &path, offset) else {
-                break;
-            };
-            let base = match rule.base {
-                unwind::Base::Sp => sp,
-                unwind::Base::Bp => bp,
-            };
-            let cfa = base.wrapping_add_signed(rule.cfa_offset);
-            let ra_at = cfa.wrapping_add_signed(rule.ra_offset);
-            let Some(ra) = word(ra_at).filter(|&a| a != 0) else {
-                break;
-            };
-            if let Ok(slot) = u16::try_from(ra_at.wrapping_sub(ev.sp)) {
-                slots.push(slot);
-            }
-            if let Some(o) = rule.bp_offset {
-                match word(cfa.wrapping_add_signed(o)) {
-                    Some(saved) => bp = saved,
-                    None => break,
-                }
-            }
-            (ip, sp) = (ra, cfa);
-        }
-        let scan_from = usize::try_from(sp.saturating_sub(ev.sp) / 8).unwrap_or(usize::MAX);
-        Unwound {
-            frames,
-            scan_from,
-            slots,
-        }
+        walk(&mut self.unwinder, &copy, process, CHAIN_FRAMES)
     }
 }
 
