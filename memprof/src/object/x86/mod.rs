@@ -4,3 +4,4 @@ pub mod access;
 pub mod calls;
 pub mod prologue;
 pub mod slice;
+pub mod wrapper;
