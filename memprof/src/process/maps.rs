@@ -240,6 +240,15 @@ pub fn short_name(path: &str) -> &str {
         .unwrap_or(path)
 }
 
+/// A place at `offset` in `/bin/prog`: the unit tests' code address.
+#[cfg(test)]
+pub fn prog_place(offset: u64) -> Place {
+    Place::File {
+        path: std::sync::Arc::from("/bin/prog"),
+        file_offset: offset,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -307,17 +307,10 @@ impl AllocProfile {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use alloc_op::*;
 
-    fn place(offset: u64) -> Place {
-        Place::File {
-            path: Arc::from("/bin/prog"),
-            file_offset: offset,
-        }
-    }
+    use crate::process::maps::prog_place as place;
 
     fn call(op: u32, ptr: u64, size: u64) -> AllocCall {
         AllocCall {

@@ -272,18 +272,11 @@ pub fn is_lock_implementation(module: &str, function: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use memprof_common::locks::{hold_flag, lock_op};
 
     use super::*;
 
-    fn place(offset: u64) -> Place {
-        Place::File {
-            path: Arc::from("/bin/prog"),
-            file_offset: offset,
-        }
-    }
+    use crate::process::maps::prog_place as place;
 
     fn chain(frames: &[u64]) -> Chain {
         Chain {
