@@ -86,6 +86,44 @@ pub const ALLOC_THREADS_CAPACITY: u32 = 16 * 1024;
 /// ([`record_kind`]).
 pub const EVENT_ALLOC: u32 = 1;
 pub const EVENT_SYSCALL: u32 = 2;
+/// [`AllocStackEvent`]: an allocation whose call chain was sampled.
+pub const EVENT_ALLOC_STACK: u32 = 3;
+
+/// Mean bytes allocated between two allocations whose call chain is
+/// copied (jemalloc's and tcmalloc's byte sampling): each thread counts
+/// down a gap drawn from an exponential distribution with this mean, and
+/// the allocation that crosses zero is sampled. An allocation of `s`
+/// bytes is then sampled with probability `1 - exp(-s / mean)`, whatever
+/// came before it, which makes the weighted samples an unbiased heap
+/// profile.
+pub const ALLOC_SAMPLE_MEAN_BYTES: u64 = 512 << 10;
+/// Quantiles of that distribution, written by the loader into
+/// [`maps::ALLOC_SAMPLE_GAPS`](crate::maps::ALLOC_SAMPLE_GAPS) (the
+/// programs have no logarithm); a gap is one of them, drawn at random.
+pub const ALLOC_SAMPLE_GAPS: u32 = 256;
+/// Most call chains copied per second (over all CPUs); samples beyond are
+/// counted ([`counter::ALLOC_STACKS_CAPPED`](crate::counter)) so the
+/// loader can scale the ones it has.
+pub const ALLOC_STACKS_PER_S: u64 = 1000;
+/// User stack words copied with a sampled allocation, from the caller's
+/// stack pointer: enough for the frames of several wrappers.
+pub const ALLOC_STACK_WORDS: usize = 64;
+
+/// An allocation whose call chain was sampled: the call's record, the
+/// caller's registers right after the call returned, and the top of its
+/// stack (unwound by the loader).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocStackEvent {
+    /// `kind` is [`EVENT_ALLOC_STACK`].
+    pub call: AllocEvent,
+    /// The return address (the caller's next instruction), stack and
+    /// frame pointers after the return.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub stack: [u64; ALLOC_STACK_WORDS],
+}
 
 /// One allocator call, from entry to return.
 #[repr(C)]
@@ -160,12 +198,14 @@ pub fn record_kind(bytes: &[u8]) -> Option<u32> {
 const _: () = assert!(core::mem::size_of::<AllocEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
+const _: () = assert!(core::mem::size_of::<AllocStackEvent>() == 96 + 8 * ALLOC_STACK_WORDS);
 
-// SAFETY: all three are `#[repr(C)]` and made of integers only, naturally
+// SAFETY: all four are `#[repr(C)]` and made of integers only, naturally
 // aligned so without padding (sizes asserted above): `AllocEvent` is four
 // u32 then seven u64, `SyscallEvent` four u32, two u64, `[u64; 4]` and an
-// i64, `KernelStats` five u64. Any bit pattern is a valid value.
-records!(AllocEvent, SyscallEvent, KernelStats);
+// i64, `KernelStats` five u64, `AllocStackEvent` an `AllocEvent` and u64s.
+// Any bit pattern is a valid value.
+records!(AllocEvent, SyscallEvent, KernelStats, AllocStackEvent);
 
 #[cfg(test)]
 mod tests {

@@ -60,5 +60,9 @@ pub const CONTENTION_OVERFLOW: u32 = LOCK_STATE_ERRORS + 3;
 pub const CONTENTION_DROPPED: u32 = LOCK_STATE_ERRORS + 4;
 /// Lock stack samples sent to the loader.
 pub const LOCK_SAMPLES: u32 = LOCK_STATE_ERRORS + 5;
+/// Allocation call chains sent to the loader, and those the per-second
+/// cap ([`crate::ALLOC_STACKS_PER_S`]) held back.
+pub const ALLOC_STACKS: u32 = LOCK_STATE_ERRORS + 6;
+pub const ALLOC_STACKS_CAPPED: u32 = LOCK_STATE_ERRORS + 7;
 /// Number of counters.
-pub const COUNT: u32 = LOCK_STATE_ERRORS + 6;
+pub const COUNT: u32 = LOCK_STATE_ERRORS + 8;

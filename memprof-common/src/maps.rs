@@ -16,6 +16,9 @@ pub const ALLOC_EVENTS: &str = "ALLOC_EVENTS";
 /// `u64` array: [`crate::ALLOC_CTL_GENERATION`] (bumped by the loader
 /// per window).
 pub const ALLOC_CTL: &str = "ALLOC_CTL";
+/// `u32` array: [`crate::ALLOC_SAMPLE_GAPS`] byte gaps between sampled
+/// allocations, quantiles of an exponential distribution.
+pub const ALLOC_SAMPLE_GAPS: &str = "ALLOC_SAMPLE_GAPS";
 /// Per-thread kernel-side statistics ([`crate::KernelStats`]).
 pub const KERNEL_STATS: &str = "KERNEL_STATS";
 /// Ring buffer of [`crate::LockEvent`] (stack samples).

@@ -9,15 +9,17 @@
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_attach_cookie, bpf_probe_read_user},
+    helpers::{bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_probe_read_user},
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, LruHashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext, Global,
 };
 use memprof_common::{
-    alloc_op, counter, AllocEvent, KernelStats, SyscallEvent, ALLOC_CTL_GENERATION,
-    ALLOC_RING_BYTES, ALLOC_THREADS_CAPACITY, ALLOC_WAKEUP_BYTES, EVENT_ALLOC, EVENT_SYSCALL,
+    alloc_op, counter, take_token, AllocEvent, AllocStackEvent, KernelStats, SyscallEvent,
+    ALLOC_CTL_GENERATION, ALLOC_RING_BYTES, ALLOC_SAMPLE_GAPS, ALLOC_STACKS_PER_S,
+    ALLOC_STACK_WORDS, ALLOC_THREADS_CAPACITY, ALLOC_WAKEUP_BYTES, EVENT_ALLOC, EVENT_ALLOC_STACK,
+    EVENT_SYSCALL,
 };
 
 use crate::maps::{
@@ -36,6 +38,15 @@ static ALLOC_EVENTS: RingBuf = RingBuf::with_byte_size(ALLOC_RING_BYTES, 0);
 #[map(name = "ALLOC_CTL")]
 static ALLOC_CTL: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Byte gaps between sampled allocations (exponential quantiles, written
+/// by the loader; all 0 leaves sampling off).
+#[map(name = "ALLOC_SAMPLE_GAPS")]
+static SAMPLE_GAPS: Array<u32> = Array::with_max_entries(ALLOC_SAMPLE_GAPS, 0);
+
+/// Token bucket of the call chains' per-second cap: credit, last refill.
+#[map(name = "ALLOC_STACK_BUCKET")]
+static STACK_BUCKET: Array<u64> = Array::with_max_entries(2, 0);
+
 #[map(name = "KERNEL_STATS")]
 static KERNEL_STATS: LruHashMap<u32, KernelStats> =
     LruHashMap::with_max_entries(ALLOC_THREADS_CAPACITY, 0);
@@ -53,6 +64,9 @@ struct InFlight {
     /// operator new on top of malloc) runs deeper, and its return is
     /// not this call's return, which leaves the stack above it.
     sp: u64,
+    /// Bytes the thread still allocates before its next call chain is
+    /// sampled (kept from call to call).
+    countdown: i64,
     op: u32,
     /// 1 while the call is in progress.
     active: u32,
@@ -152,6 +166,7 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
         ptr,
         caller,
         sp,
+        countdown: 0,
         op,
         active: 1,
         generation,
@@ -161,11 +176,15 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
         Some(f) => {
             // SAFETY: as above.
             let f = unsafe { &mut *f };
-            *f = state;
+            *f = InFlight {
+                countdown: f.countdown,
+                ..state
+            };
             f.start_ns = bpf_now();
         }
         None => {
             let state = InFlight {
+                countdown: sample_gap(),
                 start_ns: bpf_now(),
                 ..state
             };
@@ -217,8 +236,90 @@ pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
         chunk,
         caller: f.caller,
     };
+    if ptr != 0 && f.size != 0 && !alloc_op::is_free(f.op) {
+        f.countdown = f.countdown.saturating_sub(f.size as i64);
+        if f.countdown <= 0 {
+            f.countdown = sample_gap();
+            if take_stack_token(end) {
+                // SAFETY: as above; the frame pointer is the caller's
+                // again (callee-saved).
+                let bp = unsafe { (*ctx.regs).rbp };
+                submit_stack(&event, sp, bp);
+                return 0;
+            }
+        }
+    }
     submit(event);
     0
+}
+
+/// A byte gap to the next sampled allocation, or "never" when the loader
+/// wrote no gaps.
+#[inline(always)]
+fn sample_gap() -> i64 {
+    // SAFETY: the helper only returns a pseudo-random number.
+    let i = unsafe { bpf_get_prandom_u32() } % ALLOC_SAMPLE_GAPS;
+    match SAMPLE_GAPS.get(i).copied().unwrap_or(0) {
+        0 => i64::MAX,
+        gap => i64::from(gap),
+    }
+}
+
+/// Whether the per-second cap lets one more call chain through (counted
+/// either way).
+#[inline(always)]
+fn take_stack_token(now: u64) -> bool {
+    let (Some(credit), Some(refilled)) = (STACK_BUCKET.get_ptr_mut(0), STACK_BUCKET.get_ptr_mut(1))
+    else {
+        return false;
+    };
+    let cost = 1_000_000_000 / ALLOC_STACKS_PER_S;
+    // SAFETY: both pointers come from the map lookups. Updated without
+    // atomics: a race lets a chain or two more through.
+    let ok = unsafe {
+        let (ok, left) = take_token(*credit, *refilled, now, cost, 1_000_000_000);
+        *credit = left;
+        *refilled = now;
+        ok
+    };
+    count(if ok {
+        counter::ALLOC_STACKS
+    } else {
+        counter::ALLOC_STACKS_CAPPED
+    });
+    ok
+}
+
+/// Sends an allocation with its caller's stack: `sp` and `bp` are the
+/// caller's right after the return, `call.caller` its next instruction.
+#[inline(always)]
+fn submit_stack(call: &AllocEvent, sp: u64, bp: u64) {
+    let Some(mut entry) = ALLOC_EVENTS.reserve::<AllocStackEvent>(0) else {
+        count(counter::ALLOC_EVENTS_LOST);
+        return;
+    };
+    let e = entry.as_mut_ptr();
+    // SAFETY: `e` points at the reserved record, valid and exclusively ours
+    // until submit; every field is written before it.
+    unsafe {
+        (*e).call = AllocEvent {
+            kind: EVENT_ALLOC_STACK,
+            ..*call
+        };
+        (*e).ip = call.caller;
+        (*e).sp = sp;
+        (*e).bp = bp;
+        let stack = (*e).stack.as_mut_ptr() as *mut core::ffi::c_void;
+        let size = (ALLOC_STACK_WORDS * 8) as u32;
+        let from = sp as *const core::ffi::c_void;
+        if aya_ebpf::helpers::generated::bpf_probe_read_user(stack, size, from) != 0 {
+            // Near the top of the stack: keep what fits in a smaller read.
+            if aya_ebpf::helpers::generated::bpf_probe_read_user(stack, size / 4, from) != 0 {
+                (*e).stack[0] = 0;
+            }
+        }
+    }
+    entry.submit(BPF_RB_NO_WAKEUP as u64);
 }
 
 /// The cheapest possible entry probe: for the benchmark's "bare uprobe

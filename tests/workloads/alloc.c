@@ -28,6 +28,15 @@
  *                            1 ms every 1000 pairs (a process to attach to)
  *   alloc loop N             N x malloc(64)/free as fast as possible; prints
  *                            "ns_per_pair X" on stderr
+ *   alloc chains SECONDS     allocations through wrappers, for SECONDS: each
+ *                            iteration build_index() takes 8192 bytes
+ *                            through xmalloc() (CHAIN_INDEX), parse_record()
+ *                            twice 1024 through xmalloc() (CHAIN_RECORD),
+ *                            grow_tree() 4 x 512 through node_new(), a
+ *                            constructor (CHAIN_TREE), fill_cache() 4096
+ *                            with malloc itself (CHAIN_CACHE), keeping every
+ *                            other one in a ring of 16384. Truth:
+ *                            chain_iterations, cache_live_blocks
  *   alloc work N             a moderate, more realistic load: N iterations
  *                            of (malloc 32..512 bytes, fill it, a few
  *                            microseconds of hashing, free the block made
@@ -81,7 +90,8 @@ static double now(void)
 static void usage(void)
 {
 	fprintf(stderr, "usage: alloc reuse N | large N SIZE | small N | mixed THREADS N"
-			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | work N\n");
+			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | work N"
+			" | chains SECONDS\n");
 	exit(2);
 }
 
@@ -317,6 +327,85 @@ static void alloc_loop(long n)
 	fprintf(stderr, "ns_per_pair %.1f\n", elapsed * 1e9 / n);
 }
 
+/* An allocation wrapper: returns malloc's block, aborts on failure. */
+__attribute__((noinline)) void *xmalloc(size_t n)
+{
+	void *p = malloc(n);
+	if (!p)
+		abort();
+	return p;
+}
+
+struct node {
+	size_t size;
+	struct node *next;
+};
+
+/* A constructor: allocates, fills in, returns the block. */
+__attribute__((noinline)) struct node *node_new(size_t n)
+{
+	struct node *p = malloc(n);
+	if (!p)
+		abort();
+	p->size = n;
+	p->next = NULL;
+	return p;
+}
+
+__attribute__((noinline)) void build_index(void)
+{
+	sink = xmalloc(8192); // CHAIN_INDEX
+	free(sink);
+}
+
+__attribute__((noinline)) void parse_record(void)
+{
+	sink = xmalloc(1024); // CHAIN_RECORD
+	free(sink);
+}
+
+__attribute__((noinline)) void grow_tree(void)
+{
+	sink = node_new(512); // CHAIN_TREE
+	free(sink);
+}
+
+enum { CACHE_RING = 16384 };
+static void *cache[CACHE_RING];
+
+__attribute__((noinline)) void fill_cache(long i)
+{
+	sink = malloc(4096); // CHAIN_CACHE
+	if (i % 2 == 0) {
+		void **slot = &cache[(i / 2) % CACHE_RING];
+		free(*slot);
+		*slot = sink;
+	} else {
+		free(sink);
+	}
+}
+
+static void alloc_chains(double seconds)
+{
+	double started = now();
+	long i = 0;
+	while ((i & 63) != 0 || now() - started < seconds) {
+		build_index();
+		parse_record();
+		parse_record();
+		for (int j = 0; j < 4; j++)
+			grow_tree();
+		fill_cache(i);
+		i++;
+	}
+	unsigned long live = (unsigned long)((i + 1) / 2);
+	if (live > CACHE_RING)
+		live = CACHE_RING;
+	counted(8 * i, 8 * i - live, live, live * 4096);
+	truth("chain_iterations", i);
+	truth("cache_live_blocks", live);
+}
+
 static void alloc_work(long n)
 {
 	enum { LIVE = 1024 };
@@ -393,6 +482,12 @@ int main(int argc, char **argv)
 		long n = count_arg(argv[2], 1L << 40);
 		start();
 		alloc_loop(n);
+	} else if (strcmp(mode, "chains") == 0 && argc == 3) {
+		double seconds = atof(argv[2]);
+		if (seconds <= 0)
+			usage();
+		start();
+		alloc_chains(seconds);
 	} else if (strcmp(mode, "work") == 0 && argc == 3) {
 		long n = count_arg(argv[2], 1L << 40);
 		start();

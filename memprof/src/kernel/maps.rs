@@ -48,6 +48,9 @@ pub struct Counters {
     pub contention_overflow: u64,
     pub contention_dropped: u64,
     pub lock_samples: u64,
+    /// Allocation call chains sent, and held back by the per-second cap.
+    pub alloc_stacks: u64,
+    pub alloc_stacks_capped: u64,
 }
 
 impl Counters {
@@ -93,6 +96,8 @@ impl Probes {
             contention_overflow: sum(counter::CONTENTION_OVERFLOW),
             contention_dropped: sum(counter::CONTENTION_DROPPED),
             lock_samples: sum(counter::LOCK_SAMPLES),
+            alloc_stacks: sum(counter::ALLOC_STACKS),
+            alloc_stacks_capped: sum(counter::ALLOC_STACKS_CAPPED),
         }
     }
 
@@ -135,6 +140,23 @@ impl Probes {
         if let Ok(mut array) = Array::<_, u64>::try_from(map) {
             if let Err(e) = array.set(index, generation, 0) {
                 tracing::warn!("cannot start a {family:?} window: {e}");
+            }
+        }
+    }
+
+    /// Writes the byte gaps between sampled allocations (until then the
+    /// programs sample none).
+    pub fn set_alloc_sample_gaps(&mut self, gaps: &[u32]) {
+        let Some(map) = self.ebpf.map_mut(maps::ALLOC_SAMPLE_GAPS) else {
+            return;
+        };
+        let Ok(mut array) = Array::<_, u32>::try_from(map) else {
+            return;
+        };
+        for (i, &gap) in (0u32..).zip(gaps) {
+            if let Err(e) = array.set(i, gap, 0) {
+                tracing::warn!("cannot write the allocation sampling gaps: {e}");
+                return;
             }
         }
     }

@@ -10,6 +10,9 @@ use crate::{
     process::maps::{short_name, Place},
 };
 
+mod allocator;
+pub use allocator::{sample_heap_profile, sample_syscalls};
+
 use super::model::{
     BlockOrigin::{New, Reused},
     SizeClass::{Large, Small},
@@ -235,39 +238,9 @@ pub fn sample_allocator() -> AllocatorReport {
             site("cache_insert", 77, 8 << 20, 2 << 20),
             site("parse_line", 12, 1 << 20, 0),
         ],
+        heap_profile: Some(sample_heap_profile()),
         kernel: sample_kernel(),
     }
-}
-
-/// The allocator's syscalls: inside malloc, outside any call, and while
-/// the probes were detached.
-pub fn sample_syscalls() -> Vec<SyscallStats> {
-    vec![
-        SyscallStats {
-            name: Syscall::Mmap,
-            inside: Some(AllocOp::Malloc),
-            traced: true,
-            count: 120,
-            total_ns: 1_500_000,
-            bytes: 120 << 20,
-        },
-        SyscallStats {
-            name: Syscall::Munmap,
-            inside: None,
-            traced: true,
-            count: 4,
-            total_ns: 80_000,
-            bytes: 4 << 20,
-        },
-        SyscallStats {
-            name: Syscall::Madvise,
-            inside: None,
-            traced: false,
-            count: 2,
-            total_ns: 9_000,
-            bytes: 1 << 20,
-        },
-    ]
 }
 
 /// Page faults and `mmap_lock` waits of two threads.

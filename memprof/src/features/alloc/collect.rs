@@ -2,26 +2,55 @@
 //! the live-thread count, and the allocator's system calls with whether
 //! its probes were attached then.
 
-use memprof_common::{record_kind, AllocEvent, SyscallEvent, EVENT_ALLOC, EVENT_SYSCALL};
+use std::sync::Arc;
+
+use memprof_common::{
+    alloc_op, record_kind, AllocEvent, AllocStackEvent, SyscallEvent, ALLOC_SAMPLE_MEAN_BYTES,
+    EVENT_ALLOC, EVENT_ALLOC_STACK, EVENT_SYSCALL,
+};
 
 use super::analysis::{AllocCall, AllocProfile, SyscallCall};
-use crate::process::{
-    maps::{call_of, Place},
-    state::Process,
+use super::heap::{HeapFrame, HeapProfile};
+use crate::{
+    features::FastMap,
+    object::{
+        unwind::Unwinder,
+        walk::{walk, StackCopy},
+        x86::wrapper::returns_result,
+    },
+    process::{
+        maps::{call_of, Place},
+        state::Process,
+    },
 };
+
+/// Frames kept per sampled allocation's call chain.
+const CHAIN_FRAMES: usize = 16;
+/// How often a sampled chain whose code is not in our memory map may
+/// trigger a re-read of the map.
+const MAPS_REFRESH_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The allocator profile and the windows its probes were attached in.
 pub struct AllocCollector {
     pub profile: AllocProfile,
+    /// The byte-sampled allocations with their call chains.
+    pub heap: HeapProfile,
     /// Probe windows, as ktime ranges (the last may be open).
     windows: Vec<(u64, Option<u64>)>,
+    unwinder: Unwinder,
+    /// Whether the function at each return address (file, offset)
+    /// returns what the call returned.
+    wrappers: FastMap<(Arc<str>, u64), bool>,
 }
 
 impl AllocCollector {
     pub fn new(profile: AllocProfile) -> Self {
         Self {
             profile,
+            heap: HeapProfile::new(ALLOC_SAMPLE_MEAN_BYTES),
             windows: Vec::new(),
+            unwinder: Unwinder::default(),
+            wrappers: FastMap::default(),
         }
     }
 
@@ -45,7 +74,7 @@ impl AllocCollector {
     /// The thread of an allocator record.
     pub fn thread_of(bytes: &[u8]) -> Option<u32> {
         match record_kind(bytes) {
-            Some(EVENT_ALLOC) => AllocEvent::from_bytes(bytes).map(|ev| ev.tid),
+            Some(EVENT_ALLOC | EVENT_ALLOC_STACK) => AllocEvent::from_bytes(bytes).map(|ev| ev.tid),
             Some(EVENT_SYSCALL) => SyscallEvent::from_bytes(bytes).map(|ev| ev.tid),
             _ => None,
         }
@@ -57,6 +86,12 @@ impl AllocCollector {
             Some(EVENT_ALLOC) => {
                 if let Some(ev) = AllocEvent::from_bytes(bytes) {
                     self.on_alloc(&ev, process);
+                }
+            }
+            Some(EVENT_ALLOC_STACK) => {
+                if let Some(ev) = AllocStackEvent::from_bytes(bytes) {
+                    self.on_alloc(&ev.call, process);
+                    self.on_sample(&ev, process);
                 }
             }
             Some(EVENT_SYSCALL) => {
@@ -71,6 +106,12 @@ impl AllocCollector {
     fn on_alloc(&mut self, ev: &AllocEvent, process: &mut Process) {
         if process.before_launch(ev.start_ns) {
             return;
+        }
+        // What the heap profile's sampled blocks become.
+        if alloc_op::is_free(ev.op) {
+            self.heap.on_free(ev.ptr);
+        } else if ev.old_ptr != 0 {
+            self.heap.on_free(ev.old_ptr);
         }
         // Sites are keyed by the call (frees carry no caller: their site
         // is their block's), resolved once per site.
@@ -95,6 +136,54 @@ impl AllocCollector {
             site,
             live_threads: process.live.at(ev.start_ns),
         });
+    }
+
+    /// A sampled allocation: its call chain, walked from the caller's
+    /// registers after the return.
+    fn on_sample(&mut self, ev: &AllocStackEvent, process: &mut Process) {
+        if process.before_launch(ev.call.start_ns) {
+            return;
+        }
+        // A library loaded since our snapshot of the map.
+        if process.find(ev.ip).is_none() {
+            process.refresh_maps_within(MAPS_REFRESH_MIN_INTERVAL);
+        }
+        let copy = StackCopy {
+            ip: ev.ip,
+            sp: ev.sp,
+            bp: ev.bp,
+            words: &ev.stack,
+            ip_returned: true,
+        };
+        let frames = walk(&mut self.unwinder, &copy, process, CHAIN_FRAMES).frames;
+        let chain = frames
+            .into_iter()
+            .map(|place| {
+                let returns_result = self.returns_result(&place, process);
+                HeapFrame {
+                    place,
+                    returns_result,
+                }
+            })
+            .collect();
+        self.heap.add_sample(chain, ev.call.ptr, ev.call.size);
+    }
+
+    /// Whether the function of a frame returns what its call returned.
+    fn returns_result(&mut self, place: &Place, process: &mut Process) -> bool {
+        let Place::File { path, file_offset } = place else {
+            return false;
+        };
+        let ret = file_offset + 1;
+        if let Some(&known) = self.wrappers.get(&(path.clone(), ret)) {
+            return known;
+        }
+        let verdict = process
+            .files
+            .get(path)
+            .is_some_and(|code| returns_result(&code, ret as usize));
+        self.wrappers.insert((path.clone(), ret), verdict);
+        verdict
     }
 
     fn on_syscall(&mut self, ev: &SyscallEvent, process: &mut Process) {

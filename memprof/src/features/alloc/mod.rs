@@ -9,6 +9,8 @@ pub mod analysis;
 mod calibrate;
 pub mod classes;
 pub mod collect;
+pub mod heap;
+pub mod heap_report;
 pub mod memory;
 pub mod report;
 pub mod tracer;
@@ -18,7 +20,7 @@ use std::{
     time::Instant,
 };
 
-use memprof_common::maps;
+use memprof_common::{maps, ALLOC_SAMPLE_GAPS, ALLOC_SAMPLE_MEAN_BYTES};
 
 use super::{Feature, Plan, ReportContext, Target};
 use crate::options::AllocSettings;
@@ -38,6 +40,7 @@ use allocator::{Allocator, AllocatorKind};
 use analysis::{AllocProfile, ProbeCost};
 use classes::SizeClasses;
 use collect::AllocCollector;
+use heap_report::HeapScale;
 use tracer::AllocTracer;
 
 /// Finds the target's allocator, unless allocator tracing is off. Not
@@ -112,6 +115,10 @@ impl Plan for AllocPlan {
         let trap_cost_s = tracer::calibrated_trap_cost(&cost, &emulated);
         profile.set_probe_cost(cost, &emulated);
         let mut collector = AllocCollector::new(profile);
+        if sample_chains(self.settings.mode) {
+            let gaps = heap::gaps(ALLOC_SAMPLE_MEAN_BYTES, ALLOC_SAMPLE_GAPS);
+            probes.set_alloc_sample_gaps(&gaps);
+        }
         let mut tracer = AllocTracer::new(allocator, self.settings, self.pid, trap_cost_s);
         tracer.detach_later(calibration_links);
         let started = tracer.open(probes)?;
@@ -126,6 +133,13 @@ impl Plan for AllocPlan {
             }),
         }))
     }
+}
+
+/// Whether allocations' call chains are sampled: not in the benchmark's
+/// floor mode, nor with `MEMPROF_ALLOC_CHAINS=off` (to measure their
+/// cost).
+fn sample_chains(mode: AllocMode) -> bool {
+    mode != AllocMode::Floor && !std::env::var("MEMPROF_ALLOC_CHAINS").is_ok_and(|v| v == "off")
 }
 
 /// The probes' own cost on this machine, and the calibration's links
@@ -288,6 +302,23 @@ impl Feature for Alloc {
             ctx.kernel_stats,
             |place| symbolizer.code_inlined(place).clone(),
         );
+        if let (Some(t), true) = (&self.traced, sample_chains(self.settings.mode)) {
+            let scale = HeapScale {
+                sent: ctx.counters.alloc_stacks,
+                capped: ctx.counters.alloc_stacks_capped,
+                windows: report::alloc_factor(
+                    self.settings.mode,
+                    estimate.as_ref(),
+                    &t.collector.profile,
+                ),
+                all_frees: self.settings.mode == AllocMode::Full,
+            };
+            out.allocator.heap_profile = Some(heap_report::report(
+                &t.collector.heap,
+                scale,
+                &mut |place| symbolizer.code_inlined(place).clone(),
+            ));
+        }
     }
 
     fn take_detaching(&mut self) -> Detaching {

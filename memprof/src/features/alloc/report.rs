@@ -109,8 +109,23 @@ pub fn report(
         // The composition needs every call.
         memory: (mode == AllocMode::Full).then(|| memory(profile)),
         sites: sites(profile, &scaling, &mut symbolize),
+        heap_profile: None,
         kernel: kernel_threads(kernel),
     }
+}
+
+/// Estimated ÷ traced allocations (malloc's), as the counts are scaled;
+/// None when unknown.
+pub fn alloc_factor(
+    mode: AllocMode,
+    estimate: Option<&CallEstimate>,
+    profile: &AllocProfile,
+) -> Option<f64> {
+    let scaling = match estimate {
+        Some(e) => Scaling::of(mode.into(), e, &seen_per_op(profile)),
+        None => Scaling::exact(),
+    };
+    scaling.factors[alloc_op::MALLOC as usize]
 }
 
 /// Largest claimed relative error of an estimated count that is shown as

@@ -158,6 +158,9 @@ pub struct AllocatorReport {
     /// Top allocation sites: by bytes, by count and by live bytes (each
     /// site once).
     pub sites: Vec<SiteEntry>,
+    /// Allocations sampled by bytes with their call chains, named at the
+    /// first frame outside allocation wrappers; null when not sampled.
+    pub heap_profile: Option<HeapProfileReport>,
     /// Kernel-side cost per thread: page faults and `mmap_lock` waits.
     pub kernel: Vec<KernelThreadEntry>,
 }
@@ -287,6 +290,56 @@ impl SiteEntry {
     pub fn source_label(&self) -> String {
         source_label(self.file.as_deref(), self.line, &self.module)
     }
+}
+
+/// The byte-sampled heap profile: estimates of all allocations per site,
+/// from a sample of them (pprof's `alloc_space`, `alloc_objects`,
+/// `inuse_space`, `inuse_objects`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HeapProfileReport {
+    /// Mean bytes allocated between two samples (per thread).
+    pub sample_mean_bytes: u64,
+    /// Allocations sampled (call chains received).
+    pub samples: u64,
+    /// Samples the per-second cap held back (the others stand for them).
+    pub capped: u64,
+    /// How the estimates were made: the sampling, the cap, the windows.
+    pub basis: String,
+    /// Sites by estimated bytes allocated, then by bytes in use (each
+    /// site once).
+    pub sites: Vec<HeapSite>,
+}
+
+/// One allocation site of the heap profile: the first frame outside the
+/// allocation wrappers of the chains that end there.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeapSite {
+    /// The function making the call (innermost, when inlined), at the
+    /// call's line.
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    pub inlined_into: Vec<CallerRef>,
+    /// The wrapper functions the allocation went through, innermost
+    /// first (`zmalloc`, `operator new`, ...); empty when called directly.
+    pub wrappers: Vec<String>,
+    /// The heaviest call chain through the site, innermost first: the
+    /// wrappers, the site, then its callers (as far as unwound).
+    pub chain: Vec<CallerRef>,
+    /// Samples taken here.
+    pub samples: u64,
+    /// This site's share of all bytes allocated (known even when the
+    /// totals are not).
+    pub alloc_share: f64,
+    /// Estimated bytes and allocations made here (null when the session's
+    /// allocation count is unknown).
+    pub alloc_space: Option<u64>,
+    pub alloc_objects: Option<u64>,
+    /// Estimated bytes and blocks allocated here and still live when
+    /// tracing ended (null unless every free was traced: full mode).
+    pub inuse_space: Option<u64>,
+    pub inuse_objects: Option<u64>,
 }
 
 /// What one thread suffered in the kernel.

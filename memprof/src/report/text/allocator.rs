@@ -5,9 +5,10 @@ use std::fmt::Write as _;
 
 use crate::report::{
     format::{ellipsize, format_bytes, format_latency, format_ns, group, maybe, percent},
+    model::source_label,
     model::{
-        AllocOp, AllocatorReport, BlockOrigin, MemoryReport, OpStats, SiteEntry, SyscallStats,
-        TraceMode,
+        AllocOp, AllocatorReport, BlockOrigin, HeapProfileReport, MemoryReport, OpStats, SiteEntry,
+        SyscallStats, TraceMode,
     },
 };
 
@@ -39,6 +40,7 @@ pub(super) fn write_allocator(out: &mut String, a: &AllocatorReport) {
     write_syscalls(out, &a.syscalls);
     write_memory(out, a.memory.as_ref());
     write_sites(out, &a.sites);
+    write_heap_sites(out, a.heap_profile.as_ref());
     write_kernel(out, a);
 }
 
@@ -200,6 +202,46 @@ fn write_sites(out: &mut String, sites: &[SiteEntry]) {
     }
 }
 
+/// The heap profile's sites: past the allocation wrappers, with the
+/// estimated bytes allocated and still in use.
+fn write_heap_sites(out: &mut String, heap: Option<&HeapProfileReport>) {
+    let Some(heap) = heap.filter(|h| !h.sites.is_empty()) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "  call chains: {} allocations sampled, one per {} allocated (estimates)",
+        group(heap.samples),
+        format_bytes(heap.sample_mean_bytes),
+    );
+    let _ = writeln!(
+        out,
+        "    {:<20} {:<16} {:>9} {:>9}  calling",
+        "site", "source", "allocated", "in use"
+    );
+    for site in heap.sites.iter().take(TOP_SITES) {
+        // The wrapper the site called (the others are in the JSON chain).
+        let calling = site.wrappers.last().map_or("-", String::as_str);
+        let _ = writeln!(
+            out,
+            "    {:<20} {:<16} {:>9} {:>9}  {}",
+            ellipsize(&site.function, 20),
+            ellipsize(
+                &source_label(site.file.as_deref(), site.line, &site.module),
+                16
+            ),
+            // Unknown totals: the share, which is known.
+            site.alloc_space
+                .map_or_else(|| format!("{:.1}%", site.alloc_share * 100.0), format_bytes),
+            maybe(site.inuse_space, |b| match b {
+                0 => "-".to_string(),
+                b => format_bytes(b),
+            }),
+            ellipsize(calling, 17),
+        );
+    }
+}
+
 /// Page faults and `mmap_lock` waits over all threads, when there were any.
 fn write_kernel(out: &mut String, a: &AllocatorReport) {
     let faults: u64 = a.kernel.iter().map(|k| k.page_faults).sum();
@@ -332,8 +374,14 @@ mod tests {
         assert!(section.contains("64.0 MiB    100.0%"), "{section}");
         assert!(section.contains("requested peak 40.0 MiB"));
         // Sites by bytes; the leak candidate shows its live bytes.
-        let sites: Vec<&str> = section.lines().filter(|l| l.contains("work.c:")).collect();
+        let (sites, chains) = section.split_once("call chains").unwrap();
+        let sites: Vec<&str> = sites.lines().filter(|l| l.contains("work.c:")).collect();
         assert_eq!(sites.len(), 3, "{section}");
+        // The heap profile's sites, past the wrappers.
+        let chains: Vec<&str> = chains.lines().filter(|l| l.contains("work.c:")).collect();
+        assert_eq!(chains.len(), 2, "{section}");
+        assert!(chains[0].contains("make_buffer") && chains[0].ends_with("-  buffer_new"));
+        assert!(chains[1].contains("8.0 MiB") && chains[1].ends_with("2.0 MiB  -"));
         assert!(sites[0].contains("make_buffer") && sites[0].ends_with('-'));
         assert!(sites[1].contains("cache_insert") && sites[1].ends_with("2.0 MiB"));
         assert!(
@@ -392,12 +440,33 @@ mod tests {
             .filter(|l| l.contains("mprotect  operator dele…"))
             .count();
         assert_eq!(syscalls, TOP_SYSCALLS);
-        let sites = section.iter().filter(|l| l.contains("work.c:")).count();
+        let sites = section
+            .iter()
+            .take_while(|l| !l.contains("call chains"))
+            .filter(|l| l.contains("work.c:"))
+            .count();
         assert_eq!(sites, TOP_SITES);
         // The normal sample fits too.
         for line in render(&report_with_allocator()).lines() {
             assert!(line.chars().count() <= WIDTH, "too wide: {line}");
         }
+    }
+
+    #[test]
+    fn heap_sites_show_their_share_when_the_totals_are_unknown() {
+        let mut r = report_with_allocator();
+        let heap = r.allocator.heap_profile.as_mut().unwrap();
+        for s in &mut heap.sites {
+            s.alloc_space = None;
+            s.inuse_space = None;
+        }
+        let section = allocator_section(&r).join("\n");
+        let (_, chains) = section.split_once("call chains").unwrap();
+        assert!(
+            chains.contains("make_buffer") && chains.contains("92.3%"),
+            "{chains}"
+        );
+        assert!(chains.contains("7.7%         ?  -"), "{chains}");
     }
 
     #[test]

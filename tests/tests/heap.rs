@@ -1,0 +1,206 @@
+//! Call chains through allocation wrappers and the byte-sampled heap
+//! profile: allocations sampled once per 512 KiB on average with their
+//! user stack, unwound in the loader, named at the first frame outside
+//! the wrappers (`xmalloc`, a constructor that returns its block), and
+//! weighted back to estimates of all bytes and blocks per site.
+//!
+//! Each test runs the real tool on `alloc chains` (tests/workloads/
+//! alloc.c), whose four sites allocate known bytes per iteration and
+//! which counts its iterations, and checks the report against that.
+
+use memprof_tests::*;
+use workloads::{build_workload, Variant};
+
+/// How far an estimate may be from the truth: a site of the workload
+/// gets 150-1000 samples in a 2 s session (1/sqrt(n): 3-8%).
+const TOLERANCE: f64 = 0.25;
+
+/// The workload's sites: (function, marker, wrapper the site calls,
+/// bytes and blocks per iteration).
+const SITES: [(&str, &str, Option<&str>, u64, u64); 4] = [
+    ("build_index", "// CHAIN_INDEX", Some("xmalloc"), 8192, 1),
+    ("parse_record", "// CHAIN_RECORD", Some("xmalloc"), 2048, 2),
+    ("grow_tree", "// CHAIN_TREE", Some("node_new"), 2048, 4),
+    ("fill_cache", "// CHAIN_CACHE", None, 4096, 1),
+];
+
+fn heap_sites(report: &serde_json::Value) -> &[serde_json::Value] {
+    report["allocator"]["heap_profile"]["sites"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no heap profile: {:#}", report["allocator"]))
+}
+
+fn heap_site<'a>(report: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
+    heap_sites(report)
+        .iter()
+        .find(|s| s["function"] == function)
+        .unwrap_or_else(|| panic!("no heap site {function}: {:#?}", heap_sites(report)))
+}
+
+fn within(got: u64, truth: u64, what: &str, site: &serde_json::Value) {
+    let err = got as f64 / truth as f64 - 1.0;
+    assert!(
+        err.abs() <= TOLERANCE,
+        "{what}: {got} against {truth} ({:+.1}%): {site:#}",
+        err * 100.0
+    );
+}
+
+/// Every site is named past its wrapper at its marked line, and no
+/// wrapper is a site.
+fn assert_sites_past_wrappers(report: &serde_json::Value) {
+    for (function, marker, wrapper, _, _) in SITES {
+        let site = heap_site(report, function);
+        assert!(
+            site["file"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("alloc.c"),
+            "{site:#}"
+        );
+        assert_eq!(site["line"], marked_line("alloc", marker), "{site:#}");
+        let wrappers: Vec<&str> = site["wrappers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.as_str())
+            .collect();
+        assert_eq!(
+            wrappers,
+            wrapper.into_iter().collect::<Vec<_>>(),
+            "{site:#}"
+        );
+        let chain: Vec<&str> = site["chain"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["function"].as_str())
+            .collect();
+        assert!(
+            chain.contains(&function) && chain.contains(&"main"),
+            "the chain goes through the site up to main: {chain:?}"
+        );
+    }
+    for s in heap_sites(report) {
+        let f = s["function"].as_str().unwrap_or_default();
+        assert!(
+            f != "xmalloc" && f != "node_new" && f != "malloc",
+            "a wrapper is not a site: {s:#}"
+        );
+    }
+}
+
+/// Launched in full mode at `variant`: the sites, their estimated bytes
+/// and blocks, and what `fill_cache` keeps in use.
+fn full_mode_chains(name: &str, variant: Variant) {
+    if !require_root(name) {
+        return;
+    }
+    let program = build_workload("alloc", variant).expect("building alloc");
+    let (_, report, truth) = trace_truth(
+        name,
+        &[
+            "--alloc-mode",
+            "full",
+            "--lock-mode",
+            "off",
+            "--no-tui",
+            "--",
+            program.to_str().unwrap(),
+            "chains",
+            "2",
+        ],
+    );
+    let iterations = truth.get("chain_iterations");
+    assert!(
+        iterations > 10_000,
+        "too little work to sample: {iterations}"
+    );
+    assert_sites_past_wrappers(&report);
+    let heap = &report["allocator"]["heap_profile"];
+    assert_eq!(heap["sample_mean_bytes"], 512 << 10, "{heap:#}");
+    for (function, _, _, bytes, blocks) in SITES {
+        let site = heap_site(&report, function);
+        let space = site["alloc_space"].as_u64().expect("known in full mode");
+        let objects = site["alloc_objects"].as_u64().expect("known in full mode");
+        within(space, bytes * iterations, "bytes allocated", site);
+        within(objects, blocks * iterations, "blocks allocated", site);
+        let inuse = site["inuse_space"].as_u64().expect("known in full mode");
+        if function == "fill_cache" {
+            within(
+                inuse,
+                truth.get("cache_live_blocks") * 4096,
+                "bytes in use",
+                site,
+            );
+        } else {
+            assert_eq!(inuse, 0, "every block freed: {site:#}");
+        }
+    }
+    assert_no_programs_left();
+}
+
+#[test]
+fn call_chains_name_the_site_past_the_wrappers() {
+    full_mode_chains("heap-full", Variant::Debug);
+}
+
+/// At -O0 the result goes through the frame (`mov [rbp-8], rax`) before
+/// it is returned: the wrappers are found all the same.
+#[test]
+fn call_chains_past_unoptimised_wrappers() {
+    full_mode_chains("heap-full-o0", Variant::Unoptimized);
+}
+
+#[test]
+fn call_chains_past_optimised_wrappers() {
+    full_mode_chains("heap-full-o2", Variant::Optimized);
+}
+
+/// Attached in the default (windowed) mode to a hot loop: the same sites
+/// past the same wrappers, ranked by their share of the bytes; the
+/// totals are estimates when the session's allocation count is known,
+/// and null (with the reason in `basis`) when it is not.
+#[test]
+fn attached_default_mode_ranks_the_sites_by_share() {
+    if !require_root("attached_default_mode_ranks_the_sites_by_share") {
+        return;
+    }
+    let program = build_workload("alloc", Variant::Debug).expect("building alloc");
+    let run = attach_gated(
+        "heap-attached",
+        &["--lock-mode", "off"],
+        &program,
+        &["chains", "4"],
+        &[],
+    );
+    let report = &run.report;
+    assert_eq!(
+        report["allocator"]["mode"], "sampled",
+        "{:#}",
+        report["allocator"]
+    );
+    assert_sites_past_wrappers(report);
+    let top = &heap_sites(report)[0];
+    assert_eq!(top["function"], "build_index", "half of all bytes: {top:#}");
+    let share = top["alloc_share"].as_f64().unwrap();
+    assert!((0.35..=0.65).contains(&share), "{top:#}");
+    let count_known = report["allocator"]["count_error"]
+        .as_f64()
+        .is_some_and(|e| e <= 0.3);
+    let basis = report["allocator"]["heap_profile"]["basis"]
+        .as_str()
+        .unwrap();
+    for s in heap_sites(report) {
+        assert_eq!(s["alloc_space"].is_null(), !count_known, "{s:#}");
+        assert!(
+            s["inuse_space"].is_null(),
+            "frees were not all traced: {s:#}"
+        );
+    }
+    assert!(basis.contains("in-use figures are null"), "{basis}");
+    if !count_known {
+        assert!(basis.contains("count is unknown"), "{basis}");
+    }
+    assert_no_programs_left();
+}
