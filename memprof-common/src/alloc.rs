@@ -134,7 +134,8 @@ pub struct AllocEvent {
     /// [`alloc_op`] code.
     pub op: u32,
     pub tid: u32,
-    pub _pad: u32,
+    /// Page faults the thread took during the call.
+    pub page_faults: u32,
     /// `bpf_ktime_get_ns()` at entry.
     pub start_ns: u64,
     /// Entry to return.

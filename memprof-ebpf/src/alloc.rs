@@ -71,7 +71,8 @@ struct InFlight {
     /// 1 while the call is in progress.
     active: u32,
     generation: u32,
-    _pad: u32,
+    /// Page faults taken during the call (counted by `mp_page_fault`).
+    faults: u32,
 }
 
 #[map(name = "ALLOC_INFLIGHT")]
@@ -170,7 +171,7 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
         op,
         active: 1,
         generation,
-        _pad: 0,
+        faults: 0,
     };
     match slot {
         Some(f) => {
@@ -227,7 +228,7 @@ pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
         kind: EVENT_ALLOC,
         op: f.op,
         tid,
-        _pad: 0,
+        page_faults: f.faults,
         start_ns: f.start_ns,
         duration_ns: end.saturating_sub(f.start_ns),
         ptr,
@@ -470,7 +471,17 @@ pub fn mp_page_fault(_ctx: TracePointContext) -> u32 {
     if tgid != target_tgid() {
         return 0;
     }
-    let in_alloc = op_in_progress(tid) != 0;
+    // The call in progress counts its own faults, for the loader's split.
+    let mut in_alloc = false;
+    if let Some(f) = INFLIGHT.get_ptr_mut(tid) {
+        // SAFETY: the pointer comes from the map lookup; only this thread
+        // touches its own entry (a fault runs on the faulting thread).
+        let f = unsafe { &mut *f };
+        if f.active != 0 && f.generation == ctl(ALLOC_CTL_GENERATION) {
+            in_alloc = true;
+            f.faults = f.faults.saturating_add(1);
+        }
+    }
     if let Some(s) = stats(tid) {
         s.page_faults += 1;
         if in_alloc {

@@ -340,6 +340,28 @@ fn large_blocks_show_their_mmap_and_munmap() {
         );
     }
     check_latency_rows(&report);
+    // The same syscalls by latency split: the large mallocs' rows hold
+    // the mmaps and the page fault of writing each new chunk's header; the
+    // large frees' the munmaps; the small calls none.
+    let split = |op: &str, class: &str| {
+        ops(&report)
+            .iter()
+            .filter(|r| r["op"] == op && r["class"] == class)
+            .fold((0, 0), |(s, f), r| {
+                let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("no {k}: {r}"));
+                (s + n("syscalls"), f + n("page_faults"))
+            })
+    };
+    let (sys, faults) = split("malloc", "large");
+    assert!(
+        (N..=N + 2).contains(&sys) && (N..=4 * N).contains(&faults),
+        "large mallocs: {sys} syscalls, {faults} page faults; {:#?}",
+        ops(&report)
+    );
+    let (sys, _) = split("free", "large");
+    assert!((N..=N + 2).contains(&sys), "large frees: {sys} syscalls");
+    let (sys, _) = split("malloc", "small");
+    assert_eq!(sys, 0, "small mallocs make no syscall here");
     // One 1 MiB block at a time: the peak is one block (and the heap),
     // not fifty (munmaps ignored).
     let memory = &report["allocator"]["memory"];

@@ -179,6 +179,9 @@ pub fn op(
             (512, count / 4),
             (4096, 3),
         ],
+        syscalls: 0,
+        syscall_ns: 0,
+        page_faults: 0,
     }
 }
 
@@ -216,7 +219,12 @@ pub fn sample_allocator() -> AllocatorReport {
         ops: vec![
             op(AllocOp::Malloc, Small, Some(Reused), 60_000, 45),
             op(AllocOp::Free, Small, Some(Reused), 59_000, 30),
-            op(AllocOp::Malloc, Large, Some(New), 120, 12_500),
+            OpStats {
+                syscalls: 120,
+                syscall_ns: 1_500_000,
+                page_faults: 3_840,
+                ..op(AllocOp::Malloc, Large, Some(New), 120, 12_500)
+            },
             op(AllocOp::Free, Large, Some(New), 118, 9_000),
             op(AllocOp::Realloc, Small, None, 900, 210),
         ],

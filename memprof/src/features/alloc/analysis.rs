@@ -68,6 +68,8 @@ pub struct AllocCall {
     pub site: u64,
     /// Live threads in the target when the call started.
     pub live_threads: u32,
+    /// Page faults the thread took during the call.
+    pub page_faults: u32,
 }
 
 /// The allocator profile of one session.
@@ -88,6 +90,9 @@ pub struct AllocProfile {
     sites: FastMap<u64, SiteStats>,
     site_places: FastMap<u64, Place>,
     syscalls: FastMap<SyscallKey, SyscallStats>,
+    /// Per thread: syscalls (count, ns) made inside the allocator call in
+    /// progress, filed under that call's split when it returns.
+    inside_calls: FastMap<u32, (u64, u64)>,
     memory: MemoryAccount,
     /// Memory the allocator has from the kernel, as address ranges.
     committed: RangeSet,
@@ -125,6 +130,7 @@ impl AllocProfile {
             sites: FastMap::default(),
             site_places: FastMap::default(),
             syscalls: FastMap::default(),
+            inside_calls: FastMap::default(),
             memory: MemoryAccount::new(),
             committed: RangeSet::default(),
             reserved: RangeSet::default(),
@@ -232,6 +238,7 @@ impl AllocProfile {
     /// Records one call.
     pub fn add_call(&mut self, call: AllocCall) {
         self.calls += 1;
+        let (syscalls, syscall_ns) = self.inside_calls.remove(&call.tid).unwrap_or_default();
         let phase = if call.live_threads > 1 {
             Phase::Parallel
         } else {
@@ -277,18 +284,23 @@ impl AllocProfile {
                 (class, Some(origin))
             }
         };
-        self.splits
+        let duration = match self.kinds.get(call.op as usize) {
+            Some(&kind) => self.probe_cost.correct(kind, call.duration_ns),
+            None => call.duration_ns,
+        };
+        let split = self
+            .splits
             .entry(SplitKey {
                 op: call.op,
                 class,
                 origin,
                 phase,
             })
-            .or_insert_with(SplitStats::new)
-            .record(match self.kinds.get(call.op as usize) {
-                Some(&kind) => self.probe_cost.correct(kind, call.duration_ns),
-                None => call.duration_ns,
-            });
+            .or_insert_with(SplitStats::new);
+        split.record(duration);
+        split.syscalls += syscalls;
+        split.syscall_ns += syscall_ns;
+        split.page_faults += u64::from(call.page_faults);
     }
 
     /// Memory at the peak of mapped memory.
@@ -324,6 +336,7 @@ mod tests {
             chunk: 0,
             site: 0x10,
             live_threads: 1,
+            page_faults: 0,
         }
     }
 
@@ -352,6 +365,39 @@ mod tests {
         p.add_call(call(FREE, 0x1000, 0));
         p.add_call(call(MALLOC, 0x9000, 64));
         assert_eq!((p.live.len(), p.untracked_blocks()), (3, 2));
+    }
+
+    /// The research design's split of the allocator's kernel work: the
+    /// syscalls a call made (they come first, from its thread) and its
+    /// page faults are filed under the call's own split.
+    #[test]
+    fn syscalls_and_faults_inside_a_call_go_to_its_split() {
+        let mut p = AllocProfile::new(LargeRule::Above(1000), false, SizeClasses::Unknown);
+        let mmap = |tid, inside: Option<u32>| SyscallCall {
+            nr: memprof_common::syscall::MMAP,
+            tid,
+            inside,
+            traced: true,
+            duration_ns: 7000,
+            args: [0, 1 << 20, 3, 0],
+            ret: 0x7f00_0000_0000,
+        };
+        p.add_syscall(mmap(1, Some(MALLOC)));
+        p.add_syscall(mmap(2, None)); // another thread, outside
+        p.add_call(AllocCall {
+            page_faults: 3,
+            ..call(MALLOC, 0x10_0000, 5000)
+        });
+        p.add_call(call(MALLOC, 0x20_0000, 10)); // nothing inside
+        let stats = |class| {
+            p.splits()
+                .into_iter()
+                .find(|(k, _)| k.class == class)
+                .map(|(_, s)| (s.syscalls, s.syscall_ns, s.page_faults))
+        };
+        assert_eq!(stats(Class::Large), Some((1, 7000, 3)));
+        assert_eq!(stats(Class::Small), Some((0, 0, 0)));
+        assert!(p.inside_calls.is_empty());
     }
 
     fn count(p: &AllocProfile, f: impl Fn(&SplitKey) -> bool) -> u64 {

@@ -135,6 +135,7 @@ impl AllocCollector {
             chunk: ev.chunk,
             site,
             live_threads: process.live.at(ev.start_ns),
+            page_faults: ev.page_faults,
         });
     }
 
@@ -193,6 +194,7 @@ impl AllocCollector {
         let traced = self.traced_at(ev.start_ns);
         self.profile.add_syscall(SyscallCall {
             nr: ev.nr,
+            tid: ev.tid,
             inside: ev.inside.checked_sub(1),
             traced,
             duration_ns: ev.duration_ns,

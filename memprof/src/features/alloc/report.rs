@@ -272,6 +272,9 @@ fn ops(profile: &AllocProfile, scaling: &Scaling) -> Vec<OpStats> {
                 p99_ns: h.value_at_quantile(0.99),
                 max_ns: h.max(),
                 histogram: log2_histogram(&stats.log2),
+                syscalls: stats.syscalls,
+                syscall_ns: stats.syscall_ns,
+                page_faults: stats.page_faults,
             }
         })
         .collect()
@@ -410,6 +413,7 @@ mod tests {
             chunk: 0,
             site,
             live_threads: threads,
+            page_faults: 0,
         }
     }
 
@@ -559,6 +563,7 @@ mod tests {
         let mut p = profile();
         let sys = |nr, inside, traced, duration_ns, length| SyscallCall {
             nr,
+            tid: 1,
             inside,
             traced,
             duration_ns,

@@ -436,6 +436,7 @@ mod tests {
                 chunk: 0,
                 site: 0x30,
                 live_threads: 1,
+                page_faults: 0,
             });
         }
         p.set_site_place(0x30, code_at(0x30));

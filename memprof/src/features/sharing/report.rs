@@ -896,6 +896,7 @@ mod tests {
         );
         alloc.add_syscall(SyscallCall {
             nr: syscall::MMAP,
+            tid: 1,
             inside: Some(alloc_op::MALLOC),
             traced: true,
             duration_ns: 1000,

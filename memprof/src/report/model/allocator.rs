@@ -214,6 +214,11 @@ pub struct OpStats {
     pub max_ns: u64,
     /// Latency histogram: (upper bound in ns, calls traced), log2 buckets.
     pub histogram: Vec<(u64, u64)>,
+    /// Syscalls made inside the traced calls (mmap, munmap, brk, ...),
+    /// their time, and the page faults the calls took (unscaled).
+    pub syscalls: u64,
+    pub syscall_ns: u64,
+    pub page_faults: u64,
 }
 
 /// One syscall, split by the allocator operation it ran inside.

@@ -38,6 +38,7 @@ pub(super) fn write_allocator(out: &mut String, a: &AllocatorReport) {
         a.probe_cost_ns.as_ref().map(|c| c.resolution_ns),
     );
     write_syscalls(out, &a.syscalls);
+    write_kernel_work(out, &a.ops);
     write_memory(out, a.memory.as_ref());
     write_sites(out, &a.sites);
     write_heap_sites(out, a.heap_profile.as_ref());
@@ -107,6 +108,40 @@ fn write_ops(out: &mut String, ops: &[OpStats], resolution: Option<u64>) {
     }
     if ops.len() > TOP_OPS {
         let _ = writeln!(out, "    … {} more in the JSON report", ops.len() - TOP_OPS);
+    }
+}
+
+/// Rows of the kernel work inside calls listed in the summary.
+const TOP_KERNEL_SPLITS: usize = 4;
+
+/// The syscalls and page faults inside the traced calls, by latency split
+/// (the research design's keys), the most syscall time first.
+fn write_kernel_work(out: &mut String, ops: &[OpStats]) {
+    let mut rows: Vec<&OpStats> = ops
+        .iter()
+        .filter(|o| o.syscalls > 0 || o.page_faults > 0)
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    rows.sort_by_key(|o| std::cmp::Reverse((o.syscall_ns, o.page_faults)));
+    let _ = writeln!(
+        out,
+        "    {:<17} {:<7} {:<6} {:<8} {:>9} {:>9} {:>9}",
+        "inside", "class", "origin", "phase", "syscalls", "time", "faults"
+    );
+    for o in rows.iter().take(TOP_KERNEL_SPLITS) {
+        let _ = writeln!(
+            out,
+            "    {:<17} {:<7} {:<6} {:<8} {:>9} {:>9} {:>9}",
+            ellipsize(o.op.name(), 17),
+            ellipsize(o.class.name(), 7),
+            ellipsize(o.origin.map_or("-", BlockOrigin::name), 6),
+            ellipsize(o.phase.name(), 8),
+            group(o.syscalls),
+            format_ns(o.syscall_ns),
+            group(o.page_faults),
+        );
     }
 }
 
@@ -368,6 +403,13 @@ mod tests {
         // Syscalls: inside an op, outside, untraced.
         assert!(section.contains("mmap      malloc"), "{section}");
         assert!(section.contains("outside") && section.contains("untraced"));
+        // The kernel work inside calls, by split.
+        assert!(
+            section.contains(
+                "malloc            large   new    parallel       120   1.50 ms     3,840"
+            ),
+            "{section}"
+        );
         // Memory composition with shares of the mapped peak.
         assert!(section.contains("30.0 MiB     46.9%"), "{section}");
         assert!(section.contains("blowup (freed while class grew)"));

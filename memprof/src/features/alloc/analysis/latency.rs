@@ -87,6 +87,10 @@ pub struct SplitStats {
     pub histogram: Histogram<u64>,
     /// Calls per log2 bucket of nanoseconds (bucket i: < 2^(i+1) ns).
     pub log2: [u64; 40],
+    /// Syscalls made inside these calls, their time, and page faults.
+    pub syscalls: u64,
+    pub syscall_ns: u64,
+    pub page_faults: u64,
 }
 
 impl SplitStats {
@@ -96,6 +100,9 @@ impl SplitStats {
             // any latency fits.
             histogram: latency_histogram(),
             log2: [0; 40],
+            syscalls: 0,
+            syscall_ns: 0,
+            page_faults: 0,
         }
     }
 

@@ -13,6 +13,7 @@ use crate::features::alloc::memory::MemEvent;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyscallCall {
     pub nr: u32,
+    pub tid: u32,
     /// Allocator operation in progress on the thread.
     pub inside: Option<u32>,
     /// Whether the allocator probes were attached at the time.
@@ -57,6 +58,11 @@ impl AllocProfile {
         s.count += 1;
         s.total_ns += call.duration_ns;
         s.bytes += bytes;
+        if call.inside.is_some() {
+            let c = self.inside_calls.entry(call.tid).or_default();
+            c.0 += 1;
+            c.1 += call.duration_ns;
+        }
         if call.ret < 0 && call.nr != syscall::BRK {
             return;
         }
@@ -220,6 +226,7 @@ mod tests {
     fn sys(nr: u32, inside: Option<u32>, args: [u64; 4], ret: i64) -> SyscallCall {
         SyscallCall {
             nr,
+            tid: 1,
             inside,
             traced: true,
             duration_ns: 1000,
