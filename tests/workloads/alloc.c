@@ -28,14 +28,17 @@
  *                            1 ms every 1000 pairs (a process to attach to)
  *   alloc loop N             N x malloc(64)/free as fast as possible; prints
  *                            "ns_per_pair X" on stderr
- *   alloc chains SECONDS     allocations through wrappers, for SECONDS: each
+ *   alloc chains SECONDS [SPIN]
+ *                            allocations through wrappers, for SECONDS: each
  *                            iteration build_index() takes 8192 bytes
  *                            through xmalloc() (CHAIN_INDEX), parse_record()
  *                            twice 1024 through xmalloc() (CHAIN_RECORD),
  *                            grow_tree() 4 x 512 through node_new(), a
  *                            constructor (CHAIN_TREE), fill_cache() 4096
  *                            with malloc itself (CHAIN_CACHE), keeping every
- *                            other one in a ring of 16384. Truth:
+ *                            other one in a ring of 16384; then SPIN rounds
+ *                            of hashing (a moderate load; default 0).
+ *                            Prints "ns_per_iter X". Truth:
  *                            chain_iterations, cache_live_blocks
  *   alloc work N             a moderate, more realistic load: N iterations
  *                            of (malloc 32..512 bytes, fill it, a few
@@ -91,7 +94,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: alloc reuse N | large N SIZE | small N | mixed THREADS N"
 			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | work N"
-			" | chains SECONDS\n");
+			" | chains SECONDS [SPIN]\n");
 	exit(2);
 }
 
@@ -385,9 +388,10 @@ __attribute__((noinline)) void fill_cache(long i)
 	}
 }
 
-static void alloc_chains(double seconds)
+static void alloc_chains(double seconds, long spin)
 {
 	double started = now();
+	unsigned long hash = 5381;
 	long i = 0;
 	while ((i & 63) != 0 || now() - started < seconds) {
 		build_index();
@@ -396,8 +400,12 @@ static void alloc_chains(double seconds)
 		for (int j = 0; j < 4; j++)
 			grow_tree();
 		fill_cache(i);
+		for (long k = 0; k < spin; k++)
+			hash = hash * 33 + (unsigned long)k;
 		i++;
 	}
+	sink = (void *)hash;
+	fprintf(stderr, "ns_per_iter %.1f\n", (now() - started) * 1e9 / (double)i);
 	unsigned long live = (unsigned long)((i + 1) / 2);
 	if (live > CACHE_RING)
 		live = CACHE_RING;
@@ -482,12 +490,13 @@ int main(int argc, char **argv)
 		long n = count_arg(argv[2], 1L << 40);
 		start();
 		alloc_loop(n);
-	} else if (strcmp(mode, "chains") == 0 && argc == 3) {
+	} else if (strcmp(mode, "chains") == 0 && (argc == 3 || argc == 4)) {
 		double seconds = atof(argv[2]);
+		long spin = argc == 4 ? count_arg(argv[3], 1L << 30) : 0;
 		if (seconds <= 0)
 			usage();
 		start();
-		alloc_chains(seconds);
+		alloc_chains(seconds, spin);
 	} else if (strcmp(mode, "work") == 0 && argc == 3) {
 		long n = count_arg(argv[2], 1L << 40);
 		start();

@@ -93,6 +93,11 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
             )?;
             Ok(())
         }
+        Some("heap") => {
+            let dir = root().join("target/bench");
+            std::fs::create_dir_all(&dir)?;
+            crate::bench_alloc_heap::run(&tool(), &dir).map(drop)
+        }
         Some("latency") => {
             let dir = root().join("target/bench");
             std::fs::create_dir_all(&dir)?;
@@ -102,7 +107,7 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
         Some("corpus") => corpus(alloc_rounds),
         Some(other) => {
             bail!(
-                "--only takes foundation, allocator, latency, redis, locks, sharing or corpus, not {other}"
+                "--only takes foundation, allocator, latency, heap, redis, locks, sharing or corpus, not {other}"
             )
         }
         None => {
@@ -151,6 +156,7 @@ fn allocator(rounds: usize) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut summary = crate::bench_alloc::run(rounds)?;
     summary["latency"] = crate::bench_alloc_latency::run(&tool(), dir)?;
+    summary["heap"] = crate::bench_alloc_heap::run(&tool(), dir)?;
     summary["redis"] = crate::bench_alloc_redis::run(&tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());

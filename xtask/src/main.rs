@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_alloc;
+mod bench_alloc_heap;
 mod bench_alloc_latency;
 mod bench_alloc_redis;
 mod bench_corpus;
@@ -64,7 +65,8 @@ enum Task {
         #[arg(long, default_value_t = 3)]
         alloc_rounds: usize,
         /// Run only this part: "foundation", "allocator", "locks" or
-        /// "sharing" (or "corpus", the false-sharing corpus that "sharing"
+        /// "sharing"; or a piece of one: "latency", "heap" and "redis" (of
+        /// "allocator"), "corpus" (the false-sharing corpus that "sharing"
         /// ends with).
         #[arg(long)]
         only: Option<String>,
