@@ -561,6 +561,21 @@ pub fn assert_near(
     );
 }
 
+/// The tool's arguments to launch `command` with every allocator call
+/// traced and the lock profiler off.
+pub fn full_alloc_launch<'a>(command: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--alloc-mode",
+        "full",
+        "--lock-mode",
+        "off",
+        "--no-tui",
+        "--",
+    ];
+    args.extend_from_slice(command);
+    args
+}
+
 /// As [`trace`], with the launched workload writing its ground truth:
 /// returns the run, the report and the truth.
 pub fn trace_truth(name: &str, args: &[&str]) -> (ToolRun, serde_json::Value, Truth) {

@@ -646,26 +646,10 @@ fn env_launch_with_a_preloaded_allocator_traces_that_allocator() {
         );
         return;
     }
-    let program = alloc_workload();
-    let preload = format!("LD_PRELOAD={path}");
-    let (_, report, truth) = trace_truth(
+    let (report, truth) = launch_preloaded(
         "alloc-env-preload",
-        &[
-            "--alloc-mode",
-            "full",
-            "--lock-mode",
-            "off",
-            "--no-tui",
-            "--",
-            "env",
-            "-u",
-            "MALLOC_CONF",
-            &preload,
-            program.to_str().expect("UTF-8 path"),
-            "threads",
-            ATTACH_THREADS,
-            ATTACH_PAIRS,
-        ],
+        path,
+        &["threads", ATTACH_THREADS, ATTACH_PAIRS],
     );
     let a = &report["allocator"];
     let library = a["library"].as_str().unwrap_or_default();
@@ -691,6 +675,63 @@ fn env_launch_with_a_preloaded_allocator_traces_that_allocator() {
         .map(|s| s["live_bytes"].as_u64().unwrap_or(0))
         .sum();
     assert_eq!(live, truth.get("live_bytes"), "{:#}", a["sites"]);
+    assert_no_programs_left();
+}
+
+/// Launches `env -u MALLOC_CONF LD_PRELOAD=PRELOAD alloc ARGS` in full
+/// mode: the allocator the program finally maps is traced.
+fn launch_preloaded(name: &str, preload: &str, args: &[&str]) -> (serde_json::Value, Truth) {
+    let program = alloc_workload();
+    let preload = format!("LD_PRELOAD={preload}");
+    let mut command = vec![
+        "env",
+        "-u",
+        "MALLOC_CONF",
+        &preload,
+        program.to_str().expect("UTF-8 path"),
+    ];
+    command.extend_from_slice(args);
+    let (_, report, truth) = trace_truth(name, &full_alloc_launch(&command));
+    (report, truth)
+}
+
+/// Usable bytes follow each allocator's own size classes: `alloc sizes
+/// 3000` keeps 3000 blocks over every small class and some large ones,
+/// and counts the allocator's own account of them (the sum of
+/// `malloc_usable_size()`). Launched in full mode under glibc (its chunk
+/// headers) and with jemalloc, tcmalloc and mimalloc preloaded (classes
+/// computed from the request), the tool's usable bytes at the end are the
+/// allocator's within 1% (libc's start-up blocks are the difference).
+/// Before #17 tcmalloc's were unknown (the requested bytes, 9% short).
+#[test]
+fn usable_bytes_are_each_allocators_own_account() {
+    let test = "usable_bytes_are_each_allocators_own_account";
+    if !require_root(test) {
+        return;
+    }
+    let cases = [("glibc", None)].into_iter().chain(
+        PRELOADED
+            .iter()
+            .map(|&(label, path, _)| (label, Some(path))),
+    );
+    for (label, path) in cases {
+        if let Some(path) = path.filter(|p| !std::path::Path::new(p).exists()) {
+            skip(test, &format!("{label}: {path} is not installed"));
+            continue;
+        }
+        let name = format!("alloc-sizes-{label}");
+        let (report, truth) = launch_preloaded(&name, path.unwrap_or(""), &["sizes", "3000"]);
+        let memory = &report["allocator"]["memory"];
+        assert_eq!(memory["usable_known"], true, "{label}: {memory:#}");
+        let usable = memory["usable_end"].as_u64().unwrap_or(0);
+        let own = truth.get("live_usable");
+        let err = usable as f64 / own as f64 - 1.0;
+        assert!(
+            err.abs() <= 0.01,
+            "{label}: usable bytes {usable} against the allocator's {own} ({:+.2}%): {memory:#}",
+            err * 100.0
+        );
+    }
     assert_no_programs_left();
 }
 

@@ -99,17 +99,7 @@ fn full_mode_chains(name: &str, variant: Variant) {
     let program = build_workload("alloc", variant).expect("building alloc");
     let (_, report, truth) = trace_truth(
         name,
-        &[
-            "--alloc-mode",
-            "full",
-            "--lock-mode",
-            "off",
-            "--no-tui",
-            "--",
-            program.to_str().unwrap(),
-            "chains",
-            "2",
-        ],
+        &full_alloc_launch(&[program.to_str().unwrap(), "chains", "2"]),
     );
     let iterations = truth.get("chain_iterations");
     assert!(

@@ -28,6 +28,11 @@
  *                            1 ms every 1000 pairs (a process to attach to)
  *   alloc loop N             N x malloc(64)/free as fast as possible; prints
  *                            "ns_per_pair X" on stderr
+ *   alloc sizes N            N blocks of sizes spread over 1..40000 bytes,
+ *                            every 100th 300000, all kept: every size class
+ *                            of every allocator. Truth: live_usable, the
+ *                            sum of malloc_usable_size() of the blocks, the
+ *                            allocator's own account
  *   alloc chains SECONDS [SPIN]
  *                            allocations through wrappers, for SECONDS: each
  *                            iteration build_index() takes 8192 bytes
@@ -94,7 +99,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: alloc reuse N | large N SIZE | small N | mixed THREADS N"
 			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | work N"
-			" | chains SECONDS [SPIN]\n");
+			" | sizes N | chains SECONDS [SPIN]\n");
 	exit(2);
 }
 
@@ -330,6 +335,21 @@ static void alloc_loop(long n)
 	fprintf(stderr, "ns_per_pair %.1f\n", elapsed * 1e9 / n);
 }
 
+static void alloc_sizes(long n)
+{
+	unsigned long requested = 0, usable = 0;
+	for (long i = 0; i < n; i++) {
+		size_t size = i % 100 == 99 ? 300000 : 1 + (size_t)(i * 7919) % 40000;
+		blocks[i] = malloc(size);
+		if (!blocks[i])
+			exit(1);
+		requested += size;
+		usable += malloc_usable_size(blocks[i]);
+	}
+	counted(n, 0, n, requested);
+	truth("live_usable", usable);
+}
+
 /* An allocation wrapper: returns malloc's block, aborts on failure. */
 __attribute__((noinline)) void *xmalloc(size_t n)
 {
@@ -490,6 +510,10 @@ int main(int argc, char **argv)
 		long n = count_arg(argv[2], 1L << 40);
 		start();
 		alloc_loop(n);
+	} else if (strcmp(mode, "sizes") == 0 && argc == 3) {
+		long n = count_arg(argv[2], MAX_BLOCKS);
+		start();
+		alloc_sizes(n);
 	} else if (strcmp(mode, "chains") == 0 && (argc == 3 || argc == 4)) {
 		double seconds = atof(argv[2]);
 		long spin = argc == 4 ? count_arg(argv[3], 1L << 30) : 0;

@@ -9,9 +9,13 @@
 //!   to 128, then four classes per doubling: `sz_s2u`;
 //! - mimalloc: 8-byte words, even word counts to 64 bytes, then four
 //!   bins per doubling (`_mi_bin`), the block being the bin's size;
-//! - tcmalloc and others: not computed (its classes depend on build
-//!   settings the process does not expose): the requested size, with
-//!   powers of two as classes, and usable sizes reported as unknown.
+//! - tcmalloc (gperftools 2, its default build: 8 KiB pages, classes up
+//!   to 256 KiB): the classes its `SizeMap::Init` computes at start-up,
+//!   computed the same way here (alignment by size, enough pages per span
+//!   that less than an eighth is left over, neighbours that would use the
+//!   same span merged); above, whole pages;
+//! - others: not computed: the requested size, with powers of two as
+//!   classes, and usable sizes reported as unknown.
 
 use super::allocator::AllocatorKind;
 
@@ -31,6 +35,7 @@ pub enum SizeClasses {
     Glibc,
     Jemalloc,
     Mimalloc,
+    Tcmalloc,
     /// Not known: requested sizes, power-of-two classes.
     Unknown,
 }
@@ -41,7 +46,8 @@ impl SizeClasses {
             AllocatorKind::Glibc => SizeClasses::Glibc,
             AllocatorKind::Jemalloc => SizeClasses::Jemalloc,
             AllocatorKind::Mimalloc => SizeClasses::Mimalloc,
-            AllocatorKind::Tcmalloc | AllocatorKind::Other => SizeClasses::Unknown,
+            AllocatorKind::Tcmalloc => SizeClasses::Tcmalloc,
+            AllocatorKind::Other => SizeClasses::Unknown,
         }
     }
 
@@ -56,6 +62,7 @@ impl SizeClasses {
         match self {
             SizeClasses::Jemalloc => Some(jemalloc_usable(size)),
             SizeClasses::Mimalloc => Some(mimalloc_usable(size)),
+            SizeClasses::Tcmalloc => Some(tcmalloc_usable(size)),
             SizeClasses::Glibc | SizeClasses::Unknown => None,
         }
     }
@@ -68,7 +75,7 @@ impl SizeClasses {
         match self {
             // Chunk size = usable + 8 (the size field), 16-byte aligned.
             SizeClasses::Glibc => glibc_bin((usable + 8).next_multiple_of(16)),
-            SizeClasses::Jemalloc | SizeClasses::Mimalloc => {
+            SizeClasses::Jemalloc | SizeClasses::Mimalloc | SizeClasses::Tcmalloc => {
                 u32::try_from(usable).unwrap_or(LARGE - 1)
             }
             SizeClasses::Unknown => {
@@ -130,6 +137,73 @@ fn mimalloc_usable(size: u64) -> u64 {
     words * 8
 }
 
+/// gperftools' page size and largest class (its default build).
+const TCMALLOC_PAGE_SHIFT: u32 = 13;
+const TCMALLOC_MAX_SIZE: u64 = 256 << 10;
+
+/// gperftools' class sizes, as `SizeMap::Init` computes them: sizes step
+/// by an alignment that grows with the size (8, 16, then an eighth of the
+/// power of two below); each class gets the fewest pages that leave less
+/// than an eighth unused and hold a quarter of the objects moved between
+/// caches at once; a size whose span would hold as many objects in as
+/// many pages as the class before replaces that class.
+fn tcmalloc_classes() -> &'static [u64] {
+    static CLASSES: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    CLASSES.get_or_init(|| {
+        let page = 1u64 << TCMALLOC_PAGE_SHIFT;
+        let alignment = |size: u64| -> u64 {
+            let a = match size {
+                128.. => (1u64 << (63 - size.leading_zeros())) / 8,
+                16.. => 16,
+                _ => 8,
+            };
+            a.min(page)
+        };
+        // Objects moved between a thread cache and the central list at
+        // once (64 KiB of them, 2 to 32).
+        let move_count = |size: u64| (65536 / size).clamp(2, 32);
+        let mut classes: Vec<(u64, u64)> = Vec::new(); // (size, pages)
+        let mut size = 8;
+        while size <= TCMALLOC_MAX_SIZE {
+            let to_move = move_count(size) / 4;
+            let mut span = 0;
+            loop {
+                span += page;
+                while span % size > span >> 3 {
+                    span += page;
+                }
+                if span / size >= to_move {
+                    break;
+                }
+            }
+            let pages = span >> TCMALLOC_PAGE_SHIFT;
+            match classes.last_mut() {
+                Some(last)
+                    if last.1 == pages
+                        && (pages << TCMALLOC_PAGE_SHIFT) / size
+                            == (pages << TCMALLOC_PAGE_SHIFT) / last.0 =>
+                {
+                    last.0 = size;
+                }
+                _ => classes.push((size, pages)),
+            }
+            size += alignment(size);
+        }
+        classes.into_iter().map(|(size, _)| size).collect()
+    })
+}
+
+/// gperftools' usable size for a request of `size` bytes: its class, or
+/// whole pages above the largest.
+fn tcmalloc_usable(size: u64) -> u64 {
+    let classes = tcmalloc_classes();
+    match classes.binary_search(&size.max(1)) {
+        Ok(i) => classes[i],
+        Err(i) if i < classes.len() => classes[i],
+        Err(_) => size.next_multiple_of(1 << TCMALLOC_PAGE_SHIFT),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +251,31 @@ mod tests {
             (1000, 1024),
         ];
         check(mimalloc_usable, &table);
+    }
+
+    /// From `malloc_usable_size` under Debian's libtcmalloc-minimal4
+    /// 2.10 (every request from 1 to 300,000: 85 classes, then pages).
+    #[test]
+    fn tcmalloc_classes_are_its_size_map() {
+        let table = [
+            (1, 8),
+            (9, 16),
+            (17, 32),
+            (257, 288),
+            (769, 896),
+            (1537, 1792),
+            (3073, 3328),
+            (3329, 4096),
+            (5121, 6144),
+            (6145, 6656),
+            (6657, 8192),
+            (24577, 26624),
+            (32769, 40960),
+            (262_144, 262_144),
+            (262_145, 270_336),
+        ];
+        check(tcmalloc_usable, &table);
+        assert_eq!(tcmalloc_classes().len(), 85);
     }
 
     #[test]
