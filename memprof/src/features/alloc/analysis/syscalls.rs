@@ -108,6 +108,10 @@ impl AllocProfile {
 
     fn brk_delta(&self, call: &SyscallCall) -> u64 {
         match self.brk_end {
+            // brk(0) asks where the heap ends: it moves nothing (and is
+            // the first call of a new program image, whose heap is
+            // elsewhere: after an exec the old end means nothing).
+            Some(_) if call.args[0] == 0 => 0,
             Some(end) => (call.ret as u64).abs_diff(end),
             None => 0,
         }
@@ -117,6 +121,7 @@ impl AllocProfile {
     fn brk_change(&mut self, call: &SyscallCall) -> (u64, u64) {
         let new_end = call.ret as u64;
         let change = match self.brk_end {
+            _ if call.args[0] == 0 => (0, 0),
             Some(end) if new_end > end && call.inside.is_some() => {
                 (self.committed.add(end, new_end - end), 0)
             }
@@ -296,6 +301,31 @@ mod tests {
             .unwrap()
             .1;
         assert_eq!(brk.bytes, 0x21000);
+    }
+
+    /// After an exec (a launch through `env`), the new image's heap is
+    /// elsewhere: its brk(0) moves nothing, and its growth is measured
+    /// from there.
+    #[test]
+    fn a_new_images_heap_starts_at_its_brk_query() {
+        let mut p = AllocProfile::new(LargeRule::GlibcChunk, false, SizeClasses::Glibc);
+        p.add_syscall(sys(syscall::BRK, None, [0; 4], 0x5555_0000_0000));
+        p.add_syscall(sys(syscall::BRK, None, [0; 4], 0x10_0000));
+        p.add_syscall(sys(
+            syscall::BRK,
+            Some(MALLOC),
+            [0x12_1000, 0, 0, 0],
+            0x12_1000,
+        ));
+        let bytes = |inside| {
+            p.syscalls()
+                .into_iter()
+                .find(|(k, _)| *k == (syscall::BRK, inside, true))
+                .map(|(_, s)| s.bytes)
+        };
+        assert_eq!(bytes(None), Some(0), "queries move nothing");
+        assert_eq!(bytes(Some(MALLOC)), Some(0x21000));
+        assert_eq!(p.memory_now().mapped, 0x21000);
     }
 
     #[test]
