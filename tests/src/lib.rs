@@ -561,6 +561,13 @@ pub fn assert_near(
     );
 }
 
+/// The array at `key` of the report (a failure says what was there).
+pub fn report_array<'a>(report: &'a serde_json::Value, key: &str) -> &'a [serde_json::Value] {
+    report[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key} is not an array: {report:#}"))
+}
+
 /// The tool's arguments to launch `command` with every allocator call
 /// traced and the lock profiler off.
 pub fn full_alloc_launch<'a>(command: &[&'a str]) -> Vec<&'a str> {

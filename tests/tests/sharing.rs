@@ -44,9 +44,7 @@ fn launch_with(test: &str, flags: &[&str], mode: &str, threads: &str) -> serde_j
 
 /// The lines the detector looked at and did not report, with the reason.
 fn dismissed(report: &serde_json::Value) -> &[serde_json::Value] {
-    report["false_sharing_dismissed"]
-        .as_array()
-        .unwrap_or_else(|| panic!("false_sharing_dismissed is not an array: {report:#}"))
+    report_array(report, "false_sharing_dismissed")
 }
 
 /// The dismissed lines whose object label starts with `name`.
@@ -58,9 +56,7 @@ fn dismissed_on<'a>(report: &'a serde_json::Value, name: &str) -> Vec<&'a serde_
 }
 
 fn entries(report: &serde_json::Value) -> &[serde_json::Value] {
-    report["false_sharing"]
-        .as_array()
-        .unwrap_or_else(|| panic!("false_sharing is not an array: {report:#}"))
+    report_array(report, "false_sharing")
 }
 
 /// Every entry has the promised keys and the list is ranked by cost.

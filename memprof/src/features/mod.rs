@@ -7,6 +7,7 @@
 //! structs in, no BPF, no I/O, unit-tested.
 
 pub mod alloc;
+pub mod cache;
 pub mod cpu;
 pub mod locks;
 pub mod sharing;
@@ -39,6 +40,7 @@ pub fn plans(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Ve
     vec![
         cpu::plan(opts),
         sharing::plan(),
+        cache::plan(),
         alloc::plan(opts, target, notes),
         locks::plan(opts, target, notes),
     ]

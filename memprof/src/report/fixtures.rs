@@ -11,7 +11,9 @@ use crate::{
 };
 
 mod allocator;
+mod cache;
 pub use allocator::{sample_heap_profile, sample_syscalls};
+pub use cache::sample_cache_use;
 
 use super::model::{
     BlockOrigin::{New, Reused},
@@ -60,6 +62,7 @@ pub fn sample_report() -> Report {
         }],
         false_sharing: vec![],
         false_sharing_dismissed: vec![],
+        cache_utilization: vec![],
         allocator: Default::default(),
         locks: vec![],
         lock_tracing: None,
@@ -443,6 +446,7 @@ pub fn full_report() -> Report {
         reason: DismissReason::OneThread,
     }];
     r.allocator.always_traced = vec![AllocOp::Calloc];
+    r.cache_utilization = vec![sample_cache_use()];
     r.notes.push("a note".into());
     r
 }

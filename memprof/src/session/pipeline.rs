@@ -48,6 +48,7 @@ pub fn empty_report(
         threads: Vec::new(),
         false_sharing: Vec::new(),
         false_sharing_dismissed: Vec::new(),
+        cache_utilization: Vec::new(),
         allocator: AllocatorReport::default(),
         locks: Vec::new(),
         lock_tracing: None,

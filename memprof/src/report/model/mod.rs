@@ -46,12 +46,14 @@ macro_rules! schema_enum {
 }
 
 mod allocator;
+mod cache;
 mod cpu;
 mod loader;
 mod locks;
 mod sharing;
 
 pub use allocator::*;
+pub use cache::*;
 pub use cpu::*;
 pub use loader::*;
 pub use locks::*;
@@ -116,6 +118,9 @@ pub struct Report {
     /// The most-sampled lines that are not in `false_sharing`, and why:
     /// what the detector looked at and cleared.
     pub false_sharing_dismissed: Vec<DismissedLine>,
+    /// Objects whose accesses use little of each cache line they bring in,
+    /// most lines wasted first.
+    pub cache_utilization: Vec<CacheUseEntry>,
     /// The allocator profile (`mode: "off"` when not traced).
     pub allocator: AllocatorReport,
     /// Contended locks, most wait time first, then locks the uprobes saw

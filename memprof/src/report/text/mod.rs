@@ -2,6 +2,7 @@
 //! readable in 80 columns. One file per section, in the order printed.
 
 mod allocator;
+mod cache;
 mod locks;
 mod overview;
 mod sharing;
@@ -33,6 +34,8 @@ fn render_wide(report: &Report) -> String {
     overview::write_hot_functions(&mut out, report);
     out.push('\n');
     sharing::write_false_sharing(&mut out, report);
+    out.push('\n');
+    cache::write_cache_use(&mut out, report);
     out.push('\n');
     allocator::write_allocator(&mut out, &report.allocator);
     out.push('\n');

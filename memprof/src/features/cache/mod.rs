@@ -1,0 +1,91 @@
+//! Cache use (hot and cold fields): how much of each cache line the
+//! target's data accesses bring in is used, per object, from the same
+//! sampled data addresses the false-sharing analysis reads.
+//!
+//! Samples are kept per address ([`analysis::CacheProfile`]); the heap
+//! block under each new address is looked up while it is live (at each
+//! settle, as the false-sharing lines are); the report groups addresses
+//! into objects and folds each onto its element ([`report`]).
+
+pub mod analysis;
+pub mod report;
+
+use memprof_common::{sharing::recipe, SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL};
+
+use super::{alloc::analysis::AllocProfile, sharing::LineBlock, FastMap};
+use super::{Feature, Plan, ReportContext};
+use crate::{error::Result, kernel::loader::Probes, process::state::Process, report::Report};
+use analysis::CacheProfile;
+
+pub fn plan() -> Box<dyn Plan> {
+    Box::new(CachePlan)
+}
+
+struct CachePlan;
+
+impl Plan for CachePlan {
+    fn start(
+        self: Box<Self>,
+        _probes: &mut Probes,
+        _process: &mut Process,
+    ) -> Result<Box<dyn Feature>> {
+        Ok(Box::new(Cache::default()))
+    }
+}
+
+/// The cache-use feature's state.
+#[derive(Default)]
+pub struct Cache {
+    pub profile: CacheProfile,
+    /// The heap block under each sampled address, looked up while live.
+    blocks: FastMap<u64, Option<LineBlock>>,
+    /// Addresses sampled since the last lookup.
+    new_addrs: Vec<u64>,
+}
+
+impl Feature for Cache {
+    fn on_sample(&mut self, ev: &SampleEvent, process: &mut Process) {
+        if ev.flags & SAMPLE_FLAG_ADDR == 0 || ev.flags & SAMPLE_FLAG_KERNEL != 0 {
+            return;
+        }
+        // The main process's objects (children have their own layout).
+        if ev.tgid != 0 && ev.tgid != process.pid() {
+            return;
+        }
+        if !self.blocks.contains_key(&ev.addr) && self.new_addrs.len() < 1 << 20 {
+            self.new_addrs.push(ev.addr);
+        }
+        let write = ev.access & recipe::WRITE != 0;
+        self.profile
+            .on_access(ev.tid, ev.addr, ev.size, write, ev.time_ns);
+    }
+
+    fn settle(&mut self, _process: &mut Process, heap: Option<&AllocProfile>) {
+        if self.new_addrs.is_empty() {
+            return;
+        }
+        let index = heap.map(AllocProfile::block_index);
+        for addr in std::mem::take(&mut self.new_addrs) {
+            let block = index.as_ref().and_then(|index| {
+                let (start, b) = index.containing(addr)?;
+                Some(LineBlock {
+                    start,
+                    size: b.size,
+                    site: b.site,
+                })
+            });
+            self.blocks.entry(addr).or_insert(block);
+        }
+    }
+
+    fn report(&mut self, ctx: &mut ReportContext<'_>, out: &mut Report) {
+        let blocks = &self.blocks;
+        let inputs = report::Inputs {
+            profile: &self.profile,
+            maps: ctx.process.maps(),
+            alloc: ctx.heap,
+            block: &|addr| blocks.get(&addr).copied().flatten(),
+        };
+        out.cache_utilization = report::findings(&inputs, ctx.symbolizer);
+    }
+}

@@ -1,0 +1,247 @@
+//! The report's cache-use section: sampled addresses grouped into objects
+//! (a global by its symbol, heap blocks by allocation site and size),
+//! each folded onto its element, and those that use little of the lines
+//! they bring in, with what to change.
+
+use std::sync::Arc;
+
+use super::analysis::{analyze, CacheProfile, ElementUse, FieldDef, ObjectAccesses};
+use crate::{
+    features::{alloc::analysis::AllocProfile, sharing::LineBlock, FastMap},
+    object::symbolize::dwarf::Layout,
+    process::maps::ProcMaps,
+    report::{
+        model::{source_label, CacheUseEntry, FieldUse, ObjectKind},
+        names::{code_ref, Names},
+    },
+};
+
+/// What the section is made from.
+pub struct Inputs<'a> {
+    pub profile: &'a CacheProfile,
+    pub maps: &'a ProcMaps,
+    pub alloc: Option<&'a AllocProfile>,
+    /// The heap block under a sampled address, when it was live.
+    pub block: &'a dyn Fn(u64) -> Option<LineBlock>,
+}
+
+/// Objects with fewer sampled accesses, or a smaller share of all, are
+/// not judged.
+const MIN_ACCESSES: u64 = 20;
+const MIN_SHARE: f64 = 0.02;
+/// Below this share of each line used, an object is a finding.
+const POOR_LINE_USE: f64 = 0.5;
+/// Objects analysed (the most accessed).
+const MAX_OBJECTS: usize = 32;
+
+/// An object accesses are grouped into.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Global { path: Arc<str>, name: String },
+    Heap { site: u64, size: u64 },
+}
+
+/// An object's accesses and what is known of it.
+#[derive(Default)]
+struct Group {
+    obj: ObjectAccesses,
+    accesses: u64,
+}
+
+/// The objects that use little of each line they bring in, most lines
+/// wasted first.
+pub fn findings(inputs: &Inputs<'_>, names: &mut dyn Names) -> Vec<CacheUseEntry> {
+    let (total, _) = inputs.profile.totals();
+    let mut groups: FastMap<Key, Group> = FastMap::default();
+    let mut placed: FastMap<u64, (Key, u64)> = FastMap::default();
+    for (addr, s) in inputs.profile.addresses() {
+        let Some((key, offset)) = resolve(inputs, addr, names, &mut groups) else {
+            continue;
+        };
+        let g = groups.entry(key.clone()).or_default();
+        let n = s.reads + s.writes;
+        g.accesses += n;
+        g.obj.accesses.push((offset, s.size, n));
+        placed.insert(addr, (key, offset));
+    }
+    for ((a, b), n) in inputs.profile.pairs() {
+        if let (Some((ka, oa)), Some((kb, ob))) = (placed.get(&a), placed.get(&b)) {
+            if ka == kb {
+                if let Some(g) = groups.get_mut(ka) {
+                    g.obj.pairs.push((*oa, *ob, n));
+                }
+            }
+        }
+    }
+    let mut ranked: Vec<(Key, Group)> = groups
+        .into_iter()
+        .filter(|(_, g)| {
+            g.accesses >= MIN_ACCESSES && g.accesses as f64 >= MIN_SHARE * total as f64
+        })
+        .collect();
+    ranked.sort_by_key(|g| std::cmp::Reverse(g.1.accesses));
+    ranked.truncate(MAX_OBJECTS);
+    let mut out: Vec<(f64, CacheUseEntry)> = ranked
+        .into_iter()
+        .filter_map(|(key, g)| {
+            let u = analyze(&g.obj)?;
+            (u.line_use < POOR_LINE_USE).then(|| {
+                let wasted = g.accesses as f64 * (1.0 - u.line_use);
+                (wasted, entry(inputs, &key, &g, &u, total, names))
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.0.total_cmp(&a.0));
+    out.into_iter().map(|(_, e)| e).collect()
+}
+
+/// The object holding `addr` and the offset in it; a global's layout is
+/// read when its group is first made.
+fn resolve(
+    inputs: &Inputs<'_>,
+    addr: u64,
+    names: &mut dyn Names,
+    groups: &mut FastMap<Key, Group>,
+) -> Option<(Key, u64)> {
+    if let Some((path, base)) = inputs.maps.data_owner(addr) {
+        let sym = names.data(&path, base, addr)?;
+        let key = Key::Global {
+            path: path.clone(),
+            name: sym.name.clone(),
+        };
+        if !groups.contains_key(&key) {
+            let layout = names.data_layout(&path, &sym.name);
+            let mut g = Group::default();
+            g.obj.size = sym.size;
+            if let Some(l) = layout {
+                g.obj.element = l.element.or(l.struct_size).or(sym.size);
+                g.obj.fields = fields_of(&l);
+            }
+            groups.insert(key.clone(), g);
+        }
+        return Some((key, sym.offset));
+    }
+    let block = (inputs.block)(addr)?;
+    let key = Key::Heap {
+        site: block.site,
+        size: block.size,
+    };
+    groups.entry(key.clone()).or_default().obj.size = Some(block.size);
+    Some((key, addr - block.start))
+}
+
+/// A struct's members as fields, each up to the next (the last to the
+/// struct's end).
+fn fields_of(layout: &Layout) -> Vec<FieldDef> {
+    let Some(end) = layout.struct_size else {
+        return Vec::new();
+    };
+    let m = &layout.members;
+    m.iter()
+        .enumerate()
+        .map(|(i, f)| FieldDef {
+            name: f.name.clone(),
+            offset: f.offset,
+            size: m
+                .get(i + 1)
+                .map_or(end, |n| n.offset)
+                .saturating_sub(f.offset),
+        })
+        .filter(|f| f.size > 0)
+        .collect()
+}
+
+fn entry(
+    inputs: &Inputs<'_>,
+    key: &Key,
+    g: &Group,
+    u: &ElementUse,
+    total: u64,
+    names: &mut dyn Names,
+) -> CacheUseEntry {
+    let (object, object_kind, alloc_site) = match key {
+        Key::Global { name, .. } => (name.clone(), ObjectKind::Global, None),
+        Key::Heap { site, size } => {
+            let place = inputs.alloc.map(|a| a.site_place(*site));
+            let chain = place.map(|p| names.code_inlined(&p));
+            let label = chain.as_ref().map_or("an unknown site".to_string(), |c| {
+                source_label(c.frame.file.as_deref(), c.frame.line, &c.frame.module)
+            });
+            (
+                format!("{size}-byte heap blocks from {label}"),
+                ObjectKind::Heap,
+                chain.as_ref().map(code_ref),
+            )
+        }
+    };
+    CacheUseEntry {
+        object,
+        object_kind,
+        alloc_site,
+        accesses: g.accesses,
+        share: g.accesses as f64 / total.max(1) as f64,
+        element_size: u.element_size,
+        line_use: u.line_use,
+        lines_per_element: u.lines,
+        packed_lines: u.packed_lines,
+        fields: u
+            .fields
+            .iter()
+            .map(|(f, n)| FieldUse {
+                name: f.name.clone(),
+                offset: f.offset,
+                size: f.size,
+                accesses: *n,
+            })
+            .collect(),
+        affinity: u.affinity.clone(),
+        advice: advice(u),
+    }
+}
+
+/// What to change: keep the hot fields together, the cold ones apart.
+fn advice(u: &ElementUse) -> String {
+    let mut hot: Vec<&(FieldDef, u64)> = u.fields.iter().filter(|f| f.1 > 0).collect();
+    hot.sort_by_key(|f| std::cmp::Reverse(f.1));
+    let hot: Vec<&str> = hot.iter().map(|f| f.0.name.as_str()).collect();
+    let cold: Vec<&str> = u
+        .fields
+        .iter()
+        .filter(|f| f.1 == 0)
+        .map(|f| f.0.name.as_str())
+        .collect();
+    let pct = u.line_use * 100.0;
+    let mut text = format!(
+        "only {pct:.1}% of each cache line brought in is used: {} of every {}-byte element",
+        plural_bytes(u.used_bytes),
+        u.element_size
+    );
+    text += &format!(" ({} sampled)", hot.join(", "));
+    if u.lines > u.packed_lines {
+        text += &format!(
+            "; put the hot fields together at the start of the struct: an element's accesses \
+             then touch {} line(s) instead of {}",
+            u.packed_lines, u.lines
+        );
+    }
+    let per_line = (64 / u.used_bytes.max(1)).max(1);
+    text += &format!(
+        "; move the cold part{} to a separate array (or struct), so that a line holds the hot \
+         part of {per_line} elements instead of {}",
+        if cold.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", cold.join(", "))
+        },
+        (64 / u.element_size.max(1)).max(1),
+    );
+    text
+}
+
+fn plural_bytes(n: u64) -> String {
+    if n == 1 {
+        "1 byte".into()
+    } else {
+        format!("{n} bytes")
+    }
+}

@@ -1,0 +1,48 @@
+//! The cache-use section: objects whose accesses use little of each cache
+//! line they bring in (hot fields interleaved with cold ones).
+
+use serde::Serialize;
+
+use super::{CodeRef, ObjectKind};
+
+/// One object whose lines are poorly used.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CacheUseEntry {
+    /// As in `false_sharing`: the global's name, or the heap blocks'
+    /// size and allocation site.
+    pub object: String,
+    pub object_kind: ObjectKind,
+    /// Heap objects: where the blocks are allocated.
+    pub alloc_site: Option<CodeRef>,
+    /// Sampled accesses to the object, and their share of all sampled
+    /// data accesses.
+    pub accesses: u64,
+    pub share: f64,
+    /// The element accesses fold onto (an array's struct; the debug info's
+    /// when there is some, else inferred from the access pattern).
+    pub element_size: u64,
+    /// Bytes of an element accessed at all over the bytes of the lines
+    /// they lie in (0-1): the share of every line brought in that is used.
+    pub line_use: f64,
+    /// Lines of an element that hold accessed bytes, and how many the
+    /// accessed bytes would need packed together.
+    pub lines_per_element: u64,
+    pub packed_lines: u64,
+    /// The element's fields by offset (the debug info's, cold ones too;
+    /// else the runs of accessed bytes, named `+OFFSET`).
+    pub fields: Vec<FieldUse>,
+    /// Fields one thread accessed close together (consecutive samples
+    /// within 2 ms, in any elements): [field, field, times].
+    pub affinity: Vec<(String, String, u64)>,
+    pub advice: String,
+}
+
+/// One field of the element.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldUse {
+    pub name: String,
+    pub offset: u64,
+    pub size: u64,
+    /// Sampled accesses (0: a cold field).
+    pub accesses: u64,
+}

@@ -1,0 +1,63 @@
+//! The "Cache use" section: objects whose accesses use little of each
+//! line they bring in.
+
+use std::fmt::Write as _;
+
+use super::wrap_into;
+use crate::report::{
+    format::{ellipsize, group},
+    model::{CacheUseEntry, Report},
+};
+
+/// Objects shown in the summary.
+const TOP_OBJECTS: usize = 3;
+/// Fields listed per object.
+const TOP_FIELDS: usize = 6;
+
+/// The "Cache use" section, one paragraph per object, most lines wasted
+/// first; one line when nothing was found.
+pub(super) fn write_cache_use(out: &mut String, report: &Report) {
+    if report.cache_utilization.is_empty() {
+        let _ = writeln!(
+            out,
+            "Cache use: no object with poorly used cache lines among the sampled accesses"
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Cache use: objects using little of each line they bring in"
+    );
+    for e in report.cache_utilization.iter().take(TOP_OBJECTS) {
+        write_object(out, e);
+    }
+    let more = report.cache_utilization.len().saturating_sub(TOP_OBJECTS);
+    if more > 0 {
+        let _ = writeln!(out, "  … {more} more in the JSON report");
+    }
+}
+
+fn write_object(out: &mut String, e: &CacheUseEntry) {
+    let _ = writeln!(
+        out,
+        "  {} ({}): {:.1}% of each line used, {} sampled accesses ({:.0}% of all)",
+        ellipsize(&e.object, 40),
+        e.object_kind,
+        e.line_use * 100.0,
+        group(e.accesses),
+        e.share * 100.0
+    );
+    let mut fields: Vec<_> = e.fields.iter().collect();
+    fields.sort_by(|a, b| b.accesses.cmp(&a.accesses).then(a.offset.cmp(&b.offset)));
+    let list: Vec<String> = fields
+        .iter()
+        .take(TOP_FIELDS)
+        .map(|f| match f.accesses {
+            0 => format!("{} (+{}, {} B) cold", f.name, f.offset, f.size),
+            n => format!("{} (+{}, {} B) {}", f.name, f.offset, f.size, group(n)),
+        })
+        .collect();
+    let lead = format!("    {}-byte element: ", e.element_size);
+    wrap_into(out, &lead, &list.join(", "));
+    wrap_into(out, "    fix: ", &e.advice);
+}

@@ -1,0 +1,136 @@
+//! Cache use (hot and cold fields): on workloads whose use of each cache
+//! line is known (tests/workloads/cacheuse.c), the `cache_utilization`
+//! array of the report names the object, the share of each line used,
+//! the element, the hot and cold fields and the fix, and reports nothing
+//! when whole lines are used. The addresses come from the same sampling
+//! as the false-sharing detector's (timer samples decoded here, or PEBS
+//! and IBS where there are).
+
+use memprof_tests::*;
+
+/// How far the share of each line used may be from the truth (the
+/// issue's target: ±5 points).
+const LINE_USE_TOLERANCE: f64 = 0.05;
+
+/// Launches `cacheuse MODE 3` under the tool (allocator and locks off:
+/// the workload has neither) and returns the report.
+fn launch(test: &str, mode: &str) -> serde_json::Value {
+    let w = build_workload("cacheuse", Variant::Debug).expect("building cacheuse");
+    let args = [
+        "--no-tui",
+        "--alloc-mode",
+        "off",
+        "--lock-mode",
+        "off",
+        "--",
+        w.to_str().expect("UTF-8"),
+        mode,
+        "3",
+    ];
+    let (_, report) = trace(test, &args);
+    assert_no_programs_left();
+    report
+}
+
+fn findings(report: &serde_json::Value) -> &[serde_json::Value] {
+    report_array(report, "cache_utilization")
+}
+
+fn finding<'a>(report: &'a serde_json::Value, object: &str) -> &'a serde_json::Value {
+    findings(report)
+        .iter()
+        .find(|f| f["object"] == object)
+        .unwrap_or_else(|| panic!("no finding on {object}: {:#?}", findings(report)))
+}
+
+/// The fields of a finding with sampled accesses, most first.
+fn hot_fields(f: &serde_json::Value) -> Vec<&str> {
+    let mut hot: Vec<&serde_json::Value> = f["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["accesses"].as_u64().unwrap_or(0) > 0)
+        .collect();
+    hot.sort_by_key(|x| std::cmp::Reverse(x["accesses"].as_u64()));
+    hot.iter().filter_map(|x| x["name"].as_str()).collect()
+}
+
+fn assert_line_use(f: &serde_json::Value, truth: f64) {
+    let got = f["line_use"].as_f64().unwrap_or(-1.0);
+    assert!(
+        (got - truth).abs() <= LINE_USE_TOLERANCE,
+        "line use {got} against {truth}: {f:#}"
+    );
+}
+
+/// A scan reading the 8-byte key of 64-byte records uses 12.5% of each
+/// line: the records are named, the key is the hot field, the payload
+/// cold, and the fix moves the payload out.
+#[test]
+fn a_key_scan_uses_an_eighth_of_each_line() {
+    if !require_root("a_key_scan_uses_an_eighth_of_each_line") {
+        return;
+    }
+    let report = launch("cache-records", "records");
+    let f = finding(&report, "g_records");
+    assert_eq!(f["object_kind"], "global", "{f:#}");
+    assert_eq!(f["element_size"], 64, "{f:#}");
+    assert_line_use(f, 0.125);
+    assert_eq!(hot_fields(f), ["key"], "{f:#}");
+    assert!(f["accesses"].as_u64().unwrap_or(0) >= 100, "{f:#}");
+    let advice = f["advice"].as_str().unwrap_or_default();
+    assert!(
+        advice.contains("payload") && advice.contains("separate"),
+        "{advice}"
+    );
+}
+
+/// The same keys in their own array use whole lines: nothing to report.
+#[test]
+fn keys_in_their_own_array_are_no_finding() {
+    if !require_root("keys_in_their_own_array_are_no_finding") {
+        return;
+    }
+    let report = launch("cache-split", "split");
+    assert!(
+        findings(&report).is_empty(),
+        "whole lines are used: {:#?}",
+        findings(&report)
+    );
+    // Not because nothing was sampled: the keys' loads gave addresses.
+    let with_address = report["sampling"]["addresses"]["with_address"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(with_address >= 100, "{:#}", report["sampling"]);
+}
+
+/// Two hot fields 56 bytes apart in a 128-byte struct, cold fields
+/// around them: 16 of 128 bytes used, on two lines where one would do;
+/// the fix puts them together.
+#[test]
+fn hot_fields_apart_are_moved_together() {
+    if !require_root("hot_fields_apart_are_moved_together") {
+        return;
+    }
+    let report = launch("cache-pair", "pair");
+    let f = finding(&report, "g_pairs");
+    assert_eq!(f["element_size"], 128, "{f:#}");
+    assert_line_use(f, 16.0 / 128.0);
+    let mut hot = hot_fields(f);
+    hot.sort_unstable();
+    assert_eq!(hot, ["hot_a", "hot_b"], "{f:#}");
+    assert_eq!(f["lines_per_element"], 2, "{f:#}");
+    assert_eq!(f["packed_lines"], 1, "{f:#}");
+    let pairs = f["affinity"].as_array().unwrap();
+    assert!(
+        pairs
+            .iter()
+            .any(|p| p[0] == "hot_a" && p[1] == "hot_b" && p[2].as_u64().unwrap_or(0) > 0),
+        "the two hot fields are accessed together: {f:#}"
+    );
+    let advice = f["advice"].as_str().unwrap_or_default();
+    assert!(
+        advice.contains("together") && advice.contains("instead of 2"),
+        "{advice}"
+    );
+}
