@@ -15,11 +15,16 @@ const LINE_USE_TOLERANCE: f64 = 0.05;
 /// Launches `cacheuse MODE 3` under the tool (allocator and locks off:
 /// the workload has neither) and returns the report.
 fn launch(test: &str, mode: &str) -> serde_json::Value {
+    launch_alloc(test, "off", mode)
+}
+
+/// As [`launch`], with the allocator traced in `alloc_mode`.
+fn launch_alloc(test: &str, alloc_mode: &str, mode: &str) -> serde_json::Value {
     let w = build_workload("cacheuse", Variant::Debug).expect("building cacheuse");
     let args = [
         "--no-tui",
         "--alloc-mode",
-        "off",
+        alloc_mode,
         "--lock-mode",
         "off",
         "--",
@@ -83,6 +88,31 @@ fn a_key_scan_uses_an_eighth_of_each_line() {
         advice.contains("payload") && advice.contains("separate"),
         "{advice}"
     );
+}
+
+/// The same scan on a malloc'd array: the object is the heap blocks of
+/// its allocation line, and the 64-byte element comes from the access
+/// pattern alone (no debug info describes a heap block).
+#[test]
+fn a_key_scan_on_the_heap_finds_its_element() {
+    if !require_root("a_key_scan_on_the_heap_finds_its_element") {
+        return;
+    }
+    let report = launch_alloc("cache-heap", "full", "heap");
+    let f = findings(&report)
+        .iter()
+        .find(|f| f["object_kind"] == "heap")
+        .unwrap_or_else(|| panic!("no heap finding: {:#?}", findings(&report)));
+    let object = f["object"].as_str().unwrap_or_default();
+    let line = marked_line("cacheuse", "// HEAP_RECORDS");
+    assert!(
+        object.starts_with("2097152-byte heap blocks from cacheuse.c:")
+            && object.ends_with(&format!(":{line}")),
+        "{f:#}"
+    );
+    assert_eq!(f["element_size"], 64, "{f:#}");
+    assert_line_use(f, 0.125);
+    assert_eq!(hot_fields(f), ["+0"], "{f:#}");
 }
 
 /// The same keys in their own array use whole lines: nothing to report.

@@ -10,6 +10,7 @@ use ratatui::{
     Frame,
 };
 
+use super::layout::Selection;
 use super::rates::{Rates, Totals};
 use super::tabs::{
     allocator::AllocatorState,
@@ -45,6 +46,8 @@ pub struct App {
     pub locks: LocksState,
     /// The False sharing tab's selection (↑/↓ there move it too).
     pub sharing: SharingState,
+    /// The Cache use tab's selection.
+    pub cache: Selection,
     /// The newest log line and how many there were (logs stay in memory
     /// while the dashboard is on screen).
     pub log_line: Option<(String, u64)>,
@@ -62,6 +65,7 @@ impl App {
             allocator: AllocatorState::default(),
             locks: LocksState::default(),
             sharing: SharingState::default(),
+            cache: Selection::default(),
             log_line: None,
             rates: None,
         }
@@ -120,6 +124,14 @@ impl App {
                 self.sharing.down(self.sharing_rows());
             }
             Action::Up if self.current_tab() == Tab::FalseSharing => self.sharing.up(),
+            Action::Down if self.current_tab() == Tab::CacheUse => {
+                let rows = self
+                    .report
+                    .as_ref()
+                    .map_or(0, |r| r.cache_utilization.len());
+                self.cache.down(rows);
+            }
+            Action::Up if self.current_tab() == Tab::CacheUse => self.cache.up(),
             Action::Down => self.scroll = self.scroll.saturating_add(1),
             Action::Up => self.scroll = self.scroll.saturating_sub(1),
             Action::Tab(_) | Action::Quit | Action::Redraw => {}
@@ -164,7 +176,7 @@ impl App {
             "scroll"
         };
         let mut footer = vec![Span::from(format!(
-            " q quit · Tab/←/→ or 1-4 switch tab · ↑/↓ {arrows} "
+            " q quit · Tab/←/→ or 1-5 switch tab · ↑/↓ {arrows} "
         ))
         .dim()];
         if let Some((line, count)) = &self.log_line {
@@ -265,7 +277,7 @@ pub(crate) mod tests {
         app.set_report(sample_report());
         for report in [sample_report(), report_with_allocator()] {
             app.set_report(report);
-            for tab in 0..4 {
+            for tab in 0..Tab::ALL.len() {
                 app.tab = tab;
                 let mut terminal = Terminal::new(TestBackend::new(10, 3)).unwrap();
                 terminal.draw(|f| app.render(f)).unwrap();
@@ -280,7 +292,7 @@ pub(crate) mod tests {
         assert_eq!(app.current_tab(), Tab::FalseSharing);
         app.handle(Action::PrevTab);
         app.handle(Action::PrevTab);
-        assert_eq!(app.current_tab(), Tab::Locks);
+        assert_eq!(app.current_tab(), Tab::CacheUse, "wraps to the last tab");
         app.handle(Action::Tab(2));
         assert_eq!(app.current_tab(), Tab::Allocator);
         app.handle(Action::Tab(9));

@@ -126,7 +126,7 @@ fn read_keys(tx: &mpsc::UnboundedSender<Action>, stop: &AtomicBool) {
                 KeyCode::Char('q') | KeyCode::Esc => Action::Quit,
                 KeyCode::Tab | KeyCode::Right | KeyCode::Char('l') => Action::NextTab,
                 KeyCode::BackTab | KeyCode::Left | KeyCode::Char('h') => Action::PrevTab,
-                KeyCode::Char(c @ '1'..='4') => Action::Tab(c as usize - '1' as usize),
+                KeyCode::Char(c @ '1'..='5') => Action::Tab(c as usize - '1' as usize),
                 KeyCode::Down | KeyCode::Char('j') => Action::Down,
                 KeyCode::Up | KeyCode::Char('k') => Action::Up,
                 _ => continue,

@@ -10,6 +10,8 @@
 pub mod analysis;
 pub mod report;
 
+use std::time::{Duration, Instant};
+
 use memprof_common::{sharing::recipe, SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL};
 
 use super::{alloc::analysis::AllocProfile, sharing::LineBlock, FastMap};
@@ -41,7 +43,17 @@ pub struct Cache {
     blocks: FastMap<u64, Option<LineBlock>>,
     /// Addresses sampled since the last lookup.
     new_addrs: Vec<u64>,
+    /// When the heap blocks were last looked up.
+    last_lookup: Option<Instant>,
 }
+
+/// Looking blocks up sorts every live block: with more than this many,
+/// it is done at most every [`LOOKUP_INTERVAL`] (addresses whose block
+/// is freed meanwhile stay unnamed).
+const CHEAP_LOOKUP_BLOCKS: usize = 100_000;
+const LOOKUP_INTERVAL: Duration = Duration::from_secs(2);
+/// Addresses waiting for a lookup, at most.
+const MAX_PENDING: usize = 1 << 16;
 
 impl Feature for Cache {
     fn on_sample(&mut self, ev: &SampleEvent, process: &mut Process) {
@@ -52,7 +64,7 @@ impl Feature for Cache {
         if ev.tgid != 0 && ev.tgid != process.pid() {
             return;
         }
-        if !self.blocks.contains_key(&ev.addr) && self.new_addrs.len() < 1 << 20 {
+        if !self.blocks.contains_key(&ev.addr) && self.new_addrs.len() < MAX_PENDING {
             self.new_addrs.push(ev.addr);
         }
         let write = ev.access & recipe::WRITE != 0;
@@ -61,10 +73,17 @@ impl Feature for Cache {
     }
 
     fn settle(&mut self, _process: &mut Process, heap: Option<&AllocProfile>) {
-        if self.new_addrs.is_empty() {
+        let Some(heap) = heap.filter(|_| !self.new_addrs.is_empty()) else {
+            return;
+        };
+        let due = self
+            .last_lookup
+            .is_none_or(|at| at.elapsed() >= LOOKUP_INTERVAL);
+        if heap.live_count() > CHEAP_LOOKUP_BLOCKS && !due {
             return;
         }
-        let index = heap.map(AllocProfile::block_index);
+        self.last_lookup = Some(Instant::now());
+        let index = Some(heap.block_index());
         for addr in std::mem::take(&mut self.new_addrs) {
             let block = index.as_ref().and_then(|index| {
                 let (start, b) = index.containing(addr)?;

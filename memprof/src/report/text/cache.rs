@@ -40,7 +40,7 @@ pub(super) fn write_cache_use(out: &mut String, report: &Report) {
 fn write_object(out: &mut String, e: &CacheUseEntry) {
     let _ = writeln!(
         out,
-        "  {} ({}): {:.1}% of each line used, {} sampled accesses ({:.0}% of all)",
+        "  {} ({}): {:.1}% of each line used · {} samples ({:.0}% of all)",
         ellipsize(&e.object, 40),
         e.object_kind,
         e.line_use * 100.0,

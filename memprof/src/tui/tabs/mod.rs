@@ -2,6 +2,7 @@
 //! A tab draws itself from the [`App`] alone.
 
 pub mod allocator;
+pub mod cache;
 pub mod locks;
 pub mod overview;
 pub mod sharing;
@@ -17,10 +18,17 @@ pub enum Tab {
     FalseSharing,
     Allocator,
     Locks,
+    CacheUse,
 }
 
 impl Tab {
-    pub const ALL: [Tab; 4] = [Tab::Overview, Tab::FalseSharing, Tab::Allocator, Tab::Locks];
+    pub const ALL: [Tab; 5] = [
+        Tab::Overview,
+        Tab::FalseSharing,
+        Tab::Allocator,
+        Tab::Locks,
+        Tab::CacheUse,
+    ];
 
     pub fn title(self) -> &'static str {
         match self {
@@ -28,6 +36,7 @@ impl Tab {
             Tab::FalseSharing => "2 False sharing",
             Tab::Allocator => "3 Allocator",
             Tab::Locks => "4 Locks",
+            Tab::CacheUse => "5 Cache use",
         }
     }
 
@@ -38,6 +47,7 @@ impl Tab {
             Tab::FalseSharing => sharing::render(app, frame, area),
             Tab::Allocator => allocator::render(app, frame, area),
             Tab::Locks => locks::render(app, frame, area),
+            Tab::CacheUse => cache::render(app, frame, area),
         }
     }
 }

@@ -98,6 +98,10 @@ impl AllocProfile {
     }
 
     /// Live blocks by start address, in no particular order.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
     pub fn live_blocks(&self) -> impl Iterator<Item = (u64, &Block)> {
         self.live.iter().map(|(a, b)| (*a, b))
     }
