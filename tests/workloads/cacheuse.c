@@ -5,8 +5,8 @@
  *   cacheuse MODE SECONDS
  *
  * One thread loops over an array of 2^15 elements until SECONDS have
- * passed, printing "ready" on stdout first and "iterations N" on stderr
- * at the end. Modes, and what a profiler should report:
+ * passed, printing "ready" on stdout first and "iterations N" and
+ * "ns_per_iter X" (one pass over the array) on stderr at the end. Modes, and what a profiler should report:
  *
  *   records  reads the key of each g_records element (struct record: an
  *            8-byte key, a 56-byte payload): 8 of every 64 bytes brought
@@ -110,5 +110,6 @@ int main(int argc, char **argv)
 		iterations++;
 	}
 	fprintf(stderr, "iterations %ld (sum %ld)\n", iterations, sum);
+	fprintf(stderr, "ns_per_iter %.1f\n", (now() - start) * 1e9 / (double)iterations);
 	return 0;
 }

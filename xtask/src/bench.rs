@@ -93,6 +93,11 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
             )?;
             Ok(())
         }
+        Some("cache") => {
+            let dir = root().join("target/bench");
+            std::fs::create_dir_all(&dir)?;
+            crate::bench_cache::run(alloc_rounds, &tool(), &dir).map(drop)
+        }
         Some("heap") => {
             let dir = root().join("target/bench");
             std::fs::create_dir_all(&dir)?;
@@ -107,7 +112,7 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
         Some("corpus") => corpus(alloc_rounds),
         Some(other) => {
             bail!(
-                "--only takes foundation, allocator, latency, heap, redis, locks, sharing or corpus, not {other}"
+                "--only takes foundation, allocator, latency, heap, redis, locks, sharing, corpus or cache, not {other}"
             )
         }
         None => {
@@ -120,9 +125,11 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
 }
 
 fn sharing(rounds: usize) -> Result<()> {
-    let summary = crate::bench_sharing::run(rounds)?;
+    let mut summary = crate::bench_sharing::run(rounds)?;
     let out = root().join("target/bench/sharing.json");
-    std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    let dir = out.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    summary["cache_use"] = crate::bench_cache::run(rounds, &tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
     Ok(())

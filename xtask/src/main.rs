@@ -8,6 +8,7 @@ mod bench_alloc;
 mod bench_alloc_heap;
 mod bench_alloc_latency;
 mod bench_alloc_redis;
+mod bench_cache;
 mod bench_corpus;
 mod bench_locks;
 mod bench_locks_load;
@@ -65,9 +66,9 @@ enum Task {
         #[arg(long, default_value_t = 3)]
         alloc_rounds: usize,
         /// Run only this part: "foundation", "allocator", "locks" or
-        /// "sharing"; or a piece of one: "latency", "heap" and "redis" (of
-        /// "allocator"), "corpus" (the false-sharing corpus that "sharing"
-        /// ends with).
+        /// "sharing" (which ends with "cache", the cache-use analysis); or
+        /// a piece of one: "latency", "heap" and "redis" (of "allocator"),
+        /// "corpus" (the false-sharing corpus that "sharing" ends with).
         #[arg(long)]
         only: Option<String>,
     },

@@ -19,11 +19,17 @@ use super::{Feature, Plan, ReportContext};
 use crate::{error::Result, kernel::loader::Probes, process::state::Process, report::Report};
 use analysis::CacheProfile;
 
+/// `MEMPROF_CACHE_USE=off` leaves the analysis out (the benchmark's
+/// comparison: it adds no kernel work, only the loader's).
 pub fn plan() -> Box<dyn Plan> {
-    Box::new(CachePlan)
+    Box::new(CachePlan {
+        off: std::env::var("MEMPROF_CACHE_USE").is_ok_and(|v| v == "off"),
+    })
 }
 
-struct CachePlan;
+struct CachePlan {
+    off: bool,
+}
 
 impl Plan for CachePlan {
     fn start(
@@ -31,13 +37,18 @@ impl Plan for CachePlan {
         _probes: &mut Probes,
         _process: &mut Process,
     ) -> Result<Box<dyn Feature>> {
-        Ok(Box::new(Cache::default()))
+        Ok(Box::new(Cache {
+            off: self.off,
+            ..Cache::default()
+        }))
     }
 }
 
 /// The cache-use feature's state.
 #[derive(Default)]
 pub struct Cache {
+    /// Turned off: samples are ignored and nothing is reported.
+    off: bool,
     pub profile: CacheProfile,
     /// The heap block under each sampled address, looked up while live.
     blocks: FastMap<u64, Option<LineBlock>>,
@@ -57,7 +68,7 @@ const MAX_PENDING: usize = 1 << 16;
 
 impl Feature for Cache {
     fn on_sample(&mut self, ev: &SampleEvent, process: &mut Process) {
-        if ev.flags & SAMPLE_FLAG_ADDR == 0 || ev.flags & SAMPLE_FLAG_KERNEL != 0 {
+        if self.off || ev.flags & SAMPLE_FLAG_ADDR == 0 || ev.flags & SAMPLE_FLAG_KERNEL != 0 {
             return;
         }
         // The main process's objects (children have their own layout).

@@ -1,0 +1,140 @@
+//! `cargo xtask bench --only cache`: what the cache-use analysis costs,
+//! side by side in one run. It adds no kernel work (it reads the samples
+//! the false-sharing sampler already takes), so the comparison is the
+//! tool with it and without it (`MEMPROF_CACHE_USE=off`), and untraced:
+//!
+//! - *overhead*: `cacheuse records 4` (tests/workloads/cacheuse.c, a key
+//!   scan that prints ns per pass), untraced, traced, and traced without
+//!   the analysis, alternating rounds; medians of per-round ratios
+//!   (target: no more than the sampler's own, ≤ 1.03x untraced);
+//! - *loader CPU*: the tool attached for 10 s to a running scan, with and
+//!   without the analysis (target ≤ 5% of a core);
+//! - *accuracy*: the scan's line use against the truth (12.5%; target
+//!   ±5 points).
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::bench::{median, read_report, run_for_metric, run_tool, verdict};
+
+const TARGET_OVERHEAD: f64 = 1.03;
+const TARGET_LOADER_CPU: f64 = 0.05;
+const TARGET_LINE_USE_ERROR: f64 = 0.05;
+
+pub fn run(rounds: usize, tool: &Path, dir: &Path) -> Result<Value> {
+    let w = workloads::build_workload("cacheuse", workloads::Variant::Debug)?;
+    let json = dir.join("cache-report.json");
+    println!("cache use (record scan, {rounds} rounds)");
+    let configs = ["untraced", "traced", "traced, analysis off"];
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut line_use = Vec::new();
+    for _ in 0..rounds.max(1) {
+        for (i, name) in configs.iter().enumerate() {
+            let mut cmd = if i == 0 {
+                Command::new(&w)
+            } else {
+                let mut c = Command::new(tool);
+                c.args([
+                    "--no-tui",
+                    "--alloc-mode",
+                    "off",
+                    "--lock-mode",
+                    "off",
+                    "--json",
+                ])
+                .arg(&json)
+                .arg("--")
+                .arg(&w);
+                if i == 2 {
+                    c.env("MEMPROF_CACHE_USE", "off");
+                }
+                c
+            };
+            cmd.args(["records", "4"]);
+            ns[i].push(run_for_metric(&mut cmd, name, "ns_per_iter")?);
+            if i == 1 {
+                let report = read_report(&json)?;
+                line_use.push(
+                    report["cache_utilization"][0]["line_use"]
+                        .as_f64()
+                        .context("no cache-use finding on the record scan")?,
+                );
+            }
+        }
+    }
+    let ratio = |i: usize| {
+        let mut r: Vec<f64> = ns[i].iter().zip(&ns[0]).map(|(t, u)| t / u).collect();
+        median(&mut r)
+    };
+    let (traced, off) = (ratio(1), ratio(2));
+    println!(
+        "  overhead: traced {traced:.3}x untraced, {off:.3}x without the analysis  target ≤ {TARGET_OVERHEAD}x  {}",
+        verdict("cache use: overhead", traced <= TARGET_OVERHEAD)
+    );
+    let use_median = median(&mut line_use.clone());
+    println!(
+        "  line use of the record scan: {:.1}% (truth 12.5%)  target ±5 points  {}",
+        use_median * 100.0,
+        verdict(
+            "cache use: line use of the record scan",
+            (use_median - 0.125).abs() <= TARGET_LINE_USE_ERROR
+        )
+    );
+    let on = loader_cpu(tool, &w, dir, false)?;
+    let without = loader_cpu(tool, &w, dir, true)?;
+    println!(
+        "  loader CPU attached 10 s: {:.1}% of a core ({:.1}% without the analysis)  target ≤ 5%  {}",
+        on * 100.0,
+        without * 100.0,
+        verdict("cache use: loader CPU", on <= TARGET_LOADER_CPU)
+    );
+    Ok(json!({
+        "ns_per_iter": { "untraced": ns[0], "traced": ns[1], "analysis_off": ns[2] },
+        "overhead": traced,
+        "overhead_analysis_off": off,
+        "line_use": line_use,
+        "loader_cpu": on,
+        "loader_cpu_analysis_off": without,
+    }))
+}
+
+/// The loader's CPU share over a 10 s session attached to a running scan.
+fn loader_cpu(tool: &Path, w: &Path, dir: &Path, off: bool) -> Result<f64> {
+    let mut target = Command::new(w)
+        .args(["records", "14"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting cacheuse")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let json = dir.join("cache-attach-report.json");
+    let pid = target.id().to_string();
+    let mut cmd = Command::new(tool);
+    cmd.args([
+        "-p",
+        &pid,
+        "--duration",
+        "10s",
+        "--no-tui",
+        "--alloc-mode",
+        "off",
+    ])
+    .args(["--lock-mode", "off", "--json"])
+    .arg(&json);
+    if off {
+        cmd.env("MEMPROF_CACHE_USE", "off");
+    }
+    let result = run_tool(&mut cmd);
+    let _ = target.kill();
+    let _ = target.wait();
+    result?;
+    read_report(&json)?["loader"]["cpu_share"]
+        .as_f64()
+        .context("no loader.cpu_share")
+}
