@@ -205,16 +205,34 @@ fn folded(accesses: &[(u64, u32, u64)], element: u64) -> Vec<bool> {
     used
 }
 
+/// Addresses (the busiest) an element size is inferred from.
+const INFERENCE_ADDRESSES: usize = 2048;
+
+/// Blocks at least this large may hold elements that do not divide them
+/// (a slab allocator's page of 96-byte items): every multiple of 8 is a
+/// candidate element there.
+const SLAB_BLOCK: u64 = 64 << 10;
+
 /// The element size that makes the accesses sparsest when folded: among
 /// multiples of 8 that divide the object's size (all multiples of 8 up to
-/// [`MAX_INFERRED_ELEMENT`] when it is unknown) and that the samples
-/// cover ([`MIN_SAMPLES_PER_OFFSET`]), the smallest whose used share is
-/// within [`ELEMENT_TOLERANCE`] of the lowest.
+/// [`MAX_INFERRED_ELEMENT`] when it is unknown or at least a
+/// [`SLAB_BLOCK`]) and that the samples cover
+/// ([`MIN_SAMPLES_PER_OFFSET`]), the smallest whose used share is within
+/// [`ELEMENT_TOLERANCE`] of the lowest.
 fn infer_element(obj: &ObjectAccesses) -> u64 {
     let limit = obj
         .size
         .unwrap_or(MAX_INFERRED_ELEMENT)
         .min(MAX_INFERRED_ELEMENT);
+    // The busiest addresses are enough to see the period, and keep this
+    // bounded (it runs at every dashboard refresh).
+    let mut busiest = obj.accesses.clone();
+    busiest.sort_by_key(|a| std::cmp::Reverse(a.2));
+    busiest.truncate(INFERENCE_ADDRESSES);
+    let obj = &ObjectAccesses {
+        accesses: busiest,
+        ..obj.clone()
+    };
     let samples: u64 = obj.accesses.iter().map(|a| a.2).sum();
     let covered = |e: u64| {
         let mut offsets: Vec<u64> = obj.accesses.iter().map(|a| a.0 % e).collect();
@@ -224,7 +242,7 @@ fn infer_element(obj: &ObjectAccesses) -> u64 {
     };
     let candidates: Vec<u64> = (1..=limit / 8)
         .map(|k| k * 8)
-        .filter(|&e| obj.size.is_none_or(|s| s % e == 0))
+        .filter(|&e| obj.size.is_none_or(|s| s % e == 0 || s >= SLAB_BLOCK))
         .filter(|&e| e == 8 || covered(e))
         .collect();
     let share = |e: u64| {
@@ -311,6 +329,32 @@ mod tests {
         assert!((u.line_use - 0.125).abs() < 1e-9);
         assert_eq!(u.fields.len(), 1);
         assert_eq!(u.fields[0].0.name, "+0");
+    }
+
+    /// A slab page of 96-byte items (which do not divide the page), whose
+    /// lookups read each item's 8-byte key pointer and 4-byte length.
+    #[test]
+    fn items_in_a_slab_page_are_found_by_their_size() {
+        let obj = ObjectAccesses {
+            accesses: (0..400)
+                .flat_map(|i: u64| {
+                    // Items in no arithmetic pattern (an LCG's).
+                    let item = (i
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407)
+                        >> 33)
+                        % 10_000
+                        * 96;
+                    [(item + 16, 8, 1), (item + 40, 4, 1)]
+                })
+                .collect(),
+            size: Some(1 << 20),
+            ..Default::default()
+        };
+        let u = analyze(&obj).unwrap();
+        assert_eq!(u.element_size, 96);
+        assert_eq!(u.used_bytes, 12);
+        assert!((u.line_use - 12.0 / 64.0).abs() < 1e-9, "{}", u.line_use);
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub struct Cache {
     new_addrs: Vec<u64>,
     /// When the heap blocks were last looked up.
     last_lookup: Option<Instant>,
+    /// Addresses placed in objects, kept between reports.
+    placements: report::Placements,
 }
 
 /// Looking blocks up sorts every live block: with more than this many,
@@ -114,8 +116,8 @@ impl Feature for Cache {
             profile: &self.profile,
             maps: ctx.process.maps(),
             alloc: ctx.heap,
-            block: &|addr| blocks.get(&addr).copied().flatten(),
+            block: &|addr| blocks.get(&addr).copied(),
         };
-        out.cache_utilization = report::findings(&inputs, ctx.symbolizer);
+        out.cache_utilization = report::findings(&inputs, &mut self.placements, ctx.symbolizer);
     }
 }

@@ -21,8 +21,18 @@ pub struct Inputs<'a> {
     pub profile: &'a CacheProfile,
     pub maps: &'a ProcMaps,
     pub alloc: Option<&'a AllocProfile>,
-    /// The heap block under a sampled address, when it was live.
-    pub block: &'a dyn Fn(u64) -> Option<LineBlock>,
+    /// The heap block under a sampled address, when it was live (None:
+    /// not looked up yet).
+    pub block: &'a dyn Fn(u64) -> Option<Option<LineBlock>>,
+}
+
+/// Where each sampled address was placed, and what is known of each
+/// object, kept from report to report: the dashboard makes one a second,
+/// and symbolizing every address each time would not keep up.
+#[derive(Default)]
+pub struct Placements {
+    places: FastMap<u64, Option<(Key, u64)>>,
+    objects: FastMap<Key, ObjectAccesses>,
 }
 
 /// Objects with fewer sampled accesses, or a smaller share of all, are
@@ -36,7 +46,7 @@ const MAX_OBJECTS: usize = 32;
 
 /// An object accesses are grouped into.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Key {
+pub enum Key {
     Global { path: Arc<str>, name: String },
     Heap { site: u64, size: u64 },
 }
@@ -50,15 +60,36 @@ struct Group {
 
 /// The objects that use little of each line they bring in, most lines
 /// wasted first.
-pub fn findings(inputs: &Inputs<'_>, names: &mut dyn Names) -> Vec<CacheUseEntry> {
+pub fn findings(
+    inputs: &Inputs<'_>,
+    placements: &mut Placements,
+    names: &mut dyn Names,
+) -> Vec<CacheUseEntry> {
     let (total, _) = inputs.profile.totals();
     let mut groups: FastMap<Key, Group> = FastMap::default();
     let mut placed: FastMap<u64, (Key, u64)> = FastMap::default();
     for (addr, s) in inputs.profile.addresses() {
-        let Some((key, offset)) = resolve(inputs, addr, names, &mut groups) else {
+        let place = match placements.places.get(&addr) {
+            Some(known) => known.clone(),
+            None => {
+                let Some(place) = resolve(inputs, addr, names, &mut placements.objects) else {
+                    continue; // its heap block is not looked up yet
+                };
+                placements.places.insert(addr, place.clone());
+                place
+            }
+        };
+        let Some((key, offset)) = place else {
             continue;
         };
-        let g = groups.entry(key.clone()).or_default();
+        let g = groups.entry(key.clone()).or_insert_with(|| Group {
+            obj: ObjectAccesses {
+                accesses: Vec::new(),
+                pairs: Vec::new(),
+                ..placements.objects.get(&key).cloned().unwrap_or_default()
+            },
+            accesses: 0,
+        });
         let n = s.reads + s.writes;
         g.accesses += n;
         g.obj.accesses.push((offset, s.size, n));
@@ -95,39 +126,46 @@ pub fn findings(inputs: &Inputs<'_>, names: &mut dyn Names) -> Vec<CacheUseEntry
     out.into_iter().map(|(_, e)| e).collect()
 }
 
-/// The object holding `addr` and the offset in it; a global's layout is
-/// read when its group is first made.
+/// The object holding `addr` and the offset in it (Some(None): none we
+/// name), recording what is known of a new object (a global's size and
+/// layout, a heap block's size); None while its heap block is not looked
+/// up yet.
 fn resolve(
     inputs: &Inputs<'_>,
     addr: u64,
     names: &mut dyn Names,
-    groups: &mut FastMap<Key, Group>,
-) -> Option<(Key, u64)> {
+    objects: &mut FastMap<Key, ObjectAccesses>,
+) -> Option<Option<(Key, u64)>> {
     if let Some((path, base)) = inputs.maps.data_owner(addr) {
-        let sym = names.data(&path, base, addr)?;
+        let Some(sym) = names.data(&path, base, addr) else {
+            return Some(None);
+        };
         let key = Key::Global {
             path: path.clone(),
             name: sym.name.clone(),
         };
-        if !groups.contains_key(&key) {
-            let layout = names.data_layout(&path, &sym.name);
-            let mut g = Group::default();
-            g.obj.size = sym.size;
-            if let Some(l) = layout {
-                g.obj.element = l.element.or(l.struct_size).or(sym.size);
-                g.obj.fields = fields_of(&l);
+        if !objects.contains_key(&key) {
+            let mut obj = ObjectAccesses {
+                size: sym.size,
+                ..Default::default()
+            };
+            if let Some(l) = names.data_layout(&path, &sym.name) {
+                obj.element = l.element.or(l.struct_size).or(sym.size);
+                obj.fields = fields_of(&l);
             }
-            groups.insert(key.clone(), g);
+            objects.insert(key.clone(), obj);
         }
-        return Some((key, sym.offset));
+        return Some(Some((key, sym.offset)));
     }
-    let block = (inputs.block)(addr)?;
+    let Some(block) = (inputs.block)(addr)? else {
+        return Some(None);
+    };
     let key = Key::Heap {
         site: block.site,
         size: block.size,
     };
-    groups.entry(key.clone()).or_default().obj.size = Some(block.size);
-    Some((key, addr - block.start))
+    objects.entry(key.clone()).or_default().size = Some(block.size);
+    Some(Some((key, addr - block.start)))
 }
 
 /// A struct's members as fields, each up to the next (the last to the
