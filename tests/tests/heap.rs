@@ -147,10 +147,13 @@ fn call_chains_past_optimised_wrappers() {
     full_mode_chains("heap-full-o2", Variant::Optimized);
 }
 
-/// Attached in the default (windowed) mode to a hot loop: the same sites
-/// past the same wrappers, ranked by their share of the bytes; the
-/// totals are estimates when the session's allocation count is known,
-/// and null (with the reason in `basis`) when it is not.
+/// Attached in the default (windowed) mode to the loop at a moderate rate
+/// (hashing between iterations): the same sites past the same wrappers,
+/// build_index's share of the bytes within three standard deviations of
+/// its half (for the samples taken); the totals are estimates when the
+/// session's allocation count is known, and null (with the reason in
+/// `basis`) when it is not. On the hot loop the budget leaves too few
+/// samples to check shares (18 in one run).
 #[test]
 fn attached_default_mode_ranks_the_sites_by_share() {
     if !require_root("attached_default_mode_ranks_the_sites_by_share") {
@@ -161,7 +164,7 @@ fn attached_default_mode_ranks_the_sites_by_share() {
         "heap-attached",
         &["--lock-mode", "off"],
         &program,
-        &["chains", "4"],
+        &["chains", "8", "40000"],
         &[],
     );
     let report = &run.report;
@@ -170,11 +173,23 @@ fn attached_default_mode_ranks_the_sites_by_share() {
         "{:#}",
         report["allocator"]
     );
+    let samples = report["allocator"]["heap_profile"]["samples"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        samples >= 100,
+        "too few samples to judge: {:#}",
+        report["allocator"]["heap_profile"]
+    );
     assert_sites_past_wrappers(report);
-    let top = &heap_sites(report)[0];
-    assert_eq!(top["function"], "build_index", "half of all bytes: {top:#}");
-    let share = top["alloc_share"].as_f64().unwrap();
-    assert!((0.35..=0.65).contains(&share), "{top:#}");
+    let index = heap_site(report, "build_index");
+    let share = index["alloc_share"].as_f64().unwrap();
+    let sigma = (0.25 / samples as f64).sqrt();
+    assert!(
+        (share - 0.5).abs() <= 3.0 * sigma,
+        "half of all bytes, ±{:.3}: {index:#}",
+        3.0 * sigma
+    );
     let count_known = report["allocator"]["count_error"]
         .as_f64()
         .is_some_and(|e| e <= 0.3);
