@@ -8,26 +8,49 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use super::x86::calls::ends_with_call;
+use super::x86::{calls::ends_with_call, wrapper::returns_result};
 use crate::process::files::FileCache;
 
-/// Verdicts per (file, offset).
+/// What is asked of the code at an offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Question {
+    FollowsCall,
+    ReturnsResult,
+}
+
+/// Verdicts per (file, offset, question).
 #[derive(Debug, Default)]
 pub struct CodeCache {
-    verdicts: HashMap<(Arc<str>, u64), bool>,
+    verdicts: HashMap<(Arc<str>, u64, Question), bool>,
 }
 
 impl CodeCache {
     /// Whether the instruction ending right before `offset` in `path` is a
     /// call (so `offset` is where a call returns to).
     pub fn follows_call(&mut self, files: &mut FileCache, path: &Arc<str>, offset: u64) -> bool {
-        if let Some(&v) = self.verdicts.get(&(path.clone(), offset)) {
+        self.verdict(files, path, offset, Question::FollowsCall, ends_with_call)
+    }
+
+    /// Whether the function whose call returns to `offset` in `path`
+    /// returns what that call returned (an allocation wrapper).
+    pub fn returns_result(&mut self, files: &mut FileCache, path: &Arc<str>, offset: u64) -> bool {
+        self.verdict(files, path, offset, Question::ReturnsResult, returns_result)
+    }
+
+    fn verdict(
+        &mut self,
+        files: &mut FileCache,
+        path: &Arc<str>,
+        offset: u64,
+        question: Question,
+        answer: fn(&[u8], usize) -> bool,
+    ) -> bool {
+        let key = (path.clone(), offset, question);
+        if let Some(&v) = self.verdicts.get(&key) {
             return v;
         }
-        let verdict = files
-            .get(path)
-            .is_some_and(|b| ends_with_call(&b, offset as usize));
-        self.verdicts.insert((path.clone(), offset), verdict);
+        let verdict = files.get(path).is_some_and(|b| answer(&b, offset as usize));
+        self.verdicts.insert(key, verdict);
         verdict
     }
 }

@@ -2,8 +2,6 @@
 //! the live-thread count, and the allocator's system calls with whether
 //! its probes were attached then.
 
-use std::sync::Arc;
-
 use memprof_common::{
     alloc_op, record_kind, AllocEvent, AllocStackEvent, SyscallEvent, ALLOC_SAMPLE_MEAN_BYTES,
     EVENT_ALLOC, EVENT_ALLOC_STACK, EVENT_SYSCALL,
@@ -12,11 +10,10 @@ use memprof_common::{
 use super::analysis::{AllocCall, AllocProfile, SyscallCall};
 use super::heap::{HeapFrame, HeapProfile};
 use crate::{
-    features::FastMap,
     object::{
+        files::CodeCache,
         unwind::Unwinder,
         walk::{walk, StackCopy},
-        x86::wrapper::returns_result,
     },
     process::{
         maps::{call_of, Place},
@@ -38,9 +35,9 @@ pub struct AllocCollector {
     /// Probe windows, as ktime ranges (the last may be open).
     windows: Vec<(u64, Option<u64>)>,
     unwinder: Unwinder,
-    /// Whether the function at each return address (file, offset)
-    /// returns what the call returned.
-    wrappers: FastMap<(Arc<str>, u64), bool>,
+    /// Whether the function at each return address returns what the
+    /// call returned.
+    code: CodeCache,
 }
 
 impl AllocCollector {
@@ -50,7 +47,7 @@ impl AllocCollector {
             heap: HeapProfile::new(ALLOC_SAMPLE_MEAN_BYTES),
             windows: Vec::new(),
             unwinder: Unwinder::default(),
-            wrappers: FastMap::default(),
+            code: CodeCache::default(),
         }
     }
 
@@ -175,16 +172,9 @@ impl AllocCollector {
         let Place::File { path, file_offset } = place else {
             return false;
         };
-        let ret = file_offset + 1;
-        if let Some(&known) = self.wrappers.get(&(path.clone(), ret)) {
-            return known;
-        }
-        let verdict = process
-            .files
-            .get(path)
-            .is_some_and(|code| returns_result(&code, ret as usize));
-        self.wrappers.insert((path.clone(), ret), verdict);
-        verdict
+        // The place is the call; the code after it starts a byte on.
+        self.code
+            .returns_result(&mut process.files, path, file_offset + 1)
     }
 
     fn on_syscall(&mut self, ev: &SyscallEvent, process: &mut Process) {

@@ -229,13 +229,9 @@ fn infer_element(obj: &ObjectAccesses) -> u64 {
     let mut busiest = obj.accesses.clone();
     busiest.sort_by_key(|a| std::cmp::Reverse(a.2));
     busiest.truncate(INFERENCE_ADDRESSES);
-    let obj = &ObjectAccesses {
-        accesses: busiest,
-        ..obj.clone()
-    };
-    let samples: u64 = obj.accesses.iter().map(|a| a.2).sum();
+    let samples: u64 = busiest.iter().map(|a| a.2).sum();
     let covered = |e: u64| {
-        let mut offsets: Vec<u64> = obj.accesses.iter().map(|a| a.0 % e).collect();
+        let mut offsets: Vec<u64> = busiest.iter().map(|a| a.0 % e).collect();
         offsets.sort_unstable();
         offsets.dedup();
         samples as f64 / offsets.len().max(1) as f64 >= MIN_SAMPLES_PER_OFFSET
@@ -246,7 +242,7 @@ fn infer_element(obj: &ObjectAccesses) -> u64 {
         .filter(|&e| e == 8 || covered(e))
         .collect();
     let share = |e: u64| {
-        let used = folded(&obj.accesses, e).iter().filter(|&&u| u).count();
+        let used = folded(&busiest, e).iter().filter(|&&u| u).count();
         used as f64 / e as f64
     };
     let shares: Vec<(u64, f64)> = candidates.iter().map(|&e| (e, share(e))).collect();

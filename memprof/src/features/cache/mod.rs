@@ -96,16 +96,9 @@ impl Feature for Cache {
             return;
         }
         self.last_lookup = Some(Instant::now());
-        let index = Some(heap.block_index());
+        let index = heap.block_index();
         for addr in std::mem::take(&mut self.new_addrs) {
-            let block = index.as_ref().and_then(|index| {
-                let (start, b) = index.containing(addr)?;
-                Some(LineBlock {
-                    start,
-                    size: b.size,
-                    site: b.site,
-                })
-            });
+            let block = LineBlock::at(&index, addr);
             self.blocks.entry(addr).or_insert(block);
         }
     }

@@ -17,7 +17,10 @@ use memprof_common::{
     SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY, SAMPLE_FLAG_NO_RECIPE,
 };
 
-use super::{alloc::analysis::AllocProfile, FastMap};
+use super::{
+    alloc::analysis::{AllocProfile, BlockIndex},
+    FastMap,
+};
 use super::{Feature, Plan, ReportContext};
 use crate::process::threads::ThreadEvent;
 use crate::{
@@ -57,6 +60,18 @@ pub struct LineBlock {
     pub size: u64,
     /// The allocating call ([`AllocProfile::site_place`]).
     pub site: u64,
+}
+
+impl LineBlock {
+    /// The live block holding `addr`, if any.
+    pub fn at(index: &BlockIndex<'_>, addr: u64) -> Option<Self> {
+        let (start, b) = index.containing(addr)?;
+        Some(Self {
+            start,
+            size: b.size,
+            site: b.site,
+        })
+    }
 }
 
 /// The false-sharing feature's state.
@@ -292,16 +307,9 @@ impl Feature for Sharing {
         }
         let index = heap.map(AllocProfile::block_index);
         for line in new {
-            let block = index.as_ref().and_then(|index| {
-                // Any byte of the line: a block may start inside it.
-                let first = line + u64::from(self.profile.first_offset(line));
-                let (start, b) = index.containing(first)?;
-                Some(LineBlock {
-                    start,
-                    size: b.size,
-                    site: b.site,
-                })
-            });
+            // Any byte of the line: a block may start inside it.
+            let first = line + u64::from(self.profile.first_offset(line));
+            let block = index.as_ref().and_then(|index| LineBlock::at(index, first));
             self.line_blocks.insert(line, block);
         }
     }

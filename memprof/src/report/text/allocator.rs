@@ -95,11 +95,8 @@ fn write_ops(out: &mut String, ops: &[OpStats], resolution: Option<u64>) {
     for op in by_count.iter().take(TOP_OPS) {
         let _ = writeln!(
             out,
-            "    {:<17} {:<7} {:<6} {:<8} {:>9} {:>7} {:>7} {:>7}",
-            ellipsize(op.op.name(), 17),
-            ellipsize(op.class.name(), 7),
-            ellipsize(op.origin.map_or("-", BlockOrigin::name), 6),
-            ellipsize(op.phase.name(), 8),
+            "    {} {:>9} {:>7} {:>7} {:>7}",
+            split_label(op),
             maybe(op.count, group),
             format_latency(op.mean_ns, resolution),
             format_latency(op.p99_ns, resolution),
@@ -109,6 +106,17 @@ fn write_ops(out: &mut String, ops: &[OpStats], resolution: Option<u64>) {
     if ops.len() > TOP_OPS {
         let _ = writeln!(out, "    … {} more in the JSON report", ops.len() - TOP_OPS);
     }
+}
+
+/// A split's operation, class, origin and phase, in the tables' columns.
+fn split_label(o: &OpStats) -> String {
+    format!(
+        "{:<17} {:<7} {:<6} {:<8}",
+        ellipsize(o.op.name(), 17),
+        ellipsize(o.class.name(), 7),
+        ellipsize(o.origin.map_or("-", BlockOrigin::name), 6),
+        ellipsize(o.phase.name(), 8),
+    )
 }
 
 /// Rows of the kernel work inside calls listed in the summary.
@@ -133,11 +141,8 @@ fn write_kernel_work(out: &mut String, ops: &[OpStats]) {
     for o in rows.iter().take(TOP_KERNEL_SPLITS) {
         let _ = writeln!(
             out,
-            "    {:<17} {:<7} {:<6} {:<8} {:>9} {:>9} {:>9}",
-            ellipsize(o.op.name(), 17),
-            ellipsize(o.class.name(), 7),
-            ellipsize(o.origin.map_or("-", BlockOrigin::name), 6),
-            ellipsize(o.phase.name(), 8),
+            "    {} {:>9} {:>9} {:>9}",
+            split_label(o),
             group(o.syscalls),
             format_ns(o.syscall_ns),
             group(o.page_faults),
