@@ -69,6 +69,9 @@ pub mod recipe {
     /// registers that still hold it, or reads again from the stack slot
     /// (or other memory) it was loaded from ([`super::AccessRecipe::loads`]).
     pub const SLICE: u32 = 32;
+    /// The read of a jump or call through memory (`jmp *GOT(%rip)` in a
+    /// PLT stub, a virtual call): a code pointer, not the program's data.
+    pub const BRANCH: u32 = 64;
 }
 
 /// At most this many user-memory reads in one recipe.

@@ -372,6 +372,10 @@ fn operand(insn: &Instruction, info: &mut InstructionInfoFactory) -> Option<Acce
         OpAccess::ReadWrite | OpAccess::ReadCondWrite => recipe::READ | recipe::WRITE,
         _ => return None,
     };
+    let flags = match insn.flow_control() {
+        FlowControl::IndirectBranch | FlowControl::IndirectCall => flags | recipe::BRANCH,
+        _ => flags,
+    };
     let size = insn.memory_size().size().clamp(1, 64) as u8;
     Some(AccessRecipe::plain(
         base,
@@ -520,6 +524,18 @@ mod tests {
             decode(&code, at, BASE + 3, false).recipe,
             AccessRecipe::none()
         );
+    }
+
+    #[test]
+    fn a_jump_through_memory_reads_a_code_pointer() {
+        // jmp [rip+0x10] (a PLT stub), sampled on the jump itself.
+        let (code, at) = with_padding(&[0xff, 0x25, 0x10, 0, 0, 0]);
+        let d = decode(&code, at, BASE, false);
+        assert_eq!(d.recipe.flags, recipe::READ | recipe::BRANCH);
+        assert_eq!(d.recipe.address(&[0; reg::COUNT]), Some(BASE + 6 + 0x10));
+        // A data load is not.
+        let (code, at) = with_padding(&[0x8b, 0x05, 0x10, 0, 0, 0, 0x90]);
+        assert_eq!(decode(&code, at, BASE, false).recipe.flags, recipe::READ);
     }
 
     #[test]
