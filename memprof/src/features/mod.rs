@@ -11,6 +11,7 @@ pub mod cache;
 pub mod cpu;
 pub mod locks;
 pub mod sharing;
+pub mod ulcp;
 
 use std::{
     task::{Context, Poll},

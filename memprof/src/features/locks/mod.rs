@@ -19,9 +19,9 @@ use std::{
     time::Instant,
 };
 
-use memprof_common::{locks::HoldEvent, maps, CONTENTION_KEYS};
+use memprof_common::{locks::HoldEvent, maps, SampleEvent, CONTENTION_KEYS};
 
-use super::{alloc::analysis::AllocProfile, Feature, Plan, ReportContext, Target};
+use super::{alloc::analysis::AllocProfile, ulcp, Feature, Plan, ReportContext, Target};
 use crate::{
     cli::LockMode,
     error::Result,
@@ -104,12 +104,17 @@ impl Plan for LockPlan {
             }
             None => None,
         };
+        // `MEMPROF_ULCP=off` leaves the analysis out (the benchmark's
+        // comparison: it adds no kernel work, only the loader's).
+        let off = std::env::var("MEMPROF_ULCP").is_ok_and(|v| v == "off");
+        let ulcp = (calls.is_some() && !off).then(ulcp::Ulcp::default);
         Ok(Box::new(Locks {
             futex,
             contention,
             calls,
             mode: self.mode,
             collector: LockCollector::default(),
+            ulcp,
         }))
     }
 }
@@ -125,9 +130,17 @@ pub struct Locks {
     calls: Option<(Ring, Windowed)>,
     mode: LockMode,
     collector: LockCollector,
+    /// Whether the waits were needed (with the lock uprobes).
+    ulcp: Option<ulcp::Ulcp>,
 }
 
 impl Feature for Locks {
+    fn on_sample(&mut self, ev: &SampleEvent, process: &mut Process) {
+        if let Some(u) = &mut self.ulcp {
+            u.on_sample(ev, process);
+        }
+    }
+
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         if let Poll::Ready(r) = poll_ring(&mut self.futex, cx) {
             return Poll::Ready(r);
@@ -144,10 +157,17 @@ impl Feature for Locks {
         for (ip, hint) in collector.new_hints.drain(..) {
             self.contention.install_hint(ip, hint);
         }
+        let ulcp = &mut self.ulcp;
         if let Some((holds, _)) = &mut self.calls {
             more |= drain_batch(holds, |b| {
                 if let Some(ev) = decoded(b, "critical-section", HoldEvent::from_bytes) {
                     collector.on_hold(&ev, process);
+                    if let Some(u) = ulcp
+                        .as_mut()
+                        .filter(|_| !process.before_launch(ev.acquired_ns))
+                    {
+                        u.on_hold(&ev);
+                    }
                 }
             });
         }
@@ -174,9 +194,18 @@ impl Feature for Locks {
         self.calls.is_some() && self.mode == LockMode::Sampled
     }
 
+    fn settle(&mut self, _process: &mut Process, _heap: Option<&AllocProfile>) {
+        if let Some(u) = &mut self.ulcp {
+            u.profile.settle();
+        }
+    }
+
     fn finish(&mut self, probes: &mut Probes, _process: &mut Process) {
         if let Some((_, tracer)) = &mut self.calls {
             tracer.finish(probes);
+        }
+        if let Some(u) = &mut self.ulcp {
+            u.profile.finish();
         }
     }
 
@@ -210,6 +239,17 @@ impl Feature for Locks {
             scale.as_ref(),
             ctx.symbolizer,
         );
+        if let Some(u) = &self.ulcp {
+            let inputs = ulcp::report::Inputs {
+                profile: &u.profile,
+                sites: &self.collector.profile,
+                maps: ctx.process.maps(),
+                heap,
+            };
+            ulcp::report::annotate(&mut out.locks, &inputs, ctx.symbolizer);
+            ctx.notes
+                .extend(ulcp::report::note(&out.locks, &u.profile, self.mode));
+        }
         let changed = traced::make_consistent(&mut out.locks);
         ctx.notes.extend(traced::consistency_note(changed));
         let unplaced = self.collector.profile.hold_table().sites_unplaced;

@@ -89,6 +89,88 @@ pub struct LockEntry {
     /// The critical sections (uprobes): where the lock was taken and
     /// released, most hold time first.
     pub sections: Vec<SectionEntry>,
+    /// Whether the waits were needed: the critical sections that
+    /// serialized, classified by what they were sampled touching (null
+    /// when no traced section waited behind another with sampled
+    /// accesses).
+    pub unnecessary: Option<Unnecessary>,
+}
+
+schema_enum! {
+    /// PerfPlay's classes of two critical sections of one lock.
+    #[derive(Default)]
+    pub enum ContentionClass {
+        /// One of the two touched no shared memory.
+        #[default]
+        Null = "null",
+        /// Both only read shared memory.
+        ReadRead = "read-read",
+        /// They write shared memory, never the bytes the other touches.
+        DisjointWrite = "disjoint-write",
+        /// Same data without conflict (redundant writes of one value).
+        Benign = "benign",
+        /// One writes what the other reads or writes: needed.
+        True = "true",
+    }
+}
+
+/// Unnecessary lock contention on one lock.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Unnecessary {
+    /// The class of the hand-offs holding most of the wait.
+    pub class: ContentionClass,
+    /// Hand-offs of that class seen: a section whose lock call waited
+    /// while another thread's section held the lock (traced sections
+    /// only: in sampled lock mode, those inside the windows).
+    pub pairs: u64,
+    /// The lock's wait time (`wait_total_ns`) times the share of the
+    /// classified traced waits spent behind unnecessary hand-offs.
+    pub wasted_wait_ns: u64,
+    pub wasted_share: f64,
+    /// Share of the traced waits left out: one of the two sections had
+    /// no sampled access at all, so nothing is known of it.
+    pub unsampled_share: f64,
+    /// For an unnecessary class: the probability that a conflicting
+    /// access, were it 5% of the sections' accesses, would have been
+    /// sampled (see `confidence_basis`); 1 for true contention.
+    pub confidence: f64,
+    pub confidence_basis: String,
+    /// Every class seen, most wait first.
+    pub classes: Vec<ClassShare>,
+    /// The critical sections' sampled accesses, most sampled first.
+    pub evidence: Vec<SectionEvidence>,
+    pub advice: String,
+}
+
+/// The hand-offs of one class.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ClassShare {
+    pub class: ContentionClass,
+    pub pairs: u64,
+    /// Share of the traced waits.
+    pub wait_share: f64,
+}
+
+/// What one critical-section site was sampled touching.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SectionEvidence {
+    /// The lock call, "function (file:line)".
+    pub section: String,
+    pub threads: usize,
+    /// Traced sections, and those with a sampled access.
+    pub sections: u64,
+    pub sampled_sections: u64,
+    /// Sampled accesses to shared memory (lines more than one thread was
+    /// sampled touching), reads and writes; and to private memory.
+    pub reads: u64,
+    pub writes: u64,
+    pub private: u64,
+    /// The shared words touched (most accessed first, at most 8), as
+    /// "symbol+offset", "heap block from file:line +offset" or an
+    /// address; and how many shared words and lines in all.
+    pub shared_words: Vec<String>,
+    pub shared_word_count: usize,
+    pub shared_lines: usize,
 }
 
 /// One critical-section site: the lock call and the release.

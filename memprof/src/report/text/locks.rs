@@ -2,10 +2,10 @@
 
 use std::fmt::Write as _;
 
-use super::WIDTH;
+use super::{wrap_into, WIDTH};
 use crate::report::{
     format::{ellipsize, format_ns, group, share_percent},
-    model::{source_label, LockEntry, LockTracing},
+    model::{source_label, ContentionClass, LockEntry, LockTracing},
 };
 
 /// Lock entries shown in the summary.
@@ -63,6 +63,36 @@ pub(super) fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option
             let _ = writeln!(out, "{line}");
         }
         write_lock_holds(out, l);
+        write_unnecessary(out, l);
+    }
+}
+
+/// Whether the waits were needed: the class of the sections that
+/// serialized, what it rests on, and the fix.
+fn write_unnecessary(out: &mut String, l: &LockEntry) {
+    let Some(u) = &l.unnecessary else {
+        return;
+    };
+    let class = u.class.name();
+    let pairs = group(u.pairs);
+    let line = if u.class == ContentionClass::True {
+        format!("      contention needed: the sections conflict ({pairs} hand-offs seen)")
+    } else {
+        let weak = if u.confidence_basis.starts_with("weak") {
+            " (weak)"
+        } else {
+            ""
+        };
+        format!(
+            "      unnecessary {class}: {} of waits ({}), confidence {:.2}{weak}",
+            format_ns(u.wasted_wait_ns),
+            share_percent(u.wasted_share, 0),
+            u.confidence,
+        )
+    };
+    let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
+    if u.class != ContentionClass::True {
+        wrap_into(out, "      fix: ", &u.advice);
     }
 }
 
@@ -151,9 +181,30 @@ fn write_lock_holds(out: &mut String, l: &LockEntry) {
 mod tests {
     use crate::report::{
         fixtures::{report_with_locks, sample_report, trace_hot_lock},
-        model::{LockTracing, TraceMode},
+        model::{ContentionClass, LockTracing, TraceMode},
         text::{render, WIDTH},
     };
+
+    #[test]
+    fn unnecessary_contention_shows_its_class_waste_confidence_and_fix() {
+        let mut r = report_with_locks();
+        trace_hot_lock(&mut r);
+        let text = render(&r);
+        assert!(
+            text.contains("unnecessary disjoint-write: 1.63 s of waits (90%), confidence 0.97\n"),
+            "{text}"
+        );
+        assert!(text.contains("      fix: the sections write different shared words"));
+        let u = r.locks[0].unnecessary.as_mut().unwrap();
+        u.confidence = 0.2;
+        u.confidence_basis = "weak: 4 sampled accesses".into();
+        assert!(render(&r).contains("confidence 0.20 (weak)\n"));
+        let u = r.locks[0].unnecessary.as_mut().unwrap();
+        u.class = ContentionClass::True;
+        let text = render(&r);
+        assert!(text.contains("contention needed: the sections conflict (41,200 hand-offs"));
+        assert!(!text.contains("fix: the sections write"), "{text}");
+    }
 
     #[test]
     fn locks_section_shows_acquisitions_holds_and_sections_when_traced() {

@@ -25,7 +25,7 @@ use ratatui::{
 use sites::{render_sites, Sites};
 
 use crate::report::{
-    model::{LockEntry, LockKind},
+    model::{ContentionClass, LockEntry, LockKind},
     text::{ellipsize, format_ns, group, percent, share_percent},
 };
 use crate::tui::{
@@ -436,7 +436,28 @@ fn note_lines(l: &LockEntry, estimates: bool, width: usize) -> Vec<Line<'static>
     if !holds.is_empty() {
         lines.push(fit_groups(holds, width));
     }
+    lines.extend(unnecessary_line(l, width));
     lines
+}
+
+/// `unnecessary disjoint-write   100% of waits   1.24 s   confidence
+/// 0.98`, or `contention needed (sections conflict)`.
+fn unnecessary_line(l: &LockEntry, width: usize) -> Option<Line<'static>> {
+    let u = l.unnecessary.as_ref()?;
+    let groups = if u.class == ContentionClass::True {
+        vec![vec![
+            "contention needed ".dim(),
+            "(sections conflict)".into(),
+        ]]
+    } else {
+        vec![
+            vec!["unnecessary ".dim(), u.class.name().bold()],
+            vec![share_percent(u.wasted_share, 0).into(), " of waits".dim()],
+            vec![format_ns(u.wasted_wait_ns).into(), " wasted".dim()],
+            vec!["confidence ".dim(), format!("{:.2}", u.confidence).into()],
+        ]
+    };
+    Some(fit_groups(groups, width))
 }
 
 /// `groups` of spans three spaces apart, as many as fit in `width` (the

@@ -1,0 +1,735 @@
+//! Unnecessary lock contention (PerfPlay's ULCPs), from sampled data
+//! accesses and the critical sections the lock uprobes saw, without
+//! replay.
+//!
+//! A sampled access belongs to the sections its thread was in when it was
+//! taken (same clock, same thread: [`UlcpProfile::settle`] joins them a
+//! little behind the newest record of both streams, whichever arrives
+//! first). Each section's accesses go to its *participant*: the lock
+//! call's site on one thread. A section whose lock call waited while
+//! another thread's section held the lock was serialized behind it: that
+//! pair (holder, waiter) is a *hand-off*, weighted by the overlap.
+//!
+//! At report time each hand-off is classified by the access sets of its
+//! two participants, word by word, after leaving out the private memory
+//! (pages only one thread was ever sampled touching: stacks, TLS, a
+//! thread's own buffers; a page, not a line, because a shared table read
+//! at random gets too few samples per line to see two threads on each). Sets are those of the whole session, so a pair
+//! is called unnecessary only if its participants never touched the same
+//! shared bytes in a conflicting way: conservative, where PerfPlay judges
+//! each dynamic pair. Redundant writes of the same value (PerfPlay's
+//! "benign" class) need the values written, which sampling does not see:
+//! such pairs are reported as true contention.
+
+use std::collections::VecDeque;
+
+use crate::features::FastMap;
+
+pub const WORD_BYTES: u64 = 8;
+pub const LINE_BYTES: u64 = 64;
+
+/// Locks whose sections are analyzed one by one (the rest are counted).
+pub const LOCKS_MAX: usize = 1024;
+/// Participants (site, thread) per lock.
+pub const PARTICIPANTS_MAX: usize = 256;
+/// Words remembered per participant.
+pub const WORDS_MAX: usize = 4096;
+/// Hand-off pairs per lock.
+pub const HANDOFFS_MAX: usize = 4096;
+/// Memory is private or shared page by page.
+pub const PAGE_BYTES: u64 = 4096;
+/// Pages whose threads are remembered; accesses to any other page are
+/// taken as shared (which never makes a pair look unnecessary).
+pub const PAGES_MAX: usize = 1 << 18;
+/// Sections waiting to be joined with their samples; beyond, they are
+/// joined at once with what has arrived.
+pub const PENDING_MAX: usize = 200_000;
+/// Samples are joined with sections ending this long before the newest
+/// record of both streams (the rings are drained in turn).
+pub const JOIN_SLACK_NS: u64 = 50_000_000;
+/// Samples kept for sections still open (longer sections lose their
+/// earliest samples).
+pub const SAMPLES_KEPT_NS: u64 = 2_000_000_000;
+/// A lock call waited behind a section if that section still held the
+/// lock this long after the call began: the entry probe's own time
+/// (about 1 µs between its clock read and the lock attempt) is not a
+/// wait.
+pub const HANDOFF_MIN_NS: u64 = 2_000;
+/// A conflicting access making up this share of a pair's sampled
+/// accesses would be seen with the probability given as the confidence.
+pub const CONFLICT_SHARE: f64 = 0.05;
+
+/// A sampled data access of the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    pub time_ns: u64,
+    pub tid: u32,
+    pub addr: u64,
+    pub size: u32,
+    pub write: bool,
+    /// Known not to conflict whoever else touches it: read-only memory
+    /// (code, constants, a relocated GOT) or a thread's stack.
+    pub private: bool,
+}
+
+/// A critical section: `lock` held by `tid` from `start_ns` to `end_ns`,
+/// taken at `site` after a lock call of `wait_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub lock: u64,
+    pub tid: u32,
+    pub site: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub wait_ns: u64,
+}
+
+/// A lock call site on one thread.
+pub type Who = (u64, u32);
+
+/// What one word's sampled accesses did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WordUse {
+    pub reads: u32,
+    pub writes: u32,
+    /// Bytes of the word read, and written (bit i: byte i).
+    pub read_bytes: u8,
+    pub write_bytes: u8,
+}
+
+impl WordUse {
+    fn bytes(&self) -> u8 {
+        self.read_bytes | self.write_bytes
+    }
+}
+
+/// The sections of one participant and what they were sampled touching.
+#[derive(Debug, Clone, Default)]
+pub struct Participant {
+    pub sections: u64,
+    /// Sections with at least one sampled access.
+    pub sampled_sections: u64,
+    pub accesses: u64,
+    /// Accesses known not to conflict ([`Access::private`]).
+    pub private: u64,
+    /// Per 8-byte word (address of its first byte).
+    pub words: FastMap<u64, WordUse>,
+    /// Accesses to words beyond [`WORDS_MAX`] (taken as shared
+    /// conflicting: they keep a pair from looking unnecessary).
+    pub words_unkept: u64,
+}
+
+impl Participant {
+    fn add(&mut self, a: &Access) {
+        self.accesses += 1;
+        if a.private {
+            self.private += 1;
+            return;
+        }
+        let first = a.addr & !(WORD_BYTES - 1);
+        let end = a.addr + u64::from(a.size.max(1));
+        let mut word = first;
+        while word < end {
+            let lo = a.addr.max(word) - word;
+            let hi = end.min(word + WORD_BYTES) - word;
+            let mask = (((1u16 << hi) - 1) & !((1u16 << lo) - 1)) as u8;
+            if !self.words.contains_key(&word) && self.words.len() >= WORDS_MAX {
+                self.words_unkept += 1;
+                return;
+            }
+            let w = self.words.entry(word).or_default();
+            if a.write {
+                w.writes += 1;
+                w.write_bytes |= mask;
+            } else {
+                w.reads += 1;
+                w.read_bytes |= mask;
+            }
+            word += WORD_BYTES;
+        }
+    }
+}
+
+/// Hand-offs between two participants: how many, and the waiter's time
+/// blocked behind the holder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Handoff {
+    pub count: u64,
+    pub wait_ns: u64,
+}
+
+/// One lock's participants and hand-offs.
+#[derive(Debug, Clone, Default)]
+pub struct LockUse {
+    pub participants: FastMap<Who, Participant>,
+    pub handoffs: FastMap<(Who, Who), Handoff>,
+    /// Sections beyond [`PARTICIPANTS_MAX`], and hand-offs beyond
+    /// [`HANDOFFS_MAX`] (their wait counts in `unpaired_wait_ns`).
+    pub sections_unkept: u64,
+    pub unpaired_wait_ns: u64,
+    /// The latest sections, for the waits of the next ones.
+    recent: VecDeque<Span>,
+}
+
+/// Sections kept per lock to find whom a later section waited for.
+const RECENT: usize = 64;
+
+impl LockUse {
+    /// Pairs `s` with the sections it waited behind, then keeps it.
+    fn add_span(&mut self, s: &Span) {
+        let who = (s.site, s.tid);
+        if s.wait_ns >= HANDOFF_MIN_NS {
+            let from = s.start_ns.saturating_sub(s.wait_ns);
+            for h in &self.recent {
+                let overlap = h
+                    .end_ns
+                    .min(s.start_ns)
+                    .saturating_sub(h.start_ns.max(from));
+                if h.tid == s.tid || h.end_ns < from + HANDOFF_MIN_NS || overlap == 0 {
+                    continue;
+                }
+                let key = ((h.site, h.tid), who);
+                if !self.handoffs.contains_key(&key) && self.handoffs.len() >= HANDOFFS_MAX {
+                    self.unpaired_wait_ns += overlap;
+                    continue;
+                }
+                let e = self.handoffs.entry(key).or_default();
+                e.count += 1;
+                e.wait_ns += overlap;
+            }
+        }
+        if self.recent.len() >= RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(*s);
+    }
+
+    fn participant(&mut self, who: Who) -> Option<&mut Participant> {
+        if !self.participants.contains_key(&who) && self.participants.len() >= PARTICIPANTS_MAX {
+            self.sections_unkept += 1;
+            return None;
+        }
+        Some(self.participants.entry(who).or_default())
+    }
+}
+
+/// Who touched a page: its first thread, and whether another did too.
+#[derive(Debug, Clone, Copy)]
+struct PageThreads {
+    first: u32,
+    shared: bool,
+}
+
+/// The analysis: the joins so far, and what still waits to be joined.
+#[derive(Debug, Default)]
+pub struct UlcpProfile {
+    locks: FastMap<u64, LockUse>,
+    pages: FastMap<u64, PageThreads>,
+    /// Sections and samples not yet joined (samples per thread).
+    pending: Vec<Span>,
+    samples: FastMap<u32, Vec<Access>>,
+    newest_sample_ns: u64,
+    newest_span_ns: u64,
+    /// Sections of locks beyond [`LOCKS_MAX`].
+    pub sections_of_other_locks: u64,
+    /// Sampled accesses that fell in a section.
+    pub joined: u64,
+}
+
+impl UlcpProfile {
+    /// A sampled access of the target.
+    pub fn on_access(&mut self, a: Access) {
+        let page = a.addr & !(PAGE_BYTES - 1);
+        let room = self.pages.len() < PAGES_MAX;
+        match self.pages.get_mut(&page) {
+            Some(l) => l.shared |= l.first != a.tid,
+            None if room => {
+                let first = PageThreads {
+                    first: a.tid,
+                    shared: false,
+                };
+                self.pages.insert(page, first);
+            }
+            None => {}
+        }
+        self.newest_sample_ns = self.newest_sample_ns.max(a.time_ns);
+        self.samples.entry(a.tid).or_default().push(a);
+    }
+
+    /// A critical section from the lock uprobes.
+    pub fn on_span(&mut self, s: Span) {
+        self.newest_span_ns = self.newest_span_ns.max(s.end_ns);
+        self.pending.push(s);
+        if self.pending.len() >= PENDING_MAX {
+            self.join(self.newest_span_ns);
+        }
+    }
+
+    /// Joins the sections that ended a little before the newest record
+    /// of both streams.
+    pub fn settle(&mut self) {
+        let newest = self.newest_sample_ns.min(self.newest_span_ns);
+        self.join(newest.saturating_sub(JOIN_SLACK_NS));
+    }
+
+    /// Joins everything (tracing has stopped).
+    pub fn finish(&mut self) {
+        self.join(u64::MAX);
+    }
+
+    /// Joins the pending sections that ended by `horizon` with their
+    /// samples, in start order per lock, then forgets the samples too old
+    /// for any section still to come.
+    fn join(&mut self, horizon: u64) {
+        if self.pending.is_empty() {
+            return;
+        }
+        for samples in self.samples.values_mut() {
+            samples.sort_unstable_by_key(|a| a.time_ns);
+        }
+        let (mut ready, waiting): (Vec<Span>, Vec<Span>) =
+            self.pending.drain(..).partition(|s| s.end_ns <= horizon);
+        self.pending = waiting;
+        ready.sort_unstable_by_key(|s| (s.lock, s.start_ns));
+        for s in &ready {
+            self.join_span(s);
+        }
+        // A section still open (not yet received) may have begun that
+        // long ago.
+        let keep_from = horizon
+            .min(self.newest_sample_ns)
+            .saturating_sub(SAMPLES_KEPT_NS);
+        self.samples.retain(|_, v| {
+            v.retain(|a| a.time_ns >= keep_from);
+            !v.is_empty()
+        });
+    }
+
+    fn join_span(&mut self, s: &Span) {
+        if !self.locks.contains_key(&s.lock) && self.locks.len() >= LOCKS_MAX {
+            self.sections_of_other_locks += 1;
+            return;
+        }
+        let lock = self.locks.entry(s.lock).or_default();
+        lock.add_span(s);
+        let Some(p) = lock.participant((s.site, s.tid)) else {
+            return;
+        };
+        p.sections += 1;
+        let Some(samples) = self.samples.get(&s.tid) else {
+            return;
+        };
+        let first = samples.partition_point(|a| a.time_ns < s.start_ns);
+        let inside = samples[first..]
+            .iter()
+            .take_while(|a| a.time_ns <= s.end_ns);
+        let before = p.accesses;
+        for a in inside {
+            p.add(a);
+        }
+        if p.accesses > before {
+            p.sampled_sections += 1;
+            self.joined += p.accesses - before;
+        }
+    }
+
+    /// One lock's joins, if it had any section.
+    pub fn lock(&self, lock: u64) -> Option<&LockUse> {
+        self.locks.get(&lock)
+    }
+
+    /// Whether more than one thread was sampled touching the page of
+    /// `addr` (a page not remembered is taken as shared).
+    pub fn shared(&self, addr: u64) -> bool {
+        self.pages
+            .get(&(addr & !(PAGE_BYTES - 1)))
+            .is_none_or(|l| l.shared)
+    }
+
+    /// Classifies `lock`'s hand-offs.
+    pub fn verdict(&self, lock: u64) -> Option<Verdict> {
+        let l = self.locks.get(&lock)?;
+        verdict(l, &|addr| self.shared(addr))
+    }
+}
+
+/// PerfPlay's classes of a pair of critical sections of one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Class {
+    /// No shared memory touched by (at least) one of the two.
+    Null,
+    /// Both only read the shared memory they touch.
+    ReadRead,
+    /// They write shared memory, never the bytes the other touches.
+    DisjointWrite,
+    /// They touch the same data without conflict (not detectable here:
+    /// see the module documentation).
+    Benign,
+    /// One writes bytes the other reads or writes.
+    True,
+}
+
+impl Class {
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Null => "null",
+            Class::ReadRead => "read-read",
+            Class::DisjointWrite => "disjoint-write",
+            Class::Benign => "benign",
+            Class::True => "true",
+        }
+    }
+
+    pub fn unnecessary(self) -> bool {
+        self != Class::True
+    }
+}
+
+/// The shared words of a participant.
+fn shared_words<'a>(
+    p: &'a Participant,
+    shared: &'a dyn Fn(u64) -> bool,
+) -> impl Iterator<Item = (u64, &'a WordUse)> + 'a {
+    p.words
+        .iter()
+        .filter(move |(w, _)| shared(**w))
+        .map(|(w, u)| (*w, u))
+}
+
+/// The class of a pair of participants, from their shared words.
+pub fn pair_class(a: &Participant, b: &Participant, shared: &dyn Fn(u64) -> bool) -> Class {
+    if a.words_unkept > 0 || b.words_unkept > 0 {
+        return Class::True; // part of the sets is unknown: assume a conflict
+    }
+    let (mut any_a, mut any_b, mut writes) = (false, false, false);
+    for (w, ua) in shared_words(a, shared) {
+        any_a = true;
+        writes |= ua.writes > 0;
+        if let Some(ub) = b.words.get(&w) {
+            let conflict = (ua.write_bytes & ub.bytes()) | (ub.write_bytes & ua.bytes());
+            if conflict != 0 {
+                return Class::True;
+            }
+        }
+    }
+    for (_, ub) in shared_words(b, shared) {
+        any_b = true;
+        writes |= ub.writes > 0;
+    }
+    if !any_a || !any_b {
+        Class::Null
+    } else if !writes {
+        Class::ReadRead
+    } else {
+        Class::DisjointWrite
+    }
+}
+
+/// The probability that a conflicting access making up
+/// [`CONFLICT_SHARE`] of the pair's accesses would have been sampled,
+/// given `n` sampled accesses on the less sampled side.
+pub fn confidence(n: u64) -> f64 {
+    1.0 - (1.0 - CONFLICT_SHARE).powf(n as f64)
+}
+
+/// The hand-offs of one class.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ClassTotals {
+    pub pairs: u64,
+    pub wait_ns: u64,
+    /// Wait-weighted confidence (see [`confidence`]).
+    confidence_wait: f64,
+}
+
+/// A lock's hand-offs classified.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// The class holding most of the wait.
+    pub class: Class,
+    pub by_class: Vec<(Class, ClassTotals)>,
+    /// Hand-offs not classified: a side without any sampled access.
+    pub unsampled: ClassTotals,
+    /// Waits in classified hand-offs, and in unnecessary ones.
+    pub wait_ns: u64,
+    pub unnecessary_wait_ns: u64,
+    /// Wait-weighted confidence of the unnecessary claims (1 for true
+    /// contention, which a sampled conflict shows).
+    pub confidence: f64,
+    /// The least sampled accesses on a side of the class's pairs.
+    pub min_accesses: u64,
+}
+
+impl Verdict {
+    /// Share of the waits behind unnecessary hand-offs.
+    pub fn unnecessary_share(&self) -> f64 {
+        if self.wait_ns == 0 {
+            0.0
+        } else {
+            self.unnecessary_wait_ns as f64 / self.wait_ns as f64
+        }
+    }
+}
+
+fn verdict(l: &LockUse, shared: &dyn Fn(u64) -> bool) -> Option<Verdict> {
+    let mut totals: FastMap<Class, (ClassTotals, u64)> = FastMap::default();
+    let mut unsampled = ClassTotals::default();
+    let empty = Participant::default();
+    for ((h, w), handoff) in &l.handoffs {
+        let a = l.participants.get(h).unwrap_or(&empty);
+        let b = l.participants.get(w).unwrap_or(&empty);
+        let n = a.accesses.min(b.accesses);
+        if n == 0 {
+            // Nothing known of one side: no class at all.
+            unsampled.pairs += handoff.count;
+            unsampled.wait_ns += handoff.wait_ns;
+            continue;
+        }
+        let class = pair_class(a, b, shared);
+        let (t, least) = totals
+            .entry(class)
+            .or_insert((ClassTotals::default(), u64::MAX));
+        t.pairs += handoff.count;
+        t.wait_ns += handoff.wait_ns;
+        t.confidence_wait += confidence(n) * handoff.wait_ns as f64;
+        *least = (*least).min(n);
+    }
+    let wait_ns: u64 = totals.values().map(|(t, _)| t.wait_ns).sum();
+    if wait_ns == 0 {
+        return None;
+    }
+    let (&class, &(top, least)) = totals
+        .iter()
+        .max_by_key(|(c, (t, _))| (t.wait_ns, **c == Class::True))?;
+    let unnecessary: Vec<&ClassTotals> = totals
+        .iter()
+        .filter(|(c, _)| c.unnecessary())
+        .map(|(_, (t, _))| t)
+        .collect();
+    let unnecessary_wait_ns = unnecessary.iter().map(|t| t.wait_ns).sum();
+    let confidence = if class == Class::True {
+        1.0
+    } else {
+        top.confidence_wait / top.wait_ns.max(1) as f64
+    };
+    let mut by_class: Vec<(Class, ClassTotals)> =
+        totals.into_iter().map(|(c, (t, _))| (c, t)).collect();
+    by_class.sort_by(|a, b| b.1.wait_ns.cmp(&a.1.wait_ns).then(a.0.cmp(&b.0)));
+    Some(Verdict {
+        class,
+        by_class,
+        unsampled,
+        wait_ns,
+        unnecessary_wait_ns,
+        confidence,
+        min_accesses: least,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOCK: u64 = 0x5000;
+    const SITE: u64 = 0x4000;
+    const SHARED: u64 = 0x9000;
+
+    fn span(tid: u32, start: u64, end: u64, wait: u64) -> Span {
+        Span {
+            lock: LOCK,
+            tid,
+            site: SITE,
+            start_ns: start,
+            end_ns: end,
+            wait_ns: wait,
+        }
+    }
+
+    fn access(tid: u32, time: u64, addr: u64, write: bool) -> Access {
+        Access {
+            time_ns: time,
+            tid,
+            addr,
+            size: 8,
+            write,
+            private: false,
+        }
+    }
+
+    /// Threads 1 and 2 take turns, each waiting for the other; in each
+    /// section, thread t touches `addr(t, i)` (write or not), and once
+    /// outside any section both touch each line the sections touch.
+    fn alternate(addr: impl Fn(u32, u64) -> u64, write: bool) -> UlcpProfile {
+        let mut p = UlcpProfile::default();
+        let mut t = 1_000_000;
+        for i in 0..200u64 {
+            let tid = 1 + (i % 2) as u32;
+            p.on_access(access(tid, t + 500, addr(tid, i), write));
+            p.on_span(span(tid, t, t + 4_000, if i == 0 { 0 } else { 4_000 }));
+            t += 4_000;
+        }
+        // Outside sections: pages seen by both threads are shared.
+        for tid in [1, 2] {
+            p.on_access(access(tid, t + 10, SHARED, false));
+        }
+        p.finish();
+        p
+    }
+
+    #[test]
+    fn a_shared_counter_is_true_contention() {
+        let p = alternate(|_, _| SHARED, true);
+        let v = p.verdict(LOCK).unwrap();
+        assert_eq!(v.class, Class::True);
+        assert_eq!(v.unnecessary_wait_ns, 0);
+        assert_eq!(v.by_class[0].1.pairs, 199);
+        // Each waiter waited behind the previous section: its overlap.
+        assert_eq!(v.wait_ns, 199 * 4_000);
+    }
+
+    #[test]
+    fn per_thread_slots_of_a_shared_line_are_disjoint_writes() {
+        let p = alternate(|tid, _| SHARED + 8 * u64::from(tid), true);
+        let v = p.verdict(LOCK).unwrap();
+        assert_eq!(v.class, Class::DisjointWrite);
+        assert_eq!(v.unnecessary_share(), 1.0);
+        assert!(v.confidence > 0.99, "{}", v.confidence);
+    }
+
+    #[test]
+    fn reads_of_a_shared_table_are_read_read() {
+        let p = alternate(|_, i| SHARED + 8 * (i % 64), false);
+        let v = p.verdict(LOCK).unwrap();
+        assert_eq!(v.class, Class::ReadRead);
+    }
+
+    #[test]
+    fn thread_private_work_is_a_null_lock() {
+        let mut p = UlcpProfile::default();
+        let mut t = 1_000_000;
+        for i in 0..100u64 {
+            let tid = 1 + (i % 2) as u32;
+            // Each thread's own buffer, lines nobody else touches.
+            p.on_access(access(
+                tid,
+                t + 500,
+                0x10_0000 * u64::from(tid) + i * 8,
+                true,
+            ));
+            p.on_span(span(tid, t, t + 1_000, 8_000));
+            t += 1_000;
+        }
+        p.finish();
+        let v = p.verdict(LOCK).unwrap();
+        assert_eq!(v.class, Class::Null);
+        assert_eq!(v.min_accesses, 50);
+    }
+
+    #[test]
+    fn sections_without_samples_are_not_classified() {
+        let mut p = UlcpProfile::default();
+        p.on_span(span(1, 1_000, 5_000, 0));
+        p.on_span(span(2, 5_000, 9_000, 6_000));
+        p.on_access(access(2, 9_500, 0x20_0000, true));
+        p.on_span(span(1, 9_000, 13_000, 6_000));
+        p.finish();
+        // Thread 1's sections were never sampled: neither hand-off has a
+        // class, however empty its access set looks.
+        assert_eq!(p.verdict(LOCK), None);
+        assert_eq!(p.lock(LOCK).unwrap().handoffs.len(), 2);
+    }
+
+    #[test]
+    fn a_weak_claim_says_so() {
+        let mut p = UlcpProfile::default();
+        p.on_access(access(1, 1_500, 0x10_0000, true));
+        p.on_span(span(1, 1_000, 2_000, 0));
+        p.on_access(access(2, 2_500, 0x20_0000, true));
+        p.on_span(span(2, 2_000, 3_000, 9_000));
+        p.finish();
+        let v = p.verdict(LOCK).unwrap();
+        assert_eq!(v.class, Class::Null);
+        assert!(v.confidence < 0.1, "{}", v.confidence);
+    }
+
+    #[test]
+    fn sub_word_accesses_conflict_only_on_common_bytes() {
+        let mut a = Participant::default();
+        let mut b = Participant::default();
+        a.add(&Access {
+            size: 4,
+            ..access(1, 0, SHARED, true)
+        });
+        b.add(&Access {
+            size: 4,
+            ..access(2, 0, SHARED + 4, true)
+        });
+        let all = |_| true;
+        assert_eq!(pair_class(&a, &b, &all), Class::DisjointWrite);
+        b.add(&Access {
+            size: 2,
+            ..access(2, 0, SHARED + 2, false)
+        });
+        assert_eq!(pair_class(&a, &b, &all), Class::True);
+        // An access across two words marks both.
+        let mut c = Participant::default();
+        c.add(&Access {
+            size: 8,
+            ..access(1, 0, SHARED + 4, false)
+        });
+        assert_eq!(c.words.len(), 2);
+        assert_eq!(c.words[&SHARED].read_bytes, 0xf0);
+        assert_eq!(c.words[&(SHARED + 8)].read_bytes, 0x0f);
+    }
+
+    #[test]
+    fn samples_arriving_after_their_section_are_joined() {
+        let mut p = UlcpProfile::default();
+        p.on_span(span(1, 1_000, 2_000, 0));
+        p.settle(); // no sample yet: nothing joined, the span waits
+        p.on_access(access(1, 1_500, SHARED, true));
+        p.on_access(access(1, 2_500, SHARED + 64, true)); // after it
+        p.finish();
+        assert_eq!(p.joined, 1);
+        let l = p.lock(LOCK).unwrap();
+        assert_eq!(l.participants[&(SITE, 1)].sampled_sections, 1);
+    }
+
+    #[test]
+    fn nested_sections_both_get_the_sample() {
+        let mut p = UlcpProfile::default();
+        p.on_access(access(1, 1_500, SHARED, true));
+        p.on_span(Span {
+            lock: LOCK + 64,
+            ..span(1, 1_200, 1_800, 0)
+        });
+        p.on_span(span(1, 1_000, 2_000, 0));
+        p.finish();
+        assert_eq!(p.joined, 2);
+    }
+
+    #[test]
+    fn waits_without_another_holder_are_not_hand_offs() {
+        let mut p = UlcpProfile::default();
+        p.on_span(span(1, 10_000, 11_000, 0));
+        // Waited (slow call) after the other section ended; and a
+        // thread never waits for itself.
+        p.on_span(span(2, 20_000, 21_000, 5_000));
+        p.on_span(span(2, 21_500, 22_000, 5_000));
+        p.finish();
+        assert!(p.lock(LOCK).unwrap().handoffs.is_empty());
+        assert_eq!(p.verdict(LOCK), None);
+    }
+
+    #[test]
+    fn old_samples_are_forgotten() {
+        let mut p = UlcpProfile::default();
+        p.on_access(access(1, 1_000, SHARED, true));
+        let later = 1_000 + SAMPLES_KEPT_NS + 2 * JOIN_SLACK_NS;
+        p.on_access(access(1, later, SHARED, true));
+        p.on_span(span(1, later - 10, later + 10, 0));
+        p.settle();
+        p.on_span(span(1, later + 20, later + 30, 0));
+        p.settle();
+        assert_eq!(p.samples.values().map(Vec::len).sum::<usize>(), 1);
+    }
+}

@@ -1,0 +1,418 @@
+//! Each contended lock's `unnecessary` entry: the verdict of its
+//! hand-offs, the evidence per critical-section site, named, and the
+//! advice for the class found.
+
+use super::analysis::{Class, LockUse, Participant, UlcpProfile, Verdict, LINE_BYTES};
+use crate::{
+    cli::LockMode,
+    features::{
+        alloc::analysis::{AllocProfile, BlockIndex},
+        locks::analysis::LockProfile,
+        FastMap, FastSet,
+    },
+    process::maps::ProcMaps,
+    report::{
+        format::format_ns,
+        model::{
+            source_label, ClassShare, ContentionClass, LockEntry, LockKind, SectionEvidence,
+            Unnecessary,
+        },
+        names::Names,
+    },
+};
+
+/// Shared words named per section.
+const WORDS_NAMED: usize = 8;
+/// Sections listed as evidence.
+const EVIDENCE_MAX: usize = 8;
+/// Below this confidence a claim is called weak in its basis.
+const WEAK: f64 = 0.5;
+
+/// What names the code and data of the evidence.
+pub struct Inputs<'a> {
+    pub profile: &'a UlcpProfile,
+    /// The lock uprobes' call-site places.
+    pub sites: &'a LockProfile,
+    pub maps: &'a ProcMaps,
+    pub heap: Option<&'a AllocProfile>,
+}
+
+/// Fills `unnecessary` in the entries of the pthread locks whose traced
+/// sections waited behind others.
+pub fn annotate(entries: &mut [LockEntry], inputs: &Inputs<'_>, names: &mut dyn Names) {
+    let index = inputs.heap.map(AllocProfile::block_index);
+    for entry in entries {
+        if !matches!(entry.kind, LockKind::Mutex | LockKind::Rwlock) {
+            continue;
+        }
+        let Some(lock) = parse_address(&entry.address) else {
+            continue;
+        };
+        let (Some(l), Some(v)) = (inputs.profile.lock(lock), inputs.profile.verdict(lock)) else {
+            continue;
+        };
+        let mut naming = Naming {
+            inputs,
+            index: index.as_ref(),
+            names: &mut *names,
+        };
+        let profile = inputs.profile;
+        let shared = |addr| profile.shared(addr);
+        let evidence = evidence(l, &shared, &mut naming);
+        entry.unnecessary = Some(unnecessary(&v, entry.wait_total_ns, evidence));
+    }
+}
+
+/// Says why contended locks got no verdict: no sampled access fell in
+/// their traced sections (the lock calls are traced only in windows in
+/// the sampled mode).
+pub fn note(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Option<String> {
+    let unclassified = entries
+        .iter()
+        .filter(|e| matches!(e.kind, LockKind::Mutex | LockKind::Rwlock))
+        .filter(|e| e.contentions > 0 && e.unnecessary.is_none())
+        .count();
+    if unclassified == 0 {
+        return None;
+    }
+    let how = if mode == LockMode::Sampled {
+        "the lock calls are traced only in windows in the default mode: --lock-mode full \
+         (or a longer run) classifies them"
+    } else {
+        "a higher --sample-freq or a longer run may classify them"
+    };
+    Some(format!(
+        "{unclassified} contended pthread locks have no unnecessary-contention verdict: too \
+         few sampled accesses fell in their traced critical sections ({} in all); {how}",
+        profile.joined
+    ))
+}
+
+fn parse_address(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.strip_prefix("0x")?, 16).ok()
+}
+
+fn class_of(c: Class) -> ContentionClass {
+    match c {
+        Class::Null => ContentionClass::Null,
+        Class::ReadRead => ContentionClass::ReadRead,
+        Class::DisjointWrite => ContentionClass::DisjointWrite,
+        Class::Benign => ContentionClass::Benign,
+        Class::True => ContentionClass::True,
+    }
+}
+
+fn unnecessary(v: &Verdict, wait_total_ns: u64, evidence: Vec<SectionEvidence>) -> Unnecessary {
+    let share = v.unnecessary_share();
+    let wasted = (wait_total_ns as f64 * share).round() as u64;
+    let traced = v.wait_ns + v.unsampled.wait_ns;
+    let pairs = v.by_class.iter().find(|(c, _)| *c == v.class);
+    let basis = if v.class == Class::True {
+        "a sampled access of one section conflicts with the other's: the wait was needed".into()
+    } else {
+        let weak = if v.confidence < WEAK { "weak: " } else { "" };
+        format!(
+            "{weak}{} sampled accesses on the less sampled side of these pairs: a conflicting \
+             access making 5% of them would have been seen with probability {:.2}",
+            v.min_accesses, v.confidence
+        )
+    };
+    Unnecessary {
+        class: class_of(v.class),
+        pairs: pairs.map_or(0, |(_, t)| t.pairs),
+        wasted_wait_ns: wasted,
+        wasted_share: share,
+        unsampled_share: v.unsampled.wait_ns as f64 / traced.max(1) as f64,
+        confidence: v.confidence,
+        confidence_basis: basis,
+        classes: v
+            .by_class
+            .iter()
+            .map(|(c, t)| ClassShare {
+                class: class_of(*c),
+                pairs: t.pairs,
+                wait_share: t.wait_ns as f64 / v.wait_ns.max(1) as f64,
+            })
+            .collect(),
+        advice: advice(v.class, &evidence, wasted),
+        evidence,
+    }
+}
+
+fn advice(class: Class, evidence: &[SectionEvidence], wasted_ns: u64) -> String {
+    let site = evidence
+        .first()
+        .map_or("the sections", |e| e.section.as_str());
+    let words: Vec<&str> = evidence
+        .iter()
+        .flat_map(|e| e.shared_words.iter().map(String::as_str))
+        .take(3)
+        .collect();
+    let words = if words.is_empty() {
+        "shared data".to_string()
+    } else {
+        words.join(", ")
+    };
+    let gain = format!("up to {} of waiting", format_ns(wasted_ns));
+    match class {
+        Class::Null => format!(
+            "the sections at {site} touch no shared memory while holding the lock: take it \
+             only in the branch that needs it, or not at all ({gain})"
+        ),
+        Class::ReadRead => format!(
+            "the sections only read shared data ({words}): a reader-writer lock or RCU lets \
+             them run together ({gain})"
+        ),
+        Class::DisjointWrite => {
+            let lines = evidence.iter().map(|e| e.shared_lines).max().unwrap_or(0);
+            format!(
+                "the sections write different shared words ({words}): a lock per word or slot \
+                 (or atomics) lets them run together ({gain}); keep the words on separate cache \
+                 lines ({lines} lines shared now)"
+            )
+        }
+        Class::Benign => format!(
+            "the sections write the same value to {words}: remove the redundant write ({gain})"
+        ),
+        Class::True => format!(
+            "the sections conflict on {words}: the lock is needed; shorten the sections or \
+             split the data so fewer of them meet"
+        ),
+    }
+}
+
+/// What names code sites and data words.
+struct Naming<'a, 'b> {
+    inputs: &'a Inputs<'a>,
+    index: Option<&'a BlockIndex<'a>>,
+    names: &'b mut dyn Names,
+}
+
+impl Naming<'_, '_> {
+    fn section(&mut self, site: u64) -> String {
+        match self.inputs.sites.site_place(site) {
+            Some(place) => {
+                let f = self.names.code_innermost(place);
+                let at = source_label(f.file.as_deref(), f.line, &f.module);
+                if f.file.is_some() {
+                    format!("{} ({at})", f.function)
+                } else if f.function.starts_with(&f.module) {
+                    f.function // module+offset says it all
+                } else {
+                    format!("{} {at}", f.function)
+                }
+            }
+            None => format!("{site:#x}"),
+        }
+    }
+
+    fn word(&mut self, addr: u64) -> String {
+        if let Some((path, base)) = self.inputs.maps.data_owner(addr) {
+            if let Some(sym) = self.names.data(&path, base, addr) {
+                return match sym.offset {
+                    0 => sym.name,
+                    off => format!("{}+{off:#x}", sym.name),
+                };
+            }
+        }
+        if let (Some(heap), Some(index)) = (self.inputs.heap, self.index) {
+            if let Some((start, block)) = index.containing(addr) {
+                let site = self.names.code_innermost(&heap.site_place(block.site));
+                return format!(
+                    "heap block from {} +{:#x}",
+                    source_label(site.file.as_deref(), site.line, &site.module),
+                    addr - start
+                );
+            }
+        }
+        format!("{addr:#x}")
+    }
+}
+
+/// A section site's participants (one per thread) merged.
+#[derive(Default)]
+struct SiteTotals {
+    threads: usize,
+    sections: u64,
+    sampled: u64,
+    reads: u64,
+    writes: u64,
+    private: u64,
+    words: FastMap<u64, u64>,
+}
+
+impl SiteTotals {
+    fn add(&mut self, p: &Participant, shared: &dyn Fn(u64) -> bool) {
+        self.threads += 1;
+        self.sections += p.sections;
+        self.sampled += p.sampled_sections;
+        self.private += p.private;
+        for (w, u) in &p.words {
+            let n = u64::from(u.reads + u.writes);
+            if shared(*w) {
+                self.reads += u64::from(u.reads);
+                self.writes += u64::from(u.writes);
+                *self.words.entry(*w).or_default() += n;
+            } else {
+                self.private += n;
+            }
+        }
+    }
+}
+
+fn evidence(
+    l: &LockUse,
+    shared: &dyn Fn(u64) -> bool,
+    naming: &mut Naming,
+) -> Vec<SectionEvidence> {
+    let mut sites: FastMap<u64, SiteTotals> = FastMap::default();
+    for ((site, _), p) in &l.participants {
+        sites.entry(*site).or_default().add(p, shared);
+    }
+    let mut sites: Vec<(u64, SiteTotals)> = sites.into_iter().collect();
+    sites.sort_by(|a, b| {
+        let n = |t: &SiteTotals| t.reads + t.writes + t.private;
+        n(&b.1).cmp(&n(&a.1)).then(a.0.cmp(&b.0))
+    });
+    sites
+        .into_iter()
+        .take(EVIDENCE_MAX)
+        .map(|(site, t)| {
+            let mut words: Vec<(u64, u64)> = t.words.iter().map(|(w, n)| (*w, *n)).collect();
+            words.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            let lines: FastSet<u64> = words.iter().map(|(w, _)| w & !(LINE_BYTES - 1)).collect();
+            SectionEvidence {
+                section: naming.section(site),
+                threads: t.threads,
+                sections: t.sections,
+                sampled_sections: t.sampled,
+                reads: t.reads,
+                writes: t.writes,
+                private: t.private,
+                shared_words: words
+                    .iter()
+                    .take(WORDS_NAMED)
+                    .map(|(w, _)| naming.word(*w))
+                    .collect(),
+                shared_word_count: words.len(),
+                shared_lines: lines.len(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        features::ulcp::analysis::{Access, Span},
+        report::fixtures::{code_at, program_maps, TableNames},
+    };
+
+    /// A mutex and two globals of the program (see `program_maps`).
+    const LOCK: u64 = 0x5555_5555_8040;
+    const COUNTS: u64 = 0x5555_5555_8100;
+    const SITE: u64 = 0x5555_5555_4123;
+
+    /// Threads 1 and 2 take turns on the lock, each writing its own
+    /// counter of `g_counts` (both seen on the page outside too).
+    fn profile() -> UlcpProfile {
+        let mut p = UlcpProfile::default();
+        let mut t = 1_000_000;
+        for i in 0..100u64 {
+            let tid = 1 + (i % 2) as u32;
+            p.on_access(Access {
+                time_ns: t + 100,
+                tid,
+                addr: COUNTS + 8 * u64::from(tid - 1),
+                size: 8,
+                write: true,
+                private: false,
+            });
+            p.on_span(Span {
+                lock: LOCK,
+                tid,
+                site: SITE,
+                start_ns: t,
+                end_ns: t + 4_000,
+                wait_ns: if i == 0 { 0 } else { 4_000 },
+            });
+            t += 4_000;
+        }
+        p.finish();
+        p
+    }
+
+    fn entry(address: u64, kind: LockKind) -> LockEntry {
+        LockEntry {
+            address: format!("{address:#x}"),
+            kind,
+            contentions: 50,
+            wait_total_ns: 2_000_000,
+            ..LockEntry::default()
+        }
+    }
+
+    #[test]
+    fn a_contended_mutex_gets_its_class_named_evidence_and_advice() {
+        let profile = profile();
+        let mut sites = LockProfile::new();
+        sites.set_site_place(SITE, code_at(0x122));
+        let maps = program_maps();
+        let inputs = Inputs {
+            profile: &profile,
+            sites: &sites,
+            maps: &maps,
+            heap: None,
+        };
+        let mut names = TableNames::new()
+            .function(0x122, "bump", 30)
+            .global(COUNTS, 16, "g_counts");
+        let mut entries = vec![
+            entry(LOCK, LockKind::Mutex),
+            entry(LOCK, LockKind::Condvar),
+            entry(LOCK + 64, LockKind::Mutex),
+        ];
+        annotate(&mut entries, &inputs, &mut names);
+        let u = entries[0].unnecessary.as_ref().expect("a verdict");
+        assert_eq!(u.class, ContentionClass::DisjointWrite);
+        assert_eq!(u.pairs, 99);
+        assert_eq!(u.wasted_share, 1.0);
+        assert_eq!(u.wasted_wait_ns, 2_000_000, "the lock's whole wait");
+        assert!(u.confidence > 0.9, "{u:?}");
+        let e = &u.evidence[0];
+        assert_eq!(e.section, "bump (prog.c:30)");
+        assert_eq!((e.threads, e.sections, e.writes), (2, 100, 100));
+        assert_eq!(e.shared_words, ["g_counts", "g_counts+0x8"]);
+        assert_eq!((e.shared_word_count, e.shared_lines), (2, 1));
+        assert!(u.advice.contains("g_counts, g_counts+0x8"), "{}", u.advice);
+        // Only pthread locks, and only those with hand-offs.
+        assert_eq!(entries[1].unnecessary, None);
+        assert_eq!(entries[2].unnecessary, None);
+        let n = note(&entries, &profile, LockMode::Sampled).expect("a note");
+        assert!(n.starts_with("1 contended pthread locks have no"), "{n}");
+        assert!(n.contains("--lock-mode full"), "{n}");
+    }
+
+    #[test]
+    fn weak_and_needed_verdicts_say_so() {
+        let mut v = Verdict {
+            class: Class::Null,
+            by_class: Vec::new(),
+            unsampled: Default::default(),
+            wait_ns: 100,
+            unnecessary_wait_ns: 100,
+            confidence: 0.14,
+            min_accesses: 3,
+        };
+        let u = unnecessary(&v, 1_000, Vec::new());
+        assert!(u.confidence_basis.starts_with("weak: 3 sampled"), "{u:?}");
+        assert!(u.advice.contains("touch no shared memory"), "{}", u.advice);
+        v.class = Class::True;
+        v.unnecessary_wait_ns = 0;
+        v.confidence = 1.0;
+        let u = unnecessary(&v, 1_000, Vec::new());
+        assert_eq!(u.wasted_wait_ns, 0);
+        assert!(u.advice.contains("the lock is needed"), "{}", u.advice);
+    }
+}
