@@ -108,11 +108,16 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
             std::fs::create_dir_all(&dir)?;
             crate::bench_alloc_latency::run(&tool(), &dir).map(drop)
         }
+        Some("ulcp") => {
+            let dir = root().join("target/bench");
+            std::fs::create_dir_all(&dir)?;
+            crate::bench_ulcp::run(alloc_rounds, &tool(), &dir).map(drop)
+        }
         Some("sharing") => sharing(alloc_rounds),
         Some("corpus") => corpus(alloc_rounds),
         Some(other) => {
             bail!(
-                "--only takes foundation, allocator, latency, heap, redis, locks, sharing, corpus or cache, not {other}"
+                "--only takes foundation, allocator, latency, heap, redis, locks, ulcp, sharing, corpus or cache, not {other}"
             )
         }
         None => {
@@ -148,9 +153,11 @@ fn corpus(rounds: usize) -> Result<()> {
 }
 
 fn locks(rounds: usize) -> Result<()> {
-    let summary = crate::bench_locks::run(rounds)?;
+    let mut summary = crate::bench_locks::run(rounds)?;
     let out = root().join("target/bench/locks.json");
-    std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    let dir = out.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    summary["unnecessary"] = crate::bench_ulcp::run(rounds, &tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
     Ok(())

@@ -13,6 +13,7 @@ mod bench_corpus;
 mod bench_locks;
 mod bench_locks_load;
 mod bench_sharing;
+mod bench_ulcp;
 mod fuzz;
 mod limits;
 mod setup;
@@ -65,7 +66,8 @@ enum Task {
         /// configuration once; about a minute per round).
         #[arg(long, default_value_t = 3)]
         alloc_rounds: usize,
-        /// Run only this part: "foundation", "allocator", "locks" or
+        /// Run only this part: "foundation", "allocator", "locks" (which
+        /// ends with "ulcp", the unnecessary-contention analysis) or
         /// "sharing" (which ends with "cache", the cache-use analysis); or
         /// a piece of one: "latency", "heap" and "redis" (of "allocator"),
         /// "corpus" (the false-sharing corpus that "sharing" ends with).

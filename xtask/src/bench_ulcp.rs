@@ -1,0 +1,169 @@
+//! `cargo xtask bench --only ulcp`: what the unnecessary-contention
+//! analysis costs and gets right, side by side in one run. It adds no
+//! kernel work (it joins the samples the false-sharing sampler takes with
+//! the critical sections the lock uprobes send), so the comparison is
+//! the tool with it and without it (`MEMPROF_ULCP=off`), and untraced:
+//!
+//! - *overhead*: `ulcp 4 4` (tests/workloads/ulcp.c, four contended
+//!   locks, one per class, printing ns per round of sections), untraced,
+//!   traced in the default mode, and traced without the analysis,
+//!   alternating rounds; medians of per-round ratios (target: no more
+//!   than the sampler's own, with-analysis ≤ 1.03x without);
+//! - *loader CPU*: the tool attached for 10 s to a running `ulcp`, with
+//!   and without the analysis, in the default lock mode (target ≤ 5% of a
+//!   core) and with every lock call traced (where the analysis sees
+//!   100k+ sections a second);
+//! - *accuracy*: the class of each lock in a 5 s session with every lock
+//!   call traced (target: all four right).
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::bench::{median, read_report, run_for_metric, run_tool, verdict};
+
+const TARGET_OVERHEAD: f64 = 1.03;
+const TARGET_LOADER_CPU: f64 = 0.05;
+/// The workload's locks and the class each should get.
+const CLASSES: [(&str, &str); 4] = [
+    ("g_null_lock", "null"),
+    ("g_table_lock", "read-read"),
+    ("g_slots_lock", "disjoint-write"),
+    ("g_counter_lock", "true"),
+];
+
+pub fn run(rounds: usize, tool: &Path, dir: &Path) -> Result<Value> {
+    let w = workloads::build_workload("ulcp", workloads::Variant::Debug)?;
+    let json = dir.join("ulcp-report.json");
+    println!("unnecessary lock contention (ulcp workload, {rounds} rounds)");
+    let configs = ["untraced", "traced", "traced, analysis off"];
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for _ in 0..rounds.max(1) {
+        for (i, name) in configs.iter().enumerate() {
+            let mut cmd = if i == 0 {
+                Command::new(&w)
+            } else {
+                let mut c = Command::new(tool);
+                c.args(["--no-tui", "--alloc-mode", "off", "--json"])
+                    .arg(&json)
+                    .arg("--")
+                    .arg(&w);
+                if i == 2 {
+                    c.env("MEMPROF_ULCP", "off");
+                }
+                c
+            };
+            cmd.args(["4", "4"]);
+            ns[i].push(run_for_metric(&mut cmd, name, "ns_per_iter")?);
+        }
+    }
+    let ratio = |i: usize, base: usize| {
+        let mut r: Vec<f64> = ns[i].iter().zip(&ns[base]).map(|(t, u)| t / u).collect();
+        median(&mut r)
+    };
+    let (traced, off, added) = (ratio(1, 0), ratio(2, 0), ratio(1, 2));
+    println!(
+        "  overhead: traced {traced:.3}x untraced, {off:.3}x without the analysis: the analysis adds {added:.3}x  target ≤ {TARGET_OVERHEAD}x  {}",
+        verdict("ulcp: overhead", added <= TARGET_OVERHEAD)
+    );
+    let right = classes(tool, &w, dir)?;
+    println!(
+        "  classes in 5 s, every lock call traced: {right} of 4 right  target 4  {}",
+        verdict("ulcp: classes", right == 4)
+    );
+    let mut cpu = json!({});
+    for mode in ["sampled", "full"] {
+        let on = loader_cpu(tool, &w, dir, mode, false)?;
+        let without = loader_cpu(tool, &w, dir, mode, true)?;
+        let target = if mode == "sampled" {
+            format!(
+                "target ≤ 5%  {}",
+                verdict("ulcp: loader CPU", on <= TARGET_LOADER_CPU)
+            )
+        } else {
+            "(every lock call traced: for information)".into()
+        };
+        println!(
+            "  loader CPU attached 10 s, --lock-mode {mode}: {:.1}% of a core ({:.1}% without the analysis)  {target}",
+            on * 100.0,
+            without * 100.0,
+        );
+        cpu[mode] = json!({ "with": on, "without": without });
+    }
+    Ok(json!({
+        "ns_per_iter": { "untraced": ns[0], "traced": ns[1], "analysis_off": ns[2] },
+        "overhead": traced,
+        "overhead_analysis_off": off,
+        "analysis_added": added,
+        "classes_right": right,
+        "loader_cpu": cpu,
+    }))
+}
+
+/// How many of the workload's locks get their class in a 5 s launch
+/// with every lock call traced.
+fn classes(tool: &Path, w: &Path, dir: &Path) -> Result<usize> {
+    let json = dir.join("ulcp-classes.json");
+    let mut cmd = Command::new(tool);
+    cmd.args(["--no-tui", "--alloc-mode", "off", "--lock-mode", "full"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(w)
+        .args(["5", "4"]);
+    run_tool(&mut cmd)?;
+    let report = read_report(&json)?;
+    let locks = report["locks"].as_array().context("no locks")?;
+    let got = |name: &str| {
+        locks
+            .iter()
+            .find(|l| l["name"] == name)
+            .map(|l| {
+                l["unnecessary"]["class"]
+                    .as_str()
+                    .unwrap_or("none")
+                    .to_string()
+            })
+            .unwrap_or_else(|| "absent".into())
+    };
+    let mut right = 0;
+    for (name, class) in CLASSES {
+        let g = got(name);
+        println!("    {name}: {g} (expected {class})");
+        right += usize::from(g == class);
+    }
+    Ok(right)
+}
+
+/// The loader's CPU share over a 10 s session attached to a running
+/// `ulcp` in lock mode `mode`.
+fn loader_cpu(tool: &Path, w: &Path, dir: &Path, mode: &str, off: bool) -> Result<f64> {
+    let mut target = Command::new(w)
+        .args(["14", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting ulcp")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let json = dir.join("ulcp-attach-report.json");
+    let pid = target.id().to_string();
+    let mut cmd = Command::new(tool);
+    cmd.args(["-p", &pid, "--duration", "10s", "--no-tui"])
+        .args(["--alloc-mode", "off", "--lock-mode", mode, "--json"])
+        .arg(&json);
+    if off {
+        cmd.env("MEMPROF_ULCP", "off");
+    }
+    let result = run_tool(&mut cmd);
+    let _ = target.kill();
+    let _ = target.wait();
+    result?;
+    read_report(&json)?["loader"]["cpu_share"]
+        .as_f64()
+        .context("no loader.cpu_share")
+}
