@@ -356,3 +356,37 @@ pub(crate) fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
 }
+
+/// The loader's CPU share over a 10 s session of the tool (`tool_args`,
+/// plus `env` when given) attached to `target`, started for the occasion
+/// and killed after.
+pub(crate) fn attached_loader_cpu(
+    tool: &Path,
+    target: &mut Command,
+    json: &Path,
+    tool_args: &[&str],
+    env: Option<(&str, &str)>,
+) -> Result<f64> {
+    let mut target = target
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting the workload")?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = target.id().to_string();
+    let mut cmd = Command::new(tool);
+    cmd.args(["-p", &pid, "--duration", "10s", "--no-tui"])
+        .args(tool_args)
+        .arg("--json")
+        .arg(json);
+    if let Some((key, value)) = env {
+        cmd.env(key, value);
+    }
+    let result = run_tool(&mut cmd);
+    let _ = target.kill();
+    let _ = target.wait();
+    result?;
+    read_report(json)?["loader"]["cpu_share"]
+        .as_f64()
+        .context("no loader.cpu_share")
+}

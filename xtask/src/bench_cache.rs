@@ -12,16 +12,12 @@
 //! - *accuracy*: the scan's line use against the truth (12.5%; target
 //!   ±5 points).
 
-use std::{
-    path::Path,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Command};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{median, read_report, run_for_metric, run_tool, verdict};
+use crate::bench::{attached_loader_cpu, median, read_report, run_for_metric, verdict};
 
 const TARGET_OVERHEAD: f64 = 1.03;
 const TARGET_LOADER_CPU: f64 = 0.05;
@@ -106,35 +102,10 @@ pub fn run(rounds: usize, tool: &Path, dir: &Path) -> Result<Value> {
 
 /// The loader's CPU share over a 10 s session attached to a running scan.
 fn loader_cpu(tool: &Path, w: &Path, dir: &Path, off: bool) -> Result<f64> {
-    let mut target = Command::new(w)
-        .args(["records", "14"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting cacheuse")?;
-    std::thread::sleep(Duration::from_millis(300));
+    let mut target = Command::new(w);
+    target.args(["records", "14"]);
+    let args = ["--alloc-mode", "off", "--lock-mode", "off"];
+    let env = off.then_some(("MEMPROF_CACHE_USE", "off"));
     let json = dir.join("cache-attach-report.json");
-    let pid = target.id().to_string();
-    let mut cmd = Command::new(tool);
-    cmd.args([
-        "-p",
-        &pid,
-        "--duration",
-        "10s",
-        "--no-tui",
-        "--alloc-mode",
-        "off",
-    ])
-    .args(["--lock-mode", "off", "--json"])
-    .arg(&json);
-    if off {
-        cmd.env("MEMPROF_CACHE_USE", "off");
-    }
-    let result = run_tool(&mut cmd);
-    let _ = target.kill();
-    let _ = target.wait();
-    result?;
-    read_report(&json)?["loader"]["cpu_share"]
-        .as_f64()
-        .context("no loader.cpu_share")
+    attached_loader_cpu(tool, &mut target, &json, &args, env)
 }

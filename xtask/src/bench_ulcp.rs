@@ -16,16 +16,12 @@
 //! - *accuracy*: the class of each lock in a 5 s session with every lock
 //!   call traced (target: all four right).
 
-use std::{
-    path::Path,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Command};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{median, read_report, run_for_metric, run_tool, verdict};
+use crate::bench::{attached_loader_cpu, median, read_report, run_for_metric, run_tool, verdict};
 
 const TARGET_OVERHEAD: f64 = 1.03;
 const TARGET_LOADER_CPU: f64 = 0.05;
@@ -143,27 +139,10 @@ fn classes(tool: &Path, w: &Path, dir: &Path) -> Result<usize> {
 /// The loader's CPU share over a 10 s session attached to a running
 /// `ulcp` in lock mode `mode`.
 fn loader_cpu(tool: &Path, w: &Path, dir: &Path, mode: &str, off: bool) -> Result<f64> {
-    let mut target = Command::new(w)
-        .args(["14", "4"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting ulcp")?;
-    std::thread::sleep(Duration::from_millis(300));
+    let mut target = Command::new(w);
+    target.args(["14", "4"]);
+    let args = ["--alloc-mode", "off", "--lock-mode", mode];
+    let env = off.then_some(("MEMPROF_ULCP", "off"));
     let json = dir.join("ulcp-attach-report.json");
-    let pid = target.id().to_string();
-    let mut cmd = Command::new(tool);
-    cmd.args(["-p", &pid, "--duration", "10s", "--no-tui"])
-        .args(["--alloc-mode", "off", "--lock-mode", mode, "--json"])
-        .arg(&json);
-    if off {
-        cmd.env("MEMPROF_ULCP", "off");
-    }
-    let result = run_tool(&mut cmd);
-    let _ = target.kill();
-    let _ = target.wait();
-    result?;
-    read_report(&json)?["loader"]["cpu_share"]
-        .as_f64()
-        .context("no loader.cpu_share")
+    attached_loader_cpu(tool, &mut target, &json, &args, env)
 }
