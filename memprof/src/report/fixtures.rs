@@ -12,8 +12,10 @@ use crate::{
 
 mod allocator;
 mod cache;
+mod locks;
 pub use allocator::{sample_heap_profile, sample_syscalls};
 pub use cache::sample_cache_use;
+pub use locks::sample_unnecessary;
 
 use super::model::{
     BlockOrigin::{New, Reused},
@@ -414,50 +416,6 @@ pub fn trace_hot_lock(r: &mut Report) {
         delay_caused_ns: 1_010_000_000,
     }];
     hot.unnecessary = Some(sample_unnecessary());
-}
-
-/// Two threads writing their own counters of one array under one lock.
-pub fn sample_unnecessary() -> Unnecessary {
-    Unnecessary {
-        class: ContentionClass::DisjointWrite,
-        pairs: 41_200,
-        wasted_wait_ns: 1_629_000_000,
-        wasted_share: 0.9,
-        unsampled_share: 0.05,
-        confidence: 0.97,
-        confidence_basis: "68 sampled accesses on the less sampled side of these pairs: a \
-                           conflicting access making 5% of them would have been seen with \
-                           probability 0.97"
-            .into(),
-        classes: vec![
-            ClassShare {
-                class: ContentionClass::DisjointWrite,
-                pairs: 41_200,
-                wait_share: 0.9,
-            },
-            ClassShare {
-                class: ContentionClass::True,
-                pairs: 4_100,
-                wait_share: 0.1,
-            },
-        ],
-        evidence: vec![SectionEvidence {
-            section: "contend_hot (locks.c:166)".into(),
-            threads: 2,
-            sections: 65_880,
-            sampled_sections: 140,
-            reads: 12,
-            writes: 128,
-            private: 3,
-            shared_words: vec!["g_counts".into(), "g_counts+0x8".into()],
-            shared_word_count: 2,
-            shared_lines: 1,
-        }],
-        advice: "the sections write different shared words (g_counts, g_counts+0x8): a lock \
-                 per word or slot (or atomics) lets them run together (up to 1.63 s of \
-                 waiting); keep the words on separate cache lines (1 lines shared now)"
-            .into(),
-    }
 }
 
 /// Every part of the report filled: the allocator's, the locks' (one
