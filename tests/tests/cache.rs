@@ -83,6 +83,12 @@ fn a_key_scan_uses_an_eighth_of_each_line() {
     assert_line_use(f, 0.125);
     assert_eq!(hot_fields(f), ["key"], "{f:#}");
     assert!(f["accesses"].as_u64().unwrap_or(0) >= 100, "{f:#}");
+    // The scan is the same every second: so is each window's line use.
+    let windows = f["windows"].as_array().unwrap();
+    assert!(windows.len() >= 2, "{f:#}");
+    for w in windows {
+        assert_line_use(w, 0.125);
+    }
     let advice = f["advice"].as_str().unwrap_or_default();
     assert!(
         advice.contains("payload") && advice.contains("separate"),

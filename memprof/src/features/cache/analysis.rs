@@ -12,6 +12,8 @@
 //! 8/64 = 12.5%, however few samples each record gets, because every
 //! record has the same layout.
 
+use std::collections::VecDeque;
+
 use crate::features::FastMap;
 
 /// Sampled accesses to one address.
@@ -29,6 +31,21 @@ const MAX_ADDRESSES: usize = 1 << 20;
 pub const AFFINITY_WINDOW_NS: u64 = 2_000_000;
 /// Most address pairs kept for affinity.
 const MAX_PAIRS: usize = 1 << 16;
+/// Line use is also measured per window of this length...
+pub const WINDOW_NS: u64 = 1_000_000_000;
+/// ...for the latest windows (a minute).
+pub const WINDOWS_KEPT: usize = 60;
+/// Distinct addresses kept per window.
+const WINDOW_ADDRESSES: usize = 1 << 16;
+
+/// The sampled accesses of one window: per address, widest size and
+/// accesses.
+#[derive(Debug, Default)]
+pub struct Window {
+    /// Start, from the first sampled access of the session.
+    pub start_ns: u64,
+    pub addrs: FastMap<u64, (u32, u64)>,
+}
 
 /// The sampled data accesses of a session, per address, and which
 /// addresses one thread accessed close together.
@@ -41,6 +58,9 @@ pub struct CacheProfile {
     last: FastMap<u32, (u64, u64)>,
     total: u64,
     dropped: u64,
+    /// The latest windows, oldest first, and the session's first access.
+    windows: VecDeque<Window>,
+    first_ns: Option<u64>,
 }
 
 impl CacheProfile {
@@ -62,12 +82,46 @@ impl CacheProfile {
             s.reads += 1;
         }
         s.size = s.size.max(size.max(1));
+        self.add_to_window(addr, size.max(1), time_ns);
         if let Some((prev, at)) = self.last.insert(tid, (addr, time_ns)) {
             let close = time_ns.saturating_sub(at) <= AFFINITY_WINDOW_NS;
             if close && prev != addr && (self.pairs.len() < MAX_PAIRS) {
                 *self.pairs.entry((prev, addr)).or_default() += 1;
             }
         }
+    }
+
+    fn add_to_window(&mut self, addr: u64, size: u32, time_ns: u64) {
+        let first = *self.first_ns.get_or_insert(time_ns);
+        let start = time_ns.saturating_sub(first) / WINDOW_NS * WINDOW_NS;
+        if self.windows.back().is_none_or(|w| w.start_ns < start) {
+            if self.windows.len() >= WINDOWS_KEPT {
+                self.windows.pop_front();
+            }
+            self.windows.push_back(Window {
+                start_ns: start,
+                addrs: FastMap::default(),
+            });
+        }
+        // Samples of the rings' last drain may be a little out of order:
+        // a late one goes to the window it belongs to, if still kept.
+        let Some(w) = self.windows.iter_mut().rev().find(|w| w.start_ns <= start) else {
+            return;
+        };
+        let full = w.addrs.len() >= WINDOW_ADDRESSES;
+        if let Some(e) = match w.addrs.get_mut(&addr) {
+            Some(e) => Some(e),
+            None if !full => Some(w.addrs.entry(addr).or_default()),
+            None => None,
+        } {
+            e.0 = e.0.max(size);
+            e.1 += 1;
+        }
+    }
+
+    /// The latest windows, oldest first.
+    pub fn windows(&self) -> impl Iterator<Item = &Window> {
+        self.windows.iter()
     }
 
     /// Sampled accesses, and those to addresses beyond the table's cap.
@@ -415,5 +469,38 @@ mod tests {
         assert_eq!((s.reads, s.writes, s.size), (3, 0, 8));
         let pairs: Vec<_> = p.pairs().collect();
         assert_eq!(pairs, [((0x100, 0x138), 1)], "the late one is not close");
+    }
+
+    #[test]
+    fn windows_hold_the_latest_seconds_each_with_its_own_accesses() {
+        let mut p = CacheProfile::default();
+        let t0 = 5 * WINDOW_NS; // the clock's origin is the first access
+        p.on_access(1, 0x100, 8, false, t0);
+        p.on_access(1, 0x100, 8, false, t0 + WINDOW_NS / 2);
+        p.on_access(1, 0x140, 4, true, t0 + WINDOW_NS + 1);
+        // A late sample of the first window goes there.
+        p.on_access(2, 0x180, 8, false, t0 + 10);
+        type Seen = Vec<(u64, (u32, u64))>;
+        let w: Vec<(u64, Seen)> = p
+            .windows()
+            .map(|w| {
+                let mut a: Vec<_> = w.addrs.iter().map(|(k, v)| (*k, *v)).collect();
+                a.sort();
+                (w.start_ns, a)
+            })
+            .collect();
+        assert_eq!(
+            w,
+            [
+                (0, vec![(0x100, (8, 2)), (0x180, (8, 1))]),
+                (WINDOW_NS, vec![(0x140, (4, 1))]),
+            ]
+        );
+        for i in 0..WINDOWS_KEPT as u64 + 5 {
+            p.on_access(1, 0x100, 8, false, t0 + i * WINDOW_NS);
+        }
+        assert_eq!(p.windows().count(), WINDOWS_KEPT);
+        let first = p.windows().next().unwrap().start_ns;
+        assert_eq!(first, 5 * WINDOW_NS, "the oldest are dropped");
     }
 }

@@ -5,13 +5,13 @@
 
 use std::sync::Arc;
 
-use super::analysis::{analyze, CacheProfile, ElementUse, FieldDef, ObjectAccesses};
+use super::analysis::{analyze, CacheProfile, ElementUse, FieldDef, ObjectAccesses, WINDOW_NS};
 use crate::{
     features::{alloc::analysis::AllocProfile, sharing::LineBlock, FastMap},
     object::symbolize::dwarf::Layout,
     process::maps::ProcMaps,
     report::{
-        model::{source_label, CacheUseEntry, FieldUse, ObjectKind},
+        model::{source_label, CacheUseEntry, FieldUse, ObjectKind, WindowUse},
         names::{code_ref, Names},
     },
 };
@@ -118,12 +118,56 @@ pub fn findings(
             let u = analyze(&g.obj)?;
             (u.line_use < POOR_LINE_USE).then(|| {
                 let wasted = g.accesses as f64 * (1.0 - u.line_use);
-                (wasted, entry(inputs, &key, &g, &u, total, names))
+                let mut e = entry(inputs, &key, &g, &u, total, names);
+                e.windows = windows(inputs.profile, &placed, &key, &g.obj, u.element_size);
+                (wasted, e)
             })
         })
         .collect();
     out.sort_by(|a, b| b.0.total_cmp(&a.0));
     out.into_iter().map(|(_, e)| e).collect()
+}
+
+/// The object's line use per window, folded on the element found for
+/// the whole session (windows with fewer than [`MIN_ACCESSES`] of its
+/// samples are left out).
+fn windows(
+    profile: &CacheProfile,
+    placed: &FastMap<u64, (Key, u64)>,
+    key: &Key,
+    obj: &ObjectAccesses,
+    element: u64,
+) -> Vec<WindowUse> {
+    profile
+        .windows()
+        .filter_map(|w| {
+            let accesses: Vec<(u64, u32, u64)> = w
+                .addrs
+                .iter()
+                .filter_map(|(addr, &(size, n))| match placed.get(addr) {
+                    Some((k, offset)) if k == key => Some((*offset, size, n)),
+                    _ => None,
+                })
+                .collect();
+            let n: u64 = accesses.iter().map(|a| a.2).sum();
+            if n < MIN_ACCESSES {
+                return None;
+            }
+            let one = ObjectAccesses {
+                accesses,
+                size: obj.size,
+                element: Some(element),
+                fields: Vec::new(),
+                pairs: Vec::new(),
+            };
+            let u = analyze(&one)?;
+            Some(WindowUse {
+                start_s: w.start_ns as f64 / WINDOW_NS as f64,
+                accesses: n,
+                line_use: u.line_use,
+            })
+        })
+        .collect()
 }
 
 /// The object holding `addr` and the offset in it (Some(None): none we
@@ -233,6 +277,7 @@ fn entry(
             })
             .collect(),
         affinity: u.affinity.clone(),
+        windows: Vec::new(),
         advice: advice(u),
     }
 }

@@ -34,7 +34,20 @@ pub struct CacheUseEntry {
     /// Fields one thread accessed close together (consecutive samples
     /// within 2 ms, in any elements): [field, field, times].
     pub affinity: Vec<(String, String, u64)>,
+    /// Line use per second, for the latest minute's windows with enough
+    /// samples of the object (a phase that uses the lines differently
+    /// shows here, where the whole session's figure averages it out).
+    pub windows: Vec<WindowUse>,
     pub advice: String,
+}
+
+/// The line use of one window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowUse {
+    /// Seconds from the session's first sampled access.
+    pub start_s: f64,
+    pub accesses: u64,
+    pub line_use: f64,
 }
 
 /// One field of the element.

@@ -13,6 +13,8 @@ use crate::report::{
 const TOP_OBJECTS: usize = 3;
 /// Fields listed per object.
 const TOP_FIELDS: usize = 6;
+/// Windows' line use this far apart is shown.
+const WINDOW_SPREAD: f64 = 0.05;
 
 /// The "Cache use" section, one paragraph per object, most lines wasted
 /// first; one line when nothing was found.
@@ -59,5 +61,23 @@ fn write_object(out: &mut String, e: &CacheUseEntry) {
         .collect();
     let lead = format!("    {}-byte element: ", e.element_size);
     wrap_into(out, &lead, &list.join(", "));
+    write_windows(out, e);
     wrap_into(out, "    fix: ", &e.advice);
+}
+
+/// `line use per second: 12.5%–50.0% (2 windows)` when the windows
+/// differ by more than a few points (a phase the session figure hides).
+fn write_windows(out: &mut String, e: &CacheUseEntry) {
+    let uses = e.windows.iter().map(|w| w.line_use);
+    let (lo, hi) = uses.fold((f64::MAX, f64::MIN), |(lo, hi), u| (lo.min(u), hi.max(u)));
+    if e.windows.len() < 2 || hi - lo < WINDOW_SPREAD {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "    line use per second: {:.1}%–{:.1}% ({} windows)",
+        lo * 100.0,
+        hi * 100.0,
+        e.windows.len()
+    );
 }
