@@ -248,7 +248,7 @@ impl Feature for Locks {
             };
             ulcp::report::annotate(&mut out.locks, &inputs, ctx.symbolizer);
             ctx.notes
-                .extend(ulcp::report::note(&out.locks, &u.profile, self.mode));
+                .extend(ulcp::report::notes(&out.locks, &u.profile, self.mode));
         }
         let changed = traced::make_consistent(&mut out.locks);
         ctx.notes.extend(traced::consistency_note(changed));

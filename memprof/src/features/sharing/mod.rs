@@ -242,7 +242,7 @@ impl Sharing {
 /// The code bytes around `ip` (see [`access::decode`]) and the address of
 /// the first, from the object file or, for anonymous code, from the
 /// process's memory.
-fn code_around(process: &mut Process, ip: u64) -> Option<(Vec<u8>, u64)> {
+pub(crate) fn code_around(process: &mut Process, ip: u64) -> Option<(Vec<u8>, u64)> {
     if process.find(ip).is_none() {
         process.place(ip); // re-reads the map
     }

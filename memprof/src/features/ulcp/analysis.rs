@@ -18,7 +18,9 @@
 //! is called unnecessary only if its participants never touched the same
 //! shared bytes in a conflicting way: conservative, where PerfPlay judges
 //! each dynamic pair. Redundant writes of the same value (PerfPlay's
-//! "benign" class) need the values written, which sampling does not see:
+//! "benign" class) are seen where the code says the value: stores of one
+//! immediate constant (`flag = 1`) by every sampled write to the words
+//! the two sides share; a value computed at run time is not seen, and
 //! such pairs are reported as true contention.
 
 use std::collections::VecDeque;
@@ -41,8 +43,9 @@ pub const PAGE_BYTES: u64 = 4096;
 /// Pages whose threads are remembered; accesses to any other page are
 /// taken as shared (which never makes a pair look unnecessary).
 pub const PAGES_MAX: usize = 1 << 18;
-/// Sections waiting to be joined with their samples; beyond, they are
-/// joined at once with what has arrived.
+/// Sections waiting to be joined with their samples; beyond, those the
+/// samples have caught up with are joined, and if still too many, the
+/// older half with what has arrived of their samples.
 pub const PENDING_MAX: usize = 200_000;
 /// Samples are joined with sections ending this long before the newest
 /// record of both streams (the rings are drained in turn).
@@ -70,6 +73,9 @@ pub struct Access {
     /// Known not to conflict whoever else touches it: read-only memory
     /// (code, constants, a relocated GOT) or a thread's stack.
     pub private: bool,
+    /// For a write: the constant its instruction stores, when it stores
+    /// an immediate (every execution writes the same value).
+    pub value: Option<u64>,
 }
 
 /// A critical section: `lock` held by `tid` from `start_ns` to `end_ns`,
@@ -95,11 +101,45 @@ pub struct WordUse {
     /// Bytes of the word read, and written (bit i: byte i).
     pub read_bytes: u8,
     pub write_bytes: u8,
+    /// What the writes stored.
+    pub stored: Stored,
+}
+
+/// The values a word's sampled writes stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Stored {
+    /// No write sampled.
+    #[default]
+    Nothing,
+    /// Every write stored this constant.
+    Constant(u64),
+    /// Values computed at run time, or several constants.
+    Varies,
+}
+
+impl Stored {
+    fn add(self, value: Option<u64>) -> Stored {
+        match (self, value) {
+            (Stored::Nothing, Some(v)) => Stored::Constant(v),
+            (Stored::Constant(c), Some(v)) if c == v => self,
+            _ => Stored::Varies,
+        }
+    }
 }
 
 impl WordUse {
     fn bytes(&self) -> u8 {
         self.read_bytes | self.write_bytes
+    }
+}
+
+/// Whether two sides' conflicting uses of one word are redundant writes
+/// of one constant (reads of it see that constant once it is written).
+fn redundant(a: &WordUse, b: &WordUse) -> bool {
+    match (a.stored, b.stored) {
+        (Stored::Constant(x), Stored::Constant(y)) => x == y,
+        (Stored::Constant(_), Stored::Nothing) | (Stored::Nothing, Stored::Constant(_)) => true,
+        _ => false,
     }
 }
 
@@ -141,6 +181,7 @@ impl Participant {
             if a.write {
                 w.writes += 1;
                 w.write_bytes |= mask;
+                w.stored = w.stored.add(a.value);
             } else {
                 w.reads += 1;
                 w.read_bytes |= mask;
@@ -234,6 +275,9 @@ pub struct UlcpProfile {
     pub sections_of_other_locks: u64,
     /// Sampled accesses that fell in a section.
     pub joined: u64,
+    /// Sections joined before the samples of their time had arrived
+    /// (more than [`PENDING_MAX`] waiting).
+    pub joined_early: u64,
 }
 
 impl UlcpProfile {
@@ -260,8 +304,18 @@ impl UlcpProfile {
     pub fn on_span(&mut self, s: Span) {
         self.newest_span_ns = self.newest_span_ns.max(s.end_ns);
         self.pending.push(s);
+        if self.pending.len() < PENDING_MAX {
+            return;
+        }
+        self.settle();
         if self.pending.len() >= PENDING_MAX {
-            self.join(self.newest_span_ns);
+            // The samples lag far behind the sections: join the older
+            // half now, with what has arrived of their samples.
+            let mut ends: Vec<u64> = self.pending.iter().map(|s| s.end_ns).collect();
+            let mid = ends.len() / 2;
+            let horizon = *ends.select_nth_unstable(mid).1;
+            self.joined_early += self.pending.iter().filter(|s| s.end_ns <= horizon).count() as u64;
+            self.join(horizon);
         }
     }
 
@@ -362,8 +416,8 @@ pub enum Class {
     ReadRead,
     /// They write shared memory, never the bytes the other touches.
     DisjointWrite,
-    /// They touch the same data without conflict (not detectable here:
-    /// see the module documentation).
+    /// They touch the same data without conflict: every write to what
+    /// both touch stores one constant.
     Benign,
     /// One writes bytes the other reads or writes.
     True,
@@ -401,14 +455,17 @@ pub fn pair_class(a: &Participant, b: &Participant, shared: &dyn Fn(u64) -> bool
     if a.words_unkept > 0 || b.words_unkept > 0 {
         return Class::True; // part of the sets is unknown: assume a conflict
     }
-    let (mut any_a, mut any_b, mut writes) = (false, false, false);
+    let (mut any_a, mut any_b, mut writes, mut benign) = (false, false, false, false);
     for (w, ua) in shared_words(a, shared) {
         any_a = true;
         writes |= ua.writes > 0;
         if let Some(ub) = b.words.get(&w) {
             let conflict = (ua.write_bytes & ub.bytes()) | (ub.write_bytes & ua.bytes());
             if conflict != 0 {
-                return Class::True;
+                if !redundant(ua, ub) {
+                    return Class::True;
+                }
+                benign = true;
             }
         }
     }
@@ -416,7 +473,9 @@ pub fn pair_class(a: &Participant, b: &Participant, shared: &dyn Fn(u64) -> bool
         any_b = true;
         writes |= ub.writes > 0;
     }
-    if !any_a || !any_b {
+    if benign {
+        Class::Benign
+    } else if !any_a || !any_b {
         Class::Null
     } else if !writes {
         Class::ReadRead
@@ -552,6 +611,7 @@ mod tests {
             size: 8,
             write,
             private: false,
+            value: None,
         }
     }
 
@@ -652,6 +712,29 @@ mod tests {
     }
 
     #[test]
+    fn redundant_stores_of_one_constant_are_benign() {
+        let store = |tid: u32, value: Option<u64>| Access {
+            value,
+            ..access(tid, 0, SHARED, true)
+        };
+        let all = |_| true;
+        let (mut a, mut b) = (Participant::default(), Participant::default());
+        a.add(&store(1, Some(1)));
+        b.add(&store(2, Some(1)));
+        assert_eq!(pair_class(&a, &b, &all), Class::Benign);
+        // A read of the flag sees the constant once it is written.
+        let mut r = Participant::default();
+        r.add(&access(3, 0, SHARED, false));
+        assert_eq!(pair_class(&a, &r, &all), Class::Benign);
+        // Another constant, or a computed value, conflicts.
+        let mut c = Participant::default();
+        c.add(&store(2, Some(0)));
+        assert_eq!(pair_class(&a, &c, &all), Class::True);
+        b.add(&store(2, None));
+        assert_eq!(pair_class(&a, &b, &all), Class::True);
+    }
+
+    #[test]
     fn sub_word_accesses_conflict_only_on_common_bytes() {
         let mut a = Participant::default();
         let mut b = Participant::default();
@@ -718,6 +801,24 @@ mod tests {
         p.finish();
         assert!(p.lock(LOCK).unwrap().handoffs.is_empty());
         assert_eq!(p.verdict(LOCK), None);
+    }
+
+    #[test]
+    fn sections_wait_for_lagging_samples_within_a_bound() {
+        let mut p = UlcpProfile::default();
+        p.on_access(access(1, 500, SHARED, true));
+        // Sections keep coming while no newer sample arrives: they wait,
+        // up to the bound, then the older half is joined.
+        for i in 0..PENDING_MAX as u64 {
+            p.on_span(span(1, 1_000 + i * 10, 1_005 + i * 10, 0));
+        }
+        assert_eq!(p.pending.len(), PENDING_MAX - PENDING_MAX / 2 - 1);
+        assert_eq!(p.joined_early, PENDING_MAX as u64 / 2 + 1);
+        // A sample of a waiting section still joins it.
+        let t = 1_000 + (PENDING_MAX as u64 - 1) * 10 + 2;
+        p.on_access(access(1, t, SHARED, true));
+        p.finish();
+        assert_eq!(p.joined, 1);
     }
 
     #[test]

@@ -11,22 +11,44 @@ pub mod report;
 
 use memprof_common::{
     locks::{hold_flag, HoldEvent},
+    procs::recipe_key,
     sharing::recipe,
     SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL,
 };
 
-use crate::process::state::Process;
+use super::{sharing::code_around, FastMap};
+use crate::{object::x86::access, process::state::Process};
 use analysis::{Access, Span, UlcpProfile};
+
+/// Instructions whose stored constant is remembered (beyond, each
+/// sampled write is decoded again).
+const CONSTANTS_MAX: usize = 1 << 16;
 
 /// The analysis and its inputs' filters.
 #[derive(Debug, Default)]
 pub struct Ulcp {
     pub profile: UlcpProfile,
+    /// Per sampled write instruction (recipe key): the constant it
+    /// stores, if any.
+    constants: FastMap<u64, Option<u64>>,
+}
+
+/// Whether the sampled access cannot conflict whoever else touches it: a
+/// code pointer read by a jump (a PLT stub's GOT slot, a vtable), or
+/// read-only memory, or a stack.
+fn private(ev: &SampleEvent, process: &Process) -> bool {
+    if ev.access & recipe::BRANCH != 0 {
+        return true;
+    }
+    match process.find(ev.addr) {
+        Some(m) => !m.writable || &*m.name == "[stack]" || process.maps().in_thread_stack(ev.addr),
+        None => false,
+    }
 }
 
 impl Ulcp {
     /// A sample with a data address of the traced process.
-    pub fn on_sample(&mut self, ev: &SampleEvent, process: &Process) {
+    pub fn on_sample(&mut self, ev: &SampleEvent, process: &mut Process) {
         if ev.flags & SAMPLE_FLAG_ADDR == 0 || ev.flags & SAMPLE_FLAG_KERNEL != 0 {
             return;
         }
@@ -35,24 +57,36 @@ impl Ulcp {
         if ev.tgid != 0 && ev.tgid != process.pid() {
             return;
         }
-        // A code pointer read by a jump (a PLT stub's GOT slot, a
-        // vtable) is not data the lock protects.
-        let branch = ev.access & recipe::BRANCH != 0;
-        let private = branch
-            || match process.find(ev.addr) {
-                Some(m) => {
-                    !m.writable || &*m.name == "[stack]" || process.maps().in_thread_stack(ev.addr)
-                }
-                None => false,
-            };
+        let write = ev.access & recipe::WRITE != 0;
+        let value = if write {
+            self.constant(ev.ip, process)
+        } else {
+            None
+        };
         self.profile.on_access(Access {
             time_ns: ev.time_ns,
             tid: ev.tid,
             addr: ev.addr,
             size: ev.size,
-            write: ev.access & recipe::WRITE != 0,
-            private,
+            write,
+            private: private(ev, process),
+            value,
         });
+    }
+
+    /// The constant the write sampled at `ip` stores, if its instruction
+    /// stores an immediate (decoded once per instruction).
+    fn constant(&mut self, ip: u64, process: &mut Process) -> Option<u64> {
+        let key = recipe_key(process.layout(), ip);
+        if let Some(v) = self.constants.get(&key) {
+            return *v;
+        }
+        let v =
+            code_around(process, ip).and_then(|(code, at)| access::stored_constant(&code, at, ip));
+        if self.constants.len() < CONSTANTS_MAX {
+            self.constants.insert(key, v);
+        }
+        v
     }
 
     /// A critical section (failed try calls took nothing).

@@ -66,7 +66,20 @@ pub fn annotate(entries: &mut [LockEntry], inputs: &Inputs<'_>, names: &mut dyn 
 /// Says why contended locks got no verdict: no sampled access fell in
 /// their traced sections (the lock calls are traced only in windows in
 /// the sampled mode).
-pub fn note(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Option<String> {
+pub fn notes(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Vec<String> {
+    let mut notes: Vec<String> = note(entries, profile, mode).into_iter().collect();
+    if profile.joined_early > 0 {
+        notes.push(format!(
+            "{} critical sections were classified before the samples of their time arrived \
+             (the loader fell behind): their sampled accesses are missing from the \
+             unnecessary-contention evidence",
+            profile.joined_early
+        ));
+    }
+    notes
+}
+
+fn note(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Option<String> {
     let unclassified = entries
         .iter()
         .filter(|e| matches!(e.kind, LockKind::Mutex | LockKind::Rwlock))
@@ -172,7 +185,8 @@ fn advice(class: Class, evidence: &[SectionEvidence], wasted_ns: u64) -> String 
             )
         }
         Class::Benign => format!(
-            "the sections write the same value to {words}: remove the redundant write ({gain})"
+            "the sections only ever store the same constant to {words}: write it once \
+             outside the lock, or test before writing ({gain})"
         ),
         Class::True => format!(
             "the sections conflict on {words}: the lock is needed; shorten the sections or \
@@ -328,6 +342,7 @@ mod tests {
                 size: 8,
                 write: true,
                 private: false,
+                value: None,
             });
             p.on_span(Span {
                 lock: LOCK,
@@ -389,7 +404,8 @@ mod tests {
         // Only pthread locks, and only those with hand-offs.
         assert_eq!(entries[1].unnecessary, None);
         assert_eq!(entries[2].unnecessary, None);
-        let n = note(&entries, &profile, LockMode::Sampled).expect("a note");
+        let notes = notes(&entries, &profile, LockMode::Sampled);
+        let n = &notes[0];
         assert!(n.starts_with("1 contended pthread locks have no"), "{n}");
         assert!(n.contains("--lock-mode full"), "{n}");
     }

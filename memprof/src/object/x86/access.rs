@@ -103,6 +103,36 @@ pub fn decode(code: &[u8], code_ip: u64, ip: u64, precise: bool) -> Decoded {
     }
 }
 
+/// The constant the access of a sample at `ip` stores, when its
+/// instruction is a store of an immediate (`movl $1, flag(%rip)`): every
+/// execution writes the same value. `code` as for [`decode`].
+pub fn stored_constant(code: &[u8], code_ip: u64, ip: u64) -> Option<u64> {
+    let insn = decode(code, code_ip, ip, false).insn;
+    let bytes = code.get(insn.checked_sub(code_ip)? as usize..)?;
+    let at = Decoder::with_ip(64, bytes, insn, DecoderOptions::NONE).decode();
+    let is_store = at.mnemonic() == Mnemonic::Mov
+        && at.op_count() == 2
+        && at.op0_kind() == OpKind::Memory
+        && matches!(
+            at.op1_kind(),
+            OpKind::Immediate8
+                | OpKind::Immediate16
+                | OpKind::Immediate32
+                | OpKind::Immediate32to64
+                | OpKind::Immediate8to64
+        );
+    if !is_store {
+        return None;
+    }
+    let bits = at.memory_size().size() * 8;
+    let value = at.immediate(1);
+    Some(if bits >= 64 {
+        value
+    } else {
+        value & ((1u64 << bits) - 1)
+    })
+}
+
 /// The recipe of the access right before `ip` (the last of `run`), when
 /// it can be computed from the registers after it: directly, or through
 /// a backward slice when it overwrote its base or index register.
@@ -536,6 +566,20 @@ mod tests {
         // A data load is not.
         let (code, at) = with_padding(&[0x8b, 0x05, 0x10, 0, 0, 0, 0x90]);
         assert_eq!(decode(&code, at, BASE, false).recipe.flags, recipe::READ);
+    }
+
+    #[test]
+    fn stores_of_constants_give_their_value() {
+        // movl $1, [rip+0x10]; nop: sampled after it (skid) and on it.
+        let (code, at) = with_padding(&[0xc7, 0x05, 0x10, 0, 0, 0, 1, 0, 0, 0, 0x90]);
+        assert_eq!(stored_constant(&code, at, BASE + 10), Some(1));
+        assert_eq!(stored_constant(&code, at, BASE), Some(1));
+        // movq $-1, [rdi] (sign-extended to 64 bits).
+        let (code, at) = with_padding(&[0x48, 0xc7, 0x07, 0xff, 0xff, 0xff, 0xff, 0x90]);
+        assert_eq!(stored_constant(&code, at, BASE + 7), Some(u64::MAX));
+        // mov [rdi], rax: a register's value, not a constant.
+        let (code, at) = with_padding(&[0x48, 0x89, 0x07, 0x90]);
+        assert_eq!(stored_constant(&code, at, BASE + 3), None);
     }
 
     #[test]
