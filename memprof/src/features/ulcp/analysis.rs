@@ -25,19 +25,25 @@
 
 use std::collections::VecDeque;
 
+use super::classes::verdict;
+pub use super::classes::{confidence, pair_class, Class, ClassTotals, Verdict};
 use crate::features::FastMap;
 
 pub const WORD_BYTES: u64 = 8;
 pub const LINE_BYTES: u64 = 64;
 
 /// Locks whose sections are analyzed one by one (the rest are counted).
-pub const LOCKS_MAX: usize = 1024;
+pub const LOCKS_MAX: usize = 256;
 /// Participants (site, thread) per lock.
 pub const PARTICIPANTS_MAX: usize = 256;
-/// Words remembered per participant.
+/// Words remembered per participant, and in all (about 40 bytes each):
+/// the bound on the analysis's memory whatever the locks.
 pub const WORDS_MAX: usize = 4096;
+pub const WORDS_TOTAL_MAX: usize = 1 << 20;
 /// Hand-off pairs per lock.
-pub const HANDOFFS_MAX: usize = 4096;
+pub const HANDOFFS_MAX: usize = 1024;
+/// Words whose stored values are followed across every sampled write.
+pub const STORED_WORDS_MAX: usize = 1 << 16;
 /// Memory is private or shared page by page.
 pub const PAGE_BYTES: u64 = 4096;
 /// Pages whose threads are remembered; accesses to any other page are
@@ -88,6 +94,9 @@ pub struct Span {
     pub start_ns: u64,
     pub end_ns: u64,
     pub wait_ns: u64,
+    /// Held for reading (an rwlock's read side): readers do not wait
+    /// for each other.
+    pub read: bool,
 }
 
 /// A lock call site on one thread.
@@ -111,35 +120,38 @@ pub enum Stored {
     /// No write sampled.
     #[default]
     Nothing,
-    /// Every write stored this constant.
-    Constant(u64),
-    /// Values computed at run time, or several constants.
+    /// Every write stored this constant, `size` bytes at byte `at` of
+    /// the word.
+    Constant { at: u8, size: u8, value: u64 },
+    /// Values computed at run time, or several constants, or writes of
+    /// different bytes.
     Varies,
 }
 
 impl Stored {
-    fn add(self, value: Option<u64>) -> Stored {
-        match (self, value) {
-            (Stored::Nothing, Some(v)) => Stored::Constant(v),
-            (Stored::Constant(c), Some(v)) if c == v => self,
+    /// After a write of `a` to `word` (a constant only when the write
+    /// lies within the word).
+    fn add(self, a: &Access, word: u64) -> Stored {
+        let inside = a.addr >= word && a.addr + u64::from(a.size.max(1)) <= word + WORD_BYTES;
+        let this = match a.value {
+            Some(value) if inside => Stored::Constant {
+                at: (a.addr - word) as u8,
+                size: a.size.max(1) as u8,
+                value,
+            },
+            _ => Stored::Varies,
+        };
+        match self {
+            Stored::Nothing => this,
+            c if c == this => c,
             _ => Stored::Varies,
         }
     }
 }
 
 impl WordUse {
-    fn bytes(&self) -> u8 {
+    pub(super) fn bytes(&self) -> u8 {
         self.read_bytes | self.write_bytes
-    }
-}
-
-/// Whether two sides' conflicting uses of one word are redundant writes
-/// of one constant (reads of it see that constant once it is written).
-fn redundant(a: &WordUse, b: &WordUse) -> bool {
-    match (a.stored, b.stored) {
-        (Stored::Constant(x), Stored::Constant(y)) => x == y,
-        (Stored::Constant(_), Stored::Nothing) | (Stored::Nothing, Stored::Constant(_)) => true,
-        _ => false,
     }
 }
 
@@ -160,7 +172,9 @@ pub struct Participant {
 }
 
 impl Participant {
-    fn add(&mut self, a: &Access) {
+    /// Adds a sampled access; `used` counts the words of the whole
+    /// analysis ([`WORDS_TOTAL_MAX`]).
+    fn add(&mut self, a: &Access, used: &mut usize) {
         self.accesses += 1;
         if a.private {
             self.private += 1;
@@ -173,15 +187,18 @@ impl Participant {
             let lo = a.addr.max(word) - word;
             let hi = end.min(word + WORD_BYTES) - word;
             let mask = (((1u16 << hi) - 1) & !((1u16 << lo) - 1)) as u8;
-            if !self.words.contains_key(&word) && self.words.len() >= WORDS_MAX {
-                self.words_unkept += 1;
-                return;
+            if !self.words.contains_key(&word) {
+                if self.words.len() >= WORDS_MAX || *used >= WORDS_TOTAL_MAX {
+                    self.words_unkept += 1;
+                    return;
+                }
+                *used += 1;
             }
             let w = self.words.entry(word).or_default();
             if a.write {
                 w.writes += 1;
                 w.write_bytes |= mask;
-                w.stored = w.stored.add(a.value);
+                w.stored = w.stored.add(a, word);
             } else {
                 w.reads += 1;
                 w.read_bytes |= mask;
@@ -221,15 +238,28 @@ impl LockUse {
         let who = (s.site, s.tid);
         if s.wait_ns >= HANDOFF_MIN_NS {
             let from = s.start_ns.saturating_sub(s.wait_ns);
-            for h in &self.recent {
-                let overlap = h
-                    .end_ns
-                    .min(s.start_ns)
-                    .saturating_sub(h.start_ns.max(from));
-                if h.tid == s.tid || h.end_ns < from + HANDOFF_MIN_NS || overlap == 0 {
-                    continue;
-                }
-                let key = ((h.site, h.tid), who);
+            // Readers do not wait for readers; a writer waiting behind
+            // several readers at once waited once: the overlaps are
+            // scaled to the wait.
+            let behind: Vec<(Who, u64)> = self
+                .recent
+                .iter()
+                .filter(|h| h.tid != s.tid && !(h.read && s.read))
+                .filter(|h| h.end_ns >= from + HANDOFF_MIN_NS)
+                .map(|h| {
+                    let overlap = h
+                        .end_ns
+                        .min(s.start_ns)
+                        .saturating_sub(h.start_ns.max(from));
+                    ((h.site, h.tid), overlap)
+                })
+                .filter(|(_, overlap)| *overlap > 0)
+                .collect();
+            let sum: u64 = behind.iter().map(|b| b.1).sum();
+            let scale = (s.wait_ns as f64 / sum.max(1) as f64).min(1.0);
+            for (holder, overlap) in behind {
+                let overlap = (overlap as f64 * scale).round() as u64;
+                let key = (holder, who);
                 if !self.handoffs.contains_key(&key) && self.handoffs.len() >= HANDOFFS_MAX {
                     self.unpaired_wait_ns += overlap;
                     continue;
@@ -271,9 +301,14 @@ pub struct UlcpProfile {
     samples: FastMap<u32, Vec<Access>>,
     newest_sample_ns: u64,
     newest_span_ns: u64,
+    /// What every sampled write to a word stored, in sections or not.
+    stored: FastMap<u64, Stored>,
+    /// Words the participants hold ([`WORDS_TOTAL_MAX`]).
+    words_used: usize,
     /// Sections of locks beyond [`LOCKS_MAX`].
     pub sections_of_other_locks: u64,
-    /// Sampled accesses that fell in a section.
+    /// Sampled accesses that fell in a section (one in nested sections
+    /// counts once per section).
     pub joined: u64,
     /// Sections joined before the samples of their time had arrived
     /// (more than [`PENDING_MAX`] waiting).
@@ -296,8 +331,37 @@ impl UlcpProfile {
             }
             None => {}
         }
-        self.newest_sample_ns = self.newest_sample_ns.max(a.time_ns);
+        if a.write && !a.private {
+            self.note_store(&a);
+        }
+        self.saw(a.time_ns);
         self.samples.entry(a.tid).or_default().push(a);
+    }
+
+    /// A sample of the target at `time_ns`, with an address or not: the
+    /// samples have arrived up to there.
+    pub fn saw(&mut self, time_ns: u64) {
+        self.newest_sample_ns = self.newest_sample_ns.max(time_ns);
+    }
+
+    /// Follows what the writes to each word store (a word beyond the
+    /// table's bound is taken as varying).
+    fn note_store(&mut self, a: &Access) {
+        let word = a.addr & !(WORD_BYTES - 1);
+        let room = self.stored.len() < STORED_WORDS_MAX;
+        match self.stored.get_mut(&word) {
+            Some(s) => *s = s.add(a, word),
+            None if room => {
+                self.stored.insert(word, Stored::Nothing.add(a, word));
+            }
+            None => {}
+        }
+    }
+
+    /// What every sampled write to `word` stored ([`Stored::Varies`] when
+    /// not followed).
+    pub fn stored(&self, word: u64) -> Stored {
+        self.stored.get(&word).copied().unwrap_or(Stored::Varies)
     }
 
     /// A critical section from the lock uprobes.
@@ -335,9 +399,6 @@ impl UlcpProfile {
     /// samples, in start order per lock, then forgets the samples too old
     /// for any section still to come.
     fn join(&mut self, horizon: u64) {
-        if self.pending.is_empty() {
-            return;
-        }
         for samples in self.samples.values_mut() {
             samples.sort_unstable_by_key(|a| a.time_ns);
         }
@@ -364,6 +425,7 @@ impl UlcpProfile {
             self.sections_of_other_locks += 1;
             return;
         }
+        let used = &mut self.words_used;
         let lock = self.locks.entry(s.lock).or_default();
         lock.add_span(s);
         let Some(p) = lock.participant((s.site, s.tid)) else {
@@ -379,7 +441,7 @@ impl UlcpProfile {
             .take_while(|a| a.time_ns <= s.end_ns);
         let before = p.accesses;
         for a in inside {
-            p.add(a);
+            p.add(a, used);
         }
         if p.accesses > before {
             p.sampled_sections += 1;
@@ -403,185 +465,8 @@ impl UlcpProfile {
     /// Classifies `lock`'s hand-offs.
     pub fn verdict(&self, lock: u64) -> Option<Verdict> {
         let l = self.locks.get(&lock)?;
-        verdict(l, &|addr| self.shared(addr))
+        verdict(l, &|addr| self.shared(addr), &|word| self.stored(word))
     }
-}
-
-/// PerfPlay's classes of a pair of critical sections of one lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Class {
-    /// No shared memory touched by (at least) one of the two.
-    Null,
-    /// Both only read the shared memory they touch.
-    ReadRead,
-    /// They write shared memory, never the bytes the other touches.
-    DisjointWrite,
-    /// They touch the same data without conflict: every write to what
-    /// both touch stores one constant.
-    Benign,
-    /// One writes bytes the other reads or writes.
-    True,
-}
-
-impl Class {
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Null => "null",
-            Class::ReadRead => "read-read",
-            Class::DisjointWrite => "disjoint-write",
-            Class::Benign => "benign",
-            Class::True => "true",
-        }
-    }
-
-    pub fn unnecessary(self) -> bool {
-        self != Class::True
-    }
-}
-
-/// The shared words of a participant.
-fn shared_words<'a>(
-    p: &'a Participant,
-    shared: &'a dyn Fn(u64) -> bool,
-) -> impl Iterator<Item = (u64, &'a WordUse)> + 'a {
-    p.words
-        .iter()
-        .filter(move |(w, _)| shared(**w))
-        .map(|(w, u)| (*w, u))
-}
-
-/// The class of a pair of participants, from their shared words.
-pub fn pair_class(a: &Participant, b: &Participant, shared: &dyn Fn(u64) -> bool) -> Class {
-    if a.words_unkept > 0 || b.words_unkept > 0 {
-        return Class::True; // part of the sets is unknown: assume a conflict
-    }
-    let (mut any_a, mut any_b, mut writes, mut benign) = (false, false, false, false);
-    for (w, ua) in shared_words(a, shared) {
-        any_a = true;
-        writes |= ua.writes > 0;
-        if let Some(ub) = b.words.get(&w) {
-            let conflict = (ua.write_bytes & ub.bytes()) | (ub.write_bytes & ua.bytes());
-            if conflict != 0 {
-                if !redundant(ua, ub) {
-                    return Class::True;
-                }
-                benign = true;
-            }
-        }
-    }
-    for (_, ub) in shared_words(b, shared) {
-        any_b = true;
-        writes |= ub.writes > 0;
-    }
-    if benign {
-        Class::Benign
-    } else if !any_a || !any_b {
-        Class::Null
-    } else if !writes {
-        Class::ReadRead
-    } else {
-        Class::DisjointWrite
-    }
-}
-
-/// The probability that a conflicting access making up
-/// [`CONFLICT_SHARE`] of the pair's accesses would have been sampled,
-/// given `n` sampled accesses on the less sampled side.
-pub fn confidence(n: u64) -> f64 {
-    1.0 - (1.0 - CONFLICT_SHARE).powf(n as f64)
-}
-
-/// The hand-offs of one class.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ClassTotals {
-    pub pairs: u64,
-    pub wait_ns: u64,
-    /// Wait-weighted confidence (see [`confidence`]).
-    confidence_wait: f64,
-}
-
-/// A lock's hand-offs classified.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    /// The class holding most of the wait.
-    pub class: Class,
-    pub by_class: Vec<(Class, ClassTotals)>,
-    /// Hand-offs not classified: a side without any sampled access.
-    pub unsampled: ClassTotals,
-    /// Waits in classified hand-offs, and in unnecessary ones.
-    pub wait_ns: u64,
-    pub unnecessary_wait_ns: u64,
-    /// Wait-weighted confidence of the unnecessary claims (1 for true
-    /// contention, which a sampled conflict shows).
-    pub confidence: f64,
-    /// The least sampled accesses on a side of the class's pairs.
-    pub min_accesses: u64,
-}
-
-impl Verdict {
-    /// Share of the waits behind unnecessary hand-offs.
-    pub fn unnecessary_share(&self) -> f64 {
-        if self.wait_ns == 0 {
-            0.0
-        } else {
-            self.unnecessary_wait_ns as f64 / self.wait_ns as f64
-        }
-    }
-}
-
-fn verdict(l: &LockUse, shared: &dyn Fn(u64) -> bool) -> Option<Verdict> {
-    let mut totals: FastMap<Class, (ClassTotals, u64)> = FastMap::default();
-    let mut unsampled = ClassTotals::default();
-    let empty = Participant::default();
-    for ((h, w), handoff) in &l.handoffs {
-        let a = l.participants.get(h).unwrap_or(&empty);
-        let b = l.participants.get(w).unwrap_or(&empty);
-        let n = a.accesses.min(b.accesses);
-        if n == 0 {
-            // Nothing known of one side: no class at all.
-            unsampled.pairs += handoff.count;
-            unsampled.wait_ns += handoff.wait_ns;
-            continue;
-        }
-        let class = pair_class(a, b, shared);
-        let (t, least) = totals
-            .entry(class)
-            .or_insert((ClassTotals::default(), u64::MAX));
-        t.pairs += handoff.count;
-        t.wait_ns += handoff.wait_ns;
-        t.confidence_wait += confidence(n) * handoff.wait_ns as f64;
-        *least = (*least).min(n);
-    }
-    let wait_ns: u64 = totals.values().map(|(t, _)| t.wait_ns).sum();
-    if wait_ns == 0 {
-        return None;
-    }
-    let (&class, &(top, least)) = totals
-        .iter()
-        .max_by_key(|(c, (t, _))| (t.wait_ns, **c == Class::True))?;
-    let unnecessary: Vec<&ClassTotals> = totals
-        .iter()
-        .filter(|(c, _)| c.unnecessary())
-        .map(|(_, (t, _))| t)
-        .collect();
-    let unnecessary_wait_ns = unnecessary.iter().map(|t| t.wait_ns).sum();
-    let confidence = if class == Class::True {
-        1.0
-    } else {
-        top.confidence_wait / top.wait_ns.max(1) as f64
-    };
-    let mut by_class: Vec<(Class, ClassTotals)> =
-        totals.into_iter().map(|(c, (t, _))| (c, t)).collect();
-    by_class.sort_by(|a, b| b.1.wait_ns.cmp(&a.1.wait_ns).then(a.0.cmp(&b.0)));
-    Some(Verdict {
-        class,
-        by_class,
-        unsampled,
-        wait_ns,
-        unnecessary_wait_ns,
-        confidence,
-        min_accesses: least,
-    })
 }
 
 #[cfg(test)]
@@ -600,6 +485,7 @@ mod tests {
             start_ns: start,
             end_ns: end,
             wait_ns: wait,
+            read: false,
         }
     }
 
@@ -718,47 +604,113 @@ mod tests {
             ..access(tid, 0, SHARED, true)
         };
         let all = |_| true;
+        // Every sampled write anywhere stored 1 in the whole word.
+        let ones = |_| Stored::Nothing.add(&store(1, Some(1)), SHARED);
         let (mut a, mut b) = (Participant::default(), Participant::default());
-        a.add(&store(1, Some(1)));
-        b.add(&store(2, Some(1)));
-        assert_eq!(pair_class(&a, &b, &all), Class::Benign);
+        a.add(&store(1, Some(1)), &mut 0);
+        b.add(&store(2, Some(1)), &mut 0);
+        assert_eq!(pair_class(&a, &b, &all, &ones), Class::Benign);
         // A read of the flag sees the constant once it is written.
         let mut r = Participant::default();
-        r.add(&access(3, 0, SHARED, false));
-        assert_eq!(pair_class(&a, &r, &all), Class::Benign);
+        r.add(&access(3, 0, SHARED, false), &mut 0);
+        assert_eq!(pair_class(&a, &r, &all, &ones), Class::Benign);
+        // Unless some other code stores something else to it.
+        let varies = |_| Stored::Varies;
+        assert_eq!(pair_class(&a, &r, &all, &varies), Class::True);
         // Another constant, or a computed value, conflicts.
         let mut c = Participant::default();
-        c.add(&store(2, Some(0)));
-        assert_eq!(pair_class(&a, &c, &all), Class::True);
-        b.add(&store(2, None));
-        assert_eq!(pair_class(&a, &b, &all), Class::True);
+        c.add(&store(2, Some(0)), &mut 0);
+        assert_eq!(pair_class(&a, &c, &all, &ones), Class::True);
+        b.add(&store(2, None), &mut 0);
+        assert_eq!(pair_class(&a, &b, &all, &ones), Class::True);
+        // The same value at another place or width is another store.
+        let byte = Access {
+            size: 1,
+            ..store(1, Some(1))
+        };
+        assert_ne!(Stored::Nothing.add(&byte, SHARED), ones(0));
+    }
+
+    #[test]
+    fn the_profile_follows_what_every_write_stores() {
+        let mut p = UlcpProfile::default();
+        let store = |value| Access {
+            value,
+            ..access(1, 0, SHARED, true)
+        };
+        p.on_access(store(Some(1)));
+        p.on_access(store(Some(1)));
+        assert!(matches!(
+            p.stored(SHARED),
+            Stored::Constant { value: 1, .. }
+        ));
+        p.on_access(store(Some(0)));
+        assert_eq!(p.stored(SHARED), Stored::Varies);
+        assert_eq!(
+            p.stored(SHARED + 64),
+            Stored::Varies,
+            "never written: unknown"
+        );
+    }
+
+    #[test]
+    fn a_writer_behind_several_readers_waited_once() {
+        let mut p = UlcpProfile::default();
+        let reader = |tid, start, end, wait| Span {
+            read: true,
+            ..span(tid, start, end, wait)
+        };
+        // Two readers hold together; a third reader's slow call is no
+        // wait for them; the writer waits 10 us behind both.
+        p.on_span(reader(1, 0, 10_000, 0));
+        p.on_span(reader(2, 0, 10_000, 0));
+        p.on_span(reader(3, 5_000, 10_000, 5_000));
+        p.on_span(span(4, 10_000, 11_000, 10_000));
+        p.finish();
+        let l = p.lock(LOCK).unwrap();
+        let total: u64 = l.handoffs.values().map(|h| h.wait_ns).sum();
+        assert_eq!(total, 10_000, "{:?}", l.handoffs);
+        assert_eq!(l.handoffs.len(), 3, "the writer behind each reader");
     }
 
     #[test]
     fn sub_word_accesses_conflict_only_on_common_bytes() {
         let mut a = Participant::default();
         let mut b = Participant::default();
-        a.add(&Access {
-            size: 4,
-            ..access(1, 0, SHARED, true)
-        });
-        b.add(&Access {
-            size: 4,
-            ..access(2, 0, SHARED + 4, true)
-        });
+        a.add(
+            &Access {
+                size: 4,
+                ..access(1, 0, SHARED, true)
+            },
+            &mut 0,
+        );
+        b.add(
+            &Access {
+                size: 4,
+                ..access(2, 0, SHARED + 4, true)
+            },
+            &mut 0,
+        );
         let all = |_| true;
-        assert_eq!(pair_class(&a, &b, &all), Class::DisjointWrite);
-        b.add(&Access {
-            size: 2,
-            ..access(2, 0, SHARED + 2, false)
-        });
-        assert_eq!(pair_class(&a, &b, &all), Class::True);
+        let one = |_| Stored::Varies;
+        assert_eq!(pair_class(&a, &b, &all, &one), Class::DisjointWrite);
+        b.add(
+            &Access {
+                size: 2,
+                ..access(2, 0, SHARED + 2, false)
+            },
+            &mut 0,
+        );
+        assert_eq!(pair_class(&a, &b, &all, &one), Class::True);
         // An access across two words marks both.
         let mut c = Participant::default();
-        c.add(&Access {
-            size: 8,
-            ..access(1, 0, SHARED + 4, false)
-        });
+        c.add(
+            &Access {
+                size: 8,
+                ..access(1, 0, SHARED + 4, false)
+            },
+            &mut 0,
+        );
         assert_eq!(c.words.len(), 2);
         assert_eq!(c.words[&SHARED].read_bytes, 0xf0);
         assert_eq!(c.words[&(SHARED + 8)].read_bytes, 0x0f);

@@ -7,13 +7,14 @@
 //! ([`analysis`]); [`report`] fills each lock's `unnecessary` entry.
 
 pub mod analysis;
+pub mod classes;
 pub mod report;
 
 use memprof_common::{
-    locks::{hold_flag, HoldEvent},
+    locks::{hold_flag, lock_op, HoldEvent},
     procs::recipe_key,
     sharing::recipe,
-    SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL,
+    SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY,
 };
 
 use super::{sharing::code_around, FastMap};
@@ -35,31 +36,30 @@ pub struct Ulcp {
 
 /// Whether the sampled access cannot conflict whoever else touches it: a
 /// code pointer read by a jump (a PLT stub's GOT slot, a vtable), or
-/// read-only memory, or a stack.
+/// read-only memory. Stacks are left to the page test: a thread may hand
+/// another a pointer to its stack.
 fn private(ev: &SampleEvent, process: &Process) -> bool {
-    if ev.access & recipe::BRANCH != 0 {
-        return true;
-    }
-    match process.find(ev.addr) {
-        Some(m) => !m.writable || &*m.name == "[stack]" || process.maps().in_thread_stack(ev.addr),
-        None => false,
-    }
+    ev.access & recipe::BRANCH != 0 || process.find(ev.addr).is_some_and(|m| !m.writable)
 }
 
 impl Ulcp {
     /// A sample with a data address of the traced process.
     pub fn on_sample(&mut self, ev: &SampleEvent, process: &mut Process) {
-        if ev.flags & SAMPLE_FLAG_ADDR == 0 || ev.flags & SAMPLE_FLAG_KERNEL != 0 {
-            return;
-        }
         // The main process's locks (children have their own sections,
         // but their addresses are another space).
         if ev.tgid != 0 && ev.tgid != process.pid() {
             return;
         }
+        // Every sample says the samples have arrived up to its time
+        // (threads blocked in the kernel give samples without address).
+        self.profile.saw(ev.time_ns);
+        if ev.flags & SAMPLE_FLAG_ADDR == 0 || ev.flags & SAMPLE_FLAG_KERNEL != 0 {
+            return;
+        }
         let write = ev.access & recipe::WRITE != 0;
+        let precise = ev.flags & SAMPLE_FLAG_MEMORY != 0;
         let value = if write {
-            self.constant(ev.ip, process)
+            self.constant(ev.ip, precise, process)
         } else {
             None
         };
@@ -76,13 +76,13 @@ impl Ulcp {
 
     /// The constant the write sampled at `ip` stores, if its instruction
     /// stores an immediate (decoded once per instruction).
-    fn constant(&mut self, ip: u64, process: &mut Process) -> Option<u64> {
+    fn constant(&mut self, ip: u64, precise: bool, process: &mut Process) -> Option<u64> {
         let key = recipe_key(process.layout(), ip);
         if let Some(v) = self.constants.get(&key) {
             return *v;
         }
-        let v =
-            code_around(process, ip).and_then(|(code, at)| access::stored_constant(&code, at, ip));
+        let v = code_around(process, ip)
+            .and_then(|(code, at)| access::stored_constant(&code, at, ip, precise));
         if self.constants.len() < CONSTANTS_MAX {
             self.constants.insert(key, v);
         }
@@ -101,6 +101,7 @@ impl Ulcp {
             start_ns: ev.acquired_ns,
             end_ns: ev.acquired_ns.saturating_add(ev.hold_ns),
             wait_ns: ev.acquire_ns,
+            read: lock_op::is_read(ev.op),
         });
     }
 }

@@ -2,7 +2,7 @@
 //! hand-offs, the evidence per critical-section site, named, and the
 //! advice for the class found.
 
-use super::analysis::{Class, LockUse, Participant, UlcpProfile, Verdict, LINE_BYTES};
+use super::analysis::{Class, LockUse, Participant, UlcpProfile, Verdict, LINE_BYTES, LOCKS_MAX};
 use crate::{
     cli::LockMode,
     features::{
@@ -68,6 +68,13 @@ pub fn annotate(entries: &mut [LockEntry], inputs: &Inputs<'_>, names: &mut dyn 
 /// the sampled mode).
 pub fn notes(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Vec<String> {
     let mut notes: Vec<String> = note(entries, profile, mode).into_iter().collect();
+    if profile.sections_of_other_locks > 0 {
+        notes.push(format!(
+            "{} critical sections of locks beyond the first {LOCKS_MAX} seen were not \
+             analyzed for unnecessary contention",
+            profile.sections_of_other_locks
+        ));
+    }
     if profile.joined_early > 0 {
         notes.push(format!(
             "{} critical sections were classified before the samples of their time arrived \
@@ -96,7 +103,7 @@ fn note(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Option<
     };
     Some(format!(
         "{unclassified} contended pthread locks have no unnecessary-contention verdict: too \
-         few sampled accesses fell in their traced critical sections ({} in all); {how}",
+         few sampled accesses fell in their traced critical sections ({} sampled accesses in traced sections in all); {how}",
         profile.joined
     ))
 }
@@ -153,8 +160,11 @@ fn unnecessary(v: &Verdict, wait_total_ns: u64, evidence: Vec<SectionEvidence>) 
 }
 
 fn advice(class: Class, evidence: &[SectionEvidence], wasted_ns: u64) -> String {
+    // For a null lock, the section that touched nothing shared.
     let site = evidence
-        .first()
+        .iter()
+        .find(|e| class != Class::Null || e.reads + e.writes == 0)
+        .or(evidence.first())
         .map_or("the sections", |e| e.section.as_str());
     let words: Vec<&str> = evidence
         .iter()
@@ -351,6 +361,7 @@ mod tests {
                 start_ns: t,
                 end_ns: t + 4_000,
                 wait_ns: if i == 0 { 0 } else { 4_000 },
+                read: false,
             });
             t += 4_000;
         }

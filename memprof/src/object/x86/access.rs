@@ -105,9 +105,10 @@ pub fn decode(code: &[u8], code_ip: u64, ip: u64, precise: bool) -> Decoded {
 
 /// The constant the access of a sample at `ip` stores, when its
 /// instruction is a store of an immediate (`movl $1, flag(%rip)`): every
-/// execution writes the same value. `code` as for [`decode`].
-pub fn stored_constant(code: &[u8], code_ip: u64, ip: u64) -> Option<u64> {
-    let insn = decode(code, code_ip, ip, false).insn;
+/// execution writes the same value. `code` and `precise` as for
+/// [`decode`].
+pub fn stored_constant(code: &[u8], code_ip: u64, ip: u64, precise: bool) -> Option<u64> {
+    let insn = decode(code, code_ip, ip, precise).insn;
     let bytes = code.get(insn.checked_sub(code_ip)? as usize..)?;
     let at = Decoder::with_ip(64, bytes, insn, DecoderOptions::NONE).decode();
     let is_store = at.mnemonic() == Mnemonic::Mov
@@ -572,14 +573,20 @@ mod tests {
     fn stores_of_constants_give_their_value() {
         // movl $1, [rip+0x10]; nop: sampled after it (skid) and on it.
         let (code, at) = with_padding(&[0xc7, 0x05, 0x10, 0, 0, 0, 1, 0, 0, 0, 0x90]);
-        assert_eq!(stored_constant(&code, at, BASE + 10), Some(1));
-        assert_eq!(stored_constant(&code, at, BASE), Some(1));
+        assert_eq!(stored_constant(&code, at, BASE + 10, false), Some(1));
+        assert_eq!(stored_constant(&code, at, BASE, false), Some(1));
         // movq $-1, [rdi] (sign-extended to 64 bits).
         let (code, at) = with_padding(&[0x48, 0xc7, 0x07, 0xff, 0xff, 0xff, 0xff, 0x90]);
-        assert_eq!(stored_constant(&code, at, BASE + 7), Some(u64::MAX));
+        assert_eq!(stored_constant(&code, at, BASE + 7, false), Some(u64::MAX));
         // mov [rdi], rax: a register's value, not a constant.
         let (code, at) = with_padding(&[0x48, 0x89, 0x07, 0x90]);
-        assert_eq!(stored_constant(&code, at, BASE + 3), None);
+        assert_eq!(stored_constant(&code, at, BASE + 3, false), None);
+        // movl $1, [rip+0x10]; mov [rdi], rax: a precise sample of the
+        // second store is that store, not the constant before it.
+        let store = [0xc7, 0x05, 0x10, 0, 0, 0, 1, 0, 0, 0, 0x48, 0x89, 0x07];
+        let (code, at) = with_padding(&store);
+        assert_eq!(stored_constant(&code, at, BASE + 10, true), None);
+        assert_eq!(stored_constant(&code, at, BASE + 10, false), Some(1));
     }
 
     #[test]

@@ -160,8 +160,9 @@ pub struct SectionEvidence {
     /// Traced sections, and those with a sampled access.
     pub sections: u64,
     pub sampled_sections: u64,
-    /// Sampled accesses to shared memory (lines more than one thread was
-    /// sampled touching), reads and writes; and to private memory.
+    /// Sampled accesses to shared memory (pages more than one thread was
+    /// sampled touching), reads and writes; and to private memory (pages
+    /// of one thread, read-only memory, code pointers).
     pub reads: u64,
     pub writes: u64,
     pub private: u64,

@@ -10,6 +10,9 @@ use crate::report::{
 
 /// Lock entries shown in the summary.
 const TOP_LOCKS: usize = 6;
+/// A lock whose waits are mostly needed also says the unnecessary rest
+/// from this share on.
+const ALSO_UNNECESSARY: f64 = 0.1;
 
 /// The "Locks" section: the contended locks (then other waits), with the
 /// code that waited and the code that released.
@@ -93,6 +96,16 @@ fn write_unnecessary(out: &mut String, l: &LockEntry) {
     let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
     if u.class != ContentionClass::True {
         wrap_into(out, "      fix: ", &u.advice);
+    } else if u.wasted_share >= ALSO_UNNECESSARY {
+        // Needed mostly, but not all: say what the rest is.
+        let other = u.classes.iter().find(|c| c.class != ContentionClass::True);
+        let line = format!(
+            "      but {} of the waits unnecessary{} ({} in all)",
+            share_percent(u.wasted_share, 0),
+            other.map_or(String::new(), |c| format!(", mostly {}", c.class.name())),
+            format_ns(u.wasted_wait_ns)
+        );
+        let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
     }
 }
 
@@ -204,6 +217,10 @@ mod tests {
         let text = render(&r);
         assert!(text.contains("contention needed: the sections conflict (41,200 hand-offs"));
         assert!(!text.contains("fix: the sections write"), "{text}");
+        assert!(
+            text.contains("but 90% of the waits unnecessary, mostly disjoint-write (1.63 s"),
+            "{text}"
+        );
     }
 
     #[test]
