@@ -14,8 +14,8 @@
  *   split    the same keys in their own array, g_keys, the payloads in
  *            g_payloads (not read): whole lines used.          nothing
  *   heap     as records, on an array of struct record allocated with
- *            malloc (the line marked HEAP_RECORDS): the element size is
- *            not in any debug info the heap block has; 12.5%.
+ *            malloc (the line marked HEAP_RECORDS, which declares the
+ *            pointer: its type names the element); 12.5%.
  *   pair     reads hot_a and hot_b of each g_pairs element (struct pair,
  *            128 bytes: 32 cold, hot_a, 48 cold, hot_b, 32 cold): the two
  *            hot fields are 56 bytes apart, on two lines, 16 of 128 bytes

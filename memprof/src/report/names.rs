@@ -30,6 +30,13 @@ pub trait Names {
 
     /// The layout of global `name` of `path`, from its debug info.
     fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<Layout>;
+
+    /// The layout of what a pointer declared at `file:line` of `path`
+    /// points to, from its debug info (the element of a heap block
+    /// allocated on that line).
+    fn pointee_layout(&mut self, _path: &Arc<str>, _file: &str, _line: u32) -> Option<Layout> {
+        None
+    }
 }
 
 impl Names for Symbolizer {
@@ -51,6 +58,10 @@ impl Names for Symbolizer {
 
     fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<Layout> {
         Symbolizer::data_layout(self, path, name)
+    }
+
+    fn pointee_layout(&mut self, path: &Arc<str>, file: &str, line: u32) -> Option<Layout> {
+        Symbolizer::pointee_layout(self, path, file, line)
     }
 }
 

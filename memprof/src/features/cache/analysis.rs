@@ -33,10 +33,12 @@ pub const AFFINITY_WINDOW_NS: u64 = 2_000_000;
 const MAX_PAIRS: usize = 1 << 16;
 /// Line use is also measured per window of this length...
 pub const WINDOW_NS: u64 = 1_000_000_000;
-/// ...for the latest windows (a minute).
+/// ...for the latest windows that had samples (a minute of a busy
+/// target).
 pub const WINDOWS_KEPT: usize = 60;
-/// Distinct addresses kept per window.
-const WINDOW_ADDRESSES: usize = 1 << 16;
+/// Distinct addresses kept per window (a second of samples at the
+/// default rate has about 2,000; at the highest, 100,000).
+const WINDOW_ADDRESSES: usize = 1 << 13;
 
 /// The sampled accesses of one window: per address, widest size and
 /// accesses.

@@ -9,7 +9,7 @@ use super::analysis::{analyze, CacheProfile, ElementUse, FieldDef, ObjectAccesse
 use crate::{
     features::{alloc::analysis::AllocProfile, sharing::LineBlock, FastMap},
     object::symbolize::dwarf::Layout,
-    process::maps::ProcMaps,
+    process::maps::{Place, ProcMaps},
     report::{
         model::{source_label, CacheUseEntry, FieldUse, ObjectKind, WindowUse},
         names::{code_ref, Names},
@@ -112,43 +112,67 @@ pub fn findings(
         .collect();
     ranked.sort_by_key(|g| std::cmp::Reverse(g.1.accesses));
     ranked.truncate(MAX_OBJECTS);
-    let mut out: Vec<(f64, CacheUseEntry)> = ranked
+    let poor: Vec<(Key, Group, ElementUse)> = ranked
         .into_iter()
         .filter_map(|(key, g)| {
             let u = analyze(&g.obj)?;
-            (u.line_use < POOR_LINE_USE).then(|| {
-                let wasted = g.accesses as f64 * (1.0 - u.line_use);
-                let mut e = entry(inputs, &key, &g, &u, total, names);
-                e.windows = windows(inputs.profile, &placed, &key, &g.obj, u.element_size);
-                (wasted, e)
-            })
+            (u.line_use < POOR_LINE_USE).then_some((key, g, u))
+        })
+        .collect();
+    let mut per_window = window_accesses(inputs.profile, &placed, &poor);
+    let mut out: Vec<(f64, CacheUseEntry)> = poor
+        .into_iter()
+        .map(|(key, g, u)| {
+            let wasted = g.accesses as f64 * (1.0 - u.line_use);
+            let mut e = entry(inputs, &key, &g, &u, total, names);
+            let seen = per_window.remove(&key).unwrap_or_default();
+            e.windows = windows(seen, &g.obj, u.element_size);
+            (wasted, e)
         })
         .collect();
     out.sort_by(|a, b| b.0.total_cmp(&a.0));
     out.into_iter().map(|(_, e)| e).collect()
 }
 
-/// The object's line use per window, folded on the element found for
-/// the whole session (windows with fewer than [`MIN_ACCESSES`] of its
-/// samples are left out).
-fn windows(
+/// One window's accesses to an object: (offset, bytes, accesses).
+type WindowAccesses = (u64, Vec<(u64, u32, u64)>);
+
+/// The accesses of each window to each of `objects`, in one pass over
+/// the windows.
+fn window_accesses(
     profile: &CacheProfile,
     placed: &FastMap<u64, (Key, u64)>,
-    key: &Key,
-    obj: &ObjectAccesses,
-    element: u64,
-) -> Vec<WindowUse> {
-    profile
-        .windows()
-        .filter_map(|w| {
-            let accesses: Vec<(u64, u32, u64)> = w
-                .addrs
-                .iter()
-                .filter_map(|(addr, &(size, n))| match placed.get(addr) {
-                    Some((k, offset)) if k == key => Some((*offset, size, n)),
-                    _ => None,
-                })
-                .collect();
+    objects: &[(Key, Group, ElementUse)],
+) -> FastMap<Key, Vec<WindowAccesses>> {
+    let mut out: FastMap<Key, Vec<WindowAccesses>> = objects
+        .iter()
+        .map(|(k, _, _)| (k.clone(), Vec::new()))
+        .collect();
+    for w in profile.windows() {
+        for (addr, &(size, n)) in &w.addrs {
+            let Some((key, offset)) = placed.get(addr) else {
+                continue;
+            };
+            let Some(list) = out.get_mut(key) else {
+                continue;
+            };
+            if list.last().is_none_or(|(start, _)| *start != w.start_ns) {
+                list.push((w.start_ns, Vec::new()));
+            }
+            if let Some((_, accesses)) = list.last_mut() {
+                accesses.push((*offset, size, n));
+            }
+        }
+    }
+    out
+}
+
+/// An object's line use per window, folded on the element found for
+/// the whole session (windows with fewer than [`MIN_ACCESSES`] of its
+/// samples are left out).
+fn windows(seen: Vec<WindowAccesses>, obj: &ObjectAccesses, element: u64) -> Vec<WindowUse> {
+    seen.into_iter()
+        .filter_map(|(start_ns, accesses)| {
             let n: u64 = accesses.iter().map(|a| a.2).sum();
             if n < MIN_ACCESSES {
                 return None;
@@ -162,7 +186,7 @@ fn windows(
             };
             let u = analyze(&one)?;
             Some(WindowUse {
-                start_s: w.start_ns as f64 / WINDOW_NS as f64,
+                start_s: start_ns as f64 / WINDOW_NS as f64,
                 accesses: n,
                 line_use: u.line_use,
             })
@@ -208,8 +232,35 @@ fn resolve(
         site: block.site,
         size: block.size,
     };
-    objects.entry(key.clone()).or_default().size = Some(block.size);
+    if !objects.contains_key(&key) {
+        let mut obj = ObjectAccesses {
+            size: Some(block.size),
+            ..Default::default()
+        };
+        if let Some(l) = inputs
+            .alloc
+            .and_then(|a| allocated_type(a, block.site, names))
+        {
+            // The pointer's struct, when the block holds whole ones.
+            if let Some(size) = l.struct_size.filter(|&s| s > 0 && block.size % s == 0) {
+                obj.element = Some(size);
+                obj.fields = fields_of(&l);
+            }
+        }
+        objects.insert(key.clone(), obj);
+    }
     Some(Some((key, addr - block.start)))
+}
+
+/// The struct a pointer declared on the allocation's line points to
+/// (`struct record *r = malloc(...)`), from the debug info.
+fn allocated_type(alloc: &AllocProfile, site: u64, names: &mut dyn Names) -> Option<Layout> {
+    let place = alloc.site_place(site);
+    let Place::File { path, .. } = &place else {
+        return None;
+    };
+    let frame = names.code_innermost(&place);
+    names.pointee_layout(path, frame.file.as_deref()?, frame.line?)
 }
 
 /// A struct's members as fields, each up to the next (the last to the

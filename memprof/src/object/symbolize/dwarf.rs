@@ -57,8 +57,8 @@ pub fn layout(path: &Path, name: &str) -> Option<Layout> {
     layout_in(&std::fs::read(path).ok()?, name)
 }
 
-/// [`layout`] for an object file's bytes already in memory.
-pub fn layout_in(data: &[u8], name: &str) -> Option<Layout> {
+/// The DWARF sections of an object file's bytes.
+fn sections(data: &[u8]) -> Option<(gimli::DwarfSections<Cow<'_, [u8]>>, RunTimeEndian)> {
     let obj = object::File::parse(data).ok()?;
     let endian = if obj.is_little_endian() {
         RunTimeEndian::Little
@@ -72,6 +72,95 @@ pub fn layout_in(data: &[u8], name: &str) -> Option<Layout> {
             .unwrap_or(Cow::Borrowed(&[])))
     })
     .ok()?;
+    Some((sections, endian))
+}
+
+/// The layout of what a pointer variable declared at `file:line` points
+/// to (`struct record *r = malloc(n * sizeof *r);`): the element of the
+/// heap block allocated on that line. A pointer declared elsewhere and
+/// assigned there is not found. `file` (a full path, as the symbolizer
+/// gives) must end with the debug info's name of the declaring file.
+pub fn pointee_layout(path: &Path, file: &str, line: u32) -> Option<Layout> {
+    pointee_layout_in(&std::fs::read(path).ok()?, file, line)
+}
+
+/// [`pointee_layout`] for an object file's bytes already in memory.
+pub fn pointee_layout_in(data: &[u8], file: &str, line: u32) -> Option<Layout> {
+    let (sections, endian) = sections(data)?;
+    let dwarf = sections.borrow(|s| EndianSlice::new(s, endian));
+    let file = Path::new(file);
+    let mut units = dwarf.units();
+    while let Ok(Some(header)) = units.next() {
+        let Ok(unit) = dwarf.unit(header) else {
+            continue;
+        };
+        let mut entries = unit.entries();
+        let mut rust = false;
+        while let Ok(Some(entry)) = entries.next_dfs() {
+            if entry.tag() == gimli::DW_TAG_compile_unit {
+                rust = matches!(
+                    entry.attr_value(gimli::DW_AT_language),
+                    Some(AttributeValue::Language(gimli::DW_LANG_Rust))
+                );
+            }
+            let declared_here = entry.tag() == gimli::DW_TAG_variable
+                && entry
+                    .attr_value(gimli::DW_AT_decl_line)
+                    .and_then(|v| v.udata_value())
+                    == Some(u64::from(line));
+            if !declared_here || !declared_in(&dwarf, &unit, entry, file) {
+                continue;
+            }
+            let Some(AttributeValue::UnitRef(ty)) = entry.attr_value(gimli::DW_AT_type) else {
+                continue;
+            };
+            let Some(pointer) = strip(&unit, ty).and_then(|t| unit.entry(t).ok()) else {
+                continue;
+            };
+            if pointer.tag() != gimli::DW_TAG_pointer_type {
+                continue;
+            }
+            if let Some(AttributeValue::UnitRef(pointee)) = pointer.attr_value(gimli::DW_AT_type) {
+                let layout = layout_of_type(&dwarf, &unit, pointee, rust);
+                if layout.struct_size.is_some() {
+                    return Some(layout);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Whether `entry` was declared in `file` (which ends with the name the
+/// debug info gives its file).
+fn declared_in(
+    dwarf: &gimli::Dwarf<R<'_>>,
+    unit: &gimli::Unit<R<'_>>,
+    entry: &gimli::DebuggingInformationEntry<R<'_>>,
+    file: &Path,
+) -> bool {
+    let index = match entry.attr_value(gimli::DW_AT_decl_file) {
+        Some(AttributeValue::FileIndex(i)) => i,
+        Some(v) => match v.udata_value() {
+            Some(i) => i,
+            None => return false,
+        },
+        None => return false,
+    };
+    let Some(program) = unit.line_program.as_ref() else {
+        return false;
+    };
+    let Some(f) = program.header().file(index) else {
+        return false;
+    };
+    dwarf
+        .attr_string(unit, f.path_name())
+        .is_ok_and(|name| file.ends_with(&*String::from_utf8_lossy(name.slice())))
+}
+
+/// [`layout`] for an object file's bytes already in memory.
+pub fn layout_in(data: &[u8], name: &str) -> Option<Layout> {
+    let (sections, endian) = sections(data)?;
     let dwarf = sections.borrow(|s| EndianSlice::new(s, endian));
     let short = name.rsplit("::").next().unwrap_or(name);
     let mut units = dwarf.units();
@@ -269,6 +358,25 @@ mod tests {
             Some("TEST_LAYOUT[1].b")
         );
         assert!(std::hint::black_box(&TEST_LAYOUT).len() == 2);
+    }
+
+    /// A pointer declared on a known line of this file points to `Probe`.
+    #[test]
+    fn a_pointer_declared_on_a_line_gives_its_pointee_s_layout() {
+        let exe = std::env::current_exe().expect("test binary");
+        let line = line!() + 1;
+        let p: *const Probe = std::hint::black_box(std::ptr::null());
+        // `file!()` is relative to the workspace, where rustc runs.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let path = root.join(file!());
+        let file = path.to_str().unwrap();
+        let l = pointee_layout(&exe, file, line).expect("found");
+        assert_eq!(l.struct_size, Some(24), "{l:?}");
+        let names: Vec<&str> = l.members.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"], "{l:?}");
+        assert!(pointee_layout(&exe, file, line + 1).is_none());
+        assert!(pointee_layout(&exe, "/elsewhere/other.rs", line).is_none());
+        assert!(p.is_null());
     }
 
     #[repr(C)]

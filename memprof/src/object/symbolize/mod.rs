@@ -109,6 +109,8 @@ pub struct Symbolizer {
     code: HashMap<Place, Inlined>,
     /// Layouts of global variables, per (file, symbol).
     layouts: HashMap<(Arc<str>, String), Option<dwarf::Layout>>,
+    /// What the pointer declared at (object, source file, line) points to.
+    pointees: HashMap<(Arc<str>, String, u32), Option<dwarf::Layout>>,
     /// Per file: `p_vaddr - p_offset` of its first loadable segment.
     vaddr_bias: HashMap<Arc<str>, Option<u64>>,
 }
@@ -133,6 +135,7 @@ impl Symbolizer {
             blazesym,
             code: HashMap::new(),
             layouts: HashMap::new(),
+            pointees: HashMap::new(),
             vaddr_bias: HashMap::new(),
         }
     }
@@ -198,6 +201,20 @@ impl Symbolizer {
 
     /// The layout of global `name` (a symbol of `path`) from its DWARF:
     /// array element size and struct members, to name the bytes of it.
+    /// The layout of what a pointer declared at `file:line` of the object
+    /// file `path` points to (see [`dwarf::pointee_layout`]).
+    pub fn pointee_layout(
+        &mut self,
+        path: &Arc<str>,
+        file: &str,
+        line: u32,
+    ) -> Option<dwarf::Layout> {
+        self.pointees
+            .entry((path.clone(), file.to_string(), line))
+            .or_insert_with(|| dwarf::pointee_layout(std::path::Path::new(&**path), file, line))
+            .clone()
+    }
+
     pub fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<dwarf::Layout> {
         self.layouts
             .entry((path.clone(), name.to_string()))
