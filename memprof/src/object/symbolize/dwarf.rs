@@ -86,9 +86,43 @@ pub fn pointee_layout(path: &Path, file: &str, line: u32) -> Option<Layout> {
 
 /// [`pointee_layout`] for an object file's bytes already in memory.
 pub fn pointee_layout_in(data: &[u8], file: &str, line: u32) -> Option<Layout> {
+    let file = Path::new(file);
+    find_variable(data, |dwarf, unit, entry, rust| {
+        let declared_here = entry
+            .attr_value(gimli::DW_AT_decl_line)
+            .and_then(|v| v.udata_value())
+            == Some(u64::from(line));
+        if !declared_here || !declared_in(dwarf, unit, entry, file) {
+            return None;
+        }
+        let Some(AttributeValue::UnitRef(ty)) = entry.attr_value(gimli::DW_AT_type) else {
+            return None;
+        };
+        let pointer = strip(unit, ty).and_then(|t| unit.entry(t).ok())?;
+        if pointer.tag() != gimli::DW_TAG_pointer_type {
+            return None;
+        }
+        let Some(AttributeValue::UnitRef(pointee)) = pointer.attr_value(gimli::DW_AT_type) else {
+            return None;
+        };
+        let layout = layout_of_type(dwarf, unit, pointee, rust);
+        layout.struct_size.is_some().then_some(layout)
+    })
+}
+
+/// The first layout `f` makes of a variable of the object file's debug
+/// info (`rust`: its compile unit is Rust's).
+fn find_variable(
+    data: &[u8],
+    mut f: impl FnMut(
+        &gimli::Dwarf<R<'_>>,
+        &gimli::Unit<R<'_>>,
+        &gimli::DebuggingInformationEntry<R<'_>>,
+        bool,
+    ) -> Option<Layout>,
+) -> Option<Layout> {
     let (sections, endian) = sections(data)?;
     let dwarf = sections.borrow(|s| EndianSlice::new(s, endian));
-    let file = Path::new(file);
     let mut units = dwarf.units();
     while let Ok(Some(header)) = units.next() {
         let Ok(unit) = dwarf.unit(header) else {
@@ -103,26 +137,8 @@ pub fn pointee_layout_in(data: &[u8], file: &str, line: u32) -> Option<Layout> {
                     Some(AttributeValue::Language(gimli::DW_LANG_Rust))
                 );
             }
-            let declared_here = entry.tag() == gimli::DW_TAG_variable
-                && entry
-                    .attr_value(gimli::DW_AT_decl_line)
-                    .and_then(|v| v.udata_value())
-                    == Some(u64::from(line));
-            if !declared_here || !declared_in(&dwarf, &unit, entry, file) {
-                continue;
-            }
-            let Some(AttributeValue::UnitRef(ty)) = entry.attr_value(gimli::DW_AT_type) else {
-                continue;
-            };
-            let Some(pointer) = strip(&unit, ty).and_then(|t| unit.entry(t).ok()) else {
-                continue;
-            };
-            if pointer.tag() != gimli::DW_TAG_pointer_type {
-                continue;
-            }
-            if let Some(AttributeValue::UnitRef(pointee)) = pointer.attr_value(gimli::DW_AT_type) {
-                let layout = layout_of_type(&dwarf, &unit, pointee, rust);
-                if layout.struct_size.is_some() {
+            if entry.tag() == gimli::DW_TAG_variable {
+                if let Some(layout) = f(&dwarf, &unit, entry, rust) {
                     return Some(layout);
                 }
             }
@@ -160,39 +176,19 @@ fn declared_in(
 
 /// [`layout`] for an object file's bytes already in memory.
 pub fn layout_in(data: &[u8], name: &str) -> Option<Layout> {
-    let (sections, endian) = sections(data)?;
-    let dwarf = sections.borrow(|s| EndianSlice::new(s, endian));
     let short = name.rsplit("::").next().unwrap_or(name);
-    let mut units = dwarf.units();
-    while let Ok(Some(header)) = units.next() {
-        let Ok(unit) = dwarf.unit(header) else {
-            continue;
-        };
-        let mut entries = unit.entries();
-        let mut rust = false;
-        while let Ok(Some(entry)) = entries.next_dfs() {
-            if entry.tag() == gimli::DW_TAG_compile_unit {
-                rust = matches!(
-                    entry.attr_value(gimli::DW_AT_language),
-                    Some(AttributeValue::Language(gimli::DW_LANG_Rust))
-                );
+    find_variable(data, |dwarf, unit, entry, rust| {
+        let named = entry
+            .attr_value(gimli::DW_AT_name)
+            .and_then(|v| dwarf.attr_string(unit, v).ok())
+            .is_some_and(|s| s.slice() == short.as_bytes());
+        match entry.attr_value(gimli::DW_AT_type) {
+            Some(AttributeValue::UnitRef(ty)) if named => {
+                Some(layout_of_type(dwarf, unit, ty, rust))
             }
-            if entry.tag() != gimli::DW_TAG_variable {
-                continue;
-            }
-            let named = entry
-                .attr_value(gimli::DW_AT_name)
-                .and_then(|v| dwarf.attr_string(&unit, v).ok())
-                .is_some_and(|s| s.slice() == short.as_bytes());
-            if !named {
-                continue;
-            }
-            if let Some(AttributeValue::UnitRef(ty)) = entry.attr_value(gimli::DW_AT_type) {
-                return Some(layout_of_type(&dwarf, &unit, ty, rust));
-            }
+            _ => None,
         }
-    }
-    None
+    })
 }
 
 fn layout_of_type(
