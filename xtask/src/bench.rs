@@ -390,3 +390,48 @@ pub(crate) fn attached_loader_cpu(
         .as_f64()
         .context("no loader.cpu_share")
 }
+
+/// The median of the per-round ratios `runs[i] / base[i]`.
+pub(crate) fn median_ratio(runs: &[f64], base: &[f64]) -> f64 {
+    let mut r: Vec<f64> = runs.iter().zip(base).map(|(t, u)| t / u).collect();
+    median(&mut r)
+}
+
+/// An analysis that adds no kernel work, measured side by side in
+/// alternating rounds: the workload `w args` untraced, traced by the tool
+/// (`tool_args`, report in `json`), and traced with the analysis turned
+/// off (`off_env=off`). Returns each configuration's `ns_per_iter`, in
+/// that order; `after_traced` reads each traced run's report.
+pub(crate) fn analysis_rounds(
+    rounds: usize,
+    tool: &Path,
+    tool_args: &[&str],
+    json: &Path,
+    off_env: &str,
+    workload: (&Path, &[&str]),
+    mut after_traced: impl FnMut() -> Result<()>,
+) -> Result<[Vec<f64>; 3]> {
+    let configs = ["untraced", "traced", "traced, analysis off"];
+    let mut ns: [Vec<f64>; 3] = Default::default();
+    let (w, args) = workload;
+    for _ in 0..rounds.max(1) {
+        for (i, name) in configs.iter().enumerate() {
+            let mut cmd = if i == 0 {
+                Command::new(w)
+            } else {
+                let mut c = Command::new(tool);
+                c.args(tool_args).arg("--json").arg(json).arg("--").arg(w);
+                if i == 2 {
+                    c.env(off_env, "off");
+                }
+                c
+            };
+            cmd.args(args);
+            ns[i].push(run_for_metric(&mut cmd, name, "ns_per_iter")?);
+            if i == 1 {
+                after_traced()?;
+            }
+        }
+    }
+    Ok(ns)
+}

@@ -17,7 +17,9 @@ use std::{path::Path, process::Command};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{attached_loader_cpu, median, read_report, run_for_metric, verdict};
+use crate::bench::{
+    analysis_rounds, attached_loader_cpu, median, median_ratio, read_report, verdict,
+};
 
 const TARGET_OVERHEAD: f64 = 1.03;
 const TARGET_LOADER_CPU: f64 = 0.05;
@@ -27,47 +29,27 @@ pub fn run(rounds: usize, tool: &Path, dir: &Path) -> Result<Value> {
     let w = workloads::build_workload("cacheuse", workloads::Variant::Debug)?;
     let json = dir.join("cache-report.json");
     println!("cache use (record scan, {rounds} rounds)");
-    let configs = ["untraced", "traced", "traced, analysis off"];
-    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     let mut line_use = Vec::new();
-    for _ in 0..rounds.max(1) {
-        for (i, name) in configs.iter().enumerate() {
-            let mut cmd = if i == 0 {
-                Command::new(&w)
-            } else {
-                let mut c = Command::new(tool);
-                c.args([
-                    "--no-tui",
-                    "--alloc-mode",
-                    "off",
-                    "--lock-mode",
-                    "off",
-                    "--json",
-                ])
-                .arg(&json)
-                .arg("--")
-                .arg(&w);
-                if i == 2 {
-                    c.env("MEMPROF_CACHE_USE", "off");
-                }
-                c
-            };
-            cmd.args(["records", "4"]);
-            ns[i].push(run_for_metric(&mut cmd, name, "ns_per_iter")?);
-            if i == 1 {
-                let report = read_report(&json)?;
-                line_use.push(
-                    report["cache_utilization"][0]["line_use"]
-                        .as_f64()
-                        .context("no cache-use finding on the record scan")?,
-                );
-            }
-        }
-    }
-    let ratio = |i: usize| {
-        let mut r: Vec<f64> = ns[i].iter().zip(&ns[0]).map(|(t, u)| t / u).collect();
-        median(&mut r)
-    };
+    let tool_args = ["--no-tui", "--alloc-mode", "off", "--lock-mode", "off"];
+    let workload = (w.as_path(), &["records", "4"][..]);
+    let ns = analysis_rounds(
+        rounds,
+        tool,
+        &tool_args,
+        &json,
+        "MEMPROF_CACHE_USE",
+        workload,
+        || {
+            let report = read_report(&json)?;
+            line_use.push(
+                report["cache_utilization"][0]["line_use"]
+                    .as_f64()
+                    .context("no cache-use finding on the record scan")?,
+            );
+            Ok(())
+        },
+    )?;
+    let ratio = |i: usize| median_ratio(&ns[i], &ns[0]);
     let (traced, off) = (ratio(1), ratio(2));
     println!(
         "  overhead: traced {traced:.3}x untraced, {off:.3}x without the analysis  target ≤ {TARGET_OVERHEAD}x  {}",

@@ -21,7 +21,9 @@ use std::{path::Path, process::Command};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{attached_loader_cpu, median, read_report, run_for_metric, run_tool, verdict};
+use crate::bench::{
+    analysis_rounds, attached_loader_cpu, median_ratio, read_report, run_tool, verdict,
+};
 
 const TARGET_OVERHEAD: f64 = 1.03;
 const TARGET_LOADER_CPU: f64 = 0.05;
@@ -38,31 +40,18 @@ pub fn run(rounds: usize, tool: &Path, dir: &Path) -> Result<Value> {
     let w = workloads::build_workload("ulcp", workloads::Variant::Debug)?;
     let json = dir.join("ulcp-report.json");
     println!("unnecessary lock contention (ulcp workload, {rounds} rounds)");
-    let configs = ["untraced", "traced", "traced, analysis off"];
-    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for _ in 0..rounds.max(1) {
-        for (i, name) in configs.iter().enumerate() {
-            let mut cmd = if i == 0 {
-                Command::new(&w)
-            } else {
-                let mut c = Command::new(tool);
-                c.args(["--no-tui", "--alloc-mode", "off", "--json"])
-                    .arg(&json)
-                    .arg("--")
-                    .arg(&w);
-                if i == 2 {
-                    c.env("MEMPROF_ULCP", "off");
-                }
-                c
-            };
-            cmd.args(["4", "4"]);
-            ns[i].push(run_for_metric(&mut cmd, name, "ns_per_iter")?);
-        }
-    }
-    let ratio = |i: usize, base: usize| {
-        let mut r: Vec<f64> = ns[i].iter().zip(&ns[base]).map(|(t, u)| t / u).collect();
-        median(&mut r)
-    };
+    let tool_args = ["--no-tui", "--alloc-mode", "off"];
+    let workload = (w.as_path(), &["4", "4"][..]);
+    let ns = analysis_rounds(
+        rounds,
+        tool,
+        &tool_args,
+        &json,
+        "MEMPROF_ULCP",
+        workload,
+        || Ok(()),
+    )?;
+    let ratio = |i: usize, base: usize| median_ratio(&ns[i], &ns[base]);
     let (traced, off, added) = (ratio(1, 0), ratio(2, 0), ratio(1, 2));
     println!(
         "  overhead: traced {traced:.3}x untraced, {off:.3}x without the analysis: the analysis adds {added:.3}x  target ≤ {TARGET_OVERHEAD}x  {}",
