@@ -60,10 +60,11 @@ pub struct LockCollector {
 }
 
 impl LockCollector {
-    /// A critical section from the lock uprobes.
-    pub fn on_hold(&mut self, ev: &HoldEvent, process: &mut Process) {
+    /// A critical section from the lock uprobes; false when it is our
+    /// launch gate's (before the command's exec), and left out.
+    pub fn on_hold(&mut self, ev: &HoldEvent, process: &mut Process) -> bool {
         if process.before_launch(ev.acquired_ns) {
-            return;
+            return false;
         }
         for site in [ev.lock_site, ev.unlock_site] {
             if site != 0 && !self.profile.knows_site(site) && self.profile.can_place_site() {
@@ -84,6 +85,7 @@ impl LockCollector {
             lock_site: ev.lock_site,
             unlock_site: ev.unlock_site,
         });
+        true
     }
 
     /// One stack sample of the lock ring: names its site, counts its

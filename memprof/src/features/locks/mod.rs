@@ -161,12 +161,10 @@ impl Feature for Locks {
         if let Some((holds, _)) = &mut self.calls {
             more |= drain_batch(holds, |b| {
                 if let Some(ev) = decoded(b, "critical-section", HoldEvent::from_bytes) {
-                    collector.on_hold(&ev, process);
-                    if let Some(u) = ulcp
-                        .as_mut()
-                        .filter(|_| !process.before_launch(ev.acquired_ns))
-                    {
-                        u.on_hold(&ev);
+                    if collector.on_hold(&ev, process) {
+                        if let Some(u) = ulcp.as_mut() {
+                            u.on_hold(&ev);
+                        }
                     }
                 }
             });

@@ -295,20 +295,46 @@ impl Merged {
 impl Naming<'_> {
     /// A global's symbol, a heap block's allocation site, or nothing.
     fn name_of(&mut self, uaddr: u64) -> Option<String> {
-        if let Some((path, base)) = self.maps.data_owner(uaddr) {
-            if let Some(sym) = self.names.data(&path, base, uaddr) {
-                return Some(sym.name);
-            }
-        }
-        let (alloc, index) = self.blocks?;
-        let (_, block) = index.containing(uaddr)?;
-        // The allocation call's own line, also inside an inlined helper.
-        let site = self.names.code_innermost(&alloc.site_place(block.site));
-        Some(format!(
-            "heap block from {}",
-            source_label(site.file.as_deref(), site.line, &site.module)
-        ))
+        let blocks = self.blocks.map(|(a, i)| (*a, i));
+        data_name(self.maps, blocks, self.names, uaddr).map(|d| d.name)
     }
+}
+
+/// What holds an address: its name, the offset in it, and whether it
+/// is a heap block.
+pub(crate) struct DataName {
+    pub name: String,
+    pub offset: u64,
+    pub heap: bool,
+}
+
+/// The data at `addr`: a global's symbol, or "heap block from
+/// file:line" (the allocation call's own line, also inside an inlined
+/// helper) when `blocks` knows its block.
+pub(crate) fn data_name(
+    maps: &ProcMaps,
+    blocks: Option<(&AllocProfile, &BlockIndex<'_>)>,
+    names: &mut dyn Names,
+    addr: u64,
+) -> Option<DataName> {
+    if let Some((path, base)) = maps.data_owner(addr) {
+        if let Some(sym) = names.data(&path, base, addr) {
+            return Some(DataName {
+                name: sym.name,
+                offset: sym.offset,
+                heap: false,
+            });
+        }
+    }
+    let (alloc, index) = blocks?;
+    let (start, block) = index.containing(addr)?;
+    let site = names.code_innermost(&alloc.site_place(block.site));
+    let label = source_label(site.file.as_deref(), site.line, &site.module);
+    Some(DataName {
+        name: format!("heap block from {label}"),
+        offset: addr - start,
+        heap: true,
+    })
 }
 
 #[cfg(test)]

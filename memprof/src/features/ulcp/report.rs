@@ -7,7 +7,7 @@ use crate::{
     cli::LockMode,
     features::{
         alloc::analysis::{AllocProfile, BlockIndex},
-        locks::analysis::LockProfile,
+        locks::{analysis::LockProfile, report::data_name},
         FastMap, FastSet,
     },
     process::maps::ProcMaps,
@@ -231,25 +231,13 @@ impl Naming<'_, '_> {
     }
 
     fn word(&mut self, addr: u64) -> String {
-        if let Some((path, base)) = self.inputs.maps.data_owner(addr) {
-            if let Some(sym) = self.names.data(&path, base, addr) {
-                return match sym.offset {
-                    0 => sym.name,
-                    off => format!("{}+{off:#x}", sym.name),
-                };
-            }
+        let blocks = self.inputs.heap.zip(self.index);
+        match data_name(self.inputs.maps, blocks, self.names, addr) {
+            Some(d) if d.heap => format!("{} +{:#x}", d.name, d.offset),
+            Some(d) if d.offset == 0 => d.name,
+            Some(d) => format!("{}+{:#x}", d.name, d.offset),
+            None => format!("{addr:#x}"),
         }
-        if let (Some(heap), Some(index)) = (self.inputs.heap, self.index) {
-            if let Some((start, block)) = index.containing(addr) {
-                let site = self.names.code_innermost(&heap.site_place(block.site));
-                return format!(
-                    "heap block from {} +{:#x}",
-                    source_label(site.file.as_deref(), site.line, &site.module),
-                    addr - start
-                );
-            }
-        }
-        format!("{addr:#x}")
     }
 }
 
