@@ -237,6 +237,8 @@ fn sampled_mode_keeps_every_traced_block_of_a_leaking_site_live() {
 /// session 9 one CI run was off by 25.7% while the tool claimed ±25.6%,
 /// and some sessions get two windows (claimed ±31-38%): the bound is 25%,
 /// or the claimed error when that is larger (what the report promises).
+/// Since session 11 a claim above 50% shows the acquisitions as unknown
+/// (null), with a note that says why.
 #[test]
 fn default_lock_mode_counts_the_demo_lock_acquisitions() {
     if !require_root("default_lock_mode_counts_the_demo_lock_acquisitions") {
@@ -250,10 +252,19 @@ fn default_lock_mode_counts_the_demo_lock_acquisitions() {
         .find(|l| l["name"] == "g_table_lock")
         .unwrap_or_else(|| panic!("g_table_lock: {:#}", report["locks"]));
     let rounds = truth(&stderr, "rounds") as f64;
-    let acquisitions = lock["acquisitions"].as_u64().expect("acquisitions") as f64;
     let claimed = report["lock_tracing"]["acquisitions_error"]
         .as_f64()
         .unwrap_or(0.0);
+    if claimed > 0.5 {
+        let notes = report["notes"].to_string();
+        assert!(
+            lock["acquisitions"].is_null() && notes.contains("acquisitions are unknown"),
+            "claimed ±{claimed:.3}: acquisitions must be unknown, with a note: {lock:#} {notes}"
+        );
+        eprintln!("default_lock_mode_counts_the_demo_lock_acquisitions: claimed ±{claimed:.3}, acquisitions unknown");
+        return;
+    }
+    let acquisitions = lock["acquisitions"].as_u64().expect("acquisitions") as f64;
     assert!(
         (acquisitions / rounds - 1.0).abs() <= claimed.max(0.25),
         "{acquisitions} acquisitions for {rounds} rounds (claimed ±{claimed:.3}): {lock:#}"

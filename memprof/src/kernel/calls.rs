@@ -45,6 +45,17 @@ pub const WINDOWS_FOR_SPREAD: u64 = 3;
 /// [`MAX_SLOWDOWN`]: the estimate is then unknown to a factor, not a
 /// percentage.
 pub const SATURATED_ERROR: f64 = 1.0;
+/// Largest claimed relative error of an estimated allocator count that is
+/// shown as a number (the allocator issue's bound: within 30% of the
+/// truth, or unknown); beyond it the count is unknown (`null`) and a note
+/// says why.
+pub const MAX_COUNT_ERROR: f64 = 0.3;
+/// The same for lock acquisitions: a one-window estimate claims at least
+/// [`FEW_WINDOWS_ERROR_FLOOR`] (35%) and was within 8% of the truth in
+/// 5 runs of 5, so it is shown with its claim; beyond ±50% (a window that
+/// slowed the target past correction, rates that varied) the number would
+/// say little, and with it the contention rate.
+pub const MAX_ACQUISITIONS_ERROR: f64 = 0.5;
 /// Largest slowdown corrected for: beyond, the rate attached says little.
 const MAX_SLOWDOWN: f64 = 0.5;
 /// A stretch attached shorter than this says too little of the rate: the
@@ -100,6 +111,30 @@ impl CallEstimate {
             (Some(false), Some(&calls)) if seen > 0 => calls / seen as f64,
             _ => 1.0,
         }
+    }
+
+    /// Why an estimate's claimed error is too large to show its counts,
+    /// for the note that says they are unknown.
+    pub fn why_rough(&self) -> &'static str {
+        if self.windows < WINDOWS_FOR_SPREAD {
+            "too few windows to know how steady the rate is (a longer session helps)"
+        } else {
+            "the rate varied between windows, or the probes slowed the target too much to \
+             correct for"
+        }
+    }
+
+    /// Whether extrapolated counts are good enough to show as numbers,
+    /// with claims up to `max_error`.
+    pub fn shown(&self, max_error: f64) -> bool {
+        self.error.is_none_or(|e| e <= max_error)
+    }
+
+    /// As [`Self::scale`], but None for an extrapolated operation seen at
+    /// least once when the estimate claims more than `max_error`.
+    pub fn shown_scale(&self, op: usize, seen: u64, max_error: f64) -> Option<f64> {
+        let exact = self.exact.get(op).copied().unwrap_or(true);
+        (exact || seen == 0 || self.shown(max_error)).then(|| self.scale(op, seen))
     }
 }
 

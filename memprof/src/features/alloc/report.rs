@@ -10,7 +10,7 @@ use crate::{
         AllocProfile, Class, Origin, Phase, ProbeCost, ProbeKind, SiteStats,
     },
     kernel::{
-        calls::{CallEstimate, WINDOWS_FOR_SPREAD},
+        calls::{CallEstimate, MAX_COUNT_ERROR},
         windows::Windowed,
     },
     object::symbolize::Inlined,
@@ -128,10 +128,6 @@ pub fn alloc_factor(
     scaling.factors[alloc_op::MALLOC as usize]
 }
 
-/// Largest claimed relative error of an estimated count that is shown as
-/// a number; beyond it the count is unknown (`null`) and a note says why.
-pub const MAX_COUNT_ERROR: f64 = 0.3;
-
 /// How the calls traced in windows become estimates for the whole session.
 #[derive(Debug, Clone, PartialEq)]
 struct Scaling {
@@ -164,7 +160,7 @@ impl Scaling {
         if mode != TraceMode::Sampled || estimate.exact.iter().all(|e| *e) {
             return Self::exact();
         }
-        let known = estimate.error.is_none_or(|e| e <= MAX_COUNT_ERROR);
+        let known = estimate.shown(MAX_COUNT_ERROR);
         Self {
             fraction: estimate.traced_fraction,
             sampled: true,
@@ -212,12 +208,7 @@ pub fn estimate_note(tracer: &Windowed, e: &CallEstimate, budget: f64) -> Option
              windowed operations are unknown (null; `traced` gives the calls seen): {}",
             error * 100.0,
             MAX_COUNT_ERROR * 100.0,
-            if e.windows < WINDOWS_FOR_SPREAD {
-                "too few windows to know how steady the rate is (a longer session helps)"
-            } else {
-                "the rate varied between windows, or the probes slowed the target too much \
-                 to correct for"
-            }
+            e.why_rough()
         )
     })
 }

@@ -221,8 +221,8 @@ impl Feature for Locks {
         let tracer = self.calls.as_ref().map(|(_, t)| t);
         let estimate = tracer.map(|t| t.call_estimate(ctx.probes));
         out.lock_tracing = traced::tracing(tracer, estimate.as_ref(), counters);
-        if let Some(note) = out.lock_tracing.as_ref().and_then(traced::estimate_note) {
-            ctx.notes.push(note);
+        if let (Some(t), Some(e)) = (&out.lock_tracing, &estimate) {
+            ctx.notes.extend(traced::estimate_note(t, e));
         }
         self.collector.profile.prune_holds();
         let scale = estimate.map(|e| match self.mode {

@@ -14,7 +14,10 @@ use super::{
 };
 use crate::{
     kernel::{
-        calls::{CallEstimate, FEW_WINDOWS_ERROR_FLOOR, RATE_ERROR_FLOOR, WINDOWS_FOR_SPREAD},
+        calls::{
+            CallEstimate, FEW_WINDOWS_ERROR_FLOOR, MAX_ACQUISITIONS_ERROR, RATE_ERROR_FLOOR,
+            WINDOWS_FOR_SPREAD,
+        },
         maps::Counters,
         windows::{Mode, Windowed},
     },
@@ -70,7 +73,7 @@ fn function(op: u32) -> String {
 }
 
 /// The note saying how acquisitions were estimated.
-pub fn estimate_note(t: &LockTracing) -> Option<String> {
+pub fn estimate_note(t: &LockTracing, e: &CallEstimate) -> Option<String> {
     let error = t.acquisitions_error?;
     Some(format!(
         "lock calls were traced {:.1}% of the time ({} windows) to stay within the budget; \
@@ -79,27 +82,39 @@ pub fn estimate_note(t: &LockTracing) -> Option<String> {
          of the target), shared among the locks as their sections were seen; claimed error \
          ±{:.0}% (the spread of the windows' rates, their counting noise, the slowdown \
          correction, and a floor for changes no window saw: {:.0}%, {:.0}% with fewer than {} \
-         windows); a lock with few sections seen is rougher",
+         windows); {}",
         t.traced_fraction * 100.0,
         t.windows,
         error * 100.0,
         RATE_ERROR_FLOOR * 100.0,
         FEW_WINDOWS_ERROR_FLOOR * 100.0,
-        WINDOWS_FOR_SPREAD
+        WINDOWS_FOR_SPREAD,
+        if error <= MAX_ACQUISITIONS_ERROR {
+            "a lock with few sections seen is rougher".to_string()
+        } else {
+            format!(
+                "above {:.0}%, so acquisitions are unknown (null; the critical sections seen \
+                 are listed as seen, and contentions stay exact): {}",
+                MAX_ACQUISITIONS_ERROR * 100.0,
+                e.why_rough()
+            )
+        }
     ))
 }
 
 /// How each operation's sections seen are scaled to acquisitions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scale {
-    factors: Vec<f64>,
+    /// Per operation; None when its estimate is too rough to show (its
+    /// claimed error above [`MAX_ACQUISITIONS_ERROR`]).
+    factors: Vec<Option<f64>>,
 }
 
 impl Scale {
     /// Every count as seen (every call traced).
     pub fn exact() -> Self {
         Self {
-            factors: vec![1.0; lock_op::COUNT as usize],
+            factors: vec![Some(1.0); lock_op::COUNT as usize],
         }
     }
 
@@ -109,16 +124,21 @@ impl Scale {
         let seen = profile.hold_table().seen_by_op();
         Self {
             factors: (0..lock_op::COUNT as usize)
-                .map(|op| estimate.scale(op, seen[op]))
+                .map(|op| estimate.shown_scale(op, seen[op], MAX_ACQUISITIONS_ERROR))
                 .collect(),
         }
     }
 
-    fn scaled(&self, n: u64, op: u32) -> f64 {
-        n as f64 * self.factors.get(op as usize).copied().unwrap_or(1.0)
+    /// `n` calls of `op` seen, scaled; None when its estimate is unknown.
+    fn scaled(&self, n: u64, op: u32) -> Option<f64> {
+        match self.factors.get(op as usize) {
+            Some(Some(f)) => Some(n as f64 * f),
+            Some(None) if n > 0 => None,
+            _ => Some(n as f64),
+        }
     }
 
-    fn acquisitions(&self, h: &HoldStats) -> f64 {
+    fn acquisitions(&self, h: &HoldStats) -> Option<f64> {
         (h.acquired_by_op.iter().enumerate())
             .map(|(op, n)| self.scaled(*n, op as u32))
             .sum()
@@ -127,9 +147,10 @@ impl Scale {
 
 /// What the lock uprobes add to a lock.
 pub(super) struct Traced {
-    /// Scaled acquisitions and failed calls (rounded at the end).
-    acquisitions: f64,
-    failed: f64,
+    /// Scaled acquisitions and failed calls (rounded at the end); None
+    /// once a part of them is unknown.
+    acquisitions: Option<f64>,
+    failed: Option<f64>,
     acquire: Durations,
     hold: Durations,
     /// (lock call site, release label) → (count, hold ns, longest hold).
@@ -139,8 +160,8 @@ pub(super) struct Traced {
 impl Traced {
     pub(super) fn new() -> Self {
         Self {
-            acquisitions: 0.0,
-            failed: 0.0,
+            acquisitions: Some(0.0),
+            failed: Some(0.0),
             acquire: Durations::default(),
             hold: Durations::default(),
             sections: HashMap::new(),
@@ -155,8 +176,9 @@ impl Traced {
         scale: &Scale,
         names: &mut dyn Names,
     ) {
-        self.acquisitions += scale.acquisitions(h);
-        self.failed += scale.scaled(h.failed, lock_op::MUTEX_TRYLOCK);
+        let add = |sum: Option<f64>, n: Option<f64>| Some(sum? + n?);
+        self.acquisitions = add(self.acquisitions, scale.acquisitions(h));
+        self.failed = add(self.failed, scale.scaled(h.failed, lock_op::MUTEX_TRYLOCK));
         self.acquire.add(&h.acquire);
         self.hold.add(&h.hold);
         for (&(lock_site, unlock_site), s) in &h.sections {
@@ -201,11 +223,12 @@ impl Traced {
             .collect();
         sections.sort_by(|a, b| b.hold_ns.cmp(&a.hold_ns).then(b.count.cmp(&a.count)));
         sections.truncate(SITES);
-        let acquisitions = self.acquisitions.round() as u64;
-        entry.acquisitions = Some(acquisitions);
-        entry.contention_rate =
-            (acquisitions > 0).then(|| entry.contentions as f64 / acquisitions as f64);
-        entry.failed_attempts = Some(self.failed.round() as u64);
+        let acquisitions = self.acquisitions.map(|a| a.round() as u64);
+        entry.acquisitions = acquisitions;
+        entry.contention_rate = acquisitions
+            .filter(|&a| a > 0)
+            .map(|a| entry.contentions as f64 / a as f64);
+        entry.failed_attempts = self.failed.map(|f| f.round() as u64);
         if !self.acquire.is_empty() {
             entry.acquire_p99_ns = Some(self.acquire.p99_ns());
             entry.acquire_max_ns = Some(self.acquire.max_ns);
@@ -467,7 +490,59 @@ mod tests {
         let scale = Scale::new(&estimate, &p);
         // 100 mutex sections seen for 3000 calls: ×30; rwlock reads exact.
         let h = p.hold_table().get(2).unwrap();
-        assert!((scale.acquisitions(h) - (50.0 * 30.0 + 50.0)).abs() < 1e-9);
-        assert_eq!(Scale::exact().acquisitions(h), 100.0);
+        let acquired = scale.acquisitions(h).unwrap();
+        assert!((acquired - (50.0 * 30.0 + 50.0)).abs() < 1e-9);
+        assert_eq!(Scale::exact().acquisitions(h), Some(100.0));
+        // Claimed ±58% (two windows): the windowed mutex calls are
+        // unknown, so are the acquisitions of every lock taken by them;
+        // a lock taken only by the exact rwlock path stays a number.
+        let rough = CallEstimate {
+            error: Some(0.58),
+            windows: 2,
+            ..estimate.clone()
+        };
+        let scale = Scale::new(&rough, &p);
+        assert_eq!(scale.acquisitions(h), None);
+        let mut reads_only = LockProfile::new();
+        for _ in 0..7 {
+            reads_only.add_section(crate::features::locks::holds::Section {
+                lock: 3,
+                tid: 1,
+                op: lock_op::RW_RDLOCK,
+                flags: 0,
+                acquire_ns: 1,
+                hold_ns: 1,
+                lock_site: 1,
+                unlock_site: 2,
+            });
+        }
+        let h = reads_only.hold_table().get(3).unwrap();
+        assert_eq!(scale.acquisitions(h), Some(7.0));
+        let t = LockTracing {
+            mode: TraceMode::Sampled,
+            library: "libc.so.6".into(),
+            traced_fraction: 0.01,
+            acquisitions_error: rough.error,
+            windows: 2,
+            functions: vec![],
+            always_traced: vec![],
+            sections_lost: 0,
+            unmatched_unlocks: 0,
+            held_overflow: 0,
+        };
+        let note = estimate_note(&t, &rough).unwrap();
+        assert!(
+            note.contains("±58%") && note.contains("acquisitions are unknown"),
+            "{note}"
+        );
+        assert!(note.contains("too few windows"), "{note}");
+        let fine = estimate_note(
+            &LockTracing {
+                acquisitions_error: Some(0.38),
+                ..t
+            },
+            &estimate,
+        );
+        assert!(!fine.unwrap().contains("unknown"));
     }
 }

@@ -226,6 +226,13 @@ impl LockTracing {
     pub fn estimates(&self) -> bool {
         self.mode.estimates(self.traced_fraction)
     }
+
+    /// Whether the estimated acquisitions were too rough to show (see
+    /// [`crate::kernel::calls::MAX_ACQUISITIONS_ERROR`]).
+    pub fn too_rough(&self) -> bool {
+        self.acquisitions_error
+            .is_some_and(|e| e > crate::kernel::calls::MAX_ACQUISITIONS_ERROR)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

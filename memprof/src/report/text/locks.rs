@@ -135,14 +135,18 @@ fn write_culprit(out: &mut String, l: &LockEntry) {
 /// were attached all the time.
 fn mode_line(t: &LockTracing) -> String {
     if t.estimates() {
-        let error = t
-            .acquisitions_error
-            .map(|e| format!(" (±{:.0}%)", e * 100.0))
-            .unwrap_or_default();
-        format!(
-            "lock calls traced {:.1}% of the time: acquisitions are estimates{error}",
+        let traced = format!(
+            "lock calls traced {:.1}% of the time",
             t.traced_fraction * 100.0
-        )
+        );
+        match t.acquisitions_error {
+            Some(e) if t.too_rough() => format!(
+                "{traced}: acquisitions unknown (±{:.0}%, too rough)",
+                e * 100.0
+            ),
+            Some(e) => format!("{traced}: acquisitions are estimates (±{:.0}%)", e * 100.0),
+            None => format!("{traced}: acquisitions are estimates"),
+        }
     } else if t.traced_fraction >= 1.0 {
         "lock calls: every call traced".into()
     } else {
@@ -257,6 +261,19 @@ mod tests {
             "{held}"
         );
         assert!(text.lines().all(|l| l.chars().count() <= WIDTH));
+        // Windows whose estimate is too rough: no number, and the mode
+        // line says why.
+        let t = r.lock_tracing.as_mut().unwrap();
+        (t.mode, t.traced_fraction, t.acquisitions_error) = (TraceMode::Sampled, 0.02, Some(0.58));
+        r.locks[0].acquisitions = None;
+        let text = render(&r);
+        assert!(
+            text.contains(
+                "lock calls traced 2.0% of the time: acquisitions unknown (±58%, too rough)"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("65,880 acquisitions"), "{text}");
     }
 
     #[test]
