@@ -153,6 +153,12 @@ pub struct AllocEvent {
     /// Return address: the instruction after the call in the caller (0
     /// for frees).
     pub caller: u64,
+    /// The entry program's own run time, up to `start_ns`: how fast this
+    /// CPU ran the probe at this call. The probes' added latency moves
+    /// with it (a VM's vCPU runs slower at times), so the loader scales
+    /// the calibrated cost by it.
+    pub pace_ns: u32,
+    pub _reserved: u32,
 }
 
 /// One syscall of the allocator's kind, from entry to exit.
@@ -196,14 +202,14 @@ pub fn record_kind(bytes: &[u8]) -> Option<u32> {
 
 // The kernel writes these structs and userspace reads them; a change in
 // size is a layout change both sides must see.
-const _: () = assert!(core::mem::size_of::<AllocEvent>() == 72);
+const _: () = assert!(core::mem::size_of::<AllocEvent>() == 80);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
-const _: () = assert!(core::mem::size_of::<AllocStackEvent>() == 96 + 8 * ALLOC_STACK_WORDS);
+const _: () = assert!(core::mem::size_of::<AllocStackEvent>() == 104 + 8 * ALLOC_STACK_WORDS);
 
 // SAFETY: all four are `#[repr(C)]` and made of integers only, naturally
 // aligned so without padding (sizes asserted above): `AllocEvent` is four
-// u32 then seven u64, `SyscallEvent` four u32, two u64, `[u64; 4]` and an
+// u32, seven u64 and two u32, `SyscallEvent` four u32, two u64, `[u64; 4]` and an
 // i64, `KernelStats` five u64, `AllocStackEvent` an `AllocEvent` and u64s.
 // Any bit pattern is a valid value.
 records!(AllocEvent, SyscallEvent, KernelStats, AllocStackEvent);
@@ -220,13 +226,13 @@ mod tests {
             ptr: 0x10,
             ..AllocEvent::default()
         };
-        let mut bytes = [0u8; 72];
+        let mut bytes = [0u8; 80];
         bytes[..4].copy_from_slice(&call.kind.to_ne_bytes());
         bytes[4..8].copy_from_slice(&call.op.to_ne_bytes());
         bytes[32..40].copy_from_slice(&call.ptr.to_ne_bytes());
         assert_eq!(record_kind(&bytes), Some(EVENT_ALLOC));
         assert_eq!(AllocEvent::from_bytes(&bytes), Some(call));
-        assert_eq!(AllocEvent::from_bytes(&bytes[..71]), None);
+        assert_eq!(AllocEvent::from_bytes(&bytes[..79]), None);
         assert_eq!(record_kind(&bytes[..3]), None);
 
         bytes[..4].copy_from_slice(&EVENT_SYSCALL.to_ne_bytes());

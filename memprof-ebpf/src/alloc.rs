@@ -73,6 +73,9 @@ struct InFlight {
     generation: u32,
     /// Page faults taken during the call (counted by `mp_page_fault`).
     faults: u32,
+    /// The entry program's run time up to `start_ns` ([`AllocEvent::pace_ns`]).
+    pace_ns: u32,
+    _reserved: u32,
 }
 
 #[map(name = "ALLOC_INFLIGHT")]
@@ -117,6 +120,9 @@ fn chunk_header(ptr: u64) -> u64 {
 
 #[uprobe]
 pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
+    // First: the program's own run time up to `start_ns` tells how fast
+    // the CPU runs the probe at this call.
+    let began = bpf_now();
     // SAFETY: the helper reads the cookie the loader attached this probe
     // with; the context pointer is the one the kernel passed.
     let op = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
@@ -172,6 +178,8 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
         active: 1,
         generation,
         faults: 0,
+        pace_ns: 0,
+        _reserved: 0,
     };
     match slot {
         Some(f) => {
@@ -182,11 +190,14 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
                 ..state
             };
             f.start_ns = bpf_now();
+            f.pace_ns = f.start_ns.saturating_sub(began) as u32;
         }
         None => {
+            let start_ns = bpf_now();
             let state = InFlight {
                 countdown: sample_gap(),
-                start_ns: bpf_now(),
+                start_ns,
+                pace_ns: start_ns.saturating_sub(began) as u32,
                 ..state
             };
             if INFLIGHT.insert(tid, state, 0).is_err() {
@@ -236,6 +247,8 @@ pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
         size: f.size,
         chunk,
         caller: f.caller,
+        pace_ns: f.pace_ns,
+        _reserved: 0,
     };
     if ptr != 0 && f.size != 0 && !alloc_op::is_free(f.op) {
         f.countdown = f.countdown.saturating_sub(f.size as i64);

@@ -20,7 +20,7 @@ use memprof_common::alloc_op;
 
 pub use blocks::{Block, BlockIndex};
 pub use latency::{op_name, Class, Origin, Phase, SplitKey, SplitStats};
-pub use probe_cost::{ProbeCost, ProbeKind};
+pub use probe_cost::{Calibration, ProbeCost, ProbeKind};
 pub use sites::SiteStats;
 pub use syscalls::{SyscallCall, SyscallKey, SyscallStats};
 
@@ -70,6 +70,8 @@ pub struct AllocCall {
     pub live_threads: u32,
     /// Page faults the thread took during the call.
     pub page_faults: u32,
+    /// The entry program's own run time (0: not measured).
+    pub pace_ns: u32,
 }
 
 /// The allocator profile of one session.
@@ -110,6 +112,10 @@ pub struct AllocProfile {
     probe_cost: ProbeCost,
     /// The probe kind of each operation code (emulated or single-stepped).
     kinds: Vec<ProbeKind>,
+    /// Calls whose probe cost was taken off, and those of them whose
+    /// pace was outside the calibration's (the cost scaled).
+    corrected: u64,
+    paced: u64,
 }
 
 /// Most live blocks the tracker holds: 48 bytes each in its table (the
@@ -141,6 +147,8 @@ impl AllocProfile {
             untracked_blocks: 0,
             probe_cost: ProbeCost::default(),
             kinds: Vec::new(),
+            corrected: 0,
+            paced: 0,
         }
     }
 
@@ -158,6 +166,12 @@ impl AllocProfile {
 
     pub fn probe_cost(&self) -> &ProbeCost {
         &self.probe_cost
+    }
+
+    /// Calls corrected for the probes' cost, and those whose cost was
+    /// scaled by their pace.
+    pub fn paced(&self) -> (u64, u64) {
+        (self.corrected, self.paced)
     }
 
     /// The probe kinds of the operations (each once).
@@ -285,8 +299,13 @@ impl AllocProfile {
             }
         };
         let duration = match self.kinds.get(call.op as usize) {
-            Some(&kind) => self.probe_cost.correct(kind, call.duration_ns),
-            None => call.duration_ns,
+            Some(&kind) if self.probe_cost.kind(kind).is_some() => {
+                let (added, scaled) = self.probe_cost.added_at(kind, call.pace_ns);
+                self.corrected += 1;
+                self.paced += u64::from(scaled);
+                call.duration_ns.saturating_sub(added)
+            }
+            _ => call.duration_ns,
         };
         let split = self
             .splits
@@ -337,6 +356,7 @@ mod tests {
             site: 0x10,
             live_threads: 1,
             page_faults: 0,
+            pace_ns: 0,
         }
     }
 

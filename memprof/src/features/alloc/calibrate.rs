@@ -9,15 +9,18 @@
 //! things — for our own process only, and each is called a thousand
 //! times: the durations the return program records are the probes' added
 //! latency, and the wall time of the calls with and without the probes is
-//! what a traced call costs the program. About 50 ms in all; the links are
-//! dropped on a thread of their own.
+//! what a traced call costs the program. The traced calls are made in
+//! four rounds 25 ms apart: a VM's vCPU runs the probes slower in
+//! stretches of 50–100 ms, and the calibration is the quiet calls (see
+//! `ProbeCost::from_samples`). About 125 ms in all; the links are dropped
+//! on a thread of their own.
 
 use std::{arch::global_asm, hint::black_box, time::Instant};
 
 use anyhow::{Context, Result};
 use memprof_common::{alloc_op, record_kind, AllocEvent, EVENT_ALLOC};
 
-use super::analysis::{ProbeCost, ProbeKind};
+use super::analysis::{Calibration, ProbeCost, ProbeKind};
 use crate::{
     kernel::{
         loader::Probes,
@@ -29,6 +32,9 @@ use crate::{
 
 /// Calls per kind.
 const CALLS: usize = 1000;
+/// Rounds the traced calls are made in, and the pause between them.
+const ROUNDS: usize = 4;
+const ROUND_GAP: std::time::Duration = std::time::Duration::from_millis(25);
 
 // The calibration functions: each returns its argument (a heap block, so
 // that the return program reads a real chunk header, as for malloc). The
@@ -129,6 +135,66 @@ pub fn run(
     held: &mut Vec<Vec<u8>>,
 ) -> Result<(ProbeCost, Links)> {
     let started = Instant::now();
+    let (path, points) = probe_points()?;
+    // SAFETY: calloc has no preconditions; the block is freed below.
+    let block = unsafe { libc::calloc(1, 256) }.cast::<u8>();
+    anyhow::ensure!(!block.is_null(), "no memory for the calibration block");
+    let plain: Vec<f64> = FUNCTIONS
+        .iter()
+        .map(|f| ns_per_call(f.2, block, CALLS))
+        .collect();
+    let links = probes.attach_points(Family::Alloc, &path, &points, std::process::id(), false);
+    let traced = if links.is_ok() {
+        traced_rounds(block)
+    } else {
+        Vec::new()
+    };
+    // SAFETY: `block` came from malloc above and is not used again.
+    unsafe { libc::free(block.cast()) };
+    let links = links.context("attaching the calibration probes")?;
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    let mut durations: Vec<Vec<(u64, u32)>> = vec![Vec::new(); FUNCTIONS.len()];
+    drain(ring, |b| {
+        let ours = (record_kind(b) == Some(EVENT_ALLOC))
+            .then(|| AllocEvent::from_bytes(b))
+            .flatten()
+            .filter(|ev| ev.tid == tid)
+            .and_then(|ev| {
+                let i = FUNCTIONS.iter().position(|f| f.1 == ev.op)?;
+                Some((i, (ev.duration_ns, ev.pace_ns)))
+            });
+        match ours {
+            Some((i, call)) => durations[i].push(call),
+            None => held.push(b.to_vec()),
+        }
+    });
+    let samples: Vec<Calibration> = FUNCTIONS
+        .iter()
+        .zip(durations)
+        .enumerate()
+        .map(|(i, (f, mut calls))| {
+            // The body's own time is not the probes': taken off.
+            let body = plain[i].round() as u64;
+            calls
+                .iter_mut()
+                .for_each(|(d, _)| *d = d.saturating_sub(body));
+            Calibration {
+                kind: f.0,
+                calls,
+                cpu_ns: (traced[i] - plain[i]).max(0.0).round() as u64,
+            }
+        })
+        .collect();
+    let cost = ProbeCost::from_samples(&samples);
+    tracing::info!("allocator probes calibrated in {:?}", started.elapsed());
+    log(&cost);
+    Ok((cost, links))
+}
+
+/// Where the calibration functions are, as probe points in our own
+/// executable.
+fn probe_points() -> Result<(std::sync::Arc<str>, Vec<ProbePoint>)> {
     let maps = ProcMaps::read(std::process::id()).context("reading our own mappings")?;
     let mut points = Vec::new();
     let mut path = None;
@@ -144,71 +210,54 @@ pub fn run(
             file_offset: addr - m.start + m.offset,
         });
     }
-    let path = path.context("no calibration function")?;
-    // SAFETY: calloc has no preconditions; the block is freed below.
-    let block = unsafe { libc::calloc(1, 256) }.cast::<u8>();
-    anyhow::ensure!(!block.is_null(), "no memory for the calibration block");
-    let plain: Vec<f64> = FUNCTIONS.iter().map(|f| ns_per_call(f.2, block)).collect();
-    let links = probes.attach_points(Family::Alloc, &path, &points, std::process::id(), false);
-    let traced: Vec<f64> = FUNCTIONS.iter().map(|f| ns_per_call(f.2, block)).collect();
-    // SAFETY: `block` came from malloc above and is not used again.
-    unsafe { libc::free(block.cast()) };
-    let links = links.context("attaching the calibration probes")?;
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u32;
-    let mut durations: Vec<Vec<u64>> = vec![Vec::new(); FUNCTIONS.len()];
-    drain(ring, |b| {
-        let ours = (record_kind(b) == Some(EVENT_ALLOC))
-            .then(|| AllocEvent::from_bytes(b))
-            .flatten()
-            .filter(|ev| ev.tid == tid)
-            .and_then(|ev| {
-                let i = FUNCTIONS.iter().position(|f| f.1 == ev.op)?;
-                Some((i, ev.duration_ns))
-            });
-        match ours {
-            Some((i, d)) => durations[i].push(d),
-            None => held.push(b.to_vec()),
-        }
-    });
-    let mut samples: Vec<(ProbeKind, Vec<u64>, u64)> = FUNCTIONS
-        .iter()
-        .zip(durations)
-        .enumerate()
-        .map(|(i, (f, mut d))| {
-            // The body's own time is not the probes': taken off.
-            let body = plain[i].round() as u64;
-            d.iter_mut().for_each(|x| *x = x.saturating_sub(body));
-            (f.0, d, (traced[i] - plain[i]).max(0.0).round() as u64)
-        })
-        .collect();
-    let cost = ProbeCost::from_samples(&mut samples);
-    tracing::info!("allocator probes calibrated in {:?}", started.elapsed());
+    Ok((path.context("no calibration function")?, points))
+}
+
+/// Logs each kind's calibration.
+fn log(cost: &ProbeCost) {
     for kind in ProbeKind::ALL {
         if let Some(k) = cost.kind(kind) {
             tracing::info!(
-                "allocator probe cost ({}): +{} ns latency (spread {} ns), {} ns per call, {} calls",
+                "allocator probe cost ({}): +{} ns latency (spread {} ns), {} ns per call, {} calls, \
+                 pace {} ns ({}-{})",
                 kind.name(),
                 k.added_ns,
                 k.spread_ns,
                 k.cpu_ns,
-                k.calls
+                k.calls,
+                k.pace_ns,
+                k.pace_range_ns.0,
+                k.pace_range_ns.1
             );
         }
     }
-    Ok((cost, links))
 }
 
 /// Links attached for the calibration, each with its operation.
 pub type Links = Vec<crate::kernel::uprobes::HotLink>;
 
-/// Wall time per call of `f`, over [`CALLS`] calls.
-fn ns_per_call(f: CalibFn, block: *mut u8) -> f64 {
+/// Wall time per traced call of each function, over [`ROUNDS`] rounds
+/// [`ROUND_GAP`] apart.
+fn traced_rounds(block: *mut u8) -> Vec<f64> {
+    let mut sum = vec![0.0; FUNCTIONS.len()];
+    for round in 0..ROUNDS {
+        if round > 0 {
+            std::thread::sleep(ROUND_GAP);
+        }
+        for (s, f) in sum.iter_mut().zip(FUNCTIONS) {
+            *s += ns_per_call(f.2, block, CALLS / ROUNDS);
+        }
+    }
+    sum.into_iter().map(|s| s / ROUNDS as f64).collect()
+}
+
+/// Wall time per call of `f`, over `calls` calls.
+fn ns_per_call(f: CalibFn, block: *mut u8, calls: usize) -> f64 {
     let start = Instant::now();
-    for _ in 0..CALLS {
+    for _ in 0..calls {
         // SAFETY: the calibration functions read the first 256 bytes of
         // their argument (a zeroed block of that size) and return it.
         black_box(unsafe { f(black_box(block)) });
     }
-    start.elapsed().as_nanos() as f64 / CALLS as f64
+    start.elapsed().as_nanos() as f64 / calls as f64
 }

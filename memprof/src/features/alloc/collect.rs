@@ -133,6 +133,7 @@ impl AllocCollector {
             site,
             live_threads: process.live.at(ev.start_ns),
             page_faults: ev.page_faults,
+            pace_ns: ev.pace_ns,
         });
     }
 

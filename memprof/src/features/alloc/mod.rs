@@ -302,6 +302,8 @@ impl Feature for Alloc {
             ctx.kernel_stats,
             |place| symbolizer.code_inlined(place).clone(),
         );
+        let cost = out.allocator.probe_cost_ns.as_ref();
+        ctx.notes.extend(cost.and_then(report::pace_note));
         if let (Some(t), true) = (&self.traced, sample_chains(self.settings.mode)) {
             let scale = HeapScale {
                 sent: ctx.counters.alloc_stacks,

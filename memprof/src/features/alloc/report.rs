@@ -6,9 +6,7 @@ use memprof_common::{alloc_op, KernelStats};
 use super::tracer::AllocTracer;
 use crate::{
     cli::AllocMode,
-    features::alloc::analysis::{
-        AllocProfile, Class, Origin, Phase, ProbeCost, ProbeKind, SiteStats,
-    },
+    features::alloc::analysis::{AllocProfile, Class, Origin, Phase, ProbeKind, SiteStats},
     kernel::{
         calls::{CallEstimate, MAX_COUNT_ERROR},
         windows::Windowed,
@@ -103,7 +101,7 @@ pub fn report(
         always_traced,
         lost,
         untracked_blocks: profile.untracked_blocks(),
-        probe_cost_ns: probe_cost(profile.probe_cost(), &profile.probe_kinds()),
+        probe_cost_ns: probe_cost(profile),
         ops: ops(profile, &scaling),
         syscalls: syscalls(profile),
         // The composition needs every call.
@@ -224,10 +222,37 @@ fn seen_per_op(profile: &AllocProfile) -> Vec<u64> {
     seen
 }
 
+/// Share of the corrected calls whose probes ran at another pace than at
+/// calibration above which a note says so (in quiet runs here 2-11% of
+/// the calls read just outside the calibrated range).
+const PACED_NOTE_SHARE: f64 = 0.2;
+
+/// The note saying that the probes' cost varied during the session and
+/// how the latencies were corrected for it.
+pub fn pace_note(cost: &ProbeCostReport) -> Option<String> {
+    let share = cost.paced_calls as f64 / cost.corrected_calls.max(1) as f64;
+    let k = cost.kinds.first()?;
+    (share >= PACED_NOTE_SHARE).then(|| {
+        format!(
+            "the allocator probes ran at another pace than at calibration for {:.0}% of the \
+             traced calls (this CPU was slower at times: the entry program took outside its \
+             calibrated {}-{} ns); their probe cost was scaled by that run time before being \
+             taken off, which leaves them slightly high (measured here: 50-70 ns)",
+            share * 100.0,
+            k.pace_range_ns[0],
+            k.pace_range_ns[1]
+        )
+    })
+}
+
 /// The calibration taken off the latencies, if any.
-fn probe_cost(cost: &ProbeCost, used: &[ProbeKind]) -> Option<ProbeCostReport> {
+fn probe_cost(profile: &AllocProfile) -> Option<ProbeCostReport> {
+    let (cost, used) = (profile.probe_cost(), profile.probe_kinds());
+    let (corrected_calls, paced_calls) = profile.paced();
     cost.is_calibrated().then(|| ProbeCostReport {
-        resolution_ns: cost.resolution_ns(used),
+        paced_calls,
+        corrected_calls,
+        resolution_ns: cost.resolution_ns(&used),
         kinds: ProbeKind::ALL
             .iter()
             .filter_map(|&kind| {
@@ -238,6 +263,8 @@ fn probe_cost(cost: &ProbeCost, used: &[ProbeKind]) -> Option<ProbeCostReport> {
                     spread_ns: k.spread_ns,
                     cpu_ns: k.cpu_ns,
                     calls: k.calls,
+                    pace_ns: k.pace_ns,
+                    pace_range_ns: [k.pace_range_ns.0, k.pace_range_ns.1],
                 })
             })
             .collect(),
@@ -405,6 +432,7 @@ mod tests {
             site,
             live_threads: threads,
             page_faults: 0,
+            pace_ns: 0,
         }
     }
 
@@ -460,6 +488,32 @@ mod tests {
             },
             other => Frame::unknown(other),
         })
+    }
+
+    #[test]
+    fn a_note_says_when_many_calls_ran_at_another_pace() {
+        let kind = ProbeKindCost {
+            kind: "emulated, allocation".into(),
+            added_ns: 726,
+            spread_ns: 10,
+            cpu_ns: 2000,
+            calls: 1000,
+            pace_ns: 250,
+            pace_range_ns: [235, 265],
+        };
+        let mut cost = ProbeCostReport {
+            resolution_ns: 10,
+            kinds: vec![kind],
+            paced_calls: 300,
+            corrected_calls: 1000,
+        };
+        let note = pace_note(&cost).expect("30% paced");
+        assert!(
+            note.contains("30% of the traced calls") && note.contains("235-265 ns"),
+            "{note}"
+        );
+        cost.paced_calls = 100;
+        assert_eq!(pace_note(&cost), None);
     }
 
     #[test]

@@ -463,6 +463,7 @@ mod tests {
                 site: 0x30,
                 live_threads: 1,
                 page_faults: 0,
+                pace_ns: 0,
             });
         }
         p.set_site_place(0x30, code_at(0x30));

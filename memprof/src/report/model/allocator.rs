@@ -172,6 +172,11 @@ pub struct ProbeCostReport {
     /// spread): the summary shows them as "< N ns".
     pub resolution_ns: u64,
     pub kinds: Vec<ProbeKindCost>,
+    /// Calls whose probes ran at another pace than at calibration (the
+    /// entry program's run time outside its calibrated range), over the
+    /// calls corrected: their probe cost was scaled by their pace.
+    pub paced_calls: u64,
+    pub corrected_calls: u64,
 }
 
 /// The calibration of one probe kind.
@@ -188,6 +193,10 @@ pub struct ProbeKindCost {
     pub cpu_ns: u64,
     /// Calls measured.
     pub calls: u64,
+    /// The entry program's run time at calibration (median) and its
+    /// 10-90% range.
+    pub pace_ns: u32,
+    pub pace_range_ns: [u32; 2],
 }
 
 /// Latency of one split of one operation.
