@@ -18,6 +18,3 @@ pub const ALLOC_GLIBC_HEADER: &str = "ALLOC_GLIBC_HEADER";
 pub const SYSCALL_ARGS_OFFSET: &str = "SYSCALL_ARGS_OFFSET";
 /// `u32`: offset of `ret` in `syscalls:sys_exit_*` records.
 pub const SYSCALL_RET_OFFSET: &str = "SYSCALL_RET_OFFSET";
-/// `u32`: offsets of `lock_addr` and `flags` in `lock:contention_begin`.
-pub const KLOCK_ADDR_OFFSET: &str = "KLOCK_ADDR_OFFSET";
-pub const KLOCK_FLAGS_OFFSET: &str = "KLOCK_FLAGS_OFFSET";

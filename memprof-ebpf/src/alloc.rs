@@ -10,9 +10,9 @@
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_probe_read_user},
-    macros::{map, tracepoint, uprobe, uretprobe},
+    macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{Array, LruHashMap, RingBuf},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
     EbpfContext, Global,
 };
 use memprof_common::{
@@ -478,8 +478,11 @@ fn stats(tid: u32) -> Option<&'static mut KernelStats> {
     KERNEL_STATS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
 }
 
-#[tracepoint]
-pub fn mp_page_fault(_ctx: TracePointContext) -> u32 {
+// The three below read no argument: raw tracepoints, whose links the
+// kernel removes without the grace period a perf-event tracepoint waits
+// for under a global mutex (~40-90 ms each, one after the other, at exit).
+#[raw_tracepoint(tracepoint = "page_fault_user")]
+pub fn mp_page_fault(_ctx: RawTracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {
         return 0;
@@ -504,8 +507,8 @@ pub fn mp_page_fault(_ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn mp_mmlock_start(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "mmap_lock_start_locking")]
+pub fn mp_mmlock_start(_ctx: RawTracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if tgid == target_tgid() {
         if let Some(s) = stats(tid) {
@@ -519,8 +522,8 @@ pub fn mp_mmlock_start(_ctx: TracePointContext) -> u32 {
 /// uncontended one takes well under a microsecond, tracing included).
 const MMAP_LOCK_WAIT_NS: u64 = 2_000;
 
-#[tracepoint]
-pub fn mp_mmlock_done(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "mmap_lock_acquire_returned")]
+pub fn mp_mmlock_done(_ctx: RawTracePointContext) -> u32 {
     let end = bpf_now();
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {

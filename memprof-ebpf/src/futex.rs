@@ -15,10 +15,9 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
     },
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, LruHashMap, RingBuf},
-    programs::TracePointContext,
-    Global,
+    programs::{RawTracePointContext, TracePointContext},
 };
 use memprof_common::{
     counter, key_may_sample, lock_event, log2_bucket, mix_site, take_token, wait_shares,
@@ -30,13 +29,6 @@ use memprof_common::{
 use crate::maps::{
     bpf_now, count, current_ids, syscall_args_offset, syscall_ret_offset, target_tgid,
 };
-
-// SAFETY (no_mangle, both): the loader finds each global by this exact
-// name; no other symbol in the object has it.
-#[unsafe(no_mangle)]
-static KLOCK_ADDR_OFFSET: Global<u32> = Global::new(8);
-#[unsafe(no_mangle)]
-static KLOCK_FLAGS_OFFSET: Global<u32> = Global::new(16);
 
 #[map(name = "LOCK_EVENTS")]
 static LOCK_EVENTS: RingBuf = RingBuf::with_byte_size(LOCK_RING_BYTES, 0);
@@ -551,23 +543,18 @@ pub fn mp_futex2_out(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn mp_klock_begin(ctx: TracePointContext) -> u32 {
+/// `lock:contention_begin(void *lock, unsigned int flags)`, as a raw
+/// tracepoint (see `mp_page_fault`).
+#[raw_tracepoint(tracepoint = "contention_begin")]
+pub fn mp_klock_begin(ctx: RawTracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {
         return 0;
     }
-    // SAFETY: the offsets come from this kernel's format file.
-    let (addr, flags) = unsafe {
-        (
-            ctx.read_at::<u64>(KLOCK_ADDR_OFFSET.load() as usize),
-            ctx.read_at::<u32>(KLOCK_FLAGS_OFFSET.load() as usize),
-        )
-    };
     let wait = KernelWait {
         start_ns: bpf_now(),
-        addr: addr.unwrap_or(0),
-        flags: flags.unwrap_or(0),
+        addr: ctx.arg::<u64>(0),
+        flags: ctx.arg::<u64>(1) as u32,
         _pad: 0,
     };
     match KLOCK_INFLIGHT.get_ptr_mut(tid) {
@@ -582,8 +569,8 @@ pub fn mp_klock_begin(ctx: TracePointContext) -> u32 {
 }
 
 /// The end of a kernel lock wait: aggregated per (lock kind, user site).
-#[tracepoint]
-pub fn mp_klock_end(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "contention_end")]
+pub fn mp_klock_end(_ctx: RawTracePointContext) -> u32 {
     let end = bpf_now();
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {

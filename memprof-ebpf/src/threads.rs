@@ -3,9 +3,9 @@
 
 use aya_ebpf::{
     helpers::bpf_get_current_comm,
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
     maps::RingBuf,
-    programs::TracePointContext,
+    programs::{RawTracePointContext, TracePointContext},
     Global,
 };
 use aya_log_ebpf::warn;
@@ -95,8 +95,8 @@ pub fn mp_task_exit(ctx: TracePointContext) -> u32 {
 /// `sched:sched_process_exec` runs in the task after the new image is in.
 /// A followed child's new image is not the layout its recipes were
 /// decoded for: it has none until the loader gives it one.
-#[tracepoint]
-pub fn mp_task_exec(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn mp_task_exec(_ctx: RawTracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if traced_layout(tgid).is_some() {
         if tgid != target_tgid() {

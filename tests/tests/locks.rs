@@ -796,13 +796,32 @@ const SAMPLED_ACQUISITIONS_TOLERANCE: f64 = 0.25;
 /// claim (±25%) covering three. Since #17 the lock probes are three
 /// `uprobe_multi` links gone in about 75 ms, and a one-window estimate
 /// claims at least ±35%: within 8% and the claim in 5 runs of 5 (a 20 ms
-/// first window was off by up to 29%, so it is 100 ms).
+/// first window was off by up to 29%, so it is 100 ms). In session 11 one
+/// run of ~6 showed the estimate as unknown (below the futex waits).
 #[test]
 fn sampled_acquisitions_are_within_their_claimed_error() {
     if !require_root("sampled_acquisitions_are_within_their_claimed_error") {
         return;
     }
-    let (report, truth) = attach("locks-attach-estimate", &[], &["contended", "2", "3"]);
+    // Nearly every acquisition of this lock waits (contentions are 94-97%
+    // of them), so an estimate a few percent low falls below the futex
+    // waits and is shown as unknown, with a note (1 session in ~6): a
+    // second session then decides. Both unknown fails.
+    let mut attempt = 0;
+    let (report, truth) = loop {
+        attempt += 1;
+        let (report, truth) = attach("locks-attach-estimate", &[], &["contended", "2", "3"]);
+        let unknown = must_lock(&report, "g_hot_lock")["acquisitions"].is_null();
+        if !unknown || attempt == 2 {
+            break (report, truth);
+        }
+        let notes = report["notes"].to_string();
+        assert!(
+            notes.contains("fewer acquisitions traced or estimated than futex waits"),
+            "acquisitions unknown without the note saying why: {notes}"
+        );
+        eprintln!("sampled_acquisitions_are_within_their_claimed_error: estimate below the waits, shown as unknown; a second session");
+    };
     assert_sampled(&report);
     let hot = must_lock(&report, "g_hot_lock");
     let (estimate, real) = (get(hot, "acquisitions"), truth.get("hot_acquisitions"));

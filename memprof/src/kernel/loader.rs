@@ -9,8 +9,9 @@ use aya::{
     maps::{Array, RingBuf},
     programs::{
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        raw_trace_point::RawTracePointLink,
         trace_point::TracePointLink,
-        PerfEvent, ProgramError, TracePoint, UProbe,
+        PerfEvent, ProgramError, RawTracePoint, TracePoint, UProbe,
     },
     Ebpf, EbpfLoader,
 };
@@ -230,11 +231,6 @@ fn load_object(
     // The allocator's and the futex syscalls' arguments.
     let args_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_enter_mmap", "addr", 8)?;
     let ret_off = tracefs::field_offset(tracefs_dir, "syscalls", "sys_exit_mmap", "ret", 8)?;
-    // Optional: kernels without lock:contention_* just miss that part.
-    let klock_addr =
-        tracefs::field_offset(tracefs_dir, "lock", "contention_begin", "lock_addr", 8).unwrap_or(8);
-    let klock_flags =
-        tracefs::field_offset(tracefs_dir, "lock", "contention_begin", "flags", 4).unwrap_or(16);
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::TARGET_TGID, &tgid, true)
         .override_global(globals::NEWTASK_PID_OFFSET, &pid_off, true)
@@ -244,8 +240,6 @@ fn load_object(
         .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
         .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)
         .override_global(globals::SYSCALL_RET_OFFSET, &ret_off, true)
-        .override_global(globals::KLOCK_ADDR_OFFSET, &klock_addr, true)
-        .override_global(globals::KLOCK_FLAGS_OFFSET, &klock_flags, true)
         .load(OBJECT)
         .map_err(|e| classify(anyhow::Error::new(e).context("loading the eBPF object")))?;
     // Before the logger takes its map out of the object.
@@ -330,12 +324,7 @@ fn attach_programs(ebpf: &mut Ebpf, links: &mut OwnedLinks, load: &Load) -> Resu
         "sched",
         "sched_process_exit",
     )?);
-    links.push(attach_tracepoint(
-        ebpf,
-        programs::TASK_EXEC,
-        "sched",
-        "sched_process_exec",
-    )?);
+    links.push(attach_raw(ebpf, programs::TASK_EXEC, "sched_process_exec")?);
     if load.alloc.is_some() {
         attach_alloc_tracepoints(ebpf, links)?;
         for name in [
@@ -371,18 +360,37 @@ fn attach_tracepoint(
     let prog: &mut TracePoint = program(ebpf, name)?;
     prog.load()
         .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
-    let id = prog.attach(category, event).map_err(|e| {
-        let err =
-            anyhow::Error::new(e).context(format!("attaching to tracepoint {category}:{event}"));
-        match classify(err) {
-            Error::Internal(err) => Error::KernelFeature {
-                feature: "a needed tracepoint",
-                hint: format!("{err:#}"),
-            },
-            other => other,
-        }
-    })?;
+    let id = prog
+        .attach(category, event)
+        .map_err(|e| attach_error(e, &format!("tracepoint {category}:{event}")))?;
     Ok(prog.take_link(id).map_err(anyhow::Error::new)?)
+}
+
+/// Loads `name` and attaches it to the raw tracepoint `event`. Raw
+/// tracepoint links go in an instant: a perf-event tracepoint's removal
+/// waits for a grace period under a global mutex (`event_mutex`), so 26 of
+/// them took 1 s at exit, one after the other. Used for the programs that
+/// read no tracepoint field, or only the tracepoint's arguments.
+fn attach_raw(ebpf: &mut Ebpf, name: &str, event: &str) -> Result<RawTracePointLink> {
+    let prog: &mut RawTracePoint = program(ebpf, name)?;
+    prog.load()
+        .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
+    let id = prog
+        .attach(event)
+        .map_err(|e| attach_error(e, &format!("raw tracepoint {event}")))?;
+    Ok(prog.take_link(id).map_err(anyhow::Error::new)?)
+}
+
+/// A tracepoint that could not be attached: a missing kernel feature
+/// unless the error says otherwise.
+fn attach_error(e: ProgramError, what: &str) -> Error {
+    match classify(anyhow::Error::new(e).context(format!("attaching to {what}"))) {
+        Error::Internal(err) => Error::KernelFeature {
+            feature: "a needed tracepoint",
+            hint: format!("{err:#}"),
+        },
+        other => other,
+    }
 }
 
 /// Futex calls (required: every contended user lock ends in one), the
@@ -400,7 +408,7 @@ fn attach_lock_tracepoints(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<()
         "syscalls",
         "sys_exit_futex",
     )?);
-    let optional: [(&str, &str, &[&str]); 4] = [
+    let optional: [(&str, &str, &[&str]); 3] = [
         (
             programs::FUTEX_WAIT_ENTER,
             "syscalls",
@@ -416,16 +424,20 @@ fn attach_lock_tracepoints(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<()
             "syscalls",
             &["sys_exit_futex_wait", "sys_exit_futex_wake"],
         ),
-        (programs::KLOCK_BEGIN, "lock", &["contention_begin"]),
     ];
     for (prog, category, events) in optional {
         if let Err(e) = attach_tracepoint_to(ebpf, links, prog, category, events) {
             tracing::info!("{category}:{events:?} unavailable, left out: {e}");
         }
     }
-    match attach_tracepoint(ebpf, programs::KLOCK_END, "lock", "contention_end") {
-        Ok(link) => links.push(link),
-        Err(e) => tracing::info!("lock:contention_end unavailable, left out: {e}"),
+    for (prog, event) in [
+        (programs::KLOCK_BEGIN, "contention_begin"),
+        (programs::KLOCK_END, "contention_end"),
+    ] {
+        match attach_raw(ebpf, prog, event) {
+            Ok(link) => links.push(link),
+            Err(e) => tracing::info!("lock:{event} unavailable, left out: {e}"),
+        }
     }
     Ok(())
 }
@@ -474,7 +486,7 @@ fn attach_alloc_tracepoints(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<(
             "mmap_lock_acquire_returned",
         ),
     ] {
-        match attach_tracepoint(ebpf, prog, category, event) {
+        match attach_raw(ebpf, prog, event) {
             Ok(link) => links.push(link),
             Err(e) => {
                 tracing::warn!("{category}:{event} unavailable, its statistics are left out: {e}")
