@@ -227,6 +227,17 @@ pub const fn mix_site(h: u64, word: u64) -> u64 {
     x ^ (x >> 29)
 }
 
+/// The key of the site hint for instruction `ip` reached as a `kind` event
+/// (a [`lock_event`] code). One instruction is reached by paths of
+/// different frame layouts: Rust's `Mutex` waits and wakes both through
+/// libc's `syscall()`, and a wait read at a wake's slots found the stale
+/// return address of the thread's last wake (every wait of a session was
+/// once filed at the unlock line).
+#[inline(always)]
+pub const fn hint_key(ip: u64, kind: u32) -> u64 {
+    ip ^ ((kind as u64) << 56)
+}
+
 /// A token bucket in nanoseconds of credit: every `cost_ns` of credit
 /// buys one token; credit accrues with time up to `cap_ns`. Returns
 /// whether a token was taken and the credit left.

@@ -20,7 +20,7 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use memprof_common::{
-    counter, key_may_sample, lock_event, log2_bucket, mix_site, take_token, wait_shares,
+    counter, hint_key, key_may_sample, lock_event, log2_bucket, mix_site, take_token, wait_shares,
     Contention, ContentionKey, LockEvent, Releases, SiteHint, WaiterKey, ALLOC_THREADS_CAPACITY,
     CONTENTION_KEYS, CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, RELEASES_KEPT,
     SAMPLES_PER_S, SITE_HINTS, SITE_HINT_FRAMES, WAITER_THREADS_CAPACITY,
@@ -149,10 +149,12 @@ fn user_ip_sp() -> (u64, u64) {
 /// loader's hint names for it, and the traced lock call in progress
 /// (whose return probe hides its return address on the stack).
 #[inline(always)]
-fn site_of(ip: u64, sp: u64, lock_site: u64) -> u64 {
-    let mut h = mix_site(0, ip);
+fn site_of(kind: u32, ip: u64, sp: u64, lock_site: u64) -> u64 {
+    // The kind first: a wait and a wake at one instruction (libc's
+    // `syscall()`) are different sites even before their hints exist.
+    let mut h = mix_site(u64::from(kind), ip);
     // SAFETY: a map lookup; the hint is plain data, copied out.
-    if let Some(hint) = unsafe { SITE_HINTS_MAP.get(ip) }.copied() {
+    if let Some(hint) = unsafe { SITE_HINTS_MAP.get(hint_key(ip, kind)) }.copied() {
         for i in 0..SITE_HINT_FRAMES {
             if i as u32 >= hint.count {
                 break;
@@ -335,7 +337,7 @@ fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
         return;
     }
     let (ip, sp) = user_ip_sp();
-    let site = site_of(ip, sp, crate::locks::call_site(tid));
+    let site = site_of(kind, ip, sp, crate::locks::call_site(tid));
     let owner = if kind == lock_event::WAIT {
         // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
         unsafe { bpf_probe_read_user((uaddr + 8) as *const u32) }.unwrap_or(0)
@@ -592,7 +594,7 @@ pub fn mp_klock_end(_ctx: RawTracePointContext) -> u32 {
     let (ip, sp) = user_ip_sp();
     let key = ContentionKey {
         addr: u64::from(w.flags),
-        site: site_of(ip, sp, 0),
+        site: site_of(lock_event::KERNEL, ip, sp, 0),
         kind: lock_event::KERNEL,
         _pad: 0,
     };

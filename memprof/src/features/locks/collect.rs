@@ -8,7 +8,8 @@
 //! per lock ([`OWNERS_MAX`]) and locks with owners ([`LOCKS_WITH_OWNERS`]).
 
 use memprof_common::{
-    lock_event, locks::HoldEvent, Contention, ContentionKey, LockEvent, SiteHint, SITE_HINT_FRAMES,
+    hint_key, lock_event, locks::HoldEvent, Contention, ContentionKey, LockEvent, SiteHint,
+    SITE_HINT_FRAMES,
 };
 
 use super::analysis::{Chain, Durations, LockProfile, Section, WakeSite};
@@ -51,7 +52,8 @@ pub struct LockCollector {
     site_chains: FastMap<u64, Chain>,
     /// Owner threads read in sampled waits, per futex word.
     owners: FastMap<u64, FastMap<u32, u64>>,
-    /// Instructions whose site hint was computed (installed or not).
+    /// Instructions, per event kind (`hint_key`), whose site hint was
+    /// computed (installed or not).
     hinted: FastSet<u64>,
     /// Hints for the kernel, not yet written to its map.
     pub new_hints: Vec<(u64, SiteHint)>,
@@ -117,20 +119,21 @@ impl LockCollector {
                 }
             }
         }
-        let hint_needed = !self.hinted.contains(&ev.ip);
+        let hint_at = hint_key(ev.ip, ev.kind);
+        let hint_needed = !self.hinted.contains(&hint_at);
         if self.chains.contains_key(&(ev.addr, ev.site)) && !hint_needed {
             return;
         }
         let (chain, slots) = self.chain(&ev, process);
         if hint_needed && !chain.frames.is_empty() && self.hinted.len() < SITES_MAX {
-            self.hinted.insert(ev.ip);
+            self.hinted.insert(hint_at);
             if !slots.is_empty() {
                 let mut hint = SiteHint::default();
                 for (i, s) in slots.iter().take(SITE_HINT_FRAMES).enumerate() {
                     hint.slots[i] = *s;
                     hint.count = i as u32 + 1;
                 }
-                self.new_hints.push((ev.ip, hint));
+                self.new_hints.push((hint_at, hint));
             }
         }
         if self.chains.len() < SITES_MAX {
