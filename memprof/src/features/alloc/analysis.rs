@@ -300,10 +300,11 @@ impl AllocProfile {
         };
         let duration = match self.kinds.get(call.op as usize) {
             Some(&kind) if self.probe_cost.kind(kind).is_some() => {
-                let (added, scaled) = self.probe_cost.added_at(kind, call.pace_ns);
+                let (latency, scaled) =
+                    (self.probe_cost).correct(kind, call.duration_ns, call.pace_ns);
                 self.corrected += 1;
                 self.paced += u64::from(scaled);
-                call.duration_ns.saturating_sub(added)
+                latency
             }
             _ => call.duration_ns,
         };

@@ -189,9 +189,11 @@ impl ProbeCost {
     }
 
     /// The latency a traced call of `kind` really had: `duration_ns` less
-    /// what the probes add at the call's `pace_ns` (never below 0).
-    pub fn correct(&self, kind: ProbeKind, duration_ns: u64, pace_ns: u32) -> u64 {
-        duration_ns.saturating_sub(self.added_at(kind, pace_ns).0)
+    /// what the probes add at the call's `pace_ns` (never below 0), and
+    /// whether that cost was scaled by the pace (see [`Self::added_at`]).
+    pub fn correct(&self, kind: ProbeKind, duration_ns: u64, pace_ns: u32) -> (u64, bool) {
+        let (added, scaled) = self.added_at(kind, pace_ns);
+        (duration_ns.saturating_sub(added), scaled)
     }
 
     /// What the probes add to a call of `kind` run at `pace_ns`, and
@@ -258,10 +260,10 @@ mod tests {
     #[test]
     fn correction_takes_the_added_latency_off_and_stops_at_zero() {
         let cost = ProbeCost::from_samples(&[around(ProbeKind::EmulatedAlloc, 400, 1)]);
-        assert_eq!(cost.correct(ProbeKind::EmulatedAlloc, 3400, 260), 3000);
-        assert_eq!(cost.correct(ProbeKind::EmulatedAlloc, 300, 255), 0);
+        assert_eq!(cost.correct(ProbeKind::EmulatedAlloc, 3400, 260).0, 3000);
+        assert_eq!(cost.correct(ProbeKind::EmulatedAlloc, 300, 255).0, 0);
         // An uncalibrated kind is left as measured.
-        assert_eq!(cost.correct(ProbeKind::SteppedAlloc, 3400, 260), 3400);
+        assert_eq!(cost.correct(ProbeKind::SteppedAlloc, 3400, 260).0, 3400);
     }
 
     #[test]
@@ -272,7 +274,10 @@ mod tests {
         assert_eq!(cost.added_at(ProbeKind::EmulatedAlloc, 283), (400, false));
         // A slow stretch: the probe ran at 325 ns for 260 at calibration.
         assert_eq!(cost.added_at(ProbeKind::EmulatedAlloc, 325), (500, true));
-        assert_eq!(cost.correct(ProbeKind::EmulatedAlloc, 3500, 325), 3000);
+        assert_eq!(
+            cost.correct(ProbeKind::EmulatedAlloc, 3500, 325),
+            (3000, true)
+        );
         // Faster than calibrated.
         assert_eq!(cost.added_at(ProbeKind::EmulatedAlloc, 195), (300, true));
         // No pace (an older record, or none measured): as calibrated.
@@ -313,7 +318,9 @@ mod tests {
         assert!(!cost.is_calibrated());
         assert_eq!(cost.resolution_ns(&ProbeKind::ALL), 1);
         assert_eq!(
-            ProbeCost::default().correct(ProbeKind::EmulatedFree, 5, 260),
+            ProbeCost::default()
+                .correct(ProbeKind::EmulatedFree, 5, 260)
+                .0,
             5
         );
     }
