@@ -13,7 +13,13 @@
 //! - attaching costs a fixed amount too (about 8 ms here for the first
 //!   probe of a burst), charged to each window;
 //! - the traced fraction is then `budget / (cost while attached)`, capped
-//!   at 1 (trace everything when that is cheap enough).
+//!   at 1 (trace everything when that is cheap enough);
+//! - the budget is kept from the start, not only on average: a window is
+//!   opened only once the session is long enough to pay for it and for
+//!   every window before it (a short window to learn the rate, then a gap
+//!   that prepays the next, full-length one). Amortizing each window over
+//!   the gap after it let a 3 s session pay for a second window it never
+//!   had the time to amortize (1.09x for a 5% budget).
 //!
 //! Pure: fed with observations, it returns the next window and gap, and the
 //! fraction of time traced so far (to scale counts and label them sampled).
@@ -65,6 +71,8 @@ pub struct DutyCycle {
     rate: Option<f64>,
     traced: Duration,
     elapsed: Duration,
+    /// Target time the traced calls and attaches took so far, in seconds.
+    spent: f64,
 }
 
 /// Weight of the newest window in the smoothed call rate.
@@ -77,12 +85,20 @@ impl DutyCycle {
             rate: None,
             traced: Duration::ZERO,
             elapsed: Duration::ZERO,
+            spent: 0.0,
         }
     }
 
     /// Records a finished cycle: `calls` seen during `window` attached,
     /// followed by `gap` detached.
     pub fn observe(&mut self, calls: u64, window: Duration, gap: Duration) {
+        self.observe_rate(calls, window);
+        self.traced += window;
+        self.elapsed += window + gap;
+        self.spent += calls as f64 * self.config.trap_cost_s;
+    }
+
+    fn observe_rate(&mut self, calls: u64, window: Duration) {
         if !window.is_zero() {
             let now = calls as f64 / window.as_secs_f64();
             self.rate = Some(match self.rate {
@@ -90,8 +106,19 @@ impl DutyCycle {
                 None => now,
             });
         }
-        self.traced += window;
-        self.elapsed += window + gap;
+    }
+
+    /// Records a window that ended with a detach: `calls` seen while the
+    /// probes were attached for `attached`, of which they trapped for
+    /// `trapping` (until the detach began: a `uprobe_multi` link's
+    /// breakpoints go before its grace period, so the rate is taken over
+    /// the window proper; calls still counted during the detach are
+    /// charged all the same).
+    pub fn observe_window(&mut self, calls: u64, trapping: Duration, attached: Duration) {
+        self.observe_rate(calls, trapping.min(attached));
+        self.traced += attached;
+        self.elapsed += attached;
+        self.spent += calls as f64 * self.config.trap_cost_s + self.config.attach_cost_s;
     }
 
     /// The fraction of time the probes may be attached at `rate` calls/s.
@@ -133,21 +160,33 @@ impl DutyCycle {
         Plan { window, gap }
     }
 
-    /// The gap to leave after probes were attached for `attached` (which
-    /// may be longer than a window: detaching takes time, during which the
-    /// target still traps), so that the cycle keeps the budget.
-    pub fn gap_after(&self, attached: Duration) -> Duration {
+    /// The gap to leave after a window that [`DutyCycle::observe_window`]
+    /// recorded (`calls` seen while attached for `attached`): long enough
+    /// to pay for that window, and for the session so far plus the next
+    /// window, at the budget.
+    pub fn gap_after(&self, calls: u64, attached: Duration) -> Duration {
         let Some(rate) = self.rate else {
             return Duration::ZERO;
         };
-        let duty = self.duty(rate);
-        if duty >= 1.0 {
-            Duration::ZERO
-        } else if duty <= 0.0 {
-            self.config.max_gap
-        } else {
-            attached.mul_f64(1.0 / duty - 1.0).min(self.config.max_gap)
+        let c = &self.config;
+        if self.duty(rate) >= 1.0 {
+            return Duration::ZERO;
         }
+        if c.budget <= 0.0 {
+            return c.max_gap;
+        }
+        let this = calls as f64 * c.trap_cost_s + c.attach_cost_s;
+        let amortized = this / c.budget - attached.as_secs_f64();
+        let window = c.window.as_secs_f64();
+        let next = rate * window * c.trap_cost_s + c.attach_cost_s;
+        let prepaid = (self.spent + next) / c.budget - self.elapsed.as_secs_f64() - window;
+        Duration::from_secs_f64(amortized.max(prepaid).clamp(0.0, c.max_gap.as_secs_f64()))
+    }
+
+    /// Target time the traced calls and attaches took so far, as the
+    /// model prices them, in seconds.
+    pub fn spent(&self) -> f64 {
+        self.spent
     }
 
     /// Fraction of the elapsed time the probes were attached (1 before
@@ -313,17 +352,66 @@ mod tests {
         assert_eq!(d.trap_cost(), model);
     }
 
+    /// The model's price of `calls` traced calls and one attach.
+    fn price(calls: u64) -> f64 {
+        calls as f64 * CONFIG.trap_cost_s + CONFIG.attach_cost_s
+    }
+
     #[test]
-    fn a_long_detach_lengthens_the_gap() {
+    fn a_gap_pays_for_its_window_whatever_the_detach_took() {
         let mut d = cycle();
-        // Hot enough for gaps.
-        d.observe(4_000, CONFIG.window, Duration::ZERO);
-        let short = d.gap_after(CONFIG.window);
-        let long = d.gap_after(2 * CONFIG.window);
-        assert!(short > Duration::ZERO);
-        assert_eq!(short, d.next().gap);
-        assert!((long.as_secs_f64() - 2.0 * short.as_secs_f64()).abs() < 1e-6);
-        assert_eq!(cycle().gap_after(2 * CONFIG.window), Duration::ZERO);
+        // A steady state: windows paid for so far.
+        for _ in 0..5 {
+            d.observe_window(4_000, CONFIG.window, CONFIG.window);
+            let gap = d.gap_after(4_000, CONFIG.window);
+            d.observe(0, Duration::ZERO, gap);
+        }
+        // The same calls, detached in one window's time or in two: the
+        // target paid for the calls either way, so the whole cycle is the
+        // same length (the detach counts as part of it).
+        let mut short = d.clone();
+        short.observe_window(4_000, CONFIG.window, CONFIG.window);
+        let mut long = d.clone();
+        long.observe_window(4_000, CONFIG.window, 2 * CONFIG.window);
+        let short_cycle = CONFIG.window + short.gap_after(4_000, CONFIG.window);
+        let long_cycle = 2 * CONFIG.window + long.gap_after(4_000, 2 * CONFIG.window);
+        assert!(short_cycle > CONFIG.window * 2);
+        let diff = short_cycle.as_secs_f64() - long_cycle.as_secs_f64();
+        assert!(diff.abs() < 1e-3, "{short_cycle:?} vs {long_cycle:?}");
+        // Cycle = price / budget.
+        let want = price(4_000) / CONFIG.budget;
+        assert!((short_cycle.as_secs_f64() - want).abs() < 1e-3 * want);
+        assert_eq!(cycle().gap_after(4_000, 2 * CONFIG.window), Duration::ZERO);
+    }
+
+    /// A hot allocator's first window is short (to learn the rate); the
+    /// gap after it must also prepay the next, full-length window, so that
+    /// at the end of that one the session has kept the budget from the
+    /// start: a session that ends any time after is within it.
+    #[test]
+    fn the_gap_after_a_short_first_window_prepays_the_next() {
+        let mut d = cycle();
+        let first = 20 * MS;
+        // 100k calls/s while trapping (0.4 s lost per second: the gap is
+        // below max_gap); the detach took 70 ms more.
+        let calls = 2_000;
+        d.observe_window(calls, first, first + 70 * MS);
+        let gap = d.gap_after(calls, first + 70 * MS);
+        // Amortizing the first window alone would open the next one early.
+        let amortized = price(calls) / CONFIG.budget - 0.09;
+        assert!(gap.as_secs_f64() > 2.0 * amortized, "{gap:?}");
+        // After the next window, spent / elapsed is the budget.
+        d.observe(0, Duration::ZERO, gap);
+        let rate = d.rate().unwrap();
+        let next_calls = (rate * CONFIG.window.as_secs_f64()) as u64;
+        d.observe_window(next_calls, CONFIG.window, CONFIG.window);
+        let elapsed = first + 70 * MS + gap + CONFIG.window;
+        let share = d.spent() / elapsed.as_secs_f64();
+        assert!(
+            (share - CONFIG.budget).abs() < 0.02 * CONFIG.budget,
+            "spent {:.4} s of {elapsed:?}: {share}",
+            d.spent()
+        );
     }
 
     #[test]
@@ -336,5 +424,6 @@ mod tests {
         let mut d = d;
         d.observe(10, CONFIG.window, Duration::ZERO);
         assert_eq!(d.next().gap, CONFIG.max_gap);
+        assert_eq!(d.gap_after(10, CONFIG.window), CONFIG.max_gap);
     }
 }

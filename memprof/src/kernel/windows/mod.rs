@@ -110,6 +110,8 @@ enum State {
     Detaching {
         handles: Vec<JoinHandle<()>>,
         opened: Instant,
+        /// How long the probes trapped: until the detach began.
+        trapping: Duration,
         calls_at_open: u64,
         stime_at_open: Option<f64>,
     },
@@ -213,9 +215,6 @@ impl Windowed {
     /// Opens a window: attaches every point that is not resident.
     /// Returns the ktime at which tracing started.
     pub fn open(&mut self, probes: &mut Probes) -> Result<u64> {
-        if let State::Gap { since, .. } = self.state {
-            self.cycle.observe(0, Duration::ZERO, since.elapsed());
-        }
         self.generation += 1;
         probes.set_generation(self.family, self.generation);
         let calls_at_open = probes.calls(self.family);
@@ -301,6 +300,7 @@ impl Windowed {
                 self.state = State::Detaching {
                     handles: detach(links),
                     opened,
+                    trapping: opened.elapsed(),
                     calls_at_open,
                     stime_at_open,
                 };
@@ -309,6 +309,7 @@ impl Windowed {
             State::Detaching {
                 mut handles,
                 opened,
+                trapping,
                 calls_at_open,
                 stime_at_open,
             } => {
@@ -316,6 +317,7 @@ impl Windowed {
                     self.state = State::Detaching {
                         handles,
                         opened,
+                        trapping,
                         calls_at_open,
                         stime_at_open,
                     };
@@ -325,10 +327,11 @@ impl Windowed {
                     let _ = h.join();
                 }
                 self.reattach_resident(probes)?;
-                self.window_ended(probes, opened, calls_at_open, stime_at_open);
+                self.window_ended(probes, opened, trapping, calls_at_open, stime_at_open);
                 Ok(Some(false))
             }
-            State::Gap { .. } => {
+            State::Gap { since, .. } => {
+                self.cycle.observe(0, Duration::ZERO, since.elapsed());
                 self.open(probes)?;
                 Ok(Some(true))
             }
@@ -357,6 +360,7 @@ impl Windowed {
         &mut self,
         probes: &Probes,
         opened: Instant,
+        trapping: Duration,
         calls_at_open: u64,
         stime_at_open: Option<f64>,
     ) {
@@ -371,15 +375,16 @@ impl Windowed {
                 );
             }
         }
-        self.cycle.observe(traced, len, Duration::ZERO);
-        let gap = self.cycle.gap_after(len).max(DETACH_POLL);
+        self.cycle.observe_window(traced, trapping, len);
+        let gap = self.cycle.gap_after(traced, len).max(DETACH_POLL);
         tracing::debug!(
-            "{:?} window {}: attached {len:?}, {traced} calls, {:.0} calls/s, \
-             {:.2} µs per call, next gap {gap:?}",
+            "{:?} window {}: attached {len:?} (trapping {trapping:?}), {traced} calls, \
+             {:.0} calls/s, {:.2} µs per call, {:.1} ms spent, next gap {gap:?}",
             self.family,
             self.windows,
             self.cycle.rate().unwrap_or(0.0),
-            self.cycle.trap_cost() * 1e6
+            self.cycle.trap_cost() * 1e6,
+            self.cycle.spent() * 1e3,
         );
         let later = std::mem::take(&mut self.later);
         self.detaching.extend(detach(later));
