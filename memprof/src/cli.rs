@@ -72,6 +72,19 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
+    /// Also write the findings as pprof profiles (gzip-compressed
+    /// profile.proto, for `go tool pprof`, Pyroscope, Parca, speedscope):
+    /// one per concern, FILE with `{kind}` replaced by cpu, alloc, lock and
+    /// sharing, or FILE.cpu.pb.gz and so on.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
+
+    /// Also draw interactive SVG flame graphs of CPU samples, allocated
+    /// bytes and lock delay: FILE with `{kind}` replaced by cpu, alloc and
+    /// lock, or FILE.cpu.svg and so on.
+    #[arg(long, value_name = "FILE")]
+    pub flamegraph: Option<PathBuf>,
+
     /// CPU samples per second per CPU.
     #[arg(
         long,

@@ -36,6 +36,8 @@ pub use error::{Error, Result};
 struct Outputs {
     json_to_stdout: bool,
     json_file: Option<(std::fs::File, std::path::PathBuf)>,
+    /// `--pprof` and `--flamegraph` files.
+    profiles: report::export::ProfileFiles,
     /// A launched command's output, held while the dashboard is up.
     captured: Option<process::launch::Captured>,
 }
@@ -122,14 +124,7 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
         }
         None => None,
     };
-    let json_to_stdout = cli.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
-    let json_file = match &cli.json {
-        Some(path) if !json_to_stdout => Some((
-            output::create(path, output::REPORT_MODE, "the JSON report")?,
-            path.clone(),
-        )),
-        _ => None,
-    };
+    let (json_to_stdout, json_file) = json_output(cli)?;
     let mut captured = None;
     let command_output = match &cli.command_output {
         Some(path) => process::launch::Output::File(output::create(
@@ -165,9 +160,27 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
     let outputs = Outputs {
         json_to_stdout,
         json_file,
+        profiles: report::export::ProfileFiles::open(
+            cli.pprof.as_deref(),
+            cli.flamegraph.as_deref(),
+        )?,
         captured,
     };
     Ok((opts, outputs))
+}
+
+/// Whether the JSON report goes to stdout (`--json -`), else its file,
+/// created now.
+fn json_output(cli: &cli::Cli) -> Result<(bool, Option<(std::fs::File, std::path::PathBuf)>)> {
+    let to_stdout = cli.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    let file = match &cli.json {
+        Some(path) if !to_stdout => Some((
+            output::create(path, output::REPORT_MODE, "the JSON report")?,
+            path.clone(),
+        )),
+        _ => None,
+    };
+    Ok((to_stdout, file))
 }
 
 /// Prints the summary and writes the JSON report.
@@ -188,6 +201,7 @@ fn write_report(report: &report::Report, outputs: Outputs) -> Result<()> {
         })?;
         eprintln!("memprof-ebpf: report written to {}", path.display());
     }
+    outputs.profiles.write(report)?;
     Ok(())
 }
 

@@ -34,6 +34,7 @@ const PACKAGES: &[&str] = &[
     "libjemalloc2",       // allocators the allocator tests preload
     "libtcmalloc-minimal4",
     "libmimalloc2.0",
+    "golang-go", // `go tool pprof`, the consumer the pprof export is tested with
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const TOOLCHAIN: &str = "memprof-bpf";

@@ -161,6 +161,8 @@ impl Feature for Cpu {
             .into_iter()
             .map(Into::into)
             .collect();
+        let symbolizer = &mut *ctx.symbolizer;
+        report.cpu_stacks = self.profile.stacks(|place| symbolizer.code(place));
         report.threads = self.threads(ctx.process);
         report.target.threads_seen = self.profile.threads().len();
         let sampling = &mut report.sampling;

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::object::symbolize::Frame;
 use crate::process::{maps::Place, threads::ThreadEvent};
+use crate::report::profiles::{CpuStack, StackFrame};
 
 /// Where a sample landed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -191,6 +192,45 @@ impl Profile {
         })
     }
 
+    /// Every sample by call chain (innermost first: where it landed, then
+    /// its callers as far as unwound), for the profile exporters. A sample
+    /// without a user stack is its own frame alone; the counts add up to
+    /// [`Profile::samples`]. Heaviest chains first.
+    pub fn stacks(&self, mut resolve: impl FnMut(&Place) -> Frame) -> Vec<CpuStack> {
+        let mut frames: HashMap<Place, StackFrame> = HashMap::new();
+        let mut frame = |place: &Place| -> StackFrame {
+            frames
+                .entry(place.clone())
+                .or_insert_with(|| stack_frame(place, resolve(place)))
+                .clone()
+        };
+        let mut chains: HashMap<Vec<StackFrame>, u64> = HashMap::new();
+        let mut with_stack_at: HashMap<&SampleAt, u64> = HashMap::new();
+        for ((at, id), &count) in &self.with_stack {
+            *with_stack_at.entry(at).or_default() += count;
+            let mut chain = vec![leaf(at, &mut frame)];
+            let callers = self.stack_frames.get(id).map(Vec::as_slice).unwrap_or(&[]);
+            chain.extend(callers.iter().map(&mut frame));
+            *chains.entry(chain).or_default() += count;
+        }
+        for (at, &count) in &self.by_place {
+            let alone = count - with_stack_at.get(at).copied().unwrap_or(0);
+            if alone > 0 {
+                *chains.entry(vec![leaf(at, &mut frame)]).or_default() += alone;
+            }
+        }
+        let mut stacks: Vec<CpuStack> = chains
+            .into_iter()
+            .map(|(frames, samples)| CpuStack { frames, samples })
+            .collect();
+        stacks.sort_by(|a, b| {
+            b.samples
+                .cmp(&a.samples)
+                .then_with(|| a.frames.cmp(&b.frames))
+        });
+        stacks
+    }
+
     /// Functions ranked by self time (samples in the function), with their
     /// total time (samples with the function anywhere on the stack), at
     /// most `limit`. Samples in the kernel are gathered under `[kernel]`.
@@ -264,6 +304,34 @@ impl Profile {
             a.total += count - with_stack_at.get(at).copied().unwrap_or(0);
         }
         acc
+    }
+}
+
+/// A resolved frame, with the object's path (for its build id).
+fn stack_frame(place: &Place, f: Frame) -> StackFrame {
+    StackFrame {
+        function: f.function,
+        file: f.file,
+        line: f.line,
+        module: Some(f.module),
+        object: match place {
+            Place::File { path, .. } => Some(path.to_string()),
+            _ => None,
+        },
+    }
+}
+
+/// The frame a sample landed in.
+fn leaf(at: &SampleAt, frame: &mut impl FnMut(&Place) -> StackFrame) -> StackFrame {
+    match at {
+        SampleAt::User(place) => frame(place),
+        SampleAt::Kernel => {
+            let k = Frame::kernel();
+            StackFrame {
+                module: Some(k.module),
+                ..StackFrame::named(&k.function)
+            }
+        }
     }
 }
 

@@ -133,6 +133,10 @@ pub struct Report {
     pub loader: Loader,
     /// Things the reader should know (target exited, events lost, ...).
     pub notes: Vec<String>,
+    /// The CPU samples by call chain, for the profile exporters (pprof,
+    /// flame graphs); the JSON ranks functions instead.
+    #[serde(skip)]
+    pub cpu_stacks: Vec<crate::report::profiles::CpuStack>,
 }
 
 #[derive(Debug, Clone, Serialize)]

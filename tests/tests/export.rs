@@ -1,0 +1,265 @@
+//! The pprof and flame-graph exports, checked with their real consumer:
+//! the demo workload (one false-sharing line, one contended mutex, an
+//! allocation leak) is traced once with `--pprof` and `--flamegraph`, and
+//! `go tool pprof` reads every profile back. Each number it computes must
+//! be the JSON report's, and each profile must name the code the JSON
+//! names.
+
+use std::{path::PathBuf, process::Command, sync::OnceLock};
+
+use memprof_tests::*;
+
+/// The traced demo: the JSON report and the profile files' template.
+struct Exported {
+    report: serde_json::Value,
+    dir: PathBuf,
+}
+
+impl Exported {
+    fn pprof(&self, kind: &str) -> PathBuf {
+        self.dir.join(format!("demo-{kind}.pb.gz"))
+    }
+
+    fn svg(&self, kind: &str) -> PathBuf {
+        self.dir.join(format!("demo.{kind}.svg"))
+    }
+}
+
+fn exported() -> &'static Exported {
+    static RUN: OnceLock<Exported> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = workload_dir().join("export");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let program = build_workload(DEMO_WORKLOAD, Variant::Debug).expect("building the demo");
+        let pprof = dir.join("demo-{kind}.pb.gz");
+        let flame = dir.join("demo");
+        let seconds = DEMO_SECONDS.to_string();
+        let mut args = vec![
+            "--no-tui",
+            "--pprof",
+            pprof.to_str().unwrap(),
+            "--flamegraph",
+            flame.to_str().unwrap(),
+        ];
+        args.extend_from_slice(DEMO_TOOL_ARGS);
+        args.extend(["--", program.to_str().unwrap(), &seconds]);
+        let (_, report) = trace("export-demo", &args);
+        assert_no_programs_left();
+        Exported { report, dir }
+    })
+}
+
+/// Whether `go` is here (`cargo xtask setup` installs golang-go); a loud
+/// skip (a failure in strict mode) when not.
+fn require_go(test: &str) -> bool {
+    if Command::new("go")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return true;
+    }
+    skip(
+        test,
+        "`go` is not installed (cargo xtask setup installs golang-go)",
+    );
+    false
+}
+
+/// `go tool pprof ARGS FILE`: its output, after checking that it succeeded
+/// without a warning.
+fn pprof(args: &[&str], file: &std::path::Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        .env("PPROF_TMPDIR", workload_dir())
+        .output()
+        .expect("running go tool pprof");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} {}: {stderr}",
+        file.display()
+    );
+    assert!(
+        !stderr.to_lowercase().contains("warning"),
+        "go tool pprof warned about {}: {stderr}",
+        file.display()
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    // pprof says so when the first mapping (the main binary) has no file.
+    assert!(
+        !stdout.contains("not available") && !stderr.contains("not available"),
+        "go tool pprof lacks something in {}: {stdout}{stderr}",
+        file.display()
+    );
+    stdout
+}
+
+/// The sum of each sample type's values, as `go tool pprof -raw` lists the
+/// samples, by type name.
+fn raw_totals(file: &std::path::Path) -> Vec<(String, i64)> {
+    let raw = pprof(&["-raw"], file);
+    let mut lines = raw
+        .lines()
+        .skip_while(|l| !l.starts_with("Samples:"))
+        .skip(1);
+    let types: Vec<String> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|t| t.split('/').next().unwrap_or(t).to_string())
+        .collect();
+    let mut totals = vec![0i64; types.len()];
+    for line in lines.take_while(|l| !l.starts_with("Locations")) {
+        let Some((values, _)) = line.split_once(':') else {
+            continue;
+        };
+        let values: Vec<i64> = values
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        if values.len() == totals.len() {
+            for (t, v) in totals.iter_mut().zip(values) {
+                *t += v;
+            }
+        }
+    }
+    types.into_iter().zip(totals).collect()
+}
+
+fn total(totals: &[(String, i64)], kind: &str) -> i64 {
+    totals
+        .iter()
+        .find(|(t, _)| t == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {totals:?}"))
+        .1
+}
+
+fn sum(items: &serde_json::Value, key: &str) -> i64 {
+    items
+        .as_array()
+        .map(|a| a.iter().filter_map(|i| i[key].as_i64()).sum())
+        .unwrap_or(0)
+}
+
+#[test]
+fn cpu_profile_has_every_sample_and_the_hot_function() {
+    if !require_root("cpu_profile_has_every_sample_and_the_hot_function")
+        || !require_go("cpu_profile_has_every_sample_and_the_hot_function")
+    {
+        return;
+    }
+    let e = exported();
+    let file = e.pprof("cpu");
+    let totals = raw_totals(&file);
+    let samples = e.report["sampling"]["samples"].as_i64().unwrap();
+    assert!(samples > 1000, "an 8 s demo at 999 Hz: {samples}");
+    assert_eq!(total(&totals, "samples"), samples, "{totals:?}");
+    let period = 1_000_000_000 / e.report["sampling"]["frequency_hz"].as_i64().unwrap();
+    assert_eq!(total(&totals, "cpu"), samples * period);
+    let hot = e.report["hot_functions"][0]["function"].as_str().unwrap();
+    let top = pprof(&["-top", "-sample_index=samples"], &file);
+    assert!(top.contains(hot), "{hot} not in:\n{top}");
+    // Stacks reach the worker's entry: main's thread start or the worker.
+    let traces = pprof(&["-traces"], &file);
+    assert!(traces.contains("worker"), "{traces}");
+    let svg = std::fs::read_to_string(e.svg("cpu")).unwrap();
+    assert!(
+        svg.starts_with("<?xml") && svg.contains(hot),
+        "flame graph lacks {hot}"
+    );
+}
+
+#[test]
+fn alloc_profile_matches_the_heap_profile() {
+    if !require_root("alloc_profile_matches_the_heap_profile")
+        || !require_go("alloc_profile_matches_the_heap_profile")
+    {
+        return;
+    }
+    let e = exported();
+    let sites = &e.report["allocator"]["heap_profile"]["sites"];
+    assert!(
+        sites.as_array().is_some_and(|s| !s.is_empty()),
+        "the demo has a heap profile: {:#}",
+        e.report["allocator"]["heap_profile"]
+    );
+    let file = e.pprof("alloc");
+    let totals = raw_totals(&file);
+    for kind in [
+        "alloc_space",
+        "alloc_objects",
+        "inuse_space",
+        "inuse_objects",
+    ] {
+        assert_eq!(total(&totals, kind), sum(sites, kind), "{kind}: {totals:?}");
+    }
+    let top_site = sites[0]["function"].as_str().unwrap();
+    let top = pprof(&["-top", "-sample_index=alloc_space"], &file);
+    assert!(top.contains(top_site), "{top_site} not in:\n{top}");
+    let svg = std::fs::read_to_string(e.svg("alloc")).unwrap();
+    assert!(svg.contains(top_site), "alloc flame graph lacks {top_site}");
+}
+
+#[test]
+fn lock_profile_has_the_waits_at_the_waiter() {
+    if !require_root("lock_profile_has_the_waits_at_the_waiter")
+        || !require_go("lock_profile_has_the_waits_at_the_waiter")
+    {
+        return;
+    }
+    let e = exported();
+    let locks = e.report["locks"].as_array().unwrap();
+    let (mut count, mut delay, mut caused) = (0, 0, 0);
+    for l in locks {
+        count += sum(&l["waiters"], "count");
+        delay += sum(&l["waiters"], "wait_ns");
+        caused += sum(&l["holders"], "delay_caused_ns");
+    }
+    assert!(count > 0, "the demo's mutex is contended: {locks:#?}");
+    let file = e.pprof("lock");
+    let totals = raw_totals(&file);
+    assert_eq!(total(&totals, "contentions"), count);
+    assert_eq!(total(&totals, "delay"), delay);
+    assert_eq!(total(&totals, "caused_delay"), caused);
+    let waiter = locks[0]["waiters"][0]["function"].as_str().unwrap();
+    let top = pprof(&["-top", "-sample_index=delay"], &file);
+    assert!(top.contains(waiter), "{waiter} not in:\n{top}");
+    // The lock's label is on its samples.
+    let tags = pprof(&["-tags"], &file);
+    assert!(tags.contains("lock") && tags.contains("waiter"), "{tags}");
+}
+
+#[test]
+fn sharing_profile_has_the_writers_of_the_shared_line() {
+    if !require_root("sharing_profile_has_the_writers_of_the_shared_line")
+        || !require_go("sharing_profile_has_the_writers_of_the_shared_line")
+    {
+        return;
+    }
+    let e = exported();
+    let entries = e.report["false_sharing"].as_array().unwrap();
+    assert!(!entries.is_empty(), "the demo has a falsely shared line");
+    let accesses: i64 = entries
+        .iter()
+        .flat_map(|e| e["code"].as_array().unwrap())
+        .map(|c| c["reads"].as_i64().unwrap() + c["writes"].as_i64().unwrap())
+        .sum();
+    let file = e.pprof("sharing");
+    let totals = raw_totals(&file);
+    assert_eq!(total(&totals, "accesses"), accesses);
+    assert_eq!(
+        total(&totals, "invalidations"),
+        sum(&e.report["false_sharing"], "invalidations")
+    );
+    let top = pprof(&["-top", "-sample_index=invalidations"], &file);
+    assert!(
+        top.contains("count_requests"),
+        "the writer is named:\n{top}"
+    );
+    let tags = pprof(&["-tags"], &file);
+    assert!(tags.contains("cache_line"), "{tags}");
+}
