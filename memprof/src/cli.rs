@@ -85,6 +85,20 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
 
+    /// Experimental: send the pprof profiles to a Pyroscope-compatible
+    /// server (its ingest API, `URL/ingest`) at the end of the session.
+    #[arg(long, value_name = "URL")]
+    pub push: Option<String>,
+
+    /// With --push: also push every TIME while tracing (e.g. 10s); each
+    /// push carries the previous one so the server keeps intervals apart.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, requires = "push")]
+    pub push_every: Option<Duration>,
+
+    /// With --push: the application name (default: the target's program).
+    #[arg(long, value_name = "NAME", requires = "push")]
+    pub app: Option<String>,
+
     /// CPU samples per second per CPU.
     #[arg(
         long,

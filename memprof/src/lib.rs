@@ -156,6 +156,11 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
             budget: cli.budget / 100.0,
         },
         lock_mode: cli.lock_mode,
+        push: cli.push.clone().map(|url| report::push::PushSettings {
+            url,
+            app: cli.app.clone(),
+            every: cli.push_every,
+        }),
     };
     let outputs = Outputs {
         json_to_stdout,

@@ -28,6 +28,8 @@ pub struct Options {
     pub alloc: AllocSettings,
     /// `--lock-mode`.
     pub lock_mode: LockMode,
+    /// `--push`, `--push-every`, `--app`.
+    pub push: Option<crate::report::push::PushSettings>,
 }
 
 /// Allocator tracing, from the command line.

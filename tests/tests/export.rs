@@ -263,3 +263,167 @@ fn sharing_profile_has_the_writers_of_the_shared_line() {
     let tags = pprof(&["-tags"], &file);
     assert!(tags.contains("cache_line"), "{tags}");
 }
+
+/// One request the test's ingest server received.
+struct Received {
+    target: String,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+/// A minimal HTTP/1.1 server standing in for Pyroscope's ingest endpoint
+/// (no Pyroscope server can be installed from the package registries these
+/// machines reach): it keeps every request and answers 200.
+fn ingest_server() -> (u16, std::sync::mpsc::Receiver<Received>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap_or(0);
+            let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            let (mut length, mut content_type) = (0usize, String::new());
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                let (k, v) = h.split_once(':').unwrap_or((&h, ""));
+                match k.to_ascii_lowercase().as_str() {
+                    "content-length" => length = v.trim().parse().unwrap_or(0),
+                    "content-type" => content_type = v.trim().to_string(),
+                    _ => {}
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let mut stream = stream;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let _ = tx.send(Received {
+                target,
+                content_type,
+                body,
+            });
+        }
+    });
+    (port, rx)
+}
+
+/// The parts of a multipart/form-data body, by name.
+fn parts(r: &Received) -> Vec<(String, Vec<u8>)> {
+    let boundary = r
+        .content_type
+        .split("boundary=")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no boundary in {}", r.content_type));
+    let delimiter = format!("--{boundary}");
+    let d = delimiter.as_bytes();
+    let mut cuts = Vec::new();
+    let mut i = 0;
+    while i + d.len() <= r.body.len() {
+        if &r.body[i..i + d.len()] == d {
+            cuts.push(i);
+            i += d.len();
+        } else {
+            i += 1;
+        }
+    }
+    cuts.windows(2)
+        .map(|w| {
+            let part = &r.body[w[0] + d.len() + 2..w[1] - 2];
+            let split = part.windows(4).position(|x| x == b"\r\n\r\n").unwrap();
+            let headers = String::from_utf8_lossy(&part[..split]);
+            let name = headers
+                .split("name=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .unwrap()
+                .to_string();
+            (name, part[split + 4..].to_vec())
+        })
+        .collect()
+}
+
+/// `--push` (experimental) against a stand-in for Pyroscope's documented
+/// ingest API: periodic pushes while tracing, each carrying the previous
+/// profile of its concern, and a last one whose CPU profile `go tool pprof`
+/// reads with the JSON's sample count.
+#[test]
+fn push_sends_pprof_to_an_ingest_endpoint() {
+    if !require_root("push_sends_pprof_to_an_ingest_endpoint")
+        || !require_go("push_sends_pprof_to_an_ingest_endpoint")
+    {
+        return;
+    }
+    let (port, rx) = ingest_server();
+    let program = build_workload(DEMO_WORKLOAD, Variant::Debug).expect("building the demo");
+    let url = format!("http://127.0.0.1:{port}");
+    let (run, report) = trace(
+        "export-push",
+        &[
+            "--no-tui",
+            "--push",
+            &url,
+            "--push-every",
+            "2s",
+            "--app",
+            "demo-app",
+            "--",
+            program.to_str().unwrap(),
+            "6",
+        ],
+    );
+    assert_no_programs_left();
+    let got: Vec<Received> = rx.try_iter().collect();
+    let cpu: Vec<&Received> = got
+        .iter()
+        .filter(|r| r.target.contains("demo-app.cpu"))
+        .collect();
+    assert!(
+        cpu.len() >= 3,
+        "periodic pushes and the last one: {} cpu requests; {}",
+        cpu.len(),
+        run.stderr
+    );
+    for r in &got {
+        assert!(
+            r.target.starts_with("/ingest?name=demo-app."),
+            "{}",
+            r.target
+        );
+        for key in ["&from=", "&until=", "&format=pprof"] {
+            assert!(r.target.contains(key), "{key} missing: {}", r.target);
+        }
+    }
+    // Each push carries the one before it for the same concern.
+    for pair in cpu.windows(2) {
+        let before = parts(pair[0]);
+        let after = parts(pair[1]);
+        let profile = &before.iter().find(|(n, _)| n == "profile").unwrap().1;
+        let prev = &after
+            .iter()
+            .find(|(n, _)| n == "prev_profile")
+            .expect("prev_profile")
+            .1;
+        assert_eq!(prev, profile, "prev_profile is the previous push's profile");
+    }
+    let last = parts(cpu[cpu.len() - 1]);
+    let file = workload_dir().join("export-push-cpu.pb.gz");
+    std::fs::write(&file, &last.iter().find(|(n, _)| n == "profile").unwrap().1).unwrap();
+    let samples = report["sampling"]["samples"].as_i64().unwrap();
+    assert_eq!(
+        total(&raw_totals(&file), "samples"),
+        samples,
+        "the last push is the whole session"
+    );
+    assert!(
+        run.stderr.contains("pushed"),
+        "the tool says what it pushed: {}",
+        run.stderr
+    );
+}

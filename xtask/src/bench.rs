@@ -114,17 +114,19 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
             crate::bench_ulcp::run(alloc_rounds, &tool(), &dir).map(drop)
         }
         Some("sharing") => sharing(alloc_rounds),
+        Some("export") => export(),
         Some("corpus") => corpus(alloc_rounds),
         Some(other) => {
             bail!(
-                "--only takes foundation, allocator, latency, heap, redis, locks, ulcp, sharing, corpus or cache, not {other}"
+                "--only takes foundation, allocator, latency, heap, redis, locks, ulcp, sharing, corpus, cache or export, not {other}"
             )
         }
         None => {
             foundation(runs)?;
             allocator(alloc_rounds)?;
             locks(alloc_rounds)?;
-            sharing(alloc_rounds)
+            sharing(alloc_rounds)?;
+            export()
         }
     }
 }
@@ -149,6 +151,15 @@ fn corpus(rounds: usize) -> Result<()> {
     let out = root().join("target/bench/sharing-corpus.json");
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
+    Ok(())
+}
+
+fn export() -> Result<()> {
+    let out = root().join("target/bench/export.json");
+    let dir = out.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let summary = crate::bench_export::run(&tool(), dir)?;
+    std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod bench_alloc_latency;
 mod bench_alloc_redis;
 mod bench_cache;
 mod bench_corpus;
+mod bench_export;
 mod bench_locks;
 mod bench_locks_load;
 mod bench_sharing;
@@ -68,8 +69,8 @@ enum Task {
         alloc_rounds: usize,
         /// Run only this part: "foundation", "allocator", "locks" (which
         /// ends with "ulcp", the unnecessary-contention analysis) or
-        /// "sharing" (which ends with "cache", the cache-use analysis); or
-        /// a piece of one: "latency", "heap" and "redis" (of "allocator"),
+        /// "sharing" (which ends with "cache", the cache-use analysis),
+        /// "export" (--pprof and --flamegraph at the end); or a piece of one: "latency", "heap" and "redis" (of "allocator"),
         /// "corpus" (the false-sharing corpus that "sharing" ends with).
         #[arg(long)]
         only: Option<String>,

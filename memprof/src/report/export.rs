@@ -75,6 +75,8 @@ impl ProfileFiles {
         if self.is_empty() {
             return Ok(());
         }
+        let started = std::time::Instant::now();
+        let rss_before = reset_peak_rss();
         let all = profiles(report);
         let main = main_object(report);
         let start = SystemTime::now()
@@ -114,8 +116,36 @@ impl ProfileFiles {
                 out.path.display()
             );
         }
+        // For `cargo xtask bench --only export`: what writing them cost.
+        let extra = peak_rss().zip(rss_before).map(|(p, b)| p.saturating_sub(b));
+        eprintln!(
+            "memprof-ebpf: profiles written in {} ms (peak memory +{})",
+            started.elapsed().as_millis(),
+            extra.map_or("unknown".into(), |b| format!(
+                "{:.1} MiB",
+                b as f64 / 1048576.0
+            ))
+        );
         Ok(())
     }
+}
+
+/// This process's resident memory now, after resetting its peak (`VmHWM`)
+/// to it (`clear_refs` 5, Linux 4.0 and later), in bytes.
+fn reset_peak_rss() -> Option<u64> {
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    status_kib("VmRSS:").map(|k| k * 1024)
+}
+
+/// This process's peak resident memory since the last reset, in bytes.
+fn peak_rss() -> Option<u64> {
+    status_kib("VmHWM:").map(|k| k * 1024)
+}
+
+fn status_kib(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn failed(path: &Path, source: std::io::Error) -> Error {

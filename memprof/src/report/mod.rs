@@ -10,6 +10,7 @@ pub mod model;
 pub mod names;
 pub mod pprof;
 pub mod profiles;
+pub mod push;
 pub mod text;
 
 pub use model::Report;

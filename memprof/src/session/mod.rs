@@ -34,6 +34,7 @@ use crate::{
     process::{handle::TargetHandle, state::Process},
     report::{
         model::{Loader, SampleSource, Target},
+        push::Pusher,
         Report,
     },
     tui::{Action, Dashboard},
@@ -89,6 +90,8 @@ struct Live {
     /// once instead of waiting (waiting, a ring written at 290 k records/s
     /// lost a third of them between drain ticks).
     more_to_drain: bool,
+    /// `--push`: the profiles sent to a profile server.
+    pusher: Option<Pusher>,
 }
 
 /// Runs a whole session and returns its report. With a dashboard, it is
@@ -122,6 +125,10 @@ pub async fn run(
         });
     }
     let report = live.report();
+    if let Some(pusher) = &mut live.pusher {
+        pusher.finish(&report);
+        eprintln!("memprof-ebpf: {}", pusher.summary());
+    }
     Ok((report, reason, live.take_detaching()))
 }
 
@@ -196,6 +203,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         pipeline,
         symbolizer: Symbolizer::new(),
         target,
+        pusher: Pusher::for_session(opts.push.as_ref(), &command, pid),
         command,
         frequency_hz: opts.frequency_hz,
         started: Instant::now(),
@@ -292,6 +300,12 @@ impl Live {
                     if let Some(d) = dashboard.as_deref_mut() {
                         let report = self.report();
                         d.update(report);
+                    }
+                    if self.pusher.as_ref().is_some_and(Pusher::due) {
+                        let report = self.report();
+                        if let Some(p) = &mut self.pusher {
+                            p.push_in_background(&report);
+                        }
                     }
                 }
             }
