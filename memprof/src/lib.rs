@@ -156,6 +156,7 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
             budget: cli.budget / 100.0,
         },
         lock_mode: cli.lock_mode,
+        export_stacks: cli.pprof.is_some() || cli.flamegraph.is_some() || cli.push.is_some(),
         push: cli.push.clone().map(|url| report::push::PushSettings {
             url,
             app: cli.app.clone(),

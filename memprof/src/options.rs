@@ -30,6 +30,9 @@ pub struct Options {
     pub lock_mode: LockMode,
     /// `--push`, `--push-every`, `--app`.
     pub push: Option<crate::report::push::PushSettings>,
+    /// The report needs the CPU call chains (`--pprof`, `--flamegraph`,
+    /// `--push`).
+    pub export_stacks: bool,
 }
 
 /// Allocator tracing, from the command line.

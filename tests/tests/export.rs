@@ -427,3 +427,57 @@ fn push_sends_pprof_to_an_ingest_endpoint() {
         run.stderr
     );
 }
+
+/// No finding, no samples: two threads spinning on their own data share
+/// no cache line, so the sharing profile has no sample (and is still
+/// valid: pprof reads it and its declared types), while the CPU profile has
+/// every sample and the lock profile the waits the JSON lists (the spinners
+/// still wait for kernel locks, and main for their exit).
+#[test]
+fn a_concern_without_findings_exports_an_empty_profile() {
+    if !require_root("a_concern_without_findings_exports_an_empty_profile")
+        || !require_go("a_concern_without_findings_exports_an_empty_profile")
+    {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let dir = workload_dir().join("export-spin");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let template = dir.join("{kind}.pb.gz");
+    let (_, report) = trace(
+        "export-spin",
+        &[
+            "--no-tui",
+            "--pprof",
+            template.to_str().unwrap(),
+            "--",
+            spin.to_str().unwrap(),
+            "time",
+            "2",
+            "2",
+        ],
+    );
+    assert_no_programs_left();
+    assert!(report["false_sharing"]
+        .as_array()
+        .is_some_and(Vec::is_empty));
+    let totals = raw_totals(&dir.join("sharing.pb.gz"));
+    assert_eq!(totals.len(), 2, "sample types are declared: {totals:?}");
+    assert!(totals.iter().all(|(_, v)| *v == 0), "{totals:?}");
+    let waits: i64 = report["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| sum(&l["waiters"], "count"))
+        .sum();
+    assert_eq!(
+        total(&raw_totals(&dir.join("lock.pb.gz")), "contentions"),
+        waits
+    );
+    let samples = report["sampling"]["samples"].as_i64().unwrap();
+    assert_eq!(
+        total(&raw_totals(&dir.join("cpu.pb.gz")), "samples"),
+        samples
+    );
+}

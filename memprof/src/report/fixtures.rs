@@ -70,7 +70,7 @@ pub fn sample_report() -> Report {
         lock_tracing: None,
         loader: sample_loader(2.5),
         notes: vec![],
-        cpu_stacks: Vec::new(),
+        cpu_stacks: None,
     }
 }
 

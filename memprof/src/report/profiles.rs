@@ -154,6 +154,7 @@ pub fn main_object(report: &Report) -> Option<String> {
     let from_samples = report
         .cpu_stacks
         .iter()
+        .flatten()
         .flat_map(|s| &s.frames)
         .filter_map(|f| f.object.as_deref())
         .find(|o| o.starts_with('/') && !o.contains(".so"));
@@ -214,6 +215,7 @@ fn cpu(report: &Report) -> StackProfile {
     p.samples = report
         .cpu_stacks
         .iter()
+        .flatten()
         .map(|s| StackSample {
             frames: s.frames.clone(),
             values: vec![s.samples as i64, s.samples as i64 * period],

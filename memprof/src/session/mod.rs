@@ -90,8 +90,24 @@ struct Live {
     /// once instead of waiting (waiting, a ring written at 290 k records/s
     /// lost a third of them between drain ticks).
     more_to_drain: bool,
+    exports: Exports,
+}
+
+/// What the profile exporters need from the session.
+struct Exports {
     /// `--push`: the profiles sent to a profile server.
     pusher: Option<Pusher>,
+    /// Reports carry the CPU call chains.
+    stacks: bool,
+}
+
+impl Exports {
+    fn new(opts: &Options, command: &str, pid: u32) -> Self {
+        Self {
+            pusher: Pusher::for_session(opts.push.as_ref(), command, pid),
+            stacks: opts.export_stacks,
+        }
+    }
 }
 
 /// Runs a whole session and returns its report. With a dashboard, it is
@@ -125,7 +141,7 @@ pub async fn run(
         });
     }
     let report = live.report();
-    if let Some(pusher) = &mut live.pusher {
+    if let Some(pusher) = &mut live.exports.pusher {
         pusher.finish(&report);
         eprintln!("memprof-ebpf: {}", pusher.summary());
     }
@@ -203,7 +219,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         pipeline,
         symbolizer: Symbolizer::new(),
         target,
-        pusher: Pusher::for_session(opts.push.as_ref(), &command, pid),
+        exports: Exports::new(opts, &command, pid),
         command,
         frequency_hz: opts.frequency_hz,
         started: Instant::now(),
@@ -301,9 +317,9 @@ impl Live {
                         let report = self.report();
                         d.update(report);
                     }
-                    if self.pusher.as_ref().is_some_and(Pusher::due) {
+                    if self.exports.pusher.as_ref().is_some_and(Pusher::due) {
                         let report = self.report();
-                        if let Some(p) = &mut self.pusher {
+                        if let Some(p) = &mut self.exports.pusher {
                             p.push_in_background(&report);
                         }
                     }
@@ -435,6 +451,9 @@ impl Live {
         };
         let sampling = (SampleSource::from(self.source), self.frequency_hz);
         let mut report = pipeline::empty_report(target, duration_s, sampling);
+        if self.exports.stacks {
+            report.cpu_stacks = Some(Vec::new());
+        }
         self.pipeline.report(
             &mut report,
             &self.kernel,

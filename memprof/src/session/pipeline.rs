@@ -54,7 +54,7 @@ pub fn empty_report(
         lock_tracing: None,
         loader: Loader::default(),
         notes: Vec::new(),
-        cpu_stacks: Vec::new(),
+        cpu_stacks: None,
     }
 }
 

@@ -162,7 +162,9 @@ impl Feature for Cpu {
             .map(Into::into)
             .collect();
         let symbolizer = &mut *ctx.symbolizer;
-        report.cpu_stacks = self.profile.stacks(|place| symbolizer.code(place));
+        if let Some(stacks) = &mut report.cpu_stacks {
+            *stacks = self.profile.stacks(|place| symbolizer.code(place));
+        }
         report.threads = self.threads(ctx.process);
         report.target.threads_seen = self.profile.threads().len();
         let sampling = &mut report.sampling;

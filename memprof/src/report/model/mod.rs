@@ -134,9 +134,11 @@ pub struct Report {
     /// Things the reader should know (target exited, events lost, ...).
     pub notes: Vec<String>,
     /// The CPU samples by call chain, for the profile exporters (pprof,
-    /// flame graphs); the JSON ranks functions instead.
+    /// flame graphs, push); the JSON ranks functions instead. None unless
+    /// an exporter asked (the session sets it to an empty list): the
+    /// dashboard's report every second need not resolve every chain.
     #[serde(skip)]
-    pub cpu_stacks: Vec<crate::report::profiles::CpuStack>,
+    pub cpu_stacks: Option<Vec<crate::report::profiles::CpuStack>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
