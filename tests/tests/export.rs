@@ -101,7 +101,14 @@ fn pprof(args: &[&str], file: &std::path::Path) -> String {
 /// The sum of each sample type's values, as `go tool pprof -raw` lists the
 /// samples, by type name.
 fn raw_totals(file: &std::path::Path) -> Vec<(String, i64)> {
-    let raw = pprof(&["-raw"], file);
+    raw_totals_with(&[], file)
+}
+
+/// As [`raw_totals`], with more pprof options (e.g. a tag filter).
+fn raw_totals_with(options: &[&str], file: &std::path::Path) -> Vec<(String, i64)> {
+    let mut args = vec!["-raw"];
+    args.extend_from_slice(options);
+    let raw = pprof(&args, file);
     let mut lines = raw
         .lines()
         .skip_while(|l| !l.starts_with("Samples:"))
@@ -128,6 +135,18 @@ fn raw_totals(file: &std::path::Path) -> Vec<(String, i64)> {
         }
     }
     types.into_iter().zip(totals).collect()
+}
+
+/// `s` with the characters a regular expression treats specially escaped.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if r".+*?()|[]{}^$\".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn total(totals: &[(String, i64)], kind: &str) -> i64 {
@@ -188,14 +207,29 @@ fn alloc_profile_matches_the_heap_profile() {
         e.report["allocator"]["heap_profile"]
     );
     let file = e.pprof("alloc");
+    // The profile has every sampled chain; each site the JSON lists is the
+    // sum of its chains (labelled with the site).
     let totals = raw_totals(&file);
-    for kind in [
-        "alloc_space",
-        "alloc_objects",
-        "inuse_space",
-        "inuse_objects",
-    ] {
-        assert_eq!(total(&totals, kind), sum(sites, kind), "{kind}: {totals:?}");
+    for site in sites.as_array().unwrap() {
+        let function = site["function"].as_str().unwrap();
+        // The label the exporter gives a site: function (file:line).
+        let source = site["file"].as_str().and_then(|f| f.rsplit('/').next());
+        let label = match (source, site["line"].as_u64()) {
+            (Some(source), Some(line)) => format!("{function} ({source}:{line})"),
+            _ => function.to_string(),
+        };
+        let focus = format!("-tagfocus=alloc_site=^{}$", regex_escape(&label));
+        let of_site = raw_totals_with(&[&focus], &file);
+        for kind in [
+            "alloc_space",
+            "alloc_objects",
+            "inuse_space",
+            "inuse_objects",
+        ] {
+            let want = site[kind].as_i64().unwrap();
+            assert_eq!(total(&of_site, kind), want, "{function} {kind}");
+            assert!(total(&totals, kind) >= want);
+        }
     }
     let top_site = sites[0]["function"].as_str().unwrap();
     let top = pprof(&["-top", "-sample_index=alloc_space"], &file);

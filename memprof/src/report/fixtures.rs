@@ -71,6 +71,7 @@ pub fn sample_report() -> Report {
         loader: sample_loader(2.5),
         notes: vec![],
         cpu_stacks: None,
+        alloc_chains: None,
     }
 }
 

@@ -142,6 +142,8 @@ impl StackProfile {
 /// the exporters, not in the JSON: the JSON ranks functions).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuStack {
+    /// The thread sampled.
+    pub tid: u32,
     /// Innermost first: where the sample landed, then its callers.
     pub frames: Vec<StackFrame>,
     pub samples: u64,
@@ -166,6 +168,35 @@ pub fn main_object(report: &Report) -> Option<String> {
             .next()
             .map(Into::into)
     })
+}
+
+/// A sampled allocation chain, scaled like the report's heap-profile
+/// sites (None where they are null). Kept with the report for the
+/// exporters: the JSON lists the top sites only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocChain {
+    /// Innermost first: the wrappers, the site, its callers.
+    pub frames: Vec<StackFrame>,
+    /// The site (the first frame outside the wrappers), as
+    /// [`site_label`] names it.
+    pub site: String,
+    pub alloc_objects: Option<u64>,
+    pub alloc_space: Option<u64>,
+    pub inuse_objects: Option<u64>,
+    pub inuse_space: Option<u64>,
+}
+
+/// The `alloc_site` label of an allocation site: its function and, when
+/// known, `file:line` (file name only), e.g. `parse (load.c:42)`; one
+/// function may allocate at several sites.
+pub fn site_label(function: &str, file: Option<&str>, line: Option<u32>) -> String {
+    match (file, line) {
+        (Some(file), Some(line)) => {
+            let name = file.rsplit('/').next().unwrap_or(file);
+            format!("{function} ({name}:{line})")
+        }
+        _ => function.to_owned(),
+    }
 }
 
 /// Every profile the report has data for (a concern with no samples has
@@ -219,7 +250,7 @@ fn cpu(report: &Report) -> StackProfile {
         .map(|s| StackSample {
             frames: s.frames.clone(),
             values: vec![s.samples as i64, s.samples as i64 * period],
-            labels: Vec::new(),
+            labels: vec![("thread", Label::Num(i64::from(s.tid), None))],
         })
         .collect();
     p
@@ -241,6 +272,10 @@ fn alloc(report: &Report) -> StackProfile {
         return p;
     };
     p.comments.push(heap.basis.clone());
+    if let Some(chains) = report.alloc_chains.as_ref().filter(|c| !c.is_empty()) {
+        alloc_chains(&mut p, chains);
+        return p;
+    }
     let mut unknown = 0;
     for site in &heap.sites {
         let values = [
@@ -266,7 +301,10 @@ fn alloc(report: &Report) -> StackProfile {
         p.samples.push(StackSample {
             frames,
             values: values.iter().map(|v| v.unwrap_or(0) as i64).collect(),
-            labels: vec![("alloc_site", Label::Str(site.function.clone()))],
+            labels: vec![(
+                "alloc_site",
+                Label::Str(site_label(&site.function, site.file.as_deref(), site.line)),
+            )],
         });
     }
     if unknown > 0 {
@@ -275,6 +313,34 @@ fn alloc(report: &Report) -> StackProfile {
         ));
     }
     p
+}
+
+/// Every sampled chain as a sample (all of them: the JSON has the top
+/// sites, whose figures are the sums of their chains').
+fn alloc_chains(p: &mut StackProfile, chains: &[AllocChain]) {
+    let mut unknown = 0;
+    for c in chains {
+        let values = [
+            c.alloc_objects,
+            c.alloc_space,
+            c.inuse_objects,
+            c.inuse_space,
+        ];
+        if values.iter().any(Option::is_none) {
+            unknown += 1;
+            continue;
+        }
+        p.samples.push(StackSample {
+            frames: c.frames.clone(),
+            values: values.iter().map(|v| v.unwrap_or(0) as i64).collect(),
+            labels: vec![("alloc_site", Label::Str(c.site.clone()))],
+        });
+    }
+    if unknown > 0 {
+        p.comments.push(format!(
+            "{unknown} chain(s) left out: their scaled totals are unknown (see the JSON)"
+        ));
+    }
 }
 
 /// Lock waits at the waiters' chains, and the delay each holder's sections

@@ -453,6 +453,7 @@ impl Live {
         let mut report = pipeline::empty_report(target, duration_s, sampling);
         if self.exports.stacks {
             report.cpu_stacks = Some(Vec::new());
+            report.alloc_chains = Some(Vec::new());
         }
         self.pipeline.report(
             &mut report,

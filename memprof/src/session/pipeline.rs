@@ -55,6 +55,7 @@ pub fn empty_report(
         loader: Loader::default(),
         notes: Vec::new(),
         cpu_stacks: None,
+        alloc_chains: None,
     }
 }
 

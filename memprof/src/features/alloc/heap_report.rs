@@ -10,6 +10,7 @@ use crate::{
     report::{
         model::{CallerRef, HeapProfileReport, HeapSite},
         names::callers,
+        profiles::{site_label, AllocChain, StackFrame},
     },
 };
 
@@ -76,6 +77,9 @@ impl HeapScale {
 #[derive(Default)]
 struct SiteSum<'a> {
     stats: ChainStats,
+    /// Its chains' own figures: scaled and rounded one by one, so that a
+    /// site's totals are the sums of its exported chains'.
+    members: Vec<&'a ChainStats>,
     /// The heaviest chain and its bytes, with the site's index in it.
     chain: Option<(&'a [HeapFrame], f64, usize)>,
 }
@@ -128,6 +132,7 @@ fn by_site<'a>(
         sum.stats.alloc_space += stats.alloc_space;
         sum.stats.inuse_objects += stats.inuse_objects;
         sum.stats.inuse_space += stats.inuse_space;
+        sum.members.push(stats);
         if sum.chain.is_none_or(|(_, b, _)| stats.alloc_space > b) {
             sum.chain = Some((chain, stats.alloc_space, at));
         }
@@ -146,7 +151,9 @@ fn site_entry(
     let cap = scale.cap();
     let alloc = scale.windows.map(|w| w * cap);
     let inuse = scale.all_frees.then_some(cap);
-    let times = |f: Option<f64>, x: f64| f.map(|f| (x * f).round() as u64);
+    let times = |f: Option<f64>, get: fn(&ChainStats) -> f64| {
+        f.map(|f| sum.members.iter().map(|s| scaled(get(s), f)).sum())
+    };
     let (chain, _, at) = sum.chain?;
     let named = symbolize(&chain[at].place);
     let frame = named.frame.clone();
@@ -179,11 +186,60 @@ fn site_entry(
         } else {
             0.0
         },
-        alloc_space: times(alloc, sum.stats.alloc_space),
-        alloc_objects: times(alloc, sum.stats.alloc_objects),
-        inuse_space: times(inuse, sum.stats.inuse_space),
-        inuse_objects: times(inuse, sum.stats.inuse_objects),
+        alloc_space: times(alloc, |s| s.alloc_space),
+        alloc_objects: times(alloc, |s| s.alloc_objects),
+        inuse_space: times(inuse, |s| s.inuse_space),
+        inuse_objects: times(inuse, |s| s.inuse_objects),
     })
+}
+
+/// An estimate `x` times the factor `f`, rounded.
+fn scaled(x: f64, f: f64) -> u64 {
+    (x * f).round() as u64
+}
+
+/// Every sampled chain, scaled like the report's sites (whose figures are
+/// the sums of their chains'), for the profile exporters: the report
+/// lists the top sites only.
+pub fn export_chains(
+    heap: &HeapProfile,
+    scale: HeapScale,
+    symbolize: &mut impl FnMut(&Place) -> Inlined,
+) -> Vec<AllocChain> {
+    let cap = scale.cap();
+    let alloc = scale.windows.map(|w| w * cap);
+    let inuse = scale.all_frees.then_some(cap);
+    heap.chains()
+        .map(|(chain, stats)| {
+            let at = site_index(chain, |p| symbolize(p).outermost().function.clone());
+            let frames = chain
+                .iter()
+                .map(|f| {
+                    let c = symbolize(&f.place).outermost().clone();
+                    StackFrame {
+                        function: c.function,
+                        file: c.file,
+                        line: c.line,
+                        module: Some(c.module),
+                        object: match &f.place {
+                            Place::File { path, .. } => Some(path.to_string()),
+                            _ => None,
+                        },
+                    }
+                })
+                .collect::<Vec<_>>();
+            let v = |f: Option<f64>, x: f64| f.map(|f| scaled(x, f));
+            let site = &frames[at];
+            AllocChain {
+                site: site_label(&site.function, site.file.as_deref(), site.line),
+                frames,
+                alloc_objects: v(alloc, stats.alloc_objects),
+                alloc_space: v(alloc, stats.alloc_space),
+                inuse_objects: v(inuse, stats.inuse_objects),
+                inuse_space: v(inuse, stats.inuse_space),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -254,6 +310,44 @@ mod tests {
         assert_eq!(parse.inuse_objects, Some(4));
         assert!((parse.alloc_share - 3000.0 / 3500.0).abs() < 1e-9);
         assert!(r.basis.contains("x2.00 for the 4 samples"), "{}", r.basis);
+    }
+
+    /// The exporters get every chain, each labelled with its site, and
+    /// a site's figures are exactly the sums of its chains' (each scaled
+    /// and rounded on its own), with a factor that is not whole.
+    #[test]
+    fn exported_chains_add_up_to_the_sites() {
+        let scale = HeapScale {
+            sent: 3,
+            capped: 1,
+            windows: Some(1.7),
+            all_frees: true,
+        };
+        let r = report(&profile(), scale, &mut names);
+        let chains = export_chains(&profile(), scale, &mut names);
+        assert_eq!(chains.len(), 3, "parse-main, parse-load, load-main");
+        for site in &r.sites {
+            let label = site_label(&site.function, site.file.as_deref(), site.line);
+            let of_site: Vec<_> = chains.iter().filter(|c| c.site == label).collect();
+            let total = |get: fn(&AllocChain) -> Option<u64>| -> Option<u64> {
+                of_site.iter().map(|c| get(c)).sum()
+            };
+            assert_eq!(
+                total(|c| c.alloc_space),
+                site.alloc_space,
+                "{}",
+                site.function
+            );
+            assert_eq!(total(|c| c.alloc_objects), site.alloc_objects);
+            assert_eq!(total(|c| c.inuse_space), site.inuse_space);
+            assert_eq!(total(|c| c.inuse_objects), site.inuse_objects);
+        }
+        let parse = chains
+            .iter()
+            .find(|c| c.site == "parse (prog.c:20)")
+            .unwrap();
+        let functions: Vec<_> = parse.frames.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(functions[..2], ["xmalloc", "parse"], "innermost first");
     }
 
     #[test]

@@ -315,11 +315,15 @@ impl Feature for Alloc {
                 ),
                 all_frees: self.settings.mode == AllocMode::Full,
             };
+            let mut symbolize = |place: &_| symbolizer.code_inlined(place).clone();
             out.allocator.heap_profile = Some(heap_report::report(
                 &t.collector.heap,
                 scale,
-                &mut |place| symbolizer.code_inlined(place).clone(),
+                &mut symbolize,
             ));
+            if let Some(chains) = &mut out.alloc_chains {
+                *chains = heap_report::export_chains(&t.collector.heap, scale, &mut symbolize);
+            }
         }
     }
 

@@ -48,6 +48,9 @@ pub struct Profile {
     with_stack: HashMap<(SampleAt, u32), u64>,
     /// Resolved frames (innermost first) of the stacks read so far.
     stack_frames: HashMap<u32, Vec<Place>>,
+    /// Every sample by thread, where it landed and stack id (None: no
+    /// user stack), for the exporters' per-thread call chains.
+    by_thread: HashMap<(u32, SampleAt, Option<u32>), u64>,
     threads: BTreeMap<u32, ThreadStats>,
     samples: u64,
     execs: u32,
@@ -78,6 +81,10 @@ impl Profile {
         if let Some(id) = sample.stack_id {
             *self.with_stack.entry((sample.at.clone(), id)).or_default() += 1;
         }
+        *self
+            .by_thread
+            .entry((sample.tid, sample.at.clone(), sample.stack_id))
+            .or_default() += 1;
         *self.by_place.entry(sample.at).or_default() += 1;
         self.threads.entry(sample.tid).or_default().samples += 1;
     }
@@ -157,6 +164,27 @@ impl Profile {
                 *self.by_place.entry(SampleAt::User(now)).or_default() += count;
             }
         }
+        let unmapped: Vec<(u32, u64, Option<u32>)> = self
+            .by_thread
+            .keys()
+            .filter_map(|(tid, at, id)| match at {
+                SampleAt::User(Place::Unmapped { address }) => Some((*tid, *address, *id)),
+                _ => None,
+            })
+            .collect();
+        for (tid, address, id) in unmapped {
+            let now = place(address);
+            if matches!(now, Place::Unmapped { .. }) {
+                continue;
+            }
+            let old = (tid, SampleAt::User(Place::Unmapped { address }), id);
+            if let Some(count) = self.by_thread.remove(&old) {
+                *self
+                    .by_thread
+                    .entry((tid, SampleAt::User(now), id))
+                    .or_default() += count;
+            }
+        }
     }
 
     /// Whether some samples are at addresses not (yet) found in a mapping.
@@ -192,10 +220,10 @@ impl Profile {
         })
     }
 
-    /// Every sample by call chain (innermost first: where it landed, then
-    /// its callers as far as unwound), for the profile exporters. A sample
-    /// without a user stack is its own frame alone; the counts add up to
-    /// [`Profile::samples`]. Heaviest chains first.
+    /// Every sample by thread and call chain (innermost first: where it
+    /// landed, then its callers as far as unwound), for the profile
+    /// exporters. A sample without a user stack is its own frame alone; the
+    /// counts add up to [`Profile::samples`]. Heaviest chains first.
     pub fn stacks(&self, mut resolve: impl FnMut(&Place) -> Frame) -> Vec<CpuStack> {
         let mut frames: HashMap<Place, StackFrame> = HashMap::new();
         let mut frame = |place: &Place| -> StackFrame {
@@ -204,29 +232,28 @@ impl Profile {
                 .or_insert_with(|| stack_frame(place, resolve(place)))
                 .clone()
         };
-        let mut chains: HashMap<Vec<StackFrame>, u64> = HashMap::new();
-        let mut with_stack_at: HashMap<&SampleAt, u64> = HashMap::new();
-        for ((at, id), &count) in &self.with_stack {
-            *with_stack_at.entry(at).or_default() += count;
+        let mut chains: HashMap<(u32, Vec<StackFrame>), u64> = HashMap::new();
+        for ((tid, at, id), &count) in &self.by_thread {
             let mut chain = vec![leaf(at, &mut frame)];
-            let callers = self.stack_frames.get(id).map(Vec::as_slice).unwrap_or(&[]);
+            let callers = id
+                .and_then(|id| self.stack_frames.get(&id))
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
             chain.extend(callers.iter().map(&mut frame));
-            *chains.entry(chain).or_default() += count;
-        }
-        for (at, &count) in &self.by_place {
-            let alone = count - with_stack_at.get(at).copied().unwrap_or(0);
-            if alone > 0 {
-                *chains.entry(vec![leaf(at, &mut frame)]).or_default() += alone;
-            }
+            *chains.entry((*tid, chain)).or_default() += count;
         }
         let mut stacks: Vec<CpuStack> = chains
             .into_iter()
-            .map(|(frames, samples)| CpuStack { frames, samples })
+            .map(|((tid, frames), samples)| CpuStack {
+                tid,
+                frames,
+                samples,
+            })
             .collect();
         stacks.sort_by(|a, b| {
             b.samples
                 .cmp(&a.samples)
-                .then_with(|| a.frames.cmp(&b.frames))
+                .then_with(|| (a.tid, &a.frames).cmp(&(b.tid, &b.frames)))
         });
         stacks
     }
@@ -477,6 +504,55 @@ mod tests {
             file: Some("w.c".into()),
             line: Some((*file_offset / 16) as u32),
         }
+    }
+
+    /// The exporters' chains: per thread, the leaf then the callers, every
+    /// sample once (with or without a stack, before and after an unmapped
+    /// address is found in a mapping).
+    #[test]
+    fn stacks_hold_every_sample_per_thread_and_chain() {
+        let mut p = Profile::new();
+        p.set_stack(
+            1,
+            vec![Place::File {
+                path: Arc::from("/bin/w"),
+                file_offset: 0x400,
+            }],
+        );
+        for _ in 0..3 {
+            p.add_sample(sample(1, at(0x110)));
+        }
+        p.add_sample(sample(2, at(0x110)));
+        p.add_sample(Sample {
+            stack_id: None,
+            ..sample(1, SampleAt::Kernel)
+        });
+        let unmapped = SampleAt::User(Place::Unmapped { address: 0x7000 });
+        p.add_sample(sample(2, unmapped));
+        p.remap_unmapped(|a| Place::File {
+            path: Arc::from("/bin/w"),
+            file_offset: a - 0x6f00,
+        });
+        let stacks = p.stacks(resolve);
+        assert_eq!(stacks.iter().map(|s| s.samples).sum::<u64>(), p.samples());
+        let names =
+            |s: &CpuStack| -> Vec<String> { s.frames.iter().map(|f| f.function.clone()).collect() };
+        assert_eq!((stacks[0].tid, stacks[0].samples), (1, 3));
+        assert_eq!(names(&stacks[0]), ["spin", "idle"]);
+        assert_eq!(stacks[0].frames[0].object.as_deref(), Some("/bin/w"));
+        let kernel = stacks
+            .iter()
+            .find(|s| s.frames[0].function == "[kernel]")
+            .unwrap();
+        assert_eq!((kernel.tid, kernel.frames.len()), (1, 1));
+        // The remapped sample landed in `spin` (0x100), its thread's own.
+        let thread2: u64 = stacks
+            .iter()
+            .filter(|s| s.tid == 2)
+            .map(|s| s.samples)
+            .sum();
+        assert_eq!(thread2, 2);
+        assert!(stacks.iter().all(|s| s.frames[0].function != "[unmapped]"));
     }
 
     #[test]

@@ -139,6 +139,10 @@ pub struct Report {
     /// dashboard's report every second need not resolve every chain.
     #[serde(skip)]
     pub cpu_stacks: Option<Vec<crate::report::profiles::CpuStack>>,
+    /// Every sampled allocation chain, likewise (the JSON's heap profile
+    /// lists the top sites).
+    #[serde(skip)]
+    pub alloc_chains: Option<Vec<crate::report::profiles::AllocChain>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
