@@ -153,9 +153,10 @@ fn call_chains_past_optimised_wrappers() {
 /// its half (for the samples taken); the totals are estimates when the
 /// session's allocation count is known, and null (with the reason in
 /// `basis`) when it is not. On the hot loop the budget leaves too few
-/// samples to check shares (18 in one run). 12 s: the budget is kept from
-/// the start, so after the short first window the next comes about 4 s in
-/// (8 s sessions took 86 samples, under the 100 needed).
+/// samples to check shares (18 in one run). 20 s: the budget is kept from
+/// the start, so after the short first window the next comes about 4 s in,
+/// then one every 3 s (8 s sessions took 86 samples, under the 100 needed;
+/// 12 s sessions 86 to 140).
 #[test]
 fn attached_default_mode_ranks_the_sites_by_share() {
     if !require_root("attached_default_mode_ranks_the_sites_by_share") {
@@ -166,7 +167,7 @@ fn attached_default_mode_ranks_the_sites_by_share() {
         "heap-attached",
         &["--lock-mode", "off"],
         &program,
-        &["chains", "12", "40000"],
+        &["chains", "20", "40000"],
         &[],
     );
     let report = &run.report;
