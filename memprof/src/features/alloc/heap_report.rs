@@ -40,6 +40,13 @@ impl HeapScale {
         }
     }
 
+    /// The factors of the allocated and the in-use estimates (None:
+    /// unknown).
+    fn factors(&self) -> (Option<f64>, Option<f64>) {
+        let cap = self.cap();
+        (self.windows.map(|w| w * cap), self.all_frees.then_some(cap))
+    }
+
     fn basis(&self, mean: u64) -> String {
         let mut basis = format!(
             "one allocation sampled per {} KiB allocated by a thread, on average, each \
@@ -148,9 +155,7 @@ fn site_entry(
     total: f64,
     symbolize: &mut impl FnMut(&Place) -> Inlined,
 ) -> Option<HeapSite> {
-    let cap = scale.cap();
-    let alloc = scale.windows.map(|w| w * cap);
-    let inuse = scale.all_frees.then_some(cap);
+    let (alloc, inuse) = scale.factors();
     let times = |f: Option<f64>, get: fn(&ChainStats) -> f64| {
         f.map(|f| sum.members.iter().map(|s| scaled(get(s), f)).sum())
     };
@@ -206,9 +211,7 @@ pub fn export_chains(
     scale: HeapScale,
     symbolize: &mut impl FnMut(&Place) -> Inlined,
 ) -> Vec<AllocChain> {
-    let cap = scale.cap();
-    let alloc = scale.windows.map(|w| w * cap);
-    let inuse = scale.all_frees.then_some(cap);
+    let (alloc, inuse) = scale.factors();
     heap.chains()
         .map(|(chain, stats)| {
             let at = site_index(chain, |p| symbolize(p).outermost().function.clone());
