@@ -7,7 +7,7 @@
 //! The features see one [`Process`]; while a record of another process is
 //! handed to them, that process's view is swapped in ([`Process::enter`]).
 
-use std::{sync::Arc, time::Instant};
+use std::sync::Arc;
 
 use memprof_common::{
     procs::{split_shared_key, translate, SharedRange, LAYOUT_UNKNOWN, SHARED_RANGES_PER_PROCESS},
@@ -20,7 +20,7 @@ use super::{maps::ProcMaps, procfs, state::Process, threads::ThreadEvent};
 pub(super) struct View {
     pid: u32,
     maps: ProcMaps,
-    maps_read_at: Option<Instant>,
+    maps_read_at: Option<u64>,
     before_exec: Option<(u64, ProcMaps)>,
     layout: u32,
     shared: Vec<SharedRange>,

@@ -5,12 +5,14 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use memprof_common::{
     procs::SharedRange, SampleEvent, TaskEvent, TASK_EXEC, TASK_EXIT, TASK_NEW_THREAD,
 };
+
+use crate::kernel::windows::ktime_ns;
 
 use super::{
     files::FileCache,
@@ -33,7 +35,9 @@ const MAX_HELD_SAMPLES: usize = 100_000;
 pub struct Process {
     pub(super) pid: u32,
     pub(super) maps: ProcMaps,
-    pub(super) maps_read_at: Option<Instant>,
+    /// When the map was last read (`CLOCK_MONOTONIC` ns, the clock of
+    /// the records' times).
+    pub(super) maps_read_at: Option<u64>,
     /// The memory map before the last `exec`, with the exec's time: records
     /// taken before it but drained after it belong to the old image.
     pub(super) before_exec: Option<(u64, ProcMaps)>,
@@ -139,7 +143,7 @@ impl Process {
             Ok(_) => {}
             Err(e) => tracing::debug!("re-reading maps of {}: {e}", self.pid),
         }
-        self.maps_read_at = Some(Instant::now());
+        self.maps_read_at = Some(ktime_ns());
         let shared = super::group::shared_ranges(&self.maps, &mut self.shared_names);
         if shared != self.shared {
             self.shared = shared;
@@ -149,7 +153,21 @@ impl Process {
 
     /// Re-reads the map unless it was read less than `interval` ago.
     pub fn refresh_maps_within(&mut self, interval: Duration) -> bool {
-        let stale = self.maps_read_at.is_none_or(|t| t.elapsed() >= interval);
+        let interval = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+        let stale = self
+            .maps_read_at
+            .is_none_or(|t| ktime_ns().saturating_sub(t) >= interval);
+        if stale {
+            self.refresh_maps();
+        }
+        stale
+    }
+
+    /// Re-reads the memory map if the snapshot was taken before `time_ns`
+    /// (a record's `CLOCK_MONOTONIC` time): what the record saw mapped is
+    /// then in the map. Returns whether it re-read.
+    pub fn refresh_maps_older_than(&mut self, time_ns: u64) -> bool {
+        let stale = self.maps_read_at.is_none_or(|t| t < time_ns);
         if stale {
             self.refresh_maps();
         }
@@ -348,6 +366,37 @@ mod tests {
         let (mut p, threads) = Process::new(u32::MAX - 1);
         assert!(threads.is_empty());
         assert!(matches!(p.place(0x1000), Place::Unmapped { .. }));
+    }
+
+    /// A record's code mapped after our snapshot is found: the map is
+    /// re-read for a record newer than the snapshot, however recent the
+    /// snapshot (a throttle let a lock chain stop at the return-probe
+    /// trampoline), and not for older records.
+    #[test]
+    fn a_record_newer_than_the_snapshot_rereads_the_map() {
+        let (mut p, _) = Process::new(std::process::id());
+        let read = p.maps_read_at.expect("read at start");
+        assert!(!p.refresh_maps_older_than(read), "same instant: current");
+        let page = 4096;
+        // SAFETY: a fresh anonymous mapping, unmapped below.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        let mapped_ns = ktime_ns();
+        assert!(p.find(at as u64).is_none(), "mapped after the snapshot");
+        assert!(p.refresh_maps_older_than(mapped_ns));
+        assert!(p.find(at as u64).is_some());
+        assert!(!p.refresh_maps_older_than(mapped_ns), "now current");
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(at, page) };
     }
 
     #[test]

@@ -26,10 +26,6 @@ use crate::{
     },
 };
 
-/// How often a lock event whose code is not in our memory map may
-/// trigger a re-read of the map.
-const LOCK_MAPS_REFRESH_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
-
 /// Return addresses kept per futex call chain.
 const CHAIN_FRAMES: usize = 8;
 /// Call sites whose chain is kept (the kernel's site hashes; a program
@@ -206,8 +202,10 @@ impl LockCollector {
             .any(|m| &*m.name == "[uprobes]")
         {
             // Created when the first return probe fired: maybe after our
-            // snapshot.
-            process.refresh_maps_within(LOCK_MAPS_REFRESH_MIN_INTERVAL);
+            // snapshot, even one taken a moment before this event was
+            // drained, so a throttled re-read can miss it, and the chain
+            // (kept for the site) would stop at the trampoline.
+            process.refresh_maps_older_than(ev.time_ns);
         }
         let mut ev = *ev;
         for w in ev.stack.iter_mut() {
@@ -223,10 +221,10 @@ impl LockCollector {
     fn chain(&mut self, ev: &LockEvent, process: &mut Process) -> (Chain, Vec<u16>) {
         // The futex call is in code that must be mapped: if our snapshot
         // does not have it (e.g. libc, just loaded after an exec), the
-        // stack words would not be found either. Lock events are few, so
-        // re-read the map at a shorter interval than for samples.
+        // stack words would not be found either. Re-read the map if our
+        // snapshot is older than the event (lock events are few).
         if process.find(ev.ip).is_none() {
-            process.refresh_maps_within(LOCK_MAPS_REFRESH_MIN_INTERVAL);
+            process.refresh_maps_older_than(ev.time_ns);
         }
         let unhidden;
         let ev = if ev.lock_site != 0 {
