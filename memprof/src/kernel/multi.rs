@@ -92,7 +92,10 @@ impl MultiPrograms {
             .fds
             .get(name)
             .ok_or_else(|| io::Error::other(format!("{name} was not loaded for uprobe_multi")))?;
-        let path = CString::new(path).map_err(io::Error::other)?;
+        // The file the target maps, which our namespace may name otherwise.
+        let path = crate::process::objects::open_path(path);
+        let path =
+            CString::new(path.into_os_string().into_encoded_bytes()).map_err(io::Error::other)?;
         link_create(prog.as_fd(), &path, offsets, cookies, pid, *ret)
     }
 }

@@ -118,6 +118,8 @@ impl Probes {
             }
         }
         let scope = UProbeScope::OneProcess(pid);
+        // The file the target maps, which our namespace may name otherwise.
+        let file = crate::process::objects::open_path(path);
         let mut links = Vec::with_capacity(points.len() * 2);
         for (name, points) in plan {
             let prog: &mut UProbe = program(&mut self.ebpf, name)?;
@@ -126,7 +128,7 @@ impl Probes {
                     location: UProbeAttachLocation::AbsoluteOffset(point.file_offset),
                     cookie: Some(u64::from(point.op)),
                 };
-                let id = prog.attach(at, path, scope).map_err(|e| {
+                let id = prog.attach(at, &file, scope).map_err(|e| {
                     classify(anyhow::Error::new(e).context(format!(
                         "attaching {name} to {path} at {:#x}",
                         point.file_offset

@@ -20,6 +20,7 @@ use blazesym::inspect::{
 use crate::process::{
     command::FinalCommand,
     maps::{self, ProcMaps},
+    objects::{self, open_path},
 };
 
 /// One probe-able function: the names defined at one address.
@@ -37,8 +38,24 @@ pub struct EntryPoint {
 /// libc last.
 pub fn objects_of(pid: u32) -> anyhow::Result<Vec<Arc<str>>> {
     let maps = ProcMaps::read(pid)?;
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .map(|e| exe_name(&maps, pid, e));
     Ok(candidates(&maps, exe.as_deref()))
+}
+
+/// The name of process `pid`'s executable among its mappings: the one that
+/// maps the file `/proc/PID/exe` is (its link, `link`, names it in the
+/// target's namespace, and says `(deleted)` after it is).
+fn exe_name(maps: &ProcMaps, pid: u32, link: PathBuf) -> PathBuf {
+    std::fs::metadata(format!("/proc/{pid}/exe"))
+        .ok()
+        .and_then(|meta| {
+            maps.mappings()
+                .iter()
+                .find(|m| m.is_file() && objects::maps_file(m, &meta))
+        })
+        .map_or(link, |m| PathBuf::from(&*m.name))
 }
 
 /// The objects a command will search for a symbol, before it runs: the
@@ -109,7 +126,7 @@ fn is_libc(path: &str) -> bool {
 
 /// The ELF symbol tables of `path`, which say what it defines.
 pub fn elf_source(path: &str) -> Source {
-    let mut elf = Elf::new(PathBuf::from(path));
+    let mut elf = Elf::new(open_path(path));
     elf.debug_syms = false; // the ELF symbol tables say what is defined
     Source::Elf(elf)
 }

@@ -19,9 +19,10 @@ impl FileCache {
         self.files
             .entry(path.clone())
             .or_insert_with(|| {
-                let too_big = std::fs::metadata(&**path).map_or(true, |m| m.len() > MAX_FILE);
+                let at = super::objects::open_path(path);
+                let too_big = std::fs::metadata(&at).map_or(true, |m| m.len() > MAX_FILE);
                 (!too_big)
-                    .then(|| std::fs::read(&**path).ok())
+                    .then(|| std::fs::read(&at).ok())
                     .flatten()
                     .map(Arc::from)
             })

@@ -66,11 +66,14 @@ pub struct ProcMaps {
 }
 
 impl ProcMaps {
-    /// Reads `/proc/PID/maps`.
+    /// Reads `/proc/PID/maps`, its files named as we know them (see
+    /// [`super::objects`]).
     pub fn read(pid: u32) -> std::io::Result<Self> {
-        Ok(Self::parse(&String::from_utf8_lossy(
-            &super::procfs::read_proc(pid, "maps")?,
-        )))
+        let mut maps = Self::parse(&String::from_utf8_lossy(&super::procfs::read_proc(
+            pid, "maps",
+        )?));
+        super::objects::name_mappings(pid, &mut maps.mappings);
+        Ok(maps)
     }
 
     /// Parses the text of a maps file; malformed lines are skipped.

@@ -12,6 +12,7 @@ pub mod group;
 pub mod handle;
 pub mod launch;
 pub mod maps;
+pub mod objects;
 pub mod procfs;
 pub mod state;
 pub mod threads;

@@ -310,7 +310,7 @@ pub fn to_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
 /// The hex build id (`.note.gnu.build-id`) of the object at `path`.
 pub fn read_build_id(path: &str) -> Option<String> {
     use object::Object as _;
-    let data = std::fs::read(path).ok()?;
+    let data = std::fs::read(crate::process::objects::open_path(path)).ok()?;
     let file = object::File::parse(&*data).ok()?;
     let id = file.build_id().ok()??;
     Some(id.iter().map(|b| format!("{b:02x}")).collect())

@@ -18,7 +18,7 @@ use blazesym::inspect::Inspector;
 
 use crate::{
     object::symbols::{elf_source, entry_points, objects_for_command, objects_of, EntryPoint},
-    process::command::FinalCommand,
+    process::{command::FinalCommand, objects::open_path},
 };
 
 /// Allocation functions we look for, by their C names (and the C++
@@ -141,7 +141,7 @@ fn inspect(inspector: &Inspector, path: &str) -> anyhow::Result<Option<Allocator
 /// A NUL-terminated string (at most 64 bytes) at `offset` in `path`.
 fn read_c_string(path: &str, offset: u64) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path).ok()?;
+    let mut file = std::fs::File::open(open_path(path)).ok()?;
     file.seek(SeekFrom::Start(offset)).ok()?;
     let mut buf = [0u8; 64];
     let n = file.read(&mut buf).ok()?;
@@ -162,12 +162,12 @@ fn version_of(kind: AllocatorKind, path: &str) -> Option<String> {
     match kind {
         // The soname carries it: libmimalloc.so.2.0.
         AllocatorKind::Mimalloc => {
-            let real = std::fs::canonicalize(path).ok()?;
+            let real = std::fs::canonicalize(open_path(path)).ok()?;
             let name = real.file_name()?.to_str()?.to_string();
             name.split_once(".so.").map(|(_, v)| v.to_string())
         }
         AllocatorKind::Glibc | AllocatorKind::Jemalloc | AllocatorKind::Tcmalloc => {
-            version_in_text(kind, &std::fs::read(path).ok()?)
+            version_in_text(kind, &std::fs::read(open_path(path)).ok()?)
         }
         AllocatorKind::Other => None,
     }

@@ -18,7 +18,10 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blazesym,
 };
 
-use crate::process::maps::{short_name, Place};
+use crate::process::{
+    maps::{short_name, Place},
+    objects::open_path,
+};
 
 /// A code location, as shown to the user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -172,7 +175,7 @@ impl Symbolizer {
         let Place::File { path, file_offset } = place else {
             return Inlined::alone(Frame::unknown(place));
         };
-        let src = Source::Elf(Elf::new(&**path));
+        let src = Source::Elf(Elf::new(open_path(path)));
         match self.symbolize_single(&src, Input::FileOffset(*file_offset)) {
             Ok(Symbolized::Sym(sym)) => inline_chain(&sym, short_name(path)),
             Ok(Symbolized::Unknown(reason)) => {
@@ -211,14 +214,14 @@ impl Symbolizer {
     ) -> Option<dwarf::Layout> {
         self.pointees
             .entry((path.clone(), file.to_string(), line))
-            .or_insert_with(|| dwarf::pointee_layout(std::path::Path::new(&**path), file, line))
+            .or_insert_with(|| dwarf::pointee_layout(&open_path(path), file, line))
             .clone()
     }
 
     pub fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<dwarf::Layout> {
         self.layouts
             .entry((path.clone(), name.to_string()))
-            .or_insert_with(|| dwarf::layout(std::path::Path::new(&**path), name))
+            .or_insert_with(|| dwarf::layout(&open_path(path), name))
             .clone()
     }
 
@@ -229,11 +232,11 @@ impl Symbolizer {
         let bias = *self
             .vaddr_bias
             .entry(path.clone())
-            .or_insert_with(|| elf::first_load_bias(std::path::Path::new(&**path)).ok());
+            .or_insert_with(|| elf::first_load_bias(&open_path(path)).ok());
         let vaddr = addr.checked_sub(file_base)?.checked_add(bias?)?;
         // The ELF symbol table has both function and object symbols; DWARF
         // would only name functions, so it is not consulted here.
-        let mut elf = Elf::new(&**path);
+        let mut elf = Elf::new(open_path(path));
         elf.debug_syms = false;
         let src = Source::Elf(elf);
         match self.symbolize_single(&src, Input::VirtOffset(vaddr)) {

@@ -167,7 +167,7 @@ pub const CODE_BYTES: usize = 1024;
 /// decided from.
 pub fn read_code(path: &str, offset: u64) -> std::io::Result<Vec<u8>> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path)?;
+    let mut file = std::fs::File::open(crate::process::objects::open_path(path))?;
     file.seek(SeekFrom::Start(offset))?;
     let mut buf = vec![0; CODE_BYTES];
     let n = file.read(&mut buf)?;

@@ -1,0 +1,126 @@
+//! Which file a mapping is, and how we open it.
+//!
+//! A target's mappings name files as the target sees them: in its own
+//! mount namespace (a container's root filesystem, a service's private
+//! `/tmp`), or files since deleted or replaced on disk (a package upgrade
+//! under a running service). Opening that name in our namespace finds
+//! another file or none. So each mapped file is identified by its (device,
+//! inode), as `/proc/PID/maps` gives them, and reached the first time it is
+//! seen by the first of these that is that file:
+//! 1. the name itself, when in our namespace it is the same file (the
+//!    common case: nothing changes);
+//! 2. `/proc/PID/root/NAME`, the name resolved in the target's root and
+//!    mount namespace;
+//! 3. `/proc/PID/map_files/START-END`, the mapped file itself, deleted,
+//!    replaced or on a filesystem only the target sees.
+//!
+//! Cases 2 and 3 keep the file open, so it stays readable after the target
+//! exits (and its namespace with it): symbolization happens at the end.
+//! Every reader of the target's files opens [`open_path`] of the name,
+//! never the name itself.
+//!
+//! One file mapped under different names (two processes in different
+//! namespaces) is one object, named as first seen; two different files
+//! under one name (the host's and a container's libc) are two objects, the
+//! later one named `/proc/PID/root/NAME` after the process it was found in,
+//! which keeps its file name for display.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use super::maps::Mapping;
+
+/// A file's identity: device (major << 32 | minor, as in the maps) and
+/// inode.
+type FileId = (u64, u64);
+
+/// The files seen, by identity, and how each name is opened.
+#[derive(Default)]
+struct Objects {
+    names: HashMap<FileId, Arc<str>>,
+    /// Names that are not opened as themselves: the path to open, and the
+    /// open file it points into (`/proc/self/fd/N`).
+    reached: HashMap<Arc<str>, (PathBuf, File)>,
+    /// Names given, with the file they name.
+    taken: HashMap<Arc<str>, FileId>,
+}
+
+static OBJECTS: Mutex<Option<Objects>> = Mutex::new(None);
+
+/// The path at which we open the file the target names `name` (a name as
+/// given by [`name_mappings`]).
+pub fn open_path(name: &str) -> PathBuf {
+    let objects = OBJECTS.lock().unwrap_or_else(|e| e.into_inner());
+    objects
+        .as_ref()
+        .and_then(|o| o.reached.get(name))
+        .map_or_else(|| PathBuf::from(name), |(path, _)| path.clone())
+}
+
+/// Gives the file mappings of process `pid` the names we know their files
+/// by (see the module documentation), reaching files seen for the first
+/// time.
+pub fn name_mappings(pid: u32, mappings: &mut [Mapping]) {
+    let mut guard = OBJECTS.lock().unwrap_or_else(|e| e.into_inner());
+    let objects = guard.get_or_insert_with(Objects::default);
+    for m in mappings.iter_mut().filter(|m| m.is_file() && m.inode != 0) {
+        let id = (m.dev, m.inode);
+        if let Some(name) = objects.names.get(&id) {
+            m.name = name.clone();
+            continue;
+        }
+        let name = objects.reach(pid, m, id);
+        objects.names.insert(id, name.clone());
+        m.name = name;
+    }
+}
+
+impl Objects {
+    /// The name of a file not seen before, reached as the module
+    /// documentation says.
+    fn reach(&mut self, pid: u32, m: &Mapping, id: FileId) -> Arc<str> {
+        let name = m.name.clone();
+        let free = self.taken.get(&name).is_none_or(|&other| other == id);
+        if free && std::fs::metadata(&*name).is_ok_and(|meta| same_file(&meta, id)) {
+            self.taken.insert(name.clone(), id);
+            return name;
+        }
+        let in_root = format!("/proc/{pid}/root{name}");
+        let opened = File::open(&in_root)
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|meta| same_file(&meta, id)))
+            .or_else(|| {
+                let mapped = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+                File::open(mapped).ok()
+            });
+        let Some(file) = opened else {
+            // Gone, or not ours to open: the name is all there is.
+            tracing::debug!("cannot reach {name} of process {pid}");
+            return name;
+        };
+        let name: Arc<str> = if free { name } else { Arc::from(in_root) };
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        tracing::debug!("{name} of process {pid} is read at {}", path.display());
+        self.taken.insert(name.clone(), id);
+        self.reached.insert(name.clone(), (path, file));
+        name
+    }
+}
+
+/// Whether `meta` is the file `id` of the maps (whose device is
+/// major << 32 | minor).
+fn same_file(meta: &std::fs::Metadata, (dev, inode): FileId) -> bool {
+    let major = u64::from(libc::major(meta.dev()));
+    let minor = u64::from(libc::minor(meta.dev()));
+    meta.ino() == inode && (major << 32 | minor) == dev
+}
+
+/// Whether mapping `m` maps the file `meta` describes.
+pub fn maps_file(m: &Mapping, meta: &std::fs::Metadata) -> bool {
+    same_file(meta, (m.dev, m.inode))
+}
