@@ -38,6 +38,19 @@ pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
     Some(name.trim_end().to_string())
 }
 
+/// A thread's id in the innermost pid namespace it is in, when that is
+/// not ours (a container's process): the last `NSpid` of its status.
+pub fn namespace_tid(pid: u32, tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    innermost_ns_id(&status).filter(|&ns| ns != tid)
+}
+
+/// The last id of the `NSpid:` line of a status file.
+fn innermost_ns_id(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
 /// The command line of a process, space-separated.
 pub fn command_line(pid: u32) -> Option<String> {
     let raw = read_proc(pid, "cmdline").ok()?;
@@ -65,5 +78,20 @@ mod tests {
     fn a_gone_process_reads_as_nothing() {
         assert!(list_threads(u32::MAX - 1).is_empty());
         assert_eq!(command_line(u32::MAX - 1), None);
+        assert_eq!(namespace_tid(u32::MAX - 1, u32::MAX - 1), None);
+    }
+
+    /// A container's thread has its own id in its pid namespace, the last
+    /// of `NSpid`; ours are the same in our namespace (none reported).
+    #[test]
+    fn namespace_ids() {
+        let me = std::process::id();
+        assert_eq!(namespace_tid(me, me), None);
+        assert_eq!(
+            innermost_ns_id("Tgid:\t4711\nNSpid:\t4711\t12\nNSpgid: 1\n"),
+            Some(12)
+        );
+        assert_eq!(innermost_ns_id("NSpid:\t4711\n"), Some(4711));
+        assert_eq!(innermost_ns_id("Pid: 1\n"), None);
     }
 }

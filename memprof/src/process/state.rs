@@ -63,6 +63,11 @@ pub struct Process {
     /// What each shared object is, by its key's object hash.
     pub(super) shared_names: HashMap<u64, String>,
     pub(super) names: HashMap<u32, String>,
+    /// Thread ids in the target's pid namespace, where they differ.
+    pub(super) ns_tids: HashMap<u32, Option<u32>>,
+    /// Each traced process's command line, read when its first thread
+    /// was named (it may be gone by the report).
+    pub(super) commands: HashMap<u32, String>,
     /// For a launched command: samples held until its `exec`, because
     /// those taken before it are of our launch gate, not of the command.
     held: Option<Vec<SampleEvent>>,
@@ -109,6 +114,8 @@ impl Process {
             layouts: 1,
             shared_names: HashMap::new(),
             names: HashMap::new(),
+            ns_tids: HashMap::new(),
+            commands: HashMap::new(),
             held: None,
             launch_exec_ns: None,
             dropped: 0,
@@ -268,6 +275,16 @@ impl Process {
     }
 
     fn learn_name(&mut self, tid: u32) {
+        let tgid = self.tgid(tid);
+        // Read once per thread (None: the same as ours).
+        self.ns_tids
+            .entry(tid)
+            .or_insert_with(|| procfs::namespace_tid(tgid, tid));
+        if let std::collections::hash_map::Entry::Vacant(e) = self.commands.entry(tgid) {
+            if let Some(command) = procfs::command_line(tgid) {
+                e.insert(command);
+            }
+        }
         match procfs::thread_name(self.tgid(tid), tid) {
             Some(name) => {
                 self.names.insert(tid, name);
@@ -285,6 +302,17 @@ impl Process {
             self.learn_name(tid);
         }
         &self.names
+    }
+
+    /// Thread `tid`'s id in its pid namespace, when that differs (read
+    /// with its name).
+    pub fn ns_tid(&self, tid: u32) -> Option<u32> {
+        self.ns_tids.get(&tid).copied().flatten()
+    }
+
+    /// Process `pid`'s command line, as read while it ran.
+    pub fn command_of(&self, pid: u32) -> Option<&str> {
+        self.commands.get(&pid).map(String::as_str)
     }
 
     /// Follows one thread record; returns what the features must hear.

@@ -33,6 +33,7 @@ pub fn sample_report() -> Report {
             command: "./work 2".into(),
             threads_seen: 3,
             exited: false,
+            processes: Vec::new(),
         },
         duration_s: 2.5,
         sampling: Sampling {
@@ -57,6 +58,8 @@ pub fn sample_report() -> Report {
         }],
         threads: vec![ThreadEntry {
             tid: 42,
+            pid: 42,
+            ns_tid: None,
             name: "work".into(),
             samples: 1000,
             created_by: None,
@@ -452,6 +455,33 @@ pub fn full_report() -> Report {
     }];
     r.allocator.always_traced = vec![AllocOp::Calloc];
     r.cache_utilization = vec![sample_cache_use()];
+    // A container's process (pid 1 in its namespace) and a second one.
+    r.threads[0].ns_tid = Some(1);
+    r.threads.push(ThreadEntry {
+        tid: 57,
+        pid: 57,
+        ns_tid: Some(9),
+        name: "helper".into(),
+        samples: 20,
+        created_by: None,
+        exited: true,
+    });
+    r.target.processes = vec![
+        ProcessEntry {
+            pid: 42,
+            ns_pid: Some(1),
+            command: "./work 2".into(),
+            threads: 1,
+            samples: 1000,
+        },
+        ProcessEntry {
+            pid: 57,
+            ns_pid: Some(9),
+            command: String::new(),
+            threads: 1,
+            samples: 20,
+        },
+    ];
     r.notes.push("a note".into());
     r
 }

@@ -448,6 +448,7 @@ impl Live {
             command: self.command.clone(),
             threads_seen: 0,
             exited: self.target_exited,
+            processes: Vec::new(),
         };
         let sampling = (SampleSource::from(self.source), self.frequency_hz);
         let mut report = pipeline::empty_report(target, duration_s, sampling);

@@ -327,6 +327,7 @@ mod tests {
             command: "test".into(),
             threads_seen: 0,
             exited: false,
+            processes: Vec::new(),
         };
         let mut report = empty_report(target, 1.0, (SampleSource::CpuClock, 99));
         let mut notes = Vec::new();

@@ -3,6 +3,8 @@
 
 pub mod profile;
 
+use std::collections::BTreeMap;
+
 use memprof_common::{SampleEvent, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY};
 
 use super::{Feature, Plan, ReportContext};
@@ -13,7 +15,7 @@ use crate::{
     options::Options,
     process::state::Process,
     report::{
-        model::{HotFunctionEntry, ThreadEntry},
+        model::{HotFunctionEntry, ProcessEntry, ThreadEntry},
         Report,
     },
 };
@@ -65,13 +67,15 @@ impl Cpu {
             .filter(|(_, t)| !t.exited)
             .map(|(tid, _)| *tid)
             .collect();
-        let names = process.thread_names(alive);
+        let names = process.thread_names(alive).clone();
         let mut threads: Vec<ThreadEntry> = self
             .profile
             .threads()
             .iter()
             .map(|(&tid, t)| ThreadEntry {
                 tid,
+                pid: process.tgid(tid),
+                ns_tid: process.ns_tid(tid),
                 name: names.get(&tid).cloned().unwrap_or_default(),
                 samples: t.samples,
                 created_by: t.created_by,
@@ -106,6 +110,30 @@ impl Cpu {
             ));
         }
     }
+}
+
+/// The traced processes of `threads` (by their `pid`), with their
+/// threads and samples: the main process first, then by samples.
+fn processes(threads: &[ThreadEntry], process: &Process) -> Vec<ProcessEntry> {
+    let mut by_pid: BTreeMap<u32, ProcessEntry> = BTreeMap::new();
+    for t in threads {
+        let entry = by_pid.entry(t.pid).or_insert_with(|| ProcessEntry {
+            pid: t.pid,
+            ns_pid: None,
+            command: process.command_of(t.pid).unwrap_or_default().to_string(),
+            threads: 0,
+            samples: 0,
+        });
+        entry.threads += 1;
+        entry.samples += t.samples;
+        if t.tid == t.pid {
+            entry.ns_pid = t.ns_tid;
+        }
+    }
+    let main = process.main_pid();
+    let mut list: Vec<ProcessEntry> = by_pid.into_values().collect();
+    list.sort_by_key(|p| (p.pid != main, std::cmp::Reverse(p.samples), p.pid));
+    list
 }
 
 impl Feature for Cpu {
@@ -167,6 +195,7 @@ impl Feature for Cpu {
         }
         report.threads = self.threads(ctx.process);
         report.target.threads_seen = self.profile.threads().len();
+        report.target.processes = processes(&report.threads, ctx.process);
         let sampling = &mut report.sampling;
         sampling.samples = self.profile.samples();
         sampling.lost = ctx.counters.samples_lost + ctx.process.dropped;

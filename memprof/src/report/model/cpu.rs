@@ -130,6 +130,16 @@ pub struct HotFunctionEntry {
     pub total_share: f64,
 }
 
+impl ThreadEntry {
+    /// `4711`, or `4711 (ns 12)` in another pid namespace.
+    pub fn tid_label(&self) -> String {
+        match self.ns_tid {
+            Some(ns) => format!("{} (ns {ns})", self.tid),
+            None => self.tid.to_string(),
+        }
+    }
+}
+
 impl HotFunctionEntry {
     /// `file.c:12`, or `(module)` without debug info, for display.
     pub fn source_label(&self) -> String {
@@ -139,7 +149,15 @@ impl HotFunctionEntry {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ThreadEntry {
+    /// The thread's id, as this machine (the tracer's pid namespace) sees
+    /// it.
     pub tid: u32,
+    /// Its process's id, likewise.
+    pub pid: u32,
+    /// Its id in the target's pid namespace (a container's), when that
+    /// differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_tid: Option<u32>,
     pub name: String,
     pub samples: u64,
     /// The thread that created it, when that happened during the session.

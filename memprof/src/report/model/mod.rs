@@ -153,6 +153,34 @@ pub struct Target {
     pub threads_seen: usize,
     /// Whether the target exited before the session ended.
     pub exited: bool,
+    /// The traced processes (`-p` pids, children followed, a cgroup's),
+    /// with their threads (in [`Report::threads`] by `pid`); the main one
+    /// first.
+    pub processes: Vec<ProcessEntry>,
+}
+
+/// One traced process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessEntry {
+    /// As this machine sees it.
+    pub pid: u32,
+    /// In its own pid namespace (a container's), when that differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
+    /// Empty when it was never read (the process had exited).
+    pub command: String,
+    pub threads: usize,
+    pub samples: u64,
+}
+
+impl ProcessEntry {
+    /// `4711`, or `4711 (ns 1)` in another pid namespace.
+    pub fn pid_label(&self) -> String {
+        match self.ns_pid {
+            Some(ns) => format!("{} (ns {ns})", self.pid),
+            None => self.pid.to_string(),
+        }
+    }
 }
 
 /// A function that code was inlined into, at the line of the inlined call.

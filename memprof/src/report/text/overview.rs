@@ -30,6 +30,7 @@ pub(super) fn write_header(out: &mut String, report: &Report) {
         if t.threads_seen == 1 { "" } else { "s" },
         if t.exited { " · target exited" } else { "" },
     );
+    write_processes(out, report);
     let _ = writeln!(
         out,
         "  {} samples at {} Hz ({}) · {} lost · {:.1}% in kernel",
@@ -50,6 +51,36 @@ pub(super) fn write_header(out: &mut String, report: &Report) {
     write_kernel_cost(out, l);
     for note in &report.notes {
         let _ = writeln!(out, "  note: {note}");
+    }
+}
+
+/// The traced processes, when there are several or the one is in another
+/// pid namespace: each with its threads and samples.
+fn write_processes(out: &mut String, report: &Report) {
+    let processes = &report.target.processes;
+    if processes.len() < 2 && processes.iter().all(|p| p.ns_pid.is_none()) {
+        return;
+    }
+    match processes.len() {
+        1 => out.push_str("  process:\n"),
+        n => {
+            let _ = writeln!(out, "  {n} processes:");
+        }
+    }
+    for p in processes {
+        let command = if p.command.is_empty() {
+            "(exited)"
+        } else {
+            p.command.as_str()
+        };
+        let line = format!(
+            "    pid {} · {} thread{} · {} samples · {command}",
+            p.pid_label(),
+            p.threads,
+            if p.threads == 1 { "" } else { "s" },
+            group(p.samples),
+        );
+        let _ = writeln!(out, "{}", ellipsize(&line, WIDTH));
     }
 }
 

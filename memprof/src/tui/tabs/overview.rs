@@ -28,7 +28,49 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
     let [hot, threads] =
         Layout::horizontal([Constraint::Percentage(72), Constraint::Percentage(28)]).areas(tables);
     render_hot_functions(report, app.scroll, frame, hot);
-    render_threads(report, frame, threads);
+    let processes = &report.target.processes;
+    if processes.len() > 1 || processes.iter().any(|p| p.ns_pid.is_some()) {
+        let rows = u16::try_from(processes.len()).unwrap_or(u16::MAX);
+        let [top, bottom] =
+            Layout::vertical([Constraint::Max(rows.saturating_add(3)), Constraint::Fill(1)])
+                .areas(threads);
+        render_processes(report, frame, top);
+        render_threads(report, frame, bottom);
+    } else {
+        render_threads(report, frame, threads);
+    }
+}
+
+/// The traced processes (several: `-p` pids, a cgroup's, children; or one
+/// in another pid namespace), with their threads and samples.
+fn render_processes(report: &Report, frame: &mut Frame, area: Rect) {
+    let processes = &report.target.processes;
+    let pid_width = processes
+        .iter()
+        .map(|p| p.pid_label().len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    let rows = processes.iter().map(|p| {
+        Row::new(vec![
+            p.pid_label(),
+            p.command.clone(),
+            p.threads.to_string(),
+            group(p.samples),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(pid_width as u16),
+            Constraint::Fill(1),
+            Constraint::Length(4),
+            Constraint::Length(7),
+        ],
+    )
+    .header(Row::new(["pid", "command", "thr", "samples"]).bold())
+    .block(Block::bordered().title(" Processes "));
+    frame.render_widget(table, area);
 }
 
 /// The target, elapsed time and threads, samples and those lost, and what
@@ -162,18 +204,25 @@ fn render_hot_functions(report: &Report, scroll: usize, frame: &mut Frame, area:
 
 /// The threads seen, an exited one marked `†`.
 fn render_threads(report: &Report, frame: &mut Frame, area: Rect) {
+    let tid_width = report
+        .threads
+        .iter()
+        .map(|t| t.tid_label().len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
     let rows = report.threads.iter().map(|t| {
         let name = if t.exited {
             format!("{} †", t.name)
         } else {
             t.name.clone()
         };
-        Row::new(vec![t.tid.to_string(), name, group(t.samples)])
+        Row::new(vec![t.tid_label(), name, group(t.samples)])
     });
     let table = Table::new(
         rows,
         [
-            Constraint::Length(7),
+            Constraint::Length(tid_width as u16),
             Constraint::Fill(1),
             Constraint::Length(7),
         ],
