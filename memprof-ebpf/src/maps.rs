@@ -2,12 +2,17 @@
 //! clock, and the layout of the syscall tracepoint records.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_current_ancestor_cgroup_id,
+    },
     macros::map,
     maps::{HashMap, PerCpuArray},
     Global,
 };
-use memprof_common::{counter, procs::TRACED_CAPACITY};
+use memprof_common::{
+    counter,
+    procs::{LAYOUT_UNKNOWN, TRACED_CAPACITY},
+};
 
 /// Process being traced; written by the loader (`override_global`).
 // SAFETY (no_mangle, all three): the loader finds each global by this
@@ -17,6 +22,11 @@ static TARGET_TGID: Global<u32> = Global::new(0);
 /// 1: children forked by a traced process are traced too.
 #[unsafe(no_mangle)]
 static FOLLOW_CHILDREN: Global<u32> = Global::new(0);
+/// The cgroup traced with `--cgroup` (0: none), and its level.
+#[unsafe(no_mangle)]
+static CGROUP_ID: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+static CGROUP_LEVEL: Global<u32> = Global::new(0);
 /// Offsets of the first argument in `syscalls:sys_enter_*` records and of
 /// `ret` in `syscalls:sys_exit_*` records, read from tracefs by the loader
 /// because tracepoint layouts differ between kernel versions.
@@ -61,6 +71,27 @@ pub fn follow_child(parent: u32, child: u32) -> bool {
         return false;
     };
     TRACED.insert(child, layout, 0).is_ok()
+}
+
+/// Whether the current task is in the traced cgroup or one below it (its
+/// ancestor at that cgroup's level is that cgroup).
+#[inline(always)]
+pub fn in_traced_cgroup() -> bool {
+    let id = CGROUP_ID.load();
+    if id == 0 {
+        return false;
+    }
+    // SAFETY: helper without preconditions; a level deeper than the
+    // task's cgroup gives 0.
+    let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(CGROUP_LEVEL.load() as i32) };
+    ancestor == id
+}
+
+/// Traces process `tgid` (a newcomer to the traced cgroup), with no code
+/// layout until the loader gives it one. Returns whether it did.
+#[inline(always)]
+pub fn adopt(tgid: u32) -> bool {
+    TRACED.insert(tgid, LAYOUT_UNKNOWN, 0).is_ok()
 }
 
 /// Gives traced process `tgid` a new layout (after its `exec`).

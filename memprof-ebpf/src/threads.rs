@@ -15,7 +15,8 @@ use memprof_common::{
 };
 
 use crate::maps::{
-    bpf_now, count, current_ids, follow_child, forget, set_layout, target_tgid, traced_layout,
+    adopt, bpf_now, count, current_ids, follow_child, forget, in_traced_cgroup, set_layout,
+    target_tgid, traced_layout,
 };
 
 /// Field offsets in `task:task_newtask`, read from tracefs by the loader
@@ -94,10 +95,16 @@ pub fn mp_task_exit(ctx: TracePointContext) -> u32 {
 
 /// `sched:sched_process_exec` runs in the task after the new image is in.
 /// A followed child's new image is not the layout its recipes were
-/// decoded for: it has none until the loader gives it one.
+/// decoded for: it has none until the loader gives it one. A process
+/// that is not traced but runs a new program in the traced cgroup (how
+/// services and containers start theirs: fork, join the cgroup, exec) is
+/// traced from here on, announced as a new process.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn mp_task_exec(_ctx: RawTracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
+    if traced_layout(tgid).is_none() && in_traced_cgroup() && adopt(tgid) {
+        emit(TASK_NEW_PROCESS, tid, tgid, 0, [0; 16]);
+    }
     if traced_layout(tgid).is_some() {
         if tgid != target_tgid() {
             set_layout(tgid, LAYOUT_UNKNOWN);

@@ -39,7 +39,7 @@ const AFTER_HELP: &str = concat!(
 /// threads, and shows what it finds live or as a summary. Needs root.
 #[derive(Debug, Parser)]
 #[command(name = "memprof-ebpf", version, after_help = AFTER_HELP)]
-#[command(group(ArgGroup::new("target").required(true).args(["pid", "command"])))]
+#[command(group(ArgGroup::new("target").required(true).args(["pid", "cgroup", "command"])))]
 pub struct Cli {
     /// Attach to the running process PID (all its threads, also those it
     /// creates later), or to several processes: `-p 1,2,3` (the first is
@@ -49,6 +49,15 @@ pub struct Cli {
     /// trace the main process only.
     #[arg(short, long, value_name = "PID[,PID...]", value_parser = parse_pid_list)]
     pub pid: Option<PidList>,
+
+    /// Trace every process of a cgroup (v2) and the cgroups below it,
+    /// including those started in it later (from their `exec`, checked
+    /// in the kernel by cgroup id): a systemd unit name (`redis.service`),
+    /// a path relative to the cgroup v2 mount, or its directory. The
+    /// lowest pid is the main one (the allocator and lock probes trace
+    /// it); the session ends when the cgroup has no process left.
+    #[arg(long, value_name = "PATH|UNIT")]
+    pub cgroup: Option<String>,
 
     /// Do not trace the processes the traced ones fork (by default their
     /// children are followed from their first instruction, as `perf

@@ -91,14 +91,45 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
     Ok(())
 }
 
+/// What is traced: the main target, the other pids, and the cgroup they
+/// come from (`--cgroup`: its processes, the lowest pid the main one).
+fn targets(
+    cli: &cli::Cli,
+) -> Result<(
+    process::handle::TargetSpec,
+    Vec<u32>,
+    Option<process::cgroup::Cgroup>,
+)> {
+    let cgroup = cli
+        .cgroup
+        .as_deref()
+        .map(process::cgroup::Cgroup::resolve)
+        .transpose()?;
+    let mut pids = match (&cli.pid, &cgroup) {
+        (Some(pids), _) => pids.0.clone(),
+        (None, Some(c)) => c.processes(),
+        (None, None) => Vec::new(),
+    };
+    if let (Some(c), true) = (&cgroup, pids.is_empty()) {
+        return Err(Error::Usage(format!(
+            "--cgroup {}: no process in it to trace (cgroup {})",
+            cli.cgroup.as_deref().unwrap_or_default(),
+            c.dir.display()
+        )));
+    }
+    let others = pids.split_off(pids.len().min(1));
+    let target = match pids.first() {
+        Some(&pid) => process::handle::TargetSpec::Pid(pid),
+        None => process::handle::TargetSpec::Command(cli.command.clone()),
+    };
+    Ok((target, others, cgroup))
+}
+
 /// The session's options from the command line, and the output files,
 /// opened now: a bad path fails before any tracing, and nothing needs the
 /// privilege to create files once probes are attached.
 fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
-    let target = match &cli.pid {
-        Some(pids) => process::handle::TargetSpec::Pid(pids.main()),
-        None => process::handle::TargetSpec::Command(cli.command.clone()),
-    };
+    let (target, extra_pids, cgroup) = targets(cli)?;
     let launching = matches!(target, process::handle::TargetSpec::Command(_));
     if !launching {
         for (given, flag) in [
@@ -143,7 +174,8 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
     };
     let opts = options::Options {
         target,
-        extra_pids: cli.pid.as_ref().map_or(Vec::new(), |p| p.others().to_vec()),
+        extra_pids,
+        cgroup,
         follow_children: !cli.no_children,
         bpf_stats: !cli.no_bpf_stats,
         duration: cli.duration,

@@ -12,8 +12,10 @@ use crate::{
 #[derive(Debug)]
 pub struct Options {
     pub target: TargetSpec,
-    /// The other `-p` pids.
+    /// The other `-p` pids (or the cgroup's other processes).
     pub extra_pids: Vec<u32>,
+    /// `--cgroup`: the cgroup traced, whose processes are the pids.
+    pub cgroup: Option<crate::process::cgroup::Cgroup>,
     /// Trace the children the traced processes fork.
     pub follow_children: bool,
     /// Turn on BPF run-time statistics for the session.

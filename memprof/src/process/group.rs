@@ -82,20 +82,41 @@ impl Process {
 
     /// What the report says of the forked children followed, if any.
     pub fn children_note(&self) -> Option<String> {
-        let forked: Vec<String> = self
+        let (joined, forked): (Vec<u32>, Vec<u32>) = self
             .pids()
             .into_iter()
             .filter(|p| !self.listed.contains(p) && *p != self.main)
-            .map(|p| p.to_string())
-            .collect();
-        if forked.is_empty() {
-            return None;
-        }
+            .partition(|p| self.joined.contains(p));
+        let list = |pids: &[u32]| {
+            pids.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let what = match (forked.is_empty(), joined.is_empty()) {
+            (true, true) => return None,
+            (false, true) => format!(
+                "followed {} forked child process(es) (pid {})",
+                forked.len(),
+                list(&forked)
+            ),
+            (true, false) => format!(
+                "traced {} process(es) started in the cgroup (pid {})",
+                joined.len(),
+                list(&joined)
+            ),
+            (false, false) => format!(
+                "followed {} forked child process(es) (pid {}) and {} started in the cgroup \
+                 (pid {})",
+                forked.len(),
+                list(&forked),
+                joined.len(),
+                list(&joined)
+            ),
+        };
         Some(format!(
-            "followed {} forked child process(es) (pid {}): CPU sampling and false sharing \
-             cover them; the allocator and lock probes follow pid {} only",
-            forked.len(),
-            forked.join(", "),
+            "{what}: CPU sampling and false sharing cover them; the allocator and lock probes \
+             follow pid {} only",
             self.main
         ))
     }
@@ -214,6 +235,10 @@ impl Process {
     pub(super) fn on_other_task(&mut self, ev: &TaskEvent) -> Option<ThreadEvent> {
         match ev.kind {
             TASK_NEW_PROCESS | TASK_NEW_THREAD => {
+                if ev.kind == TASK_NEW_PROCESS && ev.parent_tid == 0 {
+                    // Started in the traced cgroup: its exec follows.
+                    self.joined.push(ev.tgid);
+                }
                 if ev.kind == TASK_NEW_PROCESS {
                     // A fork: the child's code is its parent's. A view
                     // left by an earlier process of that pid is stale.
@@ -413,6 +438,45 @@ mod tests {
         );
         let note = p.children_note().expect("a note on the child");
         assert!(note.contains(&format!("pid {child}")), "{note}");
+    }
+
+    /// A process the kernel adopted in the traced cgroup (announced with
+    /// no parent, then its exec) is traced with a layout of its own and
+    /// named as started in the cgroup, not as a forked child.
+    #[test]
+    fn a_process_started_in_the_cgroup_is_not_a_forked_child() {
+        let me = std::process::id();
+        let (mut p, _) = Process::new(me);
+        let (joined, forked) = (u32::MAX - 5, u32::MAX - 6);
+        let start = |pid, parent| TaskEvent {
+            time_ns: 1,
+            kind: TASK_NEW_PROCESS,
+            tid: pid,
+            tgid: pid,
+            parent_tid: parent,
+            ..Default::default()
+        };
+        p.on_task(&start(joined, 0));
+        p.on_task(&TaskEvent {
+            kind: TASK_EXEC,
+            ..start(joined, 0)
+        });
+        assert_eq!(p.pids(), vec![me, joined]);
+        assert_eq!(p.take_kernel_updates().layouts, vec![(joined, 1)]);
+        let note = p.children_note().expect("a note");
+        assert!(
+            note.contains(&format!(
+                "1 process(es) started in the cgroup (pid {joined})"
+            )) && !note.contains("forked"),
+            "{note}"
+        );
+        p.on_task(&start(forked, me));
+        let note = p.children_note().expect("a note");
+        assert!(
+            note.contains(&format!("1 forked child process(es) (pid {forked})"))
+                && note.contains(&format!("started in the cgroup (pid {joined})")),
+            "{note}"
+        );
     }
 
     #[test]

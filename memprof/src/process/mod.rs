@@ -6,6 +6,7 @@
 //! The pure analyses, the report and the symbolizer name places in the
 //! target through this module.
 
+pub mod cgroup;
 pub mod command;
 pub mod files;
 pub mod group;

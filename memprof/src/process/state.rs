@@ -56,6 +56,9 @@ pub struct Process {
     pub(super) kernel_dirty: HashSet<u32>,
     /// The other `-p` pids (not followed children).
     pub(super) listed: Vec<u32>,
+    /// Processes that joined during the session: started in the traced
+    /// cgroup (announced with no parent).
+    pub(super) joined: Vec<u32>,
     /// Processes whose code layout the kernel must learn.
     pub(super) layout_dirty: Vec<(u32, u32)>,
     /// Layouts given out so far (0: the main process's).
@@ -111,6 +114,7 @@ impl Process {
             kernel_dirty: HashSet::new(),
             layout_dirty: Vec::new(),
             listed: Vec::new(),
+            joined: Vec::new(),
             layouts: 1,
             shared_names: HashMap::new(),
             names: HashMap::new(),

@@ -1,21 +1,15 @@
 //! Sample reports for the tests of the report, its renderers and the
-//! dashboard: every section filled with plausible values. And names for
-//! the tests of report assembly, given by a table instead of object files.
-
-use std::{collections::HashMap, sync::Arc};
-
-use super::names::Names;
-use crate::{
-    object::symbolize::{dwarf::Layout, DataSymbol, Frame, Inlined},
-    process::maps::{short_name, Place},
-};
+//! dashboard: every section filled with plausible values; and names for
+//! the tests of report assembly ([`names`]).
 
 mod allocator;
 mod cache;
 mod locks;
+mod names;
 pub use allocator::{sample_heap_profile, sample_syscalls};
 pub use cache::sample_cache_use;
 pub use locks::sample_unnecessary;
+pub use names::*;
 
 use super::model::{
     BlockOrigin::{New, Reused},
@@ -484,137 +478,4 @@ pub fn full_report() -> Report {
     ];
     r.notes.push("a note".into());
     r
-}
-
-/// The program whose code and data the name table knows.
-pub const PROGRAM: &str = "/src/bin/prog";
-
-/// The place of the code at `offset` in [`PROGRAM`].
-pub fn code_at(offset: u64) -> Place {
-    Place::File {
-        path: Arc::from(PROGRAM),
-        file_offset: offset,
-    }
-}
-
-/// Names from a table. Code places not in it are named as the symbolizer
-/// names places it has no symbol for (`prog+0x10`).
-#[derive(Debug, Default)]
-pub struct TableNames {
-    code: HashMap<Place, Frame>,
-    /// Callers the code at a place was inlined into, innermost first.
-    inlined: HashMap<Place, Vec<Frame>>,
-    /// Globals: (first address, size, name).
-    globals: Vec<(u64, u64, String)>,
-    layouts: HashMap<String, Layout>,
-}
-
-impl TableNames {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Names the code at `place`: `function` of `module`, at `file:line`
-    /// when given.
-    pub fn code(
-        mut self,
-        place: Place,
-        function: &str,
-        module: &str,
-        at: Option<(&str, u32)>,
-    ) -> Self {
-        let frame = Frame {
-            function: function.into(),
-            module: module.into(),
-            file: at.map(|(file, _)| file.into()),
-            line: at.map(|(_, line)| line),
-        };
-        self.code.insert(place, frame);
-        self
-    }
-
-    /// Names the code at `offset` in [`PROGRAM`]: `function` at
-    /// `prog.c:line`.
-    pub fn function(self, offset: u64, function: &str, line: u32) -> Self {
-        self.code(
-            code_at(offset),
-            function,
-            "prog",
-            Some(("/src/prog.c", line)),
-        )
-    }
-
-    /// Says the code at `offset` in [`PROGRAM`] was inlined into
-    /// `function` at `prog.c:line` (call again for the next caller out).
-    pub fn inlined_into(mut self, offset: u64, function: &str, line: u32) -> Self {
-        self.inlined
-            .entry(code_at(offset))
-            .or_default()
-            .push(Frame {
-                function: function.into(),
-                module: "prog".into(),
-                file: Some("/src/prog.c".into()),
-                line: Some(line),
-            });
-        self
-    }
-
-    /// A global of `size` bytes at `address`.
-    pub fn global(mut self, address: u64, size: u64, name: &str) -> Self {
-        self.globals.push((address, size, name.into()));
-        self
-    }
-
-    /// The debug-info layout of global `name`.
-    pub fn layout(mut self, name: &str, layout: Layout) -> Self {
-        self.layouts.insert(name.into(), layout);
-        self
-    }
-}
-
-impl Names for TableNames {
-    fn code(&mut self, place: &Place) -> Frame {
-        self.code
-            .get(place)
-            .cloned()
-            .unwrap_or_else(|| Frame::unknown(place))
-    }
-
-    fn code_inlined(&mut self, place: &Place) -> Inlined {
-        let frame = Names::code(self, place);
-        let inlined_into = self.inlined.get(place).cloned().unwrap_or_default();
-        Inlined {
-            frame,
-            inlined_into,
-        }
-    }
-
-    fn data(&mut self, path: &Arc<str>, _file_base: u64, addr: u64) -> Option<DataSymbol> {
-        let (start, size, name) = self
-            .globals
-            .iter()
-            .find(|(start, size, _)| (*start..start + size).contains(&addr))?;
-        Some(DataSymbol {
-            name: name.clone(),
-            offset: addr - start,
-            size: Some(*size),
-            module: short_name(path).to_string(),
-        })
-    }
-
-    fn data_layout(&mut self, _path: &Arc<str>, name: &str) -> Option<Layout> {
-        self.layouts.get(name).cloned()
-    }
-}
-
-/// The memory map of [`PROGRAM`]: its code, its data (globals) from
-/// `0x555555558000`, a heap, anonymous memory and a stack.
-pub fn program_maps() -> crate::process::maps::ProcMaps {
-    crate::process::maps::ProcMaps::parse(&format!(
-        "555555554000-555555556000 r-xp 00000000 08:01 42 {PROGRAM}\n\
-         555555558000-55555555a000 rw-p 00004000 08:01 42 {PROGRAM}\n\
-         55555555a000-55555557b000 rw-p 00000000 00:00 0 [heap]\n\
-         7f0000000000-7f0000100000 rw-p 00000000 00:00 0\n\
-         7ffffffde000-7ffffffff000 rw-p 00000000 00:00 0 [stack]\n"
-    ))
 }

@@ -31,7 +31,7 @@ use crate::{
     },
     object::symbolize::Symbolizer,
     options::Options,
-    process::{handle::TargetHandle, state::Process},
+    process::{cgroup::Cgroup, handle::TargetHandle, state::Process, threads::ThreadEvent},
     report::{
         model::{Loader, SampleSource, Target},
         push::Pusher,
@@ -91,6 +91,10 @@ struct Live {
     /// lost a third of them between drain ticks).
     more_to_drain: bool,
     exports: Exports,
+    /// `--cgroup`: the session goes on after the main process exits while
+    /// the cgroup has processes (`main_gone` then).
+    cgroup: Option<Cgroup>,
+    main_gone: bool,
 }
 
 /// What the profile exporters need from the session.
@@ -162,7 +166,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         &mut notes,
     )?;
     let pid = target.pid();
-    let others = other_pids(root, pid, &opts.extra_pids, &mut notes)?;
+    let others = other_pids(root, pid, opts, &mut notes)?;
     let plans = features::plans(
         opts,
         &FeatureTarget {
@@ -173,6 +177,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     );
     let mut load = Load {
         follow_children: opts.follow_children,
+        cgroup: opts.cgroup.as_ref().map(|c| (c.id, c.level)),
         ..Load::default()
     };
     plans.iter().for_each(|p| p.load(&mut load));
@@ -187,13 +192,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let decoded =
         |why| format!("{why}: data addresses were computed by decoding timer samples instead");
     notes.extend(probes.precise_error.as_ref().map(decoded));
-    let (mut process, mut existing) = Process::new(pid);
-    if target.launched() {
-        process.start_at_exec();
-    }
-    for &other in &others {
-        existing.extend(process.add_process(other));
-    }
+    let (mut process, existing) = follow(pid, target.launched(), &others);
     pipeline::apply_kernel_updates(&mut probes, &mut process)?;
     let mut started = Vec::with_capacity(plans.len());
     for plan in plans {
@@ -228,15 +227,46 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         announce: quiet && std::io::stderr().is_terminal(),
         detaching: Detaching::default(),
         more_to_drain: false,
+        cgroup: opts.cgroup.clone(),
+        main_gone: false,
     })
 }
 
-/// The other `-p` pids as processes (a thread id stands for its process),
-/// each checked as the main one is; a note says what is traced where.
-fn other_pids(root: &Path, main: u32, pids: &[u32], notes: &mut Vec<String>) -> Result<Vec<u32>> {
+/// The traced processes' state: the main one (`launched`: from its exec)
+/// and `others`, with the threads they have.
+fn follow(pid: u32, launched: bool, others: &[u32]) -> (Process, Vec<ThreadEvent>) {
+    let (mut process, mut existing) = Process::new(pid);
+    if launched {
+        process.start_at_exec();
+    }
+    for &other in others {
+        existing.extend(process.add_process(other));
+    }
+    (process, existing)
+}
+
+/// What the report says of a `--cgroup` session with `count` processes
+/// at its start.
+fn cgroup_note(c: &Cgroup, count: usize) -> String {
+    format!(
+        "cgroup {}: {count} process{} at the start; those started in it later are traced \
+         from their exec",
+        c.dir.display(),
+        if count == 1 { "" } else { "es" }
+    )
+}
+
+/// The other `-p` pids (or the cgroup's other processes) as processes (a
+/// thread id stands for its process), each checked as the main one is (a
+/// cgroup's process gone since it was listed is left out); a note says
+/// what is traced where.
+fn other_pids(root: &Path, main: u32, opts: &Options, notes: &mut Vec<String>) -> Result<Vec<u32>> {
     let mut tgids: Vec<u32> = Vec::new();
-    for &pid in pids {
-        let tgid = preflight::check_pid(root, pid)?;
+    for &pid in &opts.extra_pids {
+        let tgid = match preflight::check_pid(root, pid) {
+            Err(Error::NoSuchProcess { .. }) if opts.cgroup.is_some() => continue,
+            checked => checked?,
+        };
         if tgid != main && !tgids.contains(&tgid) {
             tgids.push(tgid);
         }
@@ -249,6 +279,11 @@ fn other_pids(root: &Path, main: u32, pids: &[u32], notes: &mut Vec<String>) -> 
             list.join(", ")
         ));
     }
+    notes.extend(
+        opts.cgroup
+            .as_ref()
+            .map(|c| cgroup_note(c, tgids.len() + 1)),
+    );
     Ok(tgids)
 }
 
@@ -297,9 +332,10 @@ impl Live {
                     self.drain_all(Some(DRAIN_TURN));
                     self.after_drain();
                 }
-                _ = self.target.exited() => {
-                    self.target_exited = true;
-                    return Ok(StopReason::TargetExited);
+                _ = self.target.exited(), if !self.main_gone => {
+                    if self.main_exited() {
+                        return Ok(StopReason::TargetExited);
+                    }
                 }
                 _ = sleep_until(deadline) => return Ok(StopReason::DurationElapsed),
                 _ = self.signals.recv() => return Ok(StopReason::Interrupted),
@@ -309,6 +345,9 @@ impl Live {
                     }
                 }
                 _ = tick.tick() => {
+                    if self.main_gone && self.main_exited() {
+                        return Ok(StopReason::TargetExited);
+                    }
                     if let Some(probes) = &mut self.kernel.probes {
                         probes.flush_logs();
                     }
@@ -326,6 +365,24 @@ impl Live {
                 }
             }
         }
+    }
+
+    /// The main process has exited: whether the session ends (it goes on
+    /// while the traced cgroup, with `--cgroup`, has processes).
+    fn main_exited(&mut self) -> bool {
+        if self
+            .cgroup
+            .as_ref()
+            .is_some_and(|c| !c.processes().is_empty())
+        {
+            if !self.main_gone {
+                tracing::info!("the main process exited; the cgroup's others go on");
+            }
+            self.main_gone = true;
+            return false;
+        }
+        self.target_exited = true;
+        true
     }
 
     fn drain_samples(&mut self) {
