@@ -616,12 +616,26 @@ pub fn attach_gated(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> AttachRun {
+    attach_gated_with(name, flags, program, args, env, |_| {})
+}
+
+/// [`attach_gated`], calling `look` with the target's pid once it is
+/// ready, before the tool attaches.
+pub fn attach_gated_with(
+    name: &str,
+    flags: &[&str],
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    look: impl FnOnce(u32),
+) -> AttachRun {
     let truth_path = Truth::path(name);
     let truth_str = truth_path.to_str().expect("UTF-8 path").to_string();
     let mut all_env = vec![("WORKLOAD_GO_SIGNAL", "1"), ("WORKLOAD_TRUTH", &truth_str)];
     all_env.extend_from_slice(env);
     let mut target = TestProcess::spawn_env(program, args, &all_env);
     target.wait_ready();
+    look(target.pid());
     let pid = target.pid().to_string();
     let json = report_path(name);
     let mut args = vec![

@@ -115,10 +115,11 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
         }
         Some("sharing") => sharing(alloc_rounds),
         Some("export") => export(),
+        Some("containers") => containers(alloc_rounds),
         Some("corpus") => corpus(alloc_rounds),
         Some(other) => {
             bail!(
-                "--only takes foundation, allocator, latency, heap, redis, locks, ulcp, sharing, corpus, cache or export, not {other}"
+                "--only takes foundation, allocator, latency, heap, redis, locks, ulcp, sharing, corpus, cache, export or containers, not {other}"
             )
         }
         None => {
@@ -126,7 +127,8 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
             allocator(alloc_rounds)?;
             locks(alloc_rounds)?;
             sharing(alloc_rounds)?;
-            export()
+            export()?;
+            containers(alloc_rounds)
         }
     }
 }
@@ -159,6 +161,15 @@ fn export() -> Result<()> {
     let dir = out.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let summary = crate::bench_export::run(&tool(), dir)?;
+    std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
+    Ok(())
+}
+
+fn containers(rounds: usize) -> Result<()> {
+    let out = root().join("target/bench/containers.json");
+    let dir = out.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let summary = crate::bench_containers::run(rounds, &tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     Ok(())
 }

@@ -9,6 +9,7 @@ mod bench_alloc_heap;
 mod bench_alloc_latency;
 mod bench_alloc_redis;
 mod bench_cache;
+mod bench_containers;
 mod bench_corpus;
 mod bench_export;
 mod bench_locks;
@@ -70,7 +71,9 @@ enum Task {
         /// Run only this part: "foundation", "allocator", "locks" (which
         /// ends with "ulcp", the unnecessary-contention analysis) or
         /// "sharing" (which ends with "cache", the cache-use analysis),
-        /// "export" (--pprof and --flamegraph at the end); or a piece of one: "latency", "heap" and "redis" (of "allocator"),
+        /// "export" (--pprof and --flamegraph at the end), "containers"
+        /// (a target in a private mount namespace vs run directly); or a
+        /// piece of one: "latency", "heap" and "redis" (of "allocator"),
         /// "corpus" (the false-sharing corpus that "sharing" ends with).
         #[arg(long)]
         only: Option<String>,

@@ -1,0 +1,467 @@
+//! Containers and services: a target in a private mount namespace, run
+//! from a filesystem only that namespace sees with its own copy of libc
+//! (what a container's root filesystem is from the host), is attached with
+//! `-p` and gives the same findings as the same workload run directly; a
+//! binary deleted after it started is still symbolized; a process in a
+//! pid namespace is shown with its namespace ids; and `--cgroup` traces a
+//! cgroup's processes, one of them started after the tool attached.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use memprof_tests::*;
+
+/// Runs `program` (with `env` and `args`) in a private mount namespace
+/// from a tmpfs mounted at `dir`, which only that namespace sees, with
+/// `files` (our libc, a preloaded library) copied next to it and found
+/// there first (`LD_LIBRARY_PATH`). The process keeps the pid `unshare`
+/// started with (no fork), so it is the child the returned command
+/// spawns: `(program, args)` for [`attach_gated`].
+fn in_private_root(
+    dir: &Path,
+    files: &[&Path],
+    env: &[(&str, &str)],
+    program: &Path,
+    args: &[&str],
+) -> (PathBuf, Vec<String>) {
+    const SCRIPT: &str = r#"d=$1; shift
+mount -t tmpfs memprof-test "$d" || exit 90
+while [ "$1" != -- ]; do cp "$1" "$d/" || exit 91; shift; done; shift
+exec env LD_LIBRARY_PATH="$d" "$@""#;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).expect("creating the mount point");
+    let inside = dir.join(program.file_name().expect("a file name"));
+    let mut all: Vec<String> = ["--mount", "--propagation", "private", "sh", "-c", SCRIPT]
+        .map(String::from)
+        .to_vec();
+    all.push("sh".into());
+    all.push(dir.display().to_string());
+    all.extend(
+        files
+            .iter()
+            .chain([&program])
+            .map(|f| f.display().to_string()),
+    );
+    all.push("--".into());
+    all.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    all.push(inside.display().to_string());
+    all.extend(args.iter().map(|a| a.to_string()));
+    (PathBuf::from("unshare"), all)
+}
+
+/// The C library this test (and the C workloads) use.
+fn our_libc() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("our maps");
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| Path::new(p).file_name().is_some_and(|n| n == "libc.so.6"))
+        .map(PathBuf::from)
+        .expect("libc.so.6 in our maps")
+}
+
+/// The files process `pid` maps whose name ends with one of `names`.
+fn mapped(pid: u32, names: &[&str]) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mut files: Vec<String> = maps
+        .lines()
+        .map(|l| l.split_whitespace().skip(5).collect::<Vec<_>>().join(" "))
+        .filter(|p| names.iter().any(|n| p.ends_with(n)))
+        .collect();
+    files.dedup();
+    files
+}
+
+/// Whether `unshare` can make a private mount namespace here (a
+/// container may forbid it): the namespace tests skip loudly if not.
+fn can_unshare(test: &str) -> bool {
+    let ok = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        skip(
+            test,
+            "unshare --mount fails here: no private mount namespace",
+        );
+    }
+    ok
+}
+
+/// What must be the same whether the `locks contended` workload runs
+/// directly or from its own root: the hot user function, g_hot_lock's
+/// finding (a mutex, waited for at the WAIT line, released at RELEASE,
+/// every acquisition counted), and libc's functions named.
+fn assert_locks_findings(report: &serde_json::Value, truth: &Truth, how: &str) {
+    let hot = report["hot_functions"].as_array().expect("hot functions");
+    let top_user = hot
+        .iter()
+        .find(|h| h["module"] == "locks")
+        .unwrap_or_else(|| panic!("{how}: no function of the workload: {hot:#?}"));
+    assert_eq!(top_user["function"], "busy_ns", "{how}: {hot:#?}");
+    assert!(
+        top_user["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("locks.c")),
+        "{how}: {top_user:#}"
+    );
+    assert!(
+        hot.iter().any(|h| h["module"] == "libc.so.6"
+            && h["function"].as_str().is_some_and(|f| !f.contains("+0x"))),
+        "{how}: libc's functions are named: {hot:#?}"
+    );
+    let locks = report["locks"].as_array().expect("locks");
+    let lock = locks
+        .iter()
+        .find(|l| l["name"] == "g_hot_lock")
+        .unwrap_or_else(|| panic!("{how}: g_hot_lock is listed: {locks:#?}"));
+    assert_eq!(lock["kind"], "mutex", "{how}: {lock:#}");
+    for (list, marker) in [("waiters", "// WAIT"), ("holders", "// RELEASE")] {
+        let line = marked_line("locks", marker);
+        assert!(
+            lock[list].as_array().is_some_and(|sites| sites
+                .iter()
+                .any(|s| s["function"] == "contend_hot" && s["line"] == line)),
+            "{how}: {list} at contend_hot locks.c:{line}: {:#}",
+            lock[list]
+        );
+    }
+    assert_near(
+        &format!("{how}: g_hot_lock acquisitions"),
+        lock["acquisitions"].as_u64().unwrap_or(0),
+        truth.get("hot_acquisitions"),
+        0.01,
+        lock,
+    );
+}
+
+/// Proves that files are opened in the target's mount namespace: the
+/// `locks` workload, run from a tmpfs that only its private mount
+/// namespace sees and with its own copy of libc, is attached with `-p`
+/// and its functions, source lines, lock finding and counts are the
+/// same as when it runs directly. Before #20 every frame was
+/// `locks+0x...` and no lock function was found to probe.
+#[test]
+fn a_private_mount_namespace_gives_the_same_findings() {
+    let test = "a_private_mount_namespace_gives_the_same_findings";
+    if !require_root(test) || !can_unshare(test) {
+        return;
+    }
+    let locks = build_workload("locks", Variant::Debug).expect("building locks");
+    let flags = ["--lock-mode", "full", "--alloc-mode", "off"];
+    let args = ["contended", "4", "2"];
+    let direct = attach_gated("ns-direct", &flags, &locks, &args, &[]);
+    assert_locks_findings(&direct.report, &direct.truth, "direct");
+
+    let dir = workload_dir().join("ns-root");
+    let libc = our_libc();
+    let (unshare, ns_args) = in_private_root(&dir, &[&libc], &[], &locks, &args);
+    let ns_args: Vec<&str> = ns_args.iter().map(String::as_str).collect();
+    // The files it maps are the copies, which our namespace cannot see.
+    let files = dir.display().to_string();
+    let mut seen = Vec::new();
+    let run = attach_gated_with("ns-private", &flags, &unshare, &ns_args, &[], |pid| {
+        seen = mapped(pid, &["/locks", "/libc.so.6"]);
+    });
+    assert_eq!(
+        seen,
+        [format!("{files}/locks"), format!("{files}/libc.so.6")],
+        "the workload maps its own copies"
+    );
+    assert!(
+        !dir.join("locks").exists() && !dir.join("libc.so.6").exists(),
+        "our namespace does not see the target's files"
+    );
+    assert_locks_findings(&run.report, &run.truth, "private root");
+    let _ = std::fs::remove_dir(&dir);
+    assert_no_programs_left();
+}
+
+/// Proves the allocator is found and timed in the target's own files: a
+/// preloaded allocator with known latencies (slowalloc: malloc 3 us, free
+/// 1 us), copied with libc into the private root, is the one traced, and
+/// its latencies are right.
+#[test]
+fn allocator_latency_in_a_private_mount_namespace() {
+    let test = "allocator_latency_in_a_private_mount_namespace";
+    if !require_root(test) || !can_unshare(test) {
+        return;
+    }
+    let alloc = build_workload("alloc", Variant::Debug).expect("building alloc");
+    let lib = build_shared_lib("slowalloc").expect("building libslowalloc.so");
+    let dir = workload_dir().join("ns-alloc-root");
+    let preload = format!("LD_PRELOAD={}/libslowalloc.so", dir.display());
+    let (key, value) = preload.split_once('=').unwrap();
+    let (unshare, args) = in_private_root(
+        &dir,
+        &[&our_libc(), &lib],
+        &[(key, value)],
+        &alloc,
+        &["threads", "2", "5000"],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = attach_gated(
+        "ns-alloc",
+        &["--alloc-mode", "full", "--lock-mode", "off"],
+        &unshare,
+        &args,
+        &[],
+    );
+    let a = &run.report["allocator"];
+    assert_eq!(
+        a["path"].as_str(),
+        Some(format!("{}/libslowalloc.so", dir.display()).as_str()),
+        "the target's own copy is traced: {a:#}"
+    );
+    for (op, truth_ns) in [("malloc", 3_020u64), ("free", 1_020)] {
+        let rows: Vec<&serde_json::Value> = a["ops"]
+            .as_array()
+            .expect("ops")
+            .iter()
+            .filter(|r| r["op"] == op)
+            .collect();
+        let traced: u64 = rows.iter().map(|r| r["traced"].as_u64().unwrap_or(0)).sum();
+        assert!(traced > 0, "{op} traced: {a:#}");
+        let p50 = rows
+            .iter()
+            .map(|r| r["p50_ns"].as_u64().unwrap_or(0) * r["traced"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+            / traced;
+        // As in the allocator suite: 20% (the bench judges the 10%).
+        assert_near(&format!("{op} p50 (ns)"), p50, truth_ns, 0.2, &a["ops"]);
+    }
+    let _ = std::fs::remove_dir(&dir);
+    assert_no_programs_left();
+}
+
+/// Proves a binary deleted after it started is read from the mapping, not
+/// looked for at its path: the hot function of `spin`, started from a
+/// copy that is then removed, is named with its source line.
+#[test]
+fn a_deleted_binary_is_still_symbolized() {
+    if !require_root("a_deleted_binary_is_still_symbolized") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).expect("building spin");
+    let copy = workload_dir().join("spin-deleted");
+    std::fs::copy(&spin, &copy).expect("copying spin");
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut target = TestProcess::spawn(&copy, &["time", "2", "20"]);
+    target.wait_ready();
+    std::fs::remove_file(&copy).expect("deleting the binary");
+    assert_eq!(
+        mapped(target.pid(), &["spin-deleted (deleted)"]).len(),
+        1,
+        "the kernel says the mapped file is deleted"
+    );
+    let pid = target.pid().to_string();
+    let json = report_path("deleted-binary");
+    let run = run_tool(
+        &[
+            "-p",
+            &pid,
+            "--duration",
+            "2s",
+            "--no-tui",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = read_report(&json);
+    let hot = hot_function(&report, "spin_worker")
+        .unwrap_or_else(|| panic!("spin_worker is named: {:#}", report["hot_functions"]));
+    assert_eq!(hot["module"], "spin-deleted", "{hot:#}");
+    assert!(
+        hot["file"].as_str().is_some_and(|f| f.ends_with("spin.c")) && hot["line"].is_u64(),
+        "with its source line: {hot:#}"
+    );
+    assert_no_programs_left();
+}
+
+/// Proves pid namespaces are shown: a workload that is pid 1 of its own
+/// pid namespace is reported with its host pid and `ns_pid` 1, its
+/// threads with the ids their namespace gives them.
+#[test]
+fn a_pid_namespace_shows_both_ids() {
+    let test = "a_pid_namespace_shows_both_ids";
+    if !require_root(test) {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).expect("building spin");
+    let mut unshare = TestProcess::spawn(
+        Path::new("unshare"),
+        &[
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            spin.to_str().unwrap(),
+            "time",
+            "2",
+            "20",
+        ],
+    );
+    unshare.wait_ready();
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.pid()))
+        .unwrap_or_default();
+    let Some(pid) = children.split_whitespace().next().map(String::from) else {
+        skip(test, "unshare --pid started no child");
+        return;
+    };
+    let json = report_path("pid-namespace");
+    let run = run_tool(
+        &[
+            "-p",
+            &pid,
+            "--duration",
+            "2s",
+            "--no-tui",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = read_report(&json);
+    let processes = report["target"]["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1, "{processes:#?}");
+    assert_eq!(processes[0]["pid"].as_u64(), pid.parse().ok());
+    assert_eq!(processes[0]["ns_pid"], 1, "{processes:#?}");
+    let threads = report["threads"].as_array().expect("threads");
+    assert_eq!(threads.len(), 3, "main and two workers: {threads:#?}");
+    for t in threads {
+        let ns = t["ns_tid"].as_u64().unwrap_or_else(|| panic!("{t:#}"));
+        assert!((1..=3).contains(&ns) && t["tid"] != ns, "{t:#}");
+        assert_eq!(t["pid"].as_u64(), pid.parse().ok(), "{t:#}");
+    }
+    assert!(
+        run.stdout.contains(&format!("pid {pid} (ns 1)")),
+        "the summary shows both: {}",
+        run.stdout
+    );
+    assert_no_programs_left();
+}
+
+/// The unified (cgroup v2) hierarchy's mount point.
+fn unified_root() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        (after.split_whitespace().next()? == "cgroup2")
+            .then(|| PathBuf::from(before.split_whitespace().nth(4).unwrap_or("")))
+    })
+}
+
+/// A cgroup made for a test, removed (with its processes killed) at the
+/// end.
+struct TestCgroup(PathBuf);
+
+impl TestCgroup {
+    fn create(root: &Path, name: &str) -> std::io::Result<Self> {
+        let dir = root.join(name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir)?;
+        Ok(Self(dir))
+    }
+
+    fn join(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).expect("joining the cgroup");
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+        let start = Instant::now();
+        while std::fs::remove_dir(&self.0).is_err() && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Proves `--cgroup`: a cgroup created here holds one `spin` when the
+/// tool attaches by the cgroup's name, and a second `spin` starts in it
+/// (joins, then execs, as service managers do) after the tool traces.
+/// Both are traced, their threads grouped under their processes, each
+/// with its own samples; the session goes on after the first exits.
+#[test]
+fn a_cgroup_is_traced_with_a_process_started_later() {
+    let test = "a_cgroup_is_traced_with_a_process_started_later";
+    if !require_root(test) {
+        return;
+    }
+    let Some(root) = unified_root() else {
+        skip(test, "no cgroup v2 hierarchy is mounted");
+        return;
+    };
+    let name = format!("memprof-test-{}", std::process::id());
+    let cgroup = match TestCgroup::create(&root, &name) {
+        Ok(c) => c,
+        Err(e) => {
+            skip(
+                test,
+                &format!("cannot create a cgroup under {}: {e}", root.display()),
+            );
+            return;
+        }
+    };
+    let spin = build_workload("spin", Variant::Debug).expect("building spin");
+    // The main one (lowest pid) ends first: the session goes on.
+    let mut first = TestProcess::spawn(&spin, &["time", "1", "2"]);
+    first.wait_ready();
+    cgroup.join(first.pid());
+    let json = report_path("cgroup");
+    let tool = TracingTool::start(&[
+        "--cgroup",
+        &name,
+        "--duration",
+        "6s",
+        "--no-tui",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    // Joins the cgroup, then runs spin: its exec is what the kernel sees.
+    let procs = cgroup.0.join("cgroup.procs");
+    let script = format!("echo $$ > {} && exec \"$0\" time 2 3", procs.display());
+    let mut second = TestProcess::spawn(Path::new("sh"), &["-c", &script, spin.to_str().unwrap()]);
+    second.wait_ready();
+    let run = tool.finish(Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = read_report(&json);
+    let processes = report["target"]["processes"].as_array().expect("processes");
+    let by_pid = |pid: u32| {
+        processes
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} is listed: {processes:#?}"))
+    };
+    for (process, threads) in [(&first, 2u64), (&second, 3)] {
+        let p = by_pid(process.pid());
+        assert_eq!(p["threads"], threads, "main and workers: {p:#}");
+        assert!(p["samples"].as_u64().unwrap_or(0) > 500, "{p:#}");
+        assert!(
+            p["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("spin time")),
+            "{p:#}"
+        );
+    }
+    assert_eq!(processes.len(), 2, "{processes:#?}");
+    let threads = report["threads"].as_array().expect("threads");
+    let of = |pid: u32| threads.iter().filter(|t| t["pid"] == pid).count();
+    assert_eq!((of(first.pid()), of(second.pid())), (2, 3), "{threads:#?}");
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains(&format!("started in the cgroup (pid {})", second.pid())),
+        "{notes}"
+    );
+    assert!(hot_function(&report, "spin_worker").is_some());
+    drop(cgroup);
+    assert_no_programs_left();
+}
