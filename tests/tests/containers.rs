@@ -238,6 +238,17 @@ fn allocator_latency_in_a_private_mount_namespace() {
     assert_no_programs_left();
 }
 
+/// The tool attached to `pid` for 2 s: its run and report (`name`).
+fn attach_for_2s(name: &str, pid: &str) -> (ToolRun, serde_json::Value) {
+    let json = report_path(name);
+    let args = ["-p", pid, "--duration", "2s", "--no-tui", "--json"];
+    let mut all: Vec<&str> = args.to_vec();
+    all.push(json.to_str().expect("UTF-8 path"));
+    let run = run_tool(&all, Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    (run, read_report(&json))
+}
+
 /// Proves a binary deleted after it started is read from the mapping, not
 /// looked for at its path: the hot function of `spin`, started from a
 /// copy that is then removed, is named with its source line.
@@ -258,22 +269,7 @@ fn a_deleted_binary_is_still_symbolized() {
         1,
         "the kernel says the mapped file is deleted"
     );
-    let pid = target.pid().to_string();
-    let json = report_path("deleted-binary");
-    let run = run_tool(
-        &[
-            "-p",
-            &pid,
-            "--duration",
-            "2s",
-            "--no-tui",
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    );
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let report = read_report(&json);
+    let (_, report) = attach_for_2s("deleted-binary", &target.pid().to_string());
     let hot = hot_function(&report, "spin_worker")
         .unwrap_or_else(|| panic!("spin_worker is named: {:#}", report["hot_functions"]));
     assert_eq!(hot["module"], "spin-deleted", "{hot:#}");
@@ -314,21 +310,7 @@ fn a_pid_namespace_shows_both_ids() {
         skip(test, "unshare --pid started no child");
         return;
     };
-    let json = report_path("pid-namespace");
-    let run = run_tool(
-        &[
-            "-p",
-            &pid,
-            "--duration",
-            "2s",
-            "--no-tui",
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    );
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let report = read_report(&json);
+    let (run, report) = attach_for_2s("pid-namespace", &pid);
     let processes = report["target"]["processes"].as_array().expect("processes");
     assert_eq!(processes.len(), 1, "{processes:#?}");
     assert_eq!(processes[0]["pid"].as_u64(), pid.parse().ok());
