@@ -2,12 +2,6 @@
 
 /// `u32`: the thread-group id (process id) being traced.
 pub const TARGET_TGID: &str = "TARGET_TGID";
-/// `u64`: the id of the cgroup (v2) whose processes are traced, 0 for
-/// none: a process that `exec`s in it, or a descendant, is traced from
-/// then on.
-pub const CGROUP_ID: &str = "CGROUP_ID";
-/// `u32`: the level of that cgroup (the root's is 0).
-pub const CGROUP_LEVEL: &str = "CGROUP_LEVEL";
 /// `u32`: 1 to follow the children the traced processes fork.
 pub const FOLLOW_CHILDREN: &str = "FOLLOW_CHILDREN";
 /// `u32`: offset of `group_dead` in `sched:sched_process_exit`.

@@ -52,6 +52,10 @@ pub const LOCK_CTL: &str = "LOCK_CTL";
 /// traced process; the sampler follows only these. Forked children are
 /// added by the kernel when children are followed.
 pub const TRACED: &str = "TRACED";
+/// Hash: cgroup id → 1, the `--cgroup` cgroup and those below it (kept
+/// up to date by the loader): a process that `exec`s in one of them is
+/// traced from then on.
+pub const TRACED_CGROUPS: &str = "TRACED_CGROUPS";
 /// Hash: [`crate::procs::shared_slot`] → [`crate::procs::SharedRange`],
 /// the `MAP_SHARED` mappings of each traced process, slots from 0 on.
 pub const SHARED_RANGES: &str = "SHARED_RANGES";

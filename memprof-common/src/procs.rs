@@ -10,6 +10,9 @@ use crate::record::records;
 
 /// Processes traced at once (the main one, `-p` pids, forked children).
 pub const TRACED_CAPACITY: u32 = 4096;
+/// Cgroups in [`crate::maps::TRACED_CGROUPS`] (the `--cgroup` one and
+/// those below it).
+pub const TRACED_CGROUPS_CAPACITY: u32 = 4096;
 
 /// The value of [`crate::maps::TRACED`] for a process whose code layout is
 /// not known yet (a child after `exec`): no recipe is installed under it,

@@ -2,16 +2,14 @@
 //! clock, and the layout of the syscall tracepoint records.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_current_ancestor_cgroup_id,
-    },
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
     maps::{HashMap, PerCpuArray},
     Global,
 };
 use memprof_common::{
     counter,
-    procs::{LAYOUT_UNKNOWN, TRACED_CAPACITY},
+    procs::{LAYOUT_UNKNOWN, TRACED_CAPACITY, TRACED_CGROUPS_CAPACITY},
 };
 
 /// Process being traced; written by the loader (`override_global`).
@@ -22,11 +20,6 @@ static TARGET_TGID: Global<u32> = Global::new(0);
 /// 1: children forked by a traced process are traced too.
 #[unsafe(no_mangle)]
 static FOLLOW_CHILDREN: Global<u32> = Global::new(0);
-/// The cgroup traced with `--cgroup` (0: none), and its level.
-#[unsafe(no_mangle)]
-static CGROUP_ID: Global<u64> = Global::new(0);
-#[unsafe(no_mangle)]
-static CGROUP_LEVEL: Global<u32> = Global::new(0);
 /// Offsets of the first argument in `syscalls:sys_enter_*` records and of
 /// `ret` in `syscalls:sys_exit_*` records, read from tracefs by the loader
 /// because tracepoint layouts differ between kernel versions.
@@ -40,6 +33,11 @@ static SYSCALL_RET_OFFSET: Global<u32> = Global::new(16);
 /// they first run.
 #[map(name = "TRACED")]
 static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(TRACED_CAPACITY, 0);
+
+/// The `--cgroup` cgroup and those below it (id → 1), written by the
+/// loader; empty without `--cgroup`.
+#[map(name = "TRACED_CGROUPS")]
+static TRACED_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(TRACED_CGROUPS_CAPACITY, 0);
 
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -73,18 +71,14 @@ pub fn follow_child(parent: u32, child: u32) -> bool {
     TRACED.insert(child, layout, 0).is_ok()
 }
 
-/// Whether the current task is in the traced cgroup or one below it (its
-/// ancestor at that cgroup's level is that cgroup).
+/// Whether the current task is in the traced cgroup or one below it. The
+/// ids are the kernel's (kernfs) ids, the same in every cgroup namespace.
 #[inline(always)]
 pub fn in_traced_cgroup() -> bool {
-    let id = CGROUP_ID.load();
-    if id == 0 {
-        return false;
-    }
-    // SAFETY: helper without preconditions; a level deeper than the
-    // task's cgroup gives 0.
-    let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(CGROUP_LEVEL.load() as i32) };
-    ancestor == id
+    // SAFETY: helper without preconditions (cgroup v2's id of the task).
+    let id = unsafe { bpf_get_current_cgroup_id() };
+    // SAFETY: a map lookup; the value is not used.
+    unsafe { TRACED_CGROUPS.get(&id) }.is_some()
 }
 
 /// Traces process `tgid` (a newcomer to the traced cgroup), with no code

@@ -16,7 +16,12 @@
 //!   fails with EACCES without it, measured). It is kept only while a
 //!   sampled mode has windows to re-open; with `full` or `off` it goes;
 //! - ending a launched command that runs as another user (`-u`):
-//!   `CAP_KILL`.
+//!   `CAP_KILL`;
+//! - opening the code files of processes that appear or load libraries
+//!   later through `/proc/PID/map_files` (see
+//!   [`crate::process::objects`]): `CAP_CHECKPOINT_RESTORE` (Linux 5.9;
+//!   older kernels ask for `CAP_SYS_ADMIN`, and the files are then
+//!   reached through `/proc/PID/root` or their names).
 //!
 //! Not kept, among others: `CAP_DAC_OVERRIDE` (output files are opened
 //! before the drop), `CAP_CHOWN`, `CAP_FOWNER`, `CAP_SETUID`/`CAP_SETGID`,
@@ -30,12 +35,13 @@
 use caps::{CapSet, Capability, CapsHashSet};
 
 /// What the rest of every session needs.
-pub const KEPT: [Capability; 5] = [
+pub const KEPT: [Capability; 6] = [
     Capability::CAP_BPF,
     Capability::CAP_PERFMON,
     Capability::CAP_SYS_PTRACE,
     Capability::CAP_DAC_READ_SEARCH,
     Capability::CAP_KILL,
+    Capability::CAP_CHECKPOINT_RESTORE,
 ];
 
 /// Kept besides [`KEPT`] while uprobes are re-attached in windows.
@@ -144,10 +150,10 @@ mod tests {
             assert!(!kept(true).contains(&c), "{c}");
         }
         // CAP_BPF is 39, CAP_PERFMON 38, CAP_SYS_PTRACE 19,
-        // CAP_DAC_READ_SEARCH 2, CAP_KILL 5.
+        // CAP_DAC_READ_SEARCH 2, CAP_KILL 5, CAP_CHECKPOINT_RESTORE 40.
         assert_eq!(
             mask(&kept(false)),
-            (1 << 39) | (1 << 38) | (1 << 19) | (1 << 2) | (1 << 5)
+            (1 << 39) | (1 << 38) | (1 << 19) | (1 << 2) | (1 << 5) | (1 << 40)
         );
         assert_eq!(mask(&kept(true)), mask(&kept(false)) | (1 << 21));
     }

@@ -280,6 +280,67 @@ fn a_deleted_binary_is_still_symbolized() {
     assert_no_programs_left();
 }
 
+/// Proves a binary replaced on disk after it started (a package upgrade
+/// under a running service: a new file renamed over the old name) is read
+/// from what the process maps, not from the new file at its path: `spin`
+/// runs from a path where `locks` is then installed, and the hot function
+/// is still spin's, with its source line.
+#[test]
+fn a_replaced_binary_is_read_from_its_mapping() {
+    if !require_root("a_replaced_binary_is_read_from_its_mapping") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).expect("building spin");
+    let locks = build_workload("locks", Variant::Debug).expect("building locks");
+    let path = workload_dir().join("spin-replaced");
+    std::fs::copy(&spin, &path).expect("copying spin");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut target = TestProcess::spawn(&path, &["time", "2", "20"]);
+    target.wait_ready();
+    let upgrade = workload_dir().join("spin-replaced.new");
+    std::fs::copy(&locks, &upgrade).expect("copying locks");
+    std::fs::rename(&upgrade, &path).expect("replacing the binary");
+    let (_, report) = attach_for_2s("replaced-binary", &target.pid().to_string());
+    let hot = hot_function(&report, "spin_worker")
+        .unwrap_or_else(|| panic!("spin_worker is named: {:#}", report["hot_functions"]));
+    assert!(
+        hot["file"].as_str().is_some_and(|f| f.ends_with("spin.c")),
+        "spin's source: {hot:#}"
+    );
+    drop(target);
+    let _ = std::fs::remove_file(&path);
+    assert_no_programs_left();
+}
+
+/// A cgroup that does not exist, or has no process, is a usage error
+/// (exit code 2) that names it, before anything is loaded.
+#[test]
+fn a_missing_or_empty_cgroup_is_a_usage_error() {
+    let test = "a_missing_or_empty_cgroup_is_a_usage_error";
+    if !require_root(test) {
+        return;
+    }
+    let run = run_tool(
+        &["--cgroup", "memprof-no-such.service", "--duration", "1s"],
+        Duration::from_secs(30),
+    );
+    assert_eq!(run.code(), 2, "{}", run.stderr);
+    assert!(run.stderr.contains("no such cgroup"), "{}", run.stderr);
+    let Some(root) = unified_root() else {
+        skip(test, "no cgroup v2 hierarchy is mounted");
+        return;
+    };
+    let name = format!("memprof-empty-{}", std::process::id());
+    let Ok(_cgroup) = TestCgroup::create(&root, &name) else {
+        skip(test, "cannot create a cgroup");
+        return;
+    };
+    let run = run_tool(&["--cgroup", &name, "--duration", "1s"], Duration::from_secs(30));
+    assert_eq!(run.code(), 2, "{}", run.stderr);
+    assert!(run.stderr.contains("no process in it"), "{}", run.stderr);
+    assert_no_programs_left();
+}
+
 /// Proves pid namespaces are shown: a workload that is pid 1 of its own
 /// pid namespace is reported with its host pid and `ns_pid` 1, its
 /// threads with the ids their namespace gives them.

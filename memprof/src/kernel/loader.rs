@@ -210,9 +210,6 @@ pub struct Load {
     pub lock_uprobes: bool,
     /// Trace the children the traced processes fork.
     pub follow_children: bool,
-    /// `--cgroup`: its id and level (processes that `exec` in it are
-    /// traced).
-    pub cgroup: Option<(u64, u32)>,
 }
 
 type Logger = Option<aya_log::EbpfLogger<&'static dyn log::Log>>;
@@ -228,7 +225,6 @@ fn load_object(
     let flags_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "clone_flags", 8)?;
     let glibc_header = u32::from(load.alloc.is_some_and(|a| a.glibc_header));
     let follow = u32::from(load.follow_children);
-    let (cgroup_id, cgroup_level) = load.cgroup.unwrap_or((0, 0));
     let group_dead_off =
         tracefs::field_offset(tracefs_dir, "sched", "sched_process_exit", "group_dead", 1)
             .unwrap_or(u32::MAX);
@@ -240,8 +236,6 @@ fn load_object(
         .override_global(globals::NEWTASK_PID_OFFSET, &pid_off, true)
         .override_global(globals::NEWTASK_FLAGS_OFFSET, &flags_off, true)
         .override_global(globals::FOLLOW_CHILDREN, &follow, true)
-        .override_global(globals::CGROUP_ID, &cgroup_id, true)
-        .override_global(globals::CGROUP_LEVEL, &cgroup_level, true)
         .override_global(globals::EXIT_GROUP_DEAD_OFFSET, &group_dead_off, true)
         .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
         .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)

@@ -208,6 +208,25 @@ impl Probes {
         trace_process(&mut self.ebpf, tgid, layout)
     }
 
+    /// Sets the cgroups whose newcomers are traced (`--cgroup`: the one and
+    /// those below it, by id), adding the new ones and removing the gone.
+    pub fn set_traced_cgroups(&mut self, ids: &[u64]) -> crate::error::Result<()> {
+        let mut map = self
+            .ebpf
+            .map_mut(maps::TRACED_CGROUPS)
+            .and_then(|m| BpfHashMap::<_, u64, u8>::try_from(m).ok())
+            .ok_or_else(|| anyhow::anyhow!("map {} missing", maps::TRACED_CGROUPS))?;
+        let old: Vec<u64> = map.keys().filter_map(|k| k.ok()).collect();
+        for id in old.iter().filter(|id| !ids.contains(id)) {
+            let _ = map.remove(id);
+        }
+        for &id in ids.iter().filter(|id| !old.contains(id)) {
+            map.insert(id, 1, 0)
+                .map_err(|e| anyhow::anyhow!("tracing cgroup {id}: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Sets the shared mappings of process `tgid` the sampler translates
     /// (slots from 0 on; the rest emptied).
     pub fn set_shared_ranges(&mut self, tgid: u32, ranges: &[SharedRange]) {

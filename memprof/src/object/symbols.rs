@@ -55,7 +55,14 @@ fn exe_name(maps: &ProcMaps, pid: u32, link: PathBuf) -> PathBuf {
                 .iter()
                 .find(|m| m.is_file() && objects::maps_file(m, &meta))
         })
-        .map_or(link, |m| PathBuf::from(&*m.name))
+        .map_or_else(
+            || {
+                // Told by name: the link's, which ends in " (deleted)" then.
+                let text = link.to_string_lossy();
+                PathBuf::from(text.strip_suffix(" (deleted)").unwrap_or(&text))
+            },
+            |m| PathBuf::from(&*m.name),
+        )
 }
 
 /// The objects a command will search for a symbol, before it runs: the

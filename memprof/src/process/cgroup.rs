@@ -1,6 +1,6 @@
-//! A cgroup (v2) as the target (`--cgroup`): where it is, its id and level
-//! (what the kernel programs compare a task's cgroup with), and the
-//! processes in it and below it.
+//! A cgroup (v2) as the target (`--cgroup`): where it is, the ids of it
+//! and the cgroups below it (what the kernel programs compare a task's
+//! cgroup with), and the processes in them.
 
 use std::{
     os::unix::fs::MetadataExt,
@@ -14,10 +14,6 @@ use crate::error::{Error, Result};
 pub struct Cgroup {
     /// Its directory.
     pub dir: PathBuf,
-    /// The kernel's cgroup id: the directory's inode number.
-    pub id: u64,
-    /// Its depth below the hierarchy's root (level 0).
-    pub level: u32,
 }
 
 /// Where the unified hierarchy is mounted, from `mountinfo` (e.g.
@@ -43,27 +39,15 @@ impl Cgroup {
                  /sys/fs/cgroup)"
             ))
         })?;
-        let dir = Self::find_dir(&root, spec).ok_or_else(|| {
+        let dir = Self::find_dir(&root, spec).and_then(|d| d.canonicalize().ok());
+        let dir = dir.filter(|d| d.starts_with(&root)).ok_or_else(|| {
             Error::Usage(format!(
                 "--cgroup {spec}: no such cgroup under {} (give its directory, a path \
                  relative to it, or a systemd unit name)",
                 root.display()
             ))
         })?;
-        let meta = std::fs::metadata(&dir).map_err(|e| {
-            Error::Usage(format!(
-                "--cgroup {spec}: cannot read {}: {e}",
-                dir.display()
-            ))
-        })?;
-        let level = dir
-            .strip_prefix(&root)
-            .map_or(0, |rel| rel.components().count() as u32);
-        Ok(Self {
-            id: meta.ino(),
-            level,
-            dir,
-        })
+        Ok(Self { dir })
     }
 
     /// The directory `spec` names under `root` (see [`Cgroup::resolve`]).
@@ -105,14 +89,11 @@ impl Cgroup {
         None
     }
 
-    /// The processes in the cgroup and the cgroups below it, in pid order.
-    pub fn processes(&self) -> Vec<u32> {
-        let mut pids = Vec::new();
+    /// The cgroup's directory and those of the cgroups below it.
+    fn tree(&self) -> Vec<PathBuf> {
+        let mut all = Vec::new();
         let mut dirs = vec![self.dir.clone()];
         while let Some(dir) = dirs.pop() {
-            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-                pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
-            }
             if let Ok(entries) = std::fs::read_dir(&dir) {
                 dirs.extend(
                     entries
@@ -121,7 +102,39 @@ impl Cgroup {
                         .map(|e| e.path()),
                 );
             }
+            all.push(dir);
         }
+        all
+    }
+
+    /// The kernel's ids of the cgroup and those below it (a cgroup's id is
+    /// its directory's inode number), for the exec tracepoint's filter.
+    pub fn ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .tree()
+            .iter()
+            .filter_map(|d| std::fs::metadata(d).ok())
+            .map(|m| m.ino())
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The processes in the cgroup and the cgroups below it, in pid order,
+    /// except ours (a profiler started inside the cgroup).
+    pub fn processes(&self) -> Vec<u32> {
+        let me = std::process::id();
+        let mut pids: Vec<u32> = self
+            .tree()
+            .iter()
+            .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+            .flat_map(|text| {
+                text.lines()
+                    .filter_map(|l| l.trim().parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|&p| p != me)
+            .collect();
         pids.sort_unstable();
         pids.dedup();
         pids
@@ -170,12 +183,13 @@ mod tests {
         assert_eq!(find("cgroup.procs"), None);
         assert_eq!(find("nginx.service"), None);
         assert_eq!(find("system.slice/nginx.service"), None);
-        let cgroup = Cgroup {
-            dir: unit,
-            id: 0,
-            level: 2,
-        };
+        let cgroup = Cgroup { dir: unit.clone() };
         assert_eq!(cgroup.processes(), [7, 9, 12], "with descendants");
+        let ids = cgroup.ids();
+        let ino = |d: &Path| std::fs::metadata(d).unwrap().ino();
+        let mut want = vec![ino(&unit), ino(&leaf)];
+        want.sort_unstable();
+        assert_eq!(ids, want, "its id and its descendant's");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

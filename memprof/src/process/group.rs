@@ -235,7 +235,10 @@ impl Process {
     pub(super) fn on_other_task(&mut self, ev: &TaskEvent) -> Option<ThreadEvent> {
         match ev.kind {
             TASK_NEW_PROCESS | TASK_NEW_THREAD => {
-                if ev.kind == TASK_NEW_PROCESS && ev.parent_tid == 0 {
+                if ev.kind == TASK_NEW_PROCESS
+                    && ev.parent_tid == 0
+                    && !self.joined.contains(&ev.tgid)
+                {
                     // Started in the traced cgroup: its exec follows.
                     self.joined.push(ev.tgid);
                 }
@@ -272,6 +275,7 @@ impl Process {
             TASK_EXEC => {
                 // Its own new image: a layout of its own (the kernel gave
                 // it none meanwhile), the old map kept for late records.
+                self.commands.remove(&ev.tgid);
                 self.enter(ev.tgid);
                 self.before_exec = Some((ev.time_ns, self.maps.clone()));
                 self.refresh_maps();

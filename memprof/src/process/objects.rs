@@ -5,19 +5,21 @@
 //! `/tmp`), or files since deleted or replaced on disk (a package upgrade
 //! under a running service). Opening that name in our namespace finds
 //! another file or none. So each mapped file is identified by its (device,
-//! inode), as `/proc/PID/maps` gives them, and reached the first time it is
-//! seen by the first of these that is that file:
-//! 1. the name itself, when in our namespace it is the same file (the
-//!    common case: nothing changes);
+//! inode), as `/proc/PID/maps` gives them, and opened the first time it is
+//! seen by the first of these that works:
+//! 1. `/proc/PID/map_files/START-END`, the mapped file itself (deleted,
+//!    replaced, on a filesystem only the target sees, or not);
 //! 2. `/proc/PID/root/NAME`, the name resolved in the target's root and
-//!    mount namespace;
-//! 3. `/proc/PID/map_files/START-END`, the mapped file itself, deleted,
-//!    replaced or on a filesystem only the target sees.
+//!    mount namespace, if it is that file;
+//! 3. the name in our namespace, if it is that file.
 //!
-//! Cases 2 and 3 keep the file open, so it stays readable after the target
-//! exits (and its namespace with it): symbolization happens at the end.
-//! Every reader of the target's files opens [`open_path`] of the name,
-//! never the name itself.
+//! The file is kept open and read through `/proc/self/fd/N`, so it is the
+//! file the target maps even if the name is replaced or deleted during the
+//! session, and it stays readable after the target exits (and its
+//! namespace with it): symbolization happens at the end. Every reader of
+//! the target's files opens [`open_path`] of the name, never the name
+//! itself. Only code files (mapped executable somewhere) are handled so:
+//! data files and shared memory keep their names, and are not held.
 //!
 //! One file mapped under different names (two processes in different
 //! namespaces) is one object, named as first seen; two different files
@@ -26,9 +28,12 @@
 //! which keeps its file name for display.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::File,
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    os::{
+        fd::AsRawFd,
+        unix::fs::{MetadataExt, OpenOptionsExt},
+    },
     path::PathBuf,
     sync::{Arc, Mutex},
 };
@@ -62,54 +67,73 @@ pub fn open_path(name: &str) -> PathBuf {
         .map_or_else(|| PathBuf::from(name), |(path, _)| path.clone())
 }
 
-/// Gives the file mappings of process `pid` the names we know their files
-/// by (see the module documentation), reaching files seen for the first
-/// time.
+/// Gives the mappings of code files of process `pid` (files it maps
+/// executable, and their other mappings) the names we know those files by
+/// (see the module documentation), reaching files seen for the first
+/// time. Other mappings (data files, shared memory, devices) keep the
+/// names the target gives them.
 pub fn name_mappings(pid: u32, mappings: &mut [Mapping]) {
+    let code: HashSet<FileId> = mappings
+        .iter()
+        .filter(|m| m.executable && m.is_file() && m.inode != 0)
+        .map(|m| (m.dev, m.inode))
+        .collect();
+    if code.is_empty() {
+        return;
+    }
     let mut guard = OBJECTS.lock().unwrap_or_else(|e| e.into_inner());
     let objects = guard.get_or_insert_with(Objects::default);
-    for m in mappings.iter_mut().filter(|m| m.is_file() && m.inode != 0) {
+    for m in mappings.iter_mut() {
         let id = (m.dev, m.inode);
-        if let Some(name) = objects.names.get(&id) {
-            m.name = name.clone();
+        if !code.contains(&id) {
             continue;
         }
-        let name = objects.reach(pid, m, id);
-        objects.names.insert(id, name.clone());
-        m.name = name;
+        if let Some(name) = objects.names.get(&id) {
+            m.name = name.clone();
+        } else if let Some(name) = objects.reach(pid, m, id) {
+            objects.names.insert(id, name.clone());
+            m.name = name;
+        }
     }
 }
 
 impl Objects {
-    /// The name of a file not seen before, reached as the module
-    /// documentation says.
-    fn reach(&mut self, pid: u32, m: &Mapping, id: FileId) -> Arc<str> {
+    /// The name of a file not seen before, reached and held open as the
+    /// module documentation says; None if it cannot be opened (the
+    /// process is gone): it is tried again at the next sighting.
+    fn reach(&mut self, pid: u32, m: &Mapping, id: FileId) -> Option<Arc<str>> {
         let name = m.name.clone();
-        let free = self.taken.get(&name).is_none_or(|&other| other == id);
-        if free && std::fs::metadata(&*name).is_ok_and(|meta| same_file(&meta, id)) {
-            self.taken.insert(name.clone(), id);
-            return name;
-        }
         let in_root = format!("/proc/{pid}/root{name}");
-        let opened = File::open(&in_root)
-            .ok()
-            .filter(|f| f.metadata().is_ok_and(|meta| same_file(&meta, id)))
-            .or_else(|| {
-                let mapped = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-                File::open(mapped).ok()
-            });
-        let Some(file) = opened else {
-            // Gone, or not ours to open: the name is all there is.
+        let same = |f: &File| f.metadata().is_ok_and(|meta| same_file(&meta, id));
+        // The mapped file itself first: it is that file whatever the
+        // filesystem's device numbers (btrfs, overlayfs) say; then the
+        // name in the target's root, and in ours, if they are that file.
+        let file = open(&format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            .or_else(|| open(&in_root).filter(same))
+            .or_else(|| open(&name).filter(same))
+            .filter(|f| f.metadata().is_ok_and(|meta| meta.is_file()));
+        let Some(file) = file else {
             tracing::debug!("cannot reach {name} of process {pid}");
-            return name;
+            return None;
         };
+        let free = self.taken.get(&name).is_none_or(|&other| other == id);
         let name: Arc<str> = if free { name } else { Arc::from(in_root) };
         let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         tracing::debug!("{name} of process {pid} is read at {}", path.display());
         self.taken.insert(name.clone(), id);
         self.reached.insert(name.clone(), (path, file));
-        name
+        Some(name)
     }
+}
+
+/// Opens `path` to read, without side effects on a device or FIFO (never
+/// expected among code files, but the names come from the target).
+fn open(path: &str) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .ok()
 }
 
 /// Whether `meta` is the file `id` of the maps (whose device is

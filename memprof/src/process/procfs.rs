@@ -42,13 +42,18 @@ pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
 /// not ours (a container's process): the last `NSpid` of its status.
 pub fn namespace_tid(pid: u32, tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
-    innermost_ns_id(&status).filter(|&ns| ns != tid)
+    innermost_ns_id(&status)
 }
 
-/// The last id of the `NSpid:` line of a status file.
+/// The last id of the `NSpid:` line of a status file, if it has more than
+/// one (the thread is in a pid namespace below ours).
 fn innermost_ns_id(status: &str) -> Option<u32> {
     let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
+    let ids: Vec<&str> = line.split_whitespace().collect();
+    if ids.len() < 2 {
+        return None;
+    }
+    ids.last()?.parse().ok()
 }
 
 /// The command line of a process, space-separated.
@@ -91,7 +96,8 @@ mod tests {
             innermost_ns_id("Tgid:\t4711\nNSpid:\t4711\t12\nNSpgid: 1\n"),
             Some(12)
         );
-        assert_eq!(innermost_ns_id("NSpid:\t4711\n"), Some(4711));
+        assert_eq!(innermost_ns_id("NSpid:\t4711\n"), None, "our namespace");
+        assert_eq!(innermost_ns_id("NSpid:\t4711\t4711\n"), Some(4711));
         assert_eq!(innermost_ns_id("Pid: 1\n"), None);
     }
 }

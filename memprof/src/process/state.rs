@@ -149,12 +149,14 @@ impl Process {
     /// gone, so late records still resolve. A change in the shared
     /// mappings is for the kernel to learn.
     pub fn refresh_maps(&mut self) {
+        // Before the read: a mapping made while it runs may be missed.
+        let read_at = ktime_ns();
         match ProcMaps::read(self.pid) {
             Ok(maps) if !maps.is_empty() => self.maps = maps,
             Ok(_) => {}
             Err(e) => tracing::debug!("re-reading maps of {}: {e}", self.pid),
         }
-        self.maps_read_at = Some(ktime_ns());
+        self.maps_read_at = Some(read_at);
         let shared = super::group::shared_ranges(&self.maps, &mut self.shared_names);
         if shared != self.shared {
             self.shared = shared;
@@ -349,7 +351,9 @@ impl Process {
             }
             TASK_EXEC => {
                 // A new program image: keep the old map for late records of
-                // the old image; the thread has the new program's name.
+                // the old image; the thread has the new program's name, the
+                // process a new command line.
+                self.commands.remove(&ev.tgid);
                 self.before_exec = Some((ev.time_ns, self.maps.clone()));
                 self.refresh_maps();
                 // Other threads are gone; their names stay for the report.

@@ -177,7 +177,6 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     );
     let mut load = Load {
         follow_children: opts.follow_children,
-        cgroup: opts.cgroup.as_ref().map(|c| (c.id, c.level)),
         ..Load::default()
     };
     plans.iter().for_each(|p| p.load(&mut load));
@@ -187,6 +186,9 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     // Before the programs load, so their run-time counts cover them all.
     let bpf_stats = BpfStats::enable(root, opts.bpf_stats);
     let mut probes = Probes::attach(pid, &tracefs_dir, opts.frequency_hz, has_pmu, &load)?;
+    if let Some(c) = &opts.cgroup {
+        probes.set_traced_cgroups(&c.ids())?;
+    }
     let samples = readable(probes.take_ring(maps::SAMPLES)?, "the sample ring buffer")?;
     let tasks = readable(probes.take_ring(maps::TASK_EVENTS)?, "the task ring buffer")?;
     let decoded =
@@ -264,7 +266,12 @@ fn other_pids(root: &Path, main: u32, opts: &Options, notes: &mut Vec<String>) -
     let mut tgids: Vec<u32> = Vec::new();
     for &pid in &opts.extra_pids {
         let tgid = match preflight::check_pid(root, pid) {
-            Err(Error::NoSuchProcess { .. }) if opts.cgroup.is_some() => continue,
+            // A cgroup's process gone since, or not ours to trace (a
+            // kernel thread): left out.
+            Err(e) if opts.cgroup.is_some() => {
+                tracing::info!("cgroup process {pid} left out: {e}");
+                continue;
+            }
             checked => checked?,
         };
         if tgid != main && !tgids.contains(&tgid) {
@@ -348,6 +355,7 @@ impl Live {
                     if self.main_gone && self.main_exited() {
                         return Ok(StopReason::TargetExited);
                     }
+                    self.follow_cgroup();
                     if let Some(probes) = &mut self.kernel.probes {
                         probes.flush_logs();
                     }
@@ -363,6 +371,16 @@ impl Live {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Gives the kernel the cgroups below the traced one made since (their
+    /// newcomers are traced too).
+    fn follow_cgroup(&mut self) {
+        if let (Some(c), Some(probes)) = (&self.cgroup, &mut self.kernel.probes) {
+            if let Err(e) = probes.set_traced_cgroups(&c.ids()) {
+                tracing::warn!("updating the traced cgroups: {e}");
             }
         }
     }

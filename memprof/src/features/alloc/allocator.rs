@@ -162,8 +162,15 @@ fn version_of(kind: AllocatorKind, path: &str) -> Option<String> {
     match kind {
         // The soname carries it: libmimalloc.so.2.0.
         AllocatorKind::Mimalloc => {
-            let real = std::fs::canonicalize(open_path(path)).ok()?;
-            let name = real.file_name()?.to_str()?.to_string();
+            // A mapped file's name has its links resolved (in the target's
+            // namespace); a path given for a launch may be a link.
+            let given = std::path::Path::new(path);
+            let real = if open_path(path) == given {
+                std::fs::canonicalize(given).ok()?
+            } else {
+                given.to_path_buf()
+            };
+            let name = real.file_name()?.to_str()?;
             name.split_once(".so.").map(|(_, v)| v.to_string())
         }
         AllocatorKind::Glibc | AllocatorKind::Jemalloc | AllocatorKind::Tcmalloc => {

@@ -95,7 +95,9 @@ impl Profile {
                 self.threads.entry(tid).or_default();
             }
             ThreadEvent::Created { tid, parent, .. } => {
-                self.threads.entry(tid).or_default().created_by = Some(parent);
+                // Parent 0: a process that joined the traced cgroup, made
+                // by a process we do not trace.
+                self.threads.entry(tid).or_default().created_by = (parent != 0).then_some(parent);
             }
             ThreadEvent::Exited { tid, .. } => {
                 self.threads.entry(tid).or_default().exited = true;
