@@ -88,6 +88,10 @@ pub async fn run(cli: cli::Cli, live: bool, log: Option<tui::LogRing>) -> Result
         );
     }
     detaching.wait();
+    let left = kernel::detach::wait_unloaded(std::time::Duration::from_secs(2));
+    if !left.is_empty() {
+        tracing::warn!("programs {left:?} still loaded 2 s after detaching");
+    }
     Ok(())
 }
 

@@ -335,7 +335,10 @@ fn a_missing_or_empty_cgroup_is_a_usage_error() {
         skip(test, "cannot create a cgroup");
         return;
     };
-    let run = run_tool(&["--cgroup", &name, "--duration", "1s"], Duration::from_secs(30));
+    let run = run_tool(
+        &["--cgroup", &name, "--duration", "1s"],
+        Duration::from_secs(30),
+    );
     assert_eq!(run.code(), 2, "{}", run.stderr);
     assert!(run.stderr.contains("no process in it"), "{}", run.stderr);
     assert_no_programs_left();

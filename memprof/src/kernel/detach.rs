@@ -39,6 +39,36 @@ impl Detaching {
     }
 }
 
+/// The ids of the programs the session loaded, recorded when it stops.
+static LOADED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Records the session's programs (see [`wait_unloaded`]).
+pub fn remember_programs(ids: Vec<u32>) {
+    LOADED.lock().unwrap_or_else(|e| e.into_inner()).extend(ids);
+}
+
+/// Waits, at most `limit`, until the kernel has freed the programs the
+/// session loaded, once the tool has closed everything that held them:
+/// a link's last reference goes after a grace period that follows its
+/// close, so a program can outlive our exit by a few milliseconds, and
+/// no probe may (`bpftool prog` right after the tool exits lists none).
+/// Returns the ids still loaded.
+pub fn wait_unloaded(limit: std::time::Duration) -> Vec<u32> {
+    let ours = std::mem::take(&mut *LOADED.lock().unwrap_or_else(|e| e.into_inner()));
+    let start = std::time::Instant::now();
+    loop {
+        let left: Vec<u32> = aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .map(|p| p.id())
+            .filter(|id| ours.contains(id))
+            .collect();
+        if left.is_empty() || start.elapsed() >= limit {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Drops links on threads of their own: each drop blocks for a grace
 /// period, and in parallel they overlap.
 pub fn detach(links: Vec<HotLink>) -> Vec<JoinHandle<()>> {

@@ -167,6 +167,23 @@ impl Probes {
         Detaching::new(std::mem::take(&mut self.links).detach())
     }
 
+    /// The kernel's ids of the programs loaded (to check they are gone
+    /// before the tool exits: [`super::detach::wait_unloaded`]).
+    pub fn program_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .ebpf
+            .programs()
+            .filter_map(|(_, p)| p.info().ok().map(|i| i.id()))
+            .collect();
+        ids.extend(
+            self.multi
+                .as_ref()
+                .map(MultiPrograms::ids)
+                .unwrap_or_default(),
+        );
+        ids
+    }
+
     /// Moves messages the programs logged into our log.
     pub fn flush_logs(&mut self) {
         if let Some(logger) = &mut self.logger {

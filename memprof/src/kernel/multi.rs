@@ -101,6 +101,14 @@ impl MultiPrograms {
 }
 
 impl MultiPrograms {
+    /// The kernel's ids of the programs.
+    pub fn ids(&self) -> Vec<u32> {
+        self.fds
+            .values()
+            .filter_map(|(fd, _)| prog_info(fd.as_fd()).ok().map(|i| i.id))
+            .collect()
+    }
+
     /// Each program's run count and run time in ns so far, by name (zero
     /// while the kernel keeps no statistics).
     pub fn runs(&self) -> Vec<(&'static str, u64, u64)> {

@@ -472,6 +472,7 @@ impl Live {
     async fn finish(&mut self, reason: StopReason) {
         self.traced = Some(self.started.elapsed());
         if let Some(probes) = &mut self.kernel.probes {
+            crate::kernel::detach::remember_programs(probes.program_ids());
             self.detaching.extend(probes.start_detaching());
         }
         // A target that exited writes nothing more: all it wrote is read,
