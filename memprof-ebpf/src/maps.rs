@@ -78,7 +78,7 @@ pub fn in_traced_cgroup() -> bool {
     // SAFETY: helper without preconditions (cgroup v2's id of the task).
     let id = unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: a map lookup; the value is not used.
-    unsafe { TRACED_CGROUPS.get(&id) }.is_some()
+    unsafe { TRACED_CGROUPS.get(id) }.is_some()
 }
 
 /// Traces process `tgid` (a newcomer to the traced cgroup), with no code
