@@ -137,6 +137,15 @@ fn overview() {
         ("waiting", app(Tab::Overview, None, 0)),
         ("sample", app(Tab::Overview, Some(sample_report()), 0)),
         ("scrolled", app(Tab::Overview, Some(sample_report()), 1)),
+        // Two processes, in pid namespaces: the Processes table.
+        (
+            "processes",
+            app(
+                Tab::Overview,
+                Some(crate::report::fixtures::full_report()),
+                0,
+            ),
+        ),
     ];
     check("overview", &screens(cases));
 }

@@ -23,22 +23,27 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         frame.render_widget(text, area);
         return;
     };
-    let [info, tables] = Layout::vertical([Constraint::Length(7), Constraint::Fill(1)]).areas(area);
+    let [info, mut tables] =
+        Layout::vertical([Constraint::Length(7), Constraint::Fill(1)]).areas(area);
     render_info(report, &app.rates(), frame, info);
-    let [hot, threads] =
-        Layout::horizontal([Constraint::Percentage(72), Constraint::Percentage(28)]).areas(tables);
-    render_hot_functions(report, app.scroll, frame, hot);
+    // Several processes (or one in another pid namespace): a table of
+    // them across the tab, at most a third of it.
     let processes = &report.target.processes;
     if processes.len() > 1 || processes.iter().any(|p| p.ns_pid.is_some()) {
         let rows = u16::try_from(processes.len()).unwrap_or(u16::MAX);
-        let [top, bottom] =
-            Layout::vertical([Constraint::Max(rows.saturating_add(3)), Constraint::Fill(1)])
-                .areas(threads);
+        let [top, rest] = Layout::vertical([
+            // Borders, header and a row at least; else up to a third.
+            Constraint::Length(rows.saturating_add(3).min((tables.height / 3).max(4))),
+            Constraint::Fill(1),
+        ])
+        .areas(tables);
         render_processes(report, frame, top);
-        render_threads(report, frame, bottom);
-    } else {
-        render_threads(report, frame, threads);
+        tables = rest;
     }
+    let [hot, threads] =
+        Layout::horizontal([Constraint::Percentage(72), Constraint::Percentage(28)]).areas(tables);
+    render_hot_functions(report, app.scroll, frame, hot);
+    render_threads(report, frame, threads);
 }
 
 /// The traced processes (several: `-p` pids, a cgroup's, children; or one
@@ -54,7 +59,11 @@ fn render_processes(report: &Report, frame: &mut Frame, area: Rect) {
     let rows = processes.iter().map(|p| {
         Row::new(vec![
             p.pid_label(),
-            p.command.clone(),
+            if p.command.is_empty() {
+                "(exited)".to_string()
+            } else {
+                p.command.clone()
+            },
             p.threads.to_string(),
             group(p.samples),
         ])
