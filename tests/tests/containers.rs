@@ -432,10 +432,11 @@ impl Drop for TestCgroup {
 }
 
 /// Proves `--cgroup`: a cgroup created here holds one `spin` when the
-/// tool attaches by the cgroup's name, and a second `spin` starts in it
-/// (joins, then execs, as service managers do) after the tool traces.
-/// Both are traced, their threads grouped under their processes, each
-/// with its own samples; the session goes on after the first exits.
+/// tool attaches by the cgroup's name, a second `spin` starts in it
+/// (joins, then execs, as service managers do) after the tool traces,
+/// and a third, running already, is moved into it. All are traced, their
+/// threads grouped under their processes, each with its own samples; the
+/// session goes on after the first exits.
 #[test]
 fn a_cgroup_is_traced_with_a_process_started_later() {
     let test = "a_cgroup_is_traced_with_a_process_started_later";
@@ -477,6 +478,11 @@ fn a_cgroup_is_traced_with_a_process_started_later() {
     let script = format!("echo $$ > {} && exec \"$0\" time 2 3", procs.display());
     let mut second = TestProcess::spawn(Path::new("sh"), &["-c", &script, spin.to_str().unwrap()]);
     second.wait_ready();
+    // Runs already, and is moved into the cgroup: no exec to see; the
+    // tool's look at the cgroup (every second) finds it.
+    let mut third = TestProcess::spawn(&spin, &["time", "1", "3"]);
+    third.wait_ready();
+    cgroup.join(third.pid());
     let run = tool.finish(Duration::from_secs(60));
     assert_eq!(run.code(), 0, "{}", run.stderr);
     let report = read_report(&json);
@@ -498,15 +504,24 @@ fn a_cgroup_is_traced_with_a_process_started_later() {
             "{p:#}"
         );
     }
-    assert_eq!(processes.len(), 2, "{processes:#?}");
+    let moved = by_pid(third.pid());
+    assert_eq!(moved["threads"], 2, "{moved:#}");
+    assert!(moved["samples"].as_u64().unwrap_or(0) > 100, "{moved:#}");
+    assert_eq!(processes.len(), 3, "{processes:#?}");
     let threads = report["threads"].as_array().expect("threads");
     let of = |pid: u32| threads.iter().filter(|t| t["pid"] == pid).count();
-    assert_eq!((of(first.pid()), of(second.pid())), (2, 3), "{threads:#?}");
-    let notes = report["notes"].to_string();
-    assert!(
-        notes.contains(&format!("started in the cgroup (pid {})", second.pid())),
-        "{notes}"
+    assert_eq!(
+        (of(first.pid()), of(second.pid()), of(third.pid())),
+        (2, 3, 2),
+        "{threads:#?}"
     );
+    let notes = report["notes"].to_string();
+    let joined = format!(
+        "2 process(es) that joined the cgroup (pid {}, {})",
+        second.pid(),
+        third.pid()
+    );
+    assert!(notes.contains(&joined), "{notes}");
     assert!(hot_function(&report, "spin_worker").is_some());
     drop(cgroup);
     assert_no_programs_left();

@@ -101,12 +101,12 @@ impl Process {
                 list(&forked)
             ),
             (true, false) => format!(
-                "traced {} process(es) started in the cgroup (pid {})",
+                "traced {} process(es) that joined the cgroup (pid {})",
                 joined.len(),
                 list(&joined)
             ),
             (false, false) => format!(
-                "followed {} forked child process(es) (pid {}) and {} started in the cgroup \
+                "followed {} forked child process(es) (pid {}) and {} that joined the cgroup \
                  (pid {})",
                 forked.len(),
                 list(&forked),
@@ -151,6 +151,15 @@ impl Process {
                 ThreadEvent::Existing { tid }
             })
             .collect()
+    }
+
+    /// Process `pid`, added with [`Self::add_process`], joined the traced
+    /// cgroup during the session (it was not listed by the user).
+    pub fn mark_joined(&mut self, pid: u32) {
+        self.listed.retain(|&p| p != pid);
+        if !self.joined.contains(&pid) {
+            self.joined.push(pid);
+        }
     }
 
     fn new_layout(&mut self) -> u32 {
@@ -470,7 +479,7 @@ mod tests {
         let note = p.children_note().expect("a note");
         assert!(
             note.contains(&format!(
-                "1 process(es) started in the cgroup (pid {joined})"
+                "1 process(es) that joined the cgroup (pid {joined})"
             )) && !note.contains("forked"),
             "{note}"
         );
@@ -478,7 +487,7 @@ mod tests {
         let note = p.children_note().expect("a note");
         assert!(
             note.contains(&format!("1 forked child process(es) (pid {forked})"))
-                && note.contains(&format!("started in the cgroup (pid {joined})")),
+                && note.contains(&format!("joined the cgroup (pid {joined})")),
             "{note}"
         );
     }

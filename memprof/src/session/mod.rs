@@ -252,7 +252,7 @@ fn follow(pid: u32, launched: bool, others: &[u32]) -> (Process, Vec<ThreadEvent
 fn cgroup_note(c: &Cgroup, count: usize) -> String {
     format!(
         "cgroup {}: {count} process{} at the start; those started in it later are traced \
-         from their exec",
+         from their exec, those moved into it within a second",
         c.dir.display(),
         if count == 1 { "" } else { "es" }
     )
@@ -376,11 +376,27 @@ impl Live {
     }
 
     /// Gives the kernel the cgroups below the traced one made since (their
-    /// newcomers are traced too).
+    /// newcomers are traced too), and traces the processes in them that
+    /// the kernel did not see start (moved in, or forked there by a
+    /// process we do not trace, without an exec).
     fn follow_cgroup(&mut self) {
-        if let (Some(c), Some(probes)) = (&self.cgroup, &mut self.kernel.probes) {
-            if let Err(e) = probes.set_traced_cgroups(&c.ids()) {
-                tracing::warn!("updating the traced cgroups: {e}");
+        let (Some(c), Some(probes)) = (&self.cgroup, &mut self.kernel.probes) else {
+            return;
+        };
+        if let Err(e) = probes.set_traced_cgroups(&c.ids()) {
+            tracing::warn!("updating the traced cgroups: {e}");
+        }
+        // The kernel's own adoptions first, so they are not added twice.
+        self.drain_tasks();
+        let known = self.pipeline.process.pids();
+        let Some(c) = &self.cgroup else { return };
+        for pid in c.processes().into_iter().filter(|p| !known.contains(p)) {
+            tracing::info!("process {pid} joined the cgroup: traced from now on");
+            self.pipeline.join_process(pid);
+        }
+        if let Some(probes) = &mut self.kernel.probes {
+            if let Err(e) = pipeline::apply_kernel_updates(probes, &mut self.pipeline.process) {
+                tracing::warn!("tracing the cgroup's new processes: {e}");
             }
         }
     }

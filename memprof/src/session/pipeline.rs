@@ -102,6 +102,17 @@ impl Pipeline {
         pipeline
     }
 
+    /// Also traces process `pid`, running already, which joined the traced
+    /// cgroup without an `exec` the kernel would have seen (moved into it,
+    /// or forked there by a process we do not trace): its threads are
+    /// handed to the features as existing.
+    pub fn join_process(&mut self, pid: u32) {
+        for ev in self.process.add_process(pid) {
+            self.thread(ev);
+        }
+        self.process.mark_joined(pid);
+    }
+
     fn thread(&mut self, ev: ThreadEvent) {
         for f in &mut self.features {
             f.on_thread(&ev, &mut self.process);
