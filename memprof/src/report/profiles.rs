@@ -276,69 +276,83 @@ fn alloc(report: &Report) -> StackProfile {
         alloc_chains(&mut p, chains);
         return p;
     }
-    let mut unknown = 0;
-    for site in &heap.sites {
-        let values = [
-            site.alloc_objects,
-            site.alloc_space,
-            site.inuse_objects,
-            site.inuse_space,
-        ];
-        if values.iter().any(Option::is_none) {
-            unknown += 1;
-            continue;
-        }
-        let frames = if site.chain.is_empty() {
-            vec![StackFrame::at(
-                &site.function,
-                &site.file,
-                site.line,
-                &site.module,
-            )]
-        } else {
-            site.chain.iter().map(StackFrame::from).collect()
-        };
-        p.samples.push(StackSample {
-            frames,
-            values: values.iter().map(|v| v.unwrap_or(0) as i64).collect(),
-            labels: vec![(
-                "alloc_site",
-                Label::Str(site_label(&site.function, site.file.as_deref(), site.line)),
-            )],
-        });
-    }
-    if unknown > 0 {
-        p.comments.push(format!(
-            "{unknown} site(s) left out: their scaled totals are unknown (see the JSON)"
-        ));
-    }
+    heap_samples(
+        &mut p,
+        &heap.sites,
+        "site(s)",
+        |site| {
+            [
+                site.alloc_objects,
+                site.alloc_space,
+                site.inuse_objects,
+                site.inuse_space,
+            ]
+        },
+        |site| {
+            let frames = if site.chain.is_empty() {
+                vec![StackFrame::at(
+                    &site.function,
+                    &site.file,
+                    site.line,
+                    &site.module,
+                )]
+            } else {
+                site.chain.iter().map(StackFrame::from).collect()
+            };
+            let label = site_label(&site.function, site.file.as_deref(), site.line);
+            (frames, label)
+        },
+    );
     p
 }
 
 /// Every sampled chain as a sample (all of them: the JSON has the top
 /// sites, whose figures are the sums of their chains').
 fn alloc_chains(p: &mut StackProfile, chains: &[AllocChain]) {
+    heap_samples(
+        p,
+        chains,
+        "chain(s)",
+        |c| {
+            [
+                c.alloc_objects,
+                c.alloc_space,
+                c.inuse_objects,
+                c.inuse_space,
+            ]
+        },
+        |c| (c.frames.clone(), c.site.clone()),
+    );
+}
+
+/// One sample per entry whose four heap figures (`values`: allocated
+/// objects and bytes, in-use objects and bytes) are all known, at its
+/// frames with its `alloc_site` label (`sample`); a comment says how many
+/// entries (`what`) were left out for an unknown figure.
+fn heap_samples<T>(
+    p: &mut StackProfile,
+    entries: &[T],
+    what: &str,
+    values: impl Fn(&T) -> [Option<u64>; 4],
+    sample: impl Fn(&T) -> (Vec<StackFrame>, String),
+) {
     let mut unknown = 0;
-    for c in chains {
-        let values = [
-            c.alloc_objects,
-            c.alloc_space,
-            c.inuse_objects,
-            c.inuse_space,
-        ];
+    for entry in entries {
+        let values = values(entry);
         if values.iter().any(Option::is_none) {
             unknown += 1;
             continue;
         }
+        let (frames, site) = sample(entry);
         p.samples.push(StackSample {
-            frames: c.frames.clone(),
+            frames,
             values: values.iter().map(|v| v.unwrap_or(0) as i64).collect(),
-            labels: vec![("alloc_site", Label::Str(c.site.clone()))],
+            labels: vec![("alloc_site", Label::Str(site))],
         });
     }
     if unknown > 0 {
         p.comments.push(format!(
-            "{unknown} chain(s) left out: their scaled totals are unknown (see the JSON)"
+            "{unknown} {what} left out: their scaled totals are unknown (see the JSON)"
         ));
     }
 }
