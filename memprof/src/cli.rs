@@ -229,17 +229,6 @@ impl LockMode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PidList(pub Vec<u32>);
 
-impl PidList {
-    pub fn main(&self) -> u32 {
-        self.0[0]
-    }
-
-    /// The pids after the first.
-    pub fn others(&self) -> &[u32] {
-        &self.0[1..]
-    }
-}
-
 fn parse_pid_list(s: &str) -> Result<PidList, String> {
     let mut pids = Vec::new();
     for part in s.split(',') {
@@ -323,7 +312,7 @@ mod tests {
     fn pid_lists_parse_with_the_main_pid_first() {
         let cli = Cli::try_parse_from(["memprof-ebpf", "-p", "7,3, 9"]).unwrap();
         let pids = cli.pid.unwrap();
-        assert_eq!((pids.main(), pids.others()), (7, [3, 9].as_slice()));
+        assert_eq!(pids.0, [7, 3, 9], "in the order given, the main one first");
         assert!(!cli.no_children);
         let cli = Cli::try_parse_from(["memprof-ebpf", "--no-children", "--", "ls"]).unwrap();
         assert!(cli.no_children);
