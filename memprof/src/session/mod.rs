@@ -380,25 +380,26 @@ impl Live {
     /// the kernel did not see start (moved in, or forked there by a
     /// process we do not trace, without an exec).
     fn follow_cgroup(&mut self) {
-        let (Some(c), Some(probes)) = (&self.cgroup, &mut self.kernel.probes) else {
-            return;
-        };
-        if let Err(e) = probes.set_traced_cgroups(&c.ids()) {
-            tracing::warn!("updating the traced cgroups: {e}");
+        let Some(c) = &self.cgroup else { return };
+        if let Some(probes) = &mut self.kernel.probes {
+            if let Err(e) = probes.set_traced_cgroups(&c.ids()) {
+                tracing::warn!("updating the traced cgroups: {e}");
+            }
         }
         // The kernel's own adoptions first, so they are not added twice.
         self.drain_tasks();
         let known = self.pipeline.process.pids();
-        let Some(c) = &self.cgroup else { return };
-        for pid in c.processes().into_iter().filter(|p| !known.contains(p)) {
+        let pids = self
+            .cgroup
+            .as_ref()
+            .map(Cgroup::processes)
+            .unwrap_or_default();
+        for pid in pids.into_iter().filter(|p| !known.contains(p)) {
             tracing::info!("process {pid} joined the cgroup: traced from now on");
             self.pipeline.join_process(pid);
         }
-        if let Some(probes) = &mut self.kernel.probes {
-            if let Err(e) = pipeline::apply_kernel_updates(probes, &mut self.pipeline.process) {
-                tracing::warn!("tracing the cgroup's new processes: {e}");
-            }
-        }
+        // Their layouts to the kernel, as after any drain.
+        self.after_drain();
     }
 
     /// The main process has exited: whether the session ends (it goes on
