@@ -24,7 +24,7 @@ pub use super::detach::Detaching;
 use super::{
     budget::{BudgetConfig, DutyCycle},
     calls::{CallCounter, CallEstimate},
-    cputime::{cpu_time, online_cpus, system_time},
+    cputime::{cpu_time, online_cpus, system_time, threads},
     loader::Probes,
     uprobes::{Family, HotLink, ProbePoint},
 };
@@ -523,9 +523,16 @@ impl Windowed {
     }
 
     /// The CPUs the target uses: as read over a second or more, else the
-    /// CPUs online.
+    /// CPUs online or its threads, whichever is fewer (a single-threaded
+    /// target keeps one CPU busy at most: taken as using all the CPUs, its
+    /// first window's slowdown was corrected for by half).
     fn cpus(&self) -> f64 {
-        self.cpus_busy().unwrap_or_else(online_cpus).max(0.1)
+        self.cpus_busy()
+            .unwrap_or_else(|| {
+                let threads = threads(self.pid).map_or(f64::INFINITY, f64::from);
+                online_cpus().min(threads)
+            })
+            .max(0.1)
     }
 
     /// Estimated calls per operation over the session, from the calls the
