@@ -941,12 +941,19 @@ fn attached_default_mode_traces_in_windows() {
 }
 
 /// The default mode attached to a running process with a moderate
-/// allocator load (`alloc work`: a malloc and a free per few microseconds
-/// of hashing, ~10 s): the estimated calls must be near the workload's own
-/// count, and the report must claim an error that covers the truth. Before
-/// #17 the count was the calls traced ÷ the traced time fraction, 1000x
-/// low on a hot allocator, with no error claimed. Measured: -4% and -8%
-/// (5 s sessions, claimed ±30%).
+/// allocator load (`alloc work` with twice its default hashing: a malloc
+/// and a free per ~20 us, ~12 s, running at that rate before the attach
+/// too): the estimated calls must be near the workload's own count, and
+/// the report must claim an error that covers the truth. Before #17 the
+/// count was the calls traced ÷ the traced time fraction, 1000x low on a
+/// hot allocator, with no error claimed.
+///
+/// At this rate the probes slow the target by ~20% while attached, and
+/// the claim is ~±13%. At the default hashing (~35% slower attached) it
+/// was ±20–27%, and with the work starting on the go signal, inside the
+/// first window, the rates varied enough between windows to claim over
+/// ±30% in 3 runs of 8, and the count was (rightly) unknown: that rate
+/// is for the bench, the unknown case for the hot test below.
 #[test]
 fn sampled_counts_are_within_their_claimed_error() {
     if !require_root("sampled_counts_are_within_their_claimed_error") {
@@ -956,7 +963,7 @@ fn sampled_counts_are_within_their_claimed_error() {
         "alloc-attach-sampled",
         &["--lock-mode", "off"],
         &alloc_workload(),
-        &["work", "1200000"],
+        &["work", "600000", "8192"],
         &[],
     );
     let a = &r.report["allocator"];

@@ -45,10 +45,14 @@
  *                            of hashing (a moderate load; default 0).
  *                            Prints "ns_per_iter X". Truth:
  *                            chain_iterations, cache_live_blocks
- *   alloc work N             a moderate, more realistic load: N iterations
- *                            of (malloc 32..512 bytes, fill it, a few
- *                            microseconds of hashing, free the block made
- *                            1024 iterations ago); prints "ns_per_iter X"
+ *   alloc work N [HASH]      a moderate, more realistic load: N iterations
+ *                            of (malloc 32..512 bytes, fill it, HASH rounds
+ *                            of hashing (default 4096, a few microseconds),
+ *                            free the block made
+ *                            1024 iterations ago); prints "ns_per_iter X".
+ *                            With the gate it runs the same iterations,
+ *                            uncounted, until SIGUSR1 (a steady rate
+ *                            before and after the attach)
  *
  * Every mode prints "ready" (unbuffered) once started, then exits 0.
  * Ground truth goes where truth.h says (WORKLOAD_TRUTH): every mode writes
@@ -98,7 +102,7 @@ static double now(void)
 static void usage(void)
 {
 	fprintf(stderr, "usage: alloc reuse N | large N SIZE | small N | mixed THREADS N"
-			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | work N"
+			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | work N [HASH]"
 			" | sizes N | chains SECONDS [SPIN]\n");
 	exit(2);
 }
@@ -434,27 +438,55 @@ static void alloc_chains(double seconds, long spin)
 	truth("cache_live_blocks", live);
 }
 
+enum { WORK_LIVE = 1024 };
+static void *work_ring[WORK_LIVE];
+static unsigned char work_table[4096];
+static unsigned long work_hash = 5381;
+static long work_rounds = 4096;
+
+/* One step of "work": a malloc, some computing on it, and the free of the
+ * block allocated WORK_LIVE steps before (NULL the first time round). */
+static void work_step(long i)
+{
+	size_t size = 32 + (size_t)(i * 37) % 480;
+	unsigned char *p = malloc(size);
+	memset(p, (int)i, size);
+	for (long j = 0; j < work_rounds; j++)
+		work_hash = work_hash * 33 + work_table[(work_hash + j) & 4095] + p[j % size];
+	work_table[i & 4095] = (unsigned char)work_hash;
+	free(work_ring[i % WORK_LIVE]);
+	work_ring[i % WORK_LIVE] = p;
+}
+
+/* Whether SIGUSR1 (blocked by the gate) is pending, without waiting. */
+static int go_pending(void)
+{
+	sigset_t set;
+	return sigpending(&set) == 0 && sigismember(&set, SIGUSR1) == 1;
+}
+
+/* "work": n steps at a steady rate, then the ring's blocks freed: n
+ * mallocs and n + WORK_LIVE frees counted. With the gate, the same steps
+ * run (uncounted) from "ready" until the go signal, so a profiler that
+ * attaches meanwhile sees the rate it will see all along, as when
+ * attaching to a program in its steady state; the counted steps are
+ * those after the signal. */
 static void alloc_work(long n)
 {
-	enum { LIVE = 1024 };
-	static void *ring[LIVE];
-	static unsigned char table[4096];
-	unsigned long hash = 5381;
-	double started = now();
-	for (long i = 0; i < n; i++) {
-		size_t size = 32 + (size_t)(i * 37) % 480;
-		unsigned char *p = malloc(size);
-		memset(p, (int)i, size);
-		for (int j = 0; j < 4096; j++)
-			hash = hash * 33 + table[(hash + j) & 4095] + p[j % size];
-		table[i & 4095] = (unsigned char)hash;
-		free(ring[i % LIVE]);
-		ring[i % LIVE] = p;
+	setvbuf(stdout, NULL, _IONBF, 0);
+	fputs("ready\n", stdout);
+	if (go_gate_enabled()) {
+		for (long i = 0; i % 64 != 0 || !go_pending(); i++)
+			work_step(i);
+		go_gate_wait();
 	}
-	for (int i = 0; i < LIVE; i++)
-		free(ring[i]);
-	counted(n, n + LIVE, 0, 0);
-	sink = (void *)hash;
+	double started = now();
+	for (long i = 0; i < n; i++)
+		work_step(i);
+	for (int i = 0; i < WORK_LIVE; i++)
+		free(work_ring[i]);
+	counted(n, n + WORK_LIVE, 0, 0);
+	sink = (void *)work_hash;
 	double elapsed = now() - started;
 	fprintf(stderr, "ns_per_iter %.1f\n", elapsed * 1e9 / n);
 }
@@ -521,9 +553,10 @@ int main(int argc, char **argv)
 			usage();
 		start();
 		alloc_chains(seconds, spin);
-	} else if (strcmp(mode, "work") == 0 && argc == 3) {
+	} else if (strcmp(mode, "work") == 0 && (argc == 3 || argc == 4)) {
 		long n = count_arg(argv[2], 1L << 40);
-		start();
+		if (argc == 4)
+			work_rounds = count_arg(argv[3], 1L << 20);
 		alloc_work(n);
 	} else {
 		usage();
