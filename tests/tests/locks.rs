@@ -222,6 +222,22 @@ fn top_mutex(report: &serde_json::Value) -> &serde_json::Value {
         .unwrap_or_else(|| panic!("no mutex reported: {:#}", report["locks"]))
 }
 
+/// The highest-ranked of the top three mutexes that more than one thread
+/// waited for (a queue's lock, met by its producers and consumers).
+fn queue_mutex(report: &serde_json::Value) -> &serde_json::Value {
+    locks(report)
+        .iter()
+        .filter(|l| l["kind"] == "mutex")
+        .take(3)
+        .find(|l| l["threads"].as_u64().is_some_and(|n| n >= 2))
+        .unwrap_or_else(|| {
+            panic!(
+                "none of the top 3 mutexes was waited for by several threads: {:#}",
+                report["locks"]
+            )
+        })
+}
+
 /// The entry named `name`, if any.
 fn lock_named<'a>(report: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
     locks(report).iter().find(|l| l["name"] == name)
@@ -683,9 +699,9 @@ fn compressible_text(bytes: usize) -> Vec<u8> {
 /// Proves that contention is found in a real program without debug
 /// symbols: Debian's pbzip2 (stripped) compressing a 40 MB file with two
 /// workers. Its queue mutexes are heap objects its threads meet on
-/// (perf, untraced: ~40 mutex futex waits per run): the top lock is one of
-/// them, a mutex waited for by its threads a few dozen times, in pbzip2's
-/// own code (named by module and offset, pbzip2+0x...).
+/// (perf, untraced: ~40 mutex futex waits per run): one of them is among
+/// the top three mutexes, waited for by its threads a few dozen times, in
+/// pbzip2's own code (named by module and offset, pbzip2+0x...).
 #[test]
 fn pbzip2_contention_is_found_without_debug_symbols() {
     const TEST: &str = "pbzip2_contention_is_found_without_debug_symbols";
@@ -719,8 +735,13 @@ fn pbzip2_contention_is_found_without_debug_symbols() {
     // Measured (3 runs, 40 MB, -p2): the top two locks are mutexes in
     // heap blocks, waited for 20-30 times each, 4-13 ms in all, by 4
     // threads (two workers, the reader and the writer), the waiting code
-    // in pbzip2 itself (its queue functions, unnamed: stripped).
-    let top = top_mutex(&report);
+    // in pbzip2 itself (its queue functions, unnamed: stripped). In one
+    // CI run a single 5 ms wait by one thread on a glibc arena lock (held
+    // in BZ2_bzCompressInit's allocation, in a run with 7 ms of kernel
+    // rwsem waits in the allocation paths) ranked above them: that is a
+    // real wait, so the queue lock is looked for among the top three
+    // mutexes, as the first one several threads waited for.
+    let top = queue_mutex(&report);
     assert_eq!(top["kind"], "mutex", "{top:#}");
     assert_between(
         "contentions",
