@@ -459,8 +459,10 @@ fn a_cgroup_is_traced_with_a_process_started_later() {
         }
     };
     let spin = build_workload("spin", Variant::Debug).expect("building spin");
-    // The main one (lowest pid) ends first: the session goes on.
-    let mut first = TestProcess::spawn(&spin, &["time", "1", "2"]);
+    // The main one (lowest pid) ends first: the session goes on. It runs
+    // 3 s: the attach (up to ~1 s on a loaded CI machine) comes out of
+    // that, and the other two share the CPUs with it after.
+    let mut first = TestProcess::spawn(&spin, &["time", "1", "3"]);
     first.wait_ready();
     cgroup.join(first.pid());
     let json = report_path("cgroup");

@@ -335,14 +335,16 @@ fn ingest_server() -> (u16, std::sync::mpsc::Receiver<Received>) {
             }
             let mut body = vec![0; length];
             reader.read_exact(&mut body).unwrap();
-            let mut stream = stream;
-            let _ = stream
-                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            // Recorded before the answer: once the tool has its answer to
+            // the last push (and exits), that push is in the channel.
             let _ = tx.send(Received {
                 target,
                 content_type,
                 body,
             });
+            let mut stream = stream;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         }
     });
     (port, rx)

@@ -430,13 +430,14 @@ fn exec_is_followed_into_the_new_program() {
     if !require_root("exec_is_followed_into_the_new_program") {
         return;
     }
-    // before_exec_worker for 1.5 s, then exec a copy of the program under
+    // before_exec_worker for 3 s, then exec a copy of the program under
     // another name ("spin-next time 1 1.5"): samples of the old image that
-    // are read after the exec must still be put in the old file.
+    // are read after the exec must still be put in the old file. (3 s, not
+    // 1.5: a CI attach took ~1 s, which left too little for 300 samples.)
     let spin = build_workload("spin", Variant::Debug).unwrap();
     let next = workload_dir().join("spin-next");
     std::fs::copy(&spin, &next).unwrap();
-    let mut target = TestProcess::spawn(&spin, &["chain", "1.5", next.to_str().unwrap()]);
+    let mut target = TestProcess::spawn(&spin, &["chain", "3", next.to_str().unwrap()]);
     target.wait_ready();
     let (_, report) = trace("exec", &["-p", &target.pid().to_string()]);
     assert_eq!(report["target"]["exited"], true);

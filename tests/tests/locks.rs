@@ -223,16 +223,21 @@ fn top_mutex(report: &serde_json::Value) -> &serde_json::Value {
 }
 
 /// The highest-ranked of the top three mutexes that more than one thread
-/// waited for (a queue's lock, met by its producers and consumers).
-fn queue_mutex(report: &serde_json::Value) -> &serde_json::Value {
+/// waited for in `module`'s own code (a queue's lock, met by its producers
+/// and consumers; not an allocator arena lock, waited for in malloc).
+fn queue_mutex<'a>(report: &'a serde_json::Value, module: &str) -> &'a serde_json::Value {
     locks(report)
         .iter()
         .filter(|l| l["kind"] == "mutex")
         .take(3)
-        .find(|l| l["threads"].as_u64().is_some_and(|n| n >= 2))
+        .find(|l| {
+            let waiters = l["waiters"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+            l["threads"].as_u64().is_some_and(|n| n >= 2)
+                && waiters.iter().any(|w| w["module"] == module)
+        })
         .unwrap_or_else(|| {
             panic!(
-                "none of the top 3 mutexes was waited for by several threads: {:#}",
+                "none of the top 3 mutexes was waited for by several threads in {module}: {:#}",
                 report["locks"]
             )
         })
@@ -740,8 +745,8 @@ fn pbzip2_contention_is_found_without_debug_symbols() {
     // in BZ2_bzCompressInit's allocation, in a run with 7 ms of kernel
     // rwsem waits in the allocation paths) ranked above them: that is a
     // real wait, so the queue lock is looked for among the top three
-    // mutexes, as the first one several threads waited for.
-    let top = queue_mutex(&report);
+    // mutexes, as the first one several threads waited for in pbzip2.
+    let top = queue_mutex(&report, "pbzip2");
     assert_eq!(top["kind"], "mutex", "{top:#}");
     assert_between(
         "contentions",
@@ -826,14 +831,15 @@ fn sampled_acquisitions_are_within_their_claimed_error() {
     }
     // Nearly every acquisition of this lock waits (contentions are 94-97%
     // of them), so an estimate a few percent low falls below the futex
-    // waits and is shown as unknown, with a note (1 session in ~6): a
-    // second session then decides. Both unknown fails.
+    // waits and is shown as unknown, with a note (1 session in ~6): up to
+    // two more sessions then decide (two in a row, ~3%, failed a CI run's
+    // worth of odds too often). All three unknown fails.
     let mut attempt = 0;
     let (report, truth) = loop {
         attempt += 1;
         let (report, truth) = attach("locks-attach-estimate", &[], &["contended", "2", "3"]);
         let unknown = must_lock(&report, "g_hot_lock")["acquisitions"].is_null();
-        if !unknown || attempt == 2 {
+        if !unknown || attempt == 3 {
             break (report, truth);
         }
         let notes = report["notes"].to_string();
@@ -841,7 +847,7 @@ fn sampled_acquisitions_are_within_their_claimed_error() {
             notes.contains("fewer acquisitions traced or estimated than futex waits"),
             "acquisitions unknown without the note saying why: {notes}"
         );
-        eprintln!("sampled_acquisitions_are_within_their_claimed_error: estimate below the waits, shown as unknown; a second session");
+        eprintln!("sampled_acquisitions_are_within_their_claimed_error: estimate below the waits, shown as unknown; another session");
     };
     assert_sampled(&report);
     let hot = must_lock(&report, "g_hot_lock");
