@@ -326,13 +326,8 @@ fn a_missing_or_empty_cgroup_is_a_usage_error() {
     );
     assert_eq!(run.code(), 2, "{}", run.stderr);
     assert!(run.stderr.contains("no such cgroup"), "{}", run.stderr);
-    let Some(root) = unified_root() else {
-        skip(test, "no cgroup v2 hierarchy is mounted");
-        return;
-    };
     let name = format!("memprof-empty-{}", std::process::id());
-    let Ok(_cgroup) = TestCgroup::create(&root, &name) else {
-        skip(test, "cannot create a cgroup");
+    let Some(_cgroup) = TestCgroup::create_or_skip(test, &name) else {
         return;
     };
     let run = run_tool(
@@ -409,11 +404,24 @@ fn unified_root() -> Option<PathBuf> {
 struct TestCgroup(PathBuf);
 
 impl TestCgroup {
-    fn create(root: &Path, name: &str) -> std::io::Result<Self> {
+    /// A cgroup named `name` under the cgroup v2 mount, or None after a
+    /// loud skip of `test` when there is no such mount or it cannot be
+    /// made there.
+    fn create_or_skip(test: &str, name: &str) -> Option<Self> {
+        let Some(root) = unified_root() else {
+            skip(test, "no cgroup v2 hierarchy is mounted");
+            return None;
+        };
         let dir = root.join(name);
         let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir(&dir)?;
-        Ok(Self(dir))
+        match std::fs::create_dir(&dir) {
+            Ok(()) => Some(Self(dir)),
+            Err(e) => {
+                let why = format!("cannot create a cgroup under {}: {e}", root.display());
+                skip(test, &why);
+                None
+            }
+        }
     }
 
     fn join(&self, pid: u32) {
@@ -443,20 +451,9 @@ fn a_cgroup_is_traced_with_a_process_started_later() {
     if !require_root(test) {
         return;
     }
-    let Some(root) = unified_root() else {
-        skip(test, "no cgroup v2 hierarchy is mounted");
-        return;
-    };
     let name = format!("memprof-test-{}", std::process::id());
-    let cgroup = match TestCgroup::create(&root, &name) {
-        Ok(c) => c,
-        Err(e) => {
-            skip(
-                test,
-                &format!("cannot create a cgroup under {}: {e}", root.display()),
-            );
-            return;
-        }
+    let Some(cgroup) = TestCgroup::create_or_skip(test, &name) else {
+        return;
     };
     let spin = build_workload("spin", Variant::Debug).expect("building spin");
     // The main one (lowest pid) ends first: the session goes on. It runs
