@@ -293,37 +293,16 @@ pub fn loaded_programs() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// How long a program of ours may stay listed after the tool exited: the
-/// tool waits up to 2 s for the kernel to free them (a link's last
-/// reference goes a grace period after it is closed) and only warns
-/// beyond; a loaded VM can be slower. A leaked program never goes.
-const PROGRAMS_FREED_WITHIN: Duration = Duration::from_secs(5);
-
-/// Asserts that none of our programs is still loaded (after up to
-/// [`PROGRAMS_FREED_WITHIN`]).
+/// Asserts that none of our programs is still loaded. Checked at once:
+/// the tool itself waits, before it exits, until the kernel has freed its
+/// programs (a link's last reference goes a grace period after it is
+/// closed), so one still listed now is one the tool left behind.
 pub fn assert_no_programs_left() {
-    let ours = || -> Vec<String> {
-        loaded_programs()
-            .into_iter()
-            .filter(|name| PROGRAM_NAMES.contains(&name.as_str()))
-            .collect()
-    };
-    let start = Instant::now();
-    let mut left = ours();
-    while !left.is_empty() && start.elapsed() < PROGRAMS_FREED_WITHIN {
-        std::thread::sleep(Duration::from_millis(50));
-        left = ours();
-    }
-    assert!(
-        left.is_empty(),
-        "programs left loaded {PROGRAMS_FREED_WITHIN:?} after exit: {left:?}"
-    );
-    if start.elapsed() >= Duration::from_millis(50) {
-        eprintln!(
-            "programs of ours were still listed after exit; gone {:?} later",
-            start.elapsed()
-        );
-    }
+    let left: Vec<String> = loaded_programs()
+        .into_iter()
+        .filter(|name| PROGRAM_NAMES.contains(&name.as_str()))
+        .collect();
+    assert!(left.is_empty(), "programs left loaded after exit: {left:?}");
 }
 
 /// The hot-function entry named `function`, if any.
