@@ -65,10 +65,11 @@
  *   delete a malloc/free pair nor merge calls;
  * - stdout is unbuffered (stdio allocates no buffer) and nothing but
  *   "ready" is printed until the work is done; block arrays are static;
- * - start() makes one malloc(1)+free before "ready": the profiler excludes
- *   the first allocation of a launched process from its latencies
- *   (allocator initialisation), so that one is this warm-up, and the
- *   counted mallocs of each mode are exactly those of its own work.
+ * - ready() (called by start()) makes one malloc(1)+free before "ready":
+ *   the profiler excludes the first allocation of a launched process
+ *   from its latencies (allocator initialisation), so that one is this
+ *   warm-up, and the counted mallocs of each mode are exactly those of
+ *   its own work.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -139,12 +140,18 @@ static void write_truth(void)
 
 /* Unbuffered stdout, the allocator warmed up, "ready", then (attach
  * tests) the go signal. */
-static void start(void)
+/* Unbuffered stdout, the warm-up allocation, then "ready". */
+static void ready(void)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
 	sink = malloc(1);
 	free(sink);
 	fputs("ready\n", stdout);
+}
+
+static void start(void)
+{
+	ready();
 	go_gate_wait();
 }
 
@@ -473,8 +480,7 @@ static int go_pending(void)
  * those after the signal. */
 static void alloc_work(long n)
 {
-	setvbuf(stdout, NULL, _IONBF, 0);
-	fputs("ready\n", stdout);
+	ready();
 	if (go_gate_enabled()) {
 		for (long i = 0; i % 64 != 0 || !go_pending(); i++)
 			work_step(i);
