@@ -64,5 +64,19 @@ pub const LOCK_SAMPLES: u32 = LOCK_STATE_ERRORS + 5;
 /// cap ([`crate::ALLOC_STACKS_PER_S`]) held back.
 pub const ALLOC_STACKS: u32 = LOCK_STATE_ERRORS + 6;
 pub const ALLOC_STACKS_CAPPED: u32 = LOCK_STATE_ERRORS + 7;
+/// Futex waits lost because another thread's wait in progress held their
+/// slot of the sched hooks' table ([`crate::FUTEX_SLOTS`]).
+pub const FUTEX_SLOT_COLLISIONS: u32 = LOCK_STATE_ERRORS + 8;
+/// Futex waits the sched hooks saw but left untraced because the
+/// governor's stride ([`crate::futex_ctl::STRIDE`]) skipped them.
+pub const FUTEX_WAITS_SKIPPED: u32 = LOCK_STATE_ERRORS + 9;
+/// Futex waits the sched hooks traced (each weighted by the stride).
+pub const FUTEX_WAITS_TRACED: u32 = LOCK_STATE_ERRORS + 10;
+/// Syscalls of the target seen while the allocator's syscall hooks were
+/// attached (what the syscall slow path costs it).
+pub const SYSCALLS_SEEN: u32 = LOCK_STATE_ERRORS + 11;
+/// Nanoseconds the lock-contention programs spent on the waits they
+/// traced (the part of their cost the governor's stride can lower).
+pub const FUTEX_HIT_NS: u32 = LOCK_STATE_ERRORS + 12;
 /// Number of counters.
-pub const COUNT: u32 = LOCK_STATE_ERRORS + 8;
+pub const COUNT: u32 = LOCK_STATE_ERRORS + 13;

@@ -76,6 +76,52 @@ pub const SAMPLES_PER_S: u64 = 200;
 /// Shortest interval between two samples of one key (at most 4 a second).
 pub const KEY_SAMPLE_INTERVAL_NS: u64 = 250_000_000;
 
+/// Slots of the sched hooks' table of futex waits in progress, one per
+/// sleeping thread, found by hashing its task pointer ([`futex_slot`]):
+/// an array lookup where a per-thread hash map would cost a hash and a
+/// bucket walk on every context switch of the machine. Two threads of
+/// the target asleep at once in one slot lose the older wait
+/// ([`crate::counter::FUTEX_SLOT_COLLISIONS`]).
+pub const FUTEX_SLOTS: u32 = 1 << FUTEX_SLOT_BITS;
+const FUTEX_SLOT_BITS: u32 = 15;
+
+/// The slot of the task at kernel address `task` (a multiplicative hash:
+/// `task_struct`s are cache-line aligned slab objects a few KiB apart).
+#[inline(always)]
+pub const fn futex_slot(task: u64) -> u32 {
+    ((task >> 6).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - FUTEX_SLOT_BITS)) as u32
+}
+
+/// Slots of the per-key sample clock the sched hooks consult before
+/// copying a stack ([`sample_slot`]): the first wait or wake of each
+/// (lock, site, kind) is sampled, then at most one per
+/// [`KEY_SAMPLE_INTERVAL_NS`]; two keys in one slot share its clock.
+pub const SAMPLE_SLOTS: u32 = 1 << SAMPLE_SLOT_BITS;
+const SAMPLE_SLOT_BITS: u32 = 14;
+
+/// The sample-clock slot of a key and the tag that tells keys apart in it.
+#[inline(always)]
+pub const fn sample_slot(addr: u64, site: u64, kind: u32) -> (u32, u64) {
+    let tag = mix_site(mix_site(kind as u64, addr), site) | 1;
+    ((tag >> (64 - SAMPLE_SLOT_BITS)) as u32, tag)
+}
+
+/// Indices of the `FUTEX_CTL` array the loader writes.
+pub mod futex_ctl {
+    /// Trace a futex wait with probability 1 / this (0 and 1: every
+    /// one); each traced wait then counts for this many in the aggregates.
+    pub const STRIDE: u32 = 0;
+    pub const COUNT: u32 = 1;
+}
+
+/// x86-64 syscall numbers of the futex calls the sched hooks recognise in
+/// a sleeping or waking thread's registers.
+pub mod futex_nr {
+    pub const FUTEX: u64 = 202;
+    pub const FUTEX_WAKE: u64 = 454;
+    pub const FUTEX_WAIT: u64 = 455;
+}
+
 /// [`ContentionKey::kind`] and [`LockEvent::kind`].
 pub mod lock_event {
     /// A futex wait (`addr` is the futex word).
@@ -328,6 +374,36 @@ records!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_slots_spread_slab_neighbours() {
+        // Tasks from one slab: objects 9,856 bytes apart (a 6.x
+        // task_struct), several slabs. Hundreds of threads must land in
+        // distinct slots nearly always.
+        let mut used = [false; FUTEX_SLOTS as usize];
+        let mut clashes = 0;
+        for slab in 0..100u64 {
+            for i in 0..3u64 {
+                let task = 0xffff_8880_0400_0000 + slab * 0x8000 + i * 9856;
+                let s = futex_slot(task);
+                assert!(s < FUTEX_SLOTS);
+                if core::mem::replace(&mut used[s as usize], true) {
+                    clashes += 1;
+                }
+            }
+        }
+        assert!(clashes <= 3, "{clashes} of 300 tasks share a slot");
+    }
+
+    #[test]
+    fn sample_slots_are_in_range_and_tags_never_zero() {
+        for (a, s, k) in [(0, 0, 0), (u64::MAX, u64::MAX, 4), (0x1000, 0xabc, 1)] {
+            let (slot, tag) = sample_slot(a, s, k);
+            assert!(slot < SAMPLE_SLOTS);
+            assert_ne!(tag, 0);
+        }
+        assert_ne!(sample_slot(0x1000, 7, 1), sample_slot(0x1000, 7, 2));
+    }
 
     #[test]
     fn buckets_split_at_powers_of_two() {

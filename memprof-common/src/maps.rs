@@ -30,6 +30,9 @@ pub const CONTENTION_OTHER: &str = "CONTENTION_OTHER";
 /// LRU hash: [`crate::WaiterKey`] → 1, the threads that waited on each
 /// futex word.
 pub const WAITER_THREADS: &str = "WAITER_THREADS";
+/// `u64` array indexed by [`crate::futex_ctl`]: the governor's stride,
+/// written by the loader.
+pub const FUTEX_CTL: &str = "FUTEX_CTL";
 /// Hash: syscall instruction → [`crate::SiteHint`], written by the loader.
 pub const SITE_HINTS: &str = "SITE_HINTS";
 /// LRU hash: cache-line address → [`crate::sharing::LineState`].

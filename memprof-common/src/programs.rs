@@ -21,24 +21,10 @@ pub const ALLOC_EXIT: &str = "mp_alloc_exit";
 /// the cost of the traps alone (`--alloc-mode floor`, for benchmarks).
 pub const ALLOC_FLOOR_ENTER: &str = "mp_alloc_floor";
 pub const ALLOC_FLOOR_EXIT: &str = "mp_alloc_flret";
-/// Syscall tracepoints (`syscalls:sys_{enter,exit}_NAME`), in
-/// [`crate::syscall`] order.
-pub const SYSCALL_ENTER: [&str; 6] = [
-    "mp_sc_mmap_in",
-    "mp_sc_unmap_in",
-    "mp_sc_remap_in",
-    "mp_sc_madv_in",
-    "mp_sc_brk_in",
-    "mp_sc_mprot_in",
-];
-pub const SYSCALL_EXIT: [&str; 6] = [
-    "mp_sc_mmap_out",
-    "mp_sc_unmap_out",
-    "mp_sc_remap_out",
-    "mp_sc_madv_out",
-    "mp_sc_brk_out",
-    "mp_sc_mprot_out",
-];
+/// Raw tracepoints `sys_enter` / `sys_exit`: the allocator's syscalls
+/// (attached in windows of their own).
+pub const SYSCALL_ENTER: &str = "mp_sc_enter";
+pub const SYSCALL_EXIT: &str = "mp_sc_exit";
 /// `exceptions:page_fault_user`.
 pub const PAGE_FAULT: &str = "mp_page_fault";
 /// `mmap_lock:mmap_lock_start_locking` / `mmap_lock_acquire_returned`.
@@ -51,6 +37,11 @@ pub const FUTEX_EXIT: &str = "mp_futex_out";
 pub const FUTEX_WAIT_ENTER: &str = "mp_futexw_in";
 pub const FUTEX_WAKE_ENTER: &str = "mp_futexk_in";
 pub const FUTEX2_EXIT: &str = "mp_futex2_out";
+/// Raw tracepoints `sched:sched_switch` and `sched:sched_waking`: futex
+/// waits seen as the sleeps they are (the default; the syscall
+/// tracepoints above are the fallback).
+pub const FUTEX_SWITCH: &str = "mp_futex_sw";
+pub const FUTEX_WAKING: &str = "mp_futex_wk";
 /// `lock:contention_begin` / `contention_end` (kernel locks).
 pub const KLOCK_BEGIN: &str = "mp_klock_begin";
 pub const KLOCK_END: &str = "mp_klock_end";
@@ -63,7 +54,7 @@ pub const LOCK_EXIT: &str = "mp_lock_exit";
 pub const UNLOCK: &str = "mp_unlock";
 
 /// All of them, for checks that nothing is left loaded.
-pub const ALL: [&str; 34] = [
+pub const ALL: [&str; 26] = [
     CPU_SAMPLE,
     MEM_SAMPLE,
     TASK_NEW,
@@ -73,18 +64,8 @@ pub const ALL: [&str; 34] = [
     ALLOC_EXIT,
     ALLOC_FLOOR_ENTER,
     ALLOC_FLOOR_EXIT,
-    SYSCALL_ENTER[0],
-    SYSCALL_ENTER[1],
-    SYSCALL_ENTER[2],
-    SYSCALL_ENTER[3],
-    SYSCALL_ENTER[4],
-    SYSCALL_ENTER[5],
-    SYSCALL_EXIT[0],
-    SYSCALL_EXIT[1],
-    SYSCALL_EXIT[2],
-    SYSCALL_EXIT[3],
-    SYSCALL_EXIT[4],
-    SYSCALL_EXIT[5],
+    SYSCALL_ENTER,
+    SYSCALL_EXIT,
     PAGE_FAULT,
     MMAP_LOCK_START,
     MMAP_LOCK_DONE,
@@ -93,6 +74,8 @@ pub const ALL: [&str; 34] = [
     FUTEX_WAIT_ENTER,
     FUTEX_WAKE_ENTER,
     FUTEX2_EXIT,
+    FUTEX_SWITCH,
+    FUTEX_WAKING,
     KLOCK_BEGIN,
     KLOCK_END,
     LOCK_ENTER,

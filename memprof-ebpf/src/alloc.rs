@@ -1,18 +1,22 @@
 //! The allocator: entry and return of its functions (uprobes), the
-//! syscalls it makes (tracepoints), and what the kernel does for it (page
-//! faults, `mmap_lock` waits).
+//! syscalls it makes (raw syscall tracepoints), and what the kernel does
+//! for it (page faults, `mmap_lock` waits).
 //!
 //! The uprobes are attached by the loader to the object that defines
 //! `malloc`, one attachment per entry point with the operation as cookie,
 //! and only for the target process; the loader attaches and detaches them
-//! in windows to keep within the overhead budget. The tracepoints stay on.
+//! in windows to keep within the overhead budget, and the syscall
+//! tracepoints in windows of their own. The fault and lock tracepoints
+//! stay on.
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_probe_read_user},
-    macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_probe_read_kernel, bpf_probe_read_user,
+    },
+    macros::{map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, LruHashMap, RingBuf},
-    programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext, Global,
 };
 use memprof_common::{
@@ -22,9 +26,7 @@ use memprof_common::{
     EVENT_SYSCALL,
 };
 
-use crate::maps::{
-    bpf_now, count, current_ids, syscall_args_offset, syscall_ret_offset, target_tgid,
-};
+use crate::maps::{bpf_now, count, current_ids, target_tgid};
 
 /// 1 when the allocator keeps glibc's chunk header at `ptr - 8`.
 // SAFETY (no_mangle): the loader finds the global by this exact name; no
@@ -387,47 +389,81 @@ fn op_in_progress(tid: u32) -> u32 {
     }
 }
 
+/// Our code ([`memprof_common::syscall`]) of x86-64 syscall `nr`, if it
+/// is one of the allocator's.
 #[inline(always)]
-fn syscall_enter(ctx: &TracePointContext, nr: u32) {
+fn alloc_syscall(nr: u64) -> Option<u32> {
+    use memprof_common::syscall::*;
+    match nr {
+        9 => Some(MMAP),
+        11 => Some(MUNMAP),
+        25 => Some(MREMAP),
+        28 => Some(MADVISE),
+        12 => Some(BRK),
+        10 => Some(MPROTECT),
+        _ => None,
+    }
+}
+
+/// `raw_syscalls:sys_enter(struct pt_regs *regs, long id)`, every syscall
+/// on the machine while attached: the loader attaches it with the
+/// allocator's windows (see `features::alloc::syscalls`), because an
+/// enabled syscall tracepoint sends every syscall down the slow path.
+/// Counts the target's syscalls (what that path costs it) and starts the
+/// allocator's.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn mp_sc_enter(ctx: RawTracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {
-        return;
+        return 0;
     }
-    let base = syscall_args_offset();
-    // SAFETY: the offset comes from this kernel's tracefs format file;
-    // `read_at` uses bpf_probe_read on the tracepoint record.
-    let arg = |n: usize| unsafe { ctx.read_at::<u64>(base + 8 * n) }.unwrap_or(0);
-    let state = SysInFlight {
-        start_ns: 0,
-        args: [arg(0), arg(1), arg(2), arg(3)],
-        nr,
-        inside: op_in_progress(tid),
+    count(counter::SYSCALLS_SEEN);
+    let Some(nr) = alloc_syscall(ctx.arg::<u64>(1)) else {
+        return 0;
+    };
+    let regs = ctx.arg::<u64>(0) as *const u8;
+    // SAFETY: `regs` is the tracepoint's `struct pt_regs *`; the read goes
+    // through bpf_probe_read_kernel, which fails cleanly. From offset 56 of
+    // x86-64's pt_regs: r10, r9, r8, ax, cx, dx, si, di (the arguments are
+    // di, si, dx, r10).
+    let Ok(w) = (unsafe { bpf_probe_read_kernel(regs.add(56) as *const [u64; 8]) }) else {
+        return 0;
     };
     let state = SysInFlight {
         start_ns: bpf_now(),
-        ..state
+        args: [w[7], w[6], w[5], w[0]],
+        nr,
+        inside: op_in_progress(tid),
     };
     let _ = SYS_INFLIGHT.insert(tid, state, 0);
+    0
 }
 
-#[inline(always)]
-fn syscall_exit(ctx: &TracePointContext, nr: u32) {
+/// `raw_syscalls:sys_exit(struct pt_regs *regs, long ret)`: the end of an
+/// allocator syscall `mp_sc_enter` saw start.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn mp_sc_exit(ctx: RawTracePointContext) -> u32 {
     let end = bpf_now();
     let (tgid, tid) = current_ids();
     if tgid != target_tgid() {
-        return;
+        return 0;
     }
+    let regs = ctx.arg::<u64>(0) as *const u8;
+    // SAFETY: as in `mp_sc_enter`; 120 is the offset of `orig_ax`, the
+    // syscall number.
+    let nr = unsafe { bpf_probe_read_kernel(regs.add(120) as *const u64) }.unwrap_or(u64::MAX);
+    let Some(nr) = alloc_syscall(nr) else {
+        return 0;
+    };
     let Some(s) = SYS_INFLIGHT.get_ptr(tid) else {
-        return;
+        return 0;
     };
     // SAFETY: the pointer comes from the map lookup; this thread's entry.
     let s = unsafe { *s };
     let _ = SYS_INFLIGHT.remove(tid);
     if s.nr != nr {
-        return;
+        return 0;
     }
-    // SAFETY: as in `syscall_enter`.
-    let ret = unsafe { ctx.read_at::<i64>(syscall_ret_offset()) }.unwrap_or(0);
     submit(SyscallEvent {
         kind: EVENT_SYSCALL,
         nr,
@@ -436,35 +472,9 @@ fn syscall_exit(ctx: &TracePointContext, nr: u32) {
         start_ns: s.start_ns,
         duration_ns: end.saturating_sub(s.start_ns),
         args: s.args,
-        ret,
+        ret: ctx.arg::<i64>(1),
     });
-}
-
-/// One enter and one exit program per syscall (tracepoint programs have no
-/// cookie to tell them apart).
-macro_rules! syscall_programs {
-    ($($enter:ident, $exit:ident => $nr:expr;)*) => {$(
-        #[tracepoint]
-        pub fn $enter(ctx: TracePointContext) -> u32 {
-            syscall_enter(&ctx, $nr);
-            0
-        }
-
-        #[tracepoint]
-        pub fn $exit(ctx: TracePointContext) -> u32 {
-            syscall_exit(&ctx, $nr);
-            0
-        }
-    )*};
-}
-
-syscall_programs! {
-    mp_sc_mmap_in, mp_sc_mmap_out => memprof_common::syscall::MMAP;
-    mp_sc_unmap_in, mp_sc_unmap_out => memprof_common::syscall::MUNMAP;
-    mp_sc_remap_in, mp_sc_remap_out => memprof_common::syscall::MREMAP;
-    mp_sc_madv_in, mp_sc_madv_out => memprof_common::syscall::MADVISE;
-    mp_sc_brk_in, mp_sc_brk_out => memprof_common::syscall::BRK;
-    mp_sc_mprot_in, mp_sc_mprot_out => memprof_common::syscall::MPROTECT;
+    0
 }
 
 /// This thread's kernel statistics, created on first use.

@@ -129,6 +129,15 @@ pub fn count(index: u32) {
     }
 }
 
+/// Adds `n` to a per-CPU counter (as [`count`]).
+#[inline(always)]
+pub fn count_by(index: u32, n: u64) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: as in `count`.
+        unsafe { *slot += n };
+    }
+}
+
 /// The calling thread's (tgid, tid).
 #[inline(always)]
 pub fn current_ids() -> (u32, u32) {

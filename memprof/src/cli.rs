@@ -121,7 +121,9 @@ pub struct Cli {
     /// windows sized to keep the target's slowdown within --budget (counts
     /// are then scaled estimates); `full` traces every call (exact, but each
     /// call costs a few microseconds); `off` leaves the allocator alone.
-    /// Syscalls and page faults are always traced unless `off`.
+    /// Its syscalls (mmap, munmap, brk, madvise...) are traced in windows
+    /// of their own in `sampled` mode (a syscall hook slows every syscall
+    /// of the machine), always in `full`; page faults always unless `off`.
     #[arg(long, value_name = "MODE", value_enum, default_value_t = AllocMode::Sampled)]
     pub alloc_mode: AllocMode,
 
@@ -135,13 +137,19 @@ pub struct Cli {
     /// lock, hold times): `sampled` attaches the lock and unlock probes in
     /// windows within a share of --budget (counts are scaled estimates);
     /// `full` traces every call (a few microseconds each); `off` leaves
-    /// them alone. Contention (futex waits and wakes, kernel lock waits)
-    /// is always traced: it costs nothing on uncontended locks.
+    /// them alone. Contention (futex waits, their wakers, kernel lock
+    /// waits) is always traced, from the scheduler's hooks: it costs
+    /// nothing on uncontended locks, and on very contended ones a governor
+    /// traces one wait in N (counts are then estimates with a claimed
+    /// error).
     #[arg(long, value_name = "MODE", value_enum, default_value_t = LockMode::Sampled)]
     pub lock_mode: LockMode,
 
-    /// Overhead budget for sampled allocator and lock tracing, in percent
-    /// of the target's time (the lock probes take 30% of it).
+    /// Overhead budget, in percent of the target's time, for everything
+    /// the tool attaches that it can thin out: the allocator's probes
+    /// (aiming at 40% of it) and syscall hooks (10%), the lock probes
+    /// (24%), and the always-on contention hooks (25%, sampled by the
+    /// governor).
     #[arg(
         long,
         value_name = "PERCENT",

@@ -235,7 +235,7 @@ pub fn trace(name: &str, args: &[&str]) -> (ToolRun, serde_json::Value) {
 
 /// As [`trace`], with environment variables `env` (passed on to a launched
 /// command) and a time limit.
-fn trace_env(
+pub fn trace_env(
     name: &str,
     args: &[&str],
     env: &[(&str, &Path)],

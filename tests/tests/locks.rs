@@ -283,13 +283,14 @@ fn check_locks(report: &serde_json::Value) {
             assert!(entry[key].is_array(), "{key}: {entry:#}");
         }
         // A lock cannot be waited for more often than it was taken: its
-        // acquisitions are unknown (null) or at least its contentions.
+        // acquisitions are unknown (null) or at least its contentions (the
+        // least they may be, when the governor sampled them).
+        let error = entry["contention_error"].as_f64().unwrap_or(0.0);
+        let least = (get(entry, "contentions") as f64 * (1.0 - error)).floor() as u64;
         assert!(
             entry["acquisitions"].is_null()
-                || entry["acquisitions"]
-                    .as_u64()
-                    .is_some_and(|a| a >= get(entry, "contentions")),
-            "acquisitions must be null or ≥ contentions: {entry:#}"
+                || entry["acquisitions"].as_u64().is_some_and(|a| a >= least),
+            "acquisitions must be null or ≥ contentions (less their claimed error): {entry:#}"
         );
         // "N% contended" is a share of the acquisitions: at most all.
         assert!(
@@ -1267,26 +1268,41 @@ fn slow_holder_is_blamed_for_the_delay() {
     if !require_root("slow_holder_is_blamed_for_the_delay") {
         return;
     }
-    let (_, report, truth) = launch_truth(
+    assert_slow_blame(
         "locks-slowholder",
         &["--lock-mode", "full", "--alloc-mode", "off"],
-        &locks_workload(),
-        &["slowholder", "3", "3"],
+        "sections",
+        "// SLOWLOCK",
+        SLOW_HOLDER_SHARE,
+    );
+}
+
+/// Runs `slowholder 3 3` with `flags` and checks the blame in `list`
+/// ("sections" or "holders") of g_slow_lock: the site at `marker` caused
+/// at least `share` of the lock's delay, and about what the fast takers
+/// waited.
+fn assert_slow_blame(name: &str, flags: &[&str], list: &str, marker: &str, share: f64) {
+    let (_, report, truth) =
+        launch_truth(name, flags, &locks_workload(), &["slowholder", "3", "3"]);
+    assert_eq!(
+        report["loader"]["futex_hooks"]["kind"], "sched",
+        "{:#}",
+        report["loader"]
     );
     let lock = must_lock(&report, "g_slow_lock");
-    let total: u64 = sites(lock, "sections").iter().map(delay_caused).sum();
-    let line = marked_line("locks", "// SLOWLOCK");
-    let slow = site_at(lock, "sections", "locks.c", line)
-        .unwrap_or_else(|| panic!("a section taken at locks.c:{line}: {:#}", lock["sections"]));
+    let total: u64 = sites(lock, list).iter().map(delay_caused).sum();
+    let line = marked_line("locks", marker);
+    let slow = site_at(lock, list, "locks.c", line)
+        .unwrap_or_else(|| panic!("{list}: one at locks.c:{line}: {:#}", lock[list]));
     let caused = delay_caused(slow);
     assert!(
-        caused as f64 >= SLOW_HOLDER_SHARE * total as f64 && caused > 0,
-        "the slow section caused {caused} of {total} ns: {:#}",
-        lock["sections"]
+        caused as f64 >= share * total as f64 && caused > 0,
+        "the slow site caused {caused} of {total} ns: {:#}",
+        lock[list]
     );
     let waited = truth.get("fast_wait_ns") as f64;
     assert_between(
-        "the slow section's delay_caused_ns",
+        "the slow site's delay_caused_ns",
         caused as f64,
         waited * SLOW_DELAY_LOW,
         waited * SLOW_DELAY_HIGH,
@@ -1417,6 +1433,139 @@ fn hundred_thousand_mutexes_keep_the_loader_bounded() {
         rss >> 20,
         LOADER_PEAK_RSS_100K >> 20,
         report["loader"]
+    );
+    assert_no_programs_left();
+}
+
+// ---- The always-on path at production cost (#33) ----
+
+/// Share of g_slow_lock's blamed delay the slow unlock must get on the
+/// kernel side: a fast taker woken behind the other fast taker's release
+/// waited for that taker to be scheduled and to run its section as well
+/// as for the slow section, and that part is rightly the fast release's
+/// (measured 77-88%: 0.3-0.4 ms per fast hand-off on this 2-vCPU VM).
+/// Charging each wait whole to the release that ended it gives the fast
+/// unlock about 45% (it ends that share of the waits).
+const SLOW_RELEASE_SHARE: f64 = 0.7;
+
+/// Proves holder blame on the default path, from the kernel alone (no
+/// lock uprobes): in `slowholder 3 3` one thread holds g_slow_lock ~1 ms
+/// every 10 ms and two others take it briefly in a loop, so a fast
+/// taker's wait often spans the slow section and then the other fast
+/// taker's wake-up and release. The releases are the wakers the sched
+/// hooks saw, and each part of a wait is charged to the release that
+/// ended it: the slow holder's unlock (SLOWUNLOCK) gets at least 70% of
+/// the delay the lock's holders caused, and that delay is about what the
+/// fast takers waited.
+#[test]
+fn default_path_blames_the_slow_holder() {
+    if !require_root("default_path_blames_the_slow_holder") {
+        return;
+    }
+    assert_slow_blame(
+        "locks-slowholder-default",
+        &["--lock-mode", "off", "--alloc-mode", "off"],
+        "holders",
+        "// SLOWUNLOCK",
+        SLOW_RELEASE_SHARE,
+    );
+}
+
+/// Proves the governor of the always-on path: with `--budget 1` the
+/// contention hooks may take 0.25% of `contended 2 4`'s time, and its
+/// two threads wait for g_hot_lock some 20 thousand times a second (each
+/// traced wait costs the hooks about 2 µs): so the governor must trace
+/// one wait in N > 1 and say so, and the scaled wait time must still
+/// agree with the time the workload's threads spent in
+/// pthread_mutex_lock (the same bounds as the exact count's, widened by
+/// the claimed error), with the lock's contentions claimed to within
+/// ±30% and at most its acquisitions (the workload's count) plus that.
+#[test]
+fn governed_waits_are_within_their_claimed_error() {
+    if !require_root("governed_waits_are_within_their_claimed_error") {
+        return;
+    }
+    let (_, report, truth) = launch_truth(
+        "locks-governed",
+        &["--budget", "1", "--lock-mode", "off", "--alloc-mode", "off"],
+        &locks_workload(),
+        &["contended", "2", "4"],
+    );
+    let c = &report["lock_contention"];
+    assert_eq!(c["hooks"], "sched", "{c:#}");
+    assert!(
+        c["stride_max"].as_u64().is_some_and(|n| n > 1),
+        "the governor never sampled: {c:#} {:#}",
+        report["loader"]["programs"]
+    );
+    assert!(get(c, "waits_skipped") > 0, "{c:#}");
+    let hot = must_lock(&report, "g_hot_lock");
+    let error = hot["contention_error"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("an estimate claims its error: {hot:#}"));
+    assert!(error > 0.0 && error <= 0.3, "claimed ±{error}: {hot:#}");
+    let waited = truth.get("hot_wait_ns") as f64;
+    assert_between(
+        "g_hot_lock wait_total_ns (estimate)",
+        get(hot, "wait_total_ns") as f64,
+        waited * WAIT_SHARE_LOW * (1.0 - error),
+        waited * WAIT_SHARE_HIGH * (1.0 + error),
+        hot,
+    );
+    assert_between(
+        "g_hot_lock contentions (estimate)",
+        get(hot, "contentions") as f64,
+        MIN_HOT_CONTENTIONS as f64,
+        truth.get("hot_acquisitions") as f64 * (1.0 + error),
+        hot,
+    );
+    assert!(
+        report["notes"]
+            .to_string()
+            .contains("probability down to 1/"),
+        "the notes say the waits were sampled: {:#}",
+        report["notes"]
+    );
+    assert_no_programs_left();
+}
+
+/// Proves the fallback path: with `MEMPROF_FUTEX_HOOKS=syscalls` the
+/// futex syscall tracepoints are used, the report says so and why, and
+/// the hot lock of `contended 2 2` is still found waited for at its
+/// pthread_mutex_lock line.
+#[test]
+fn syscall_fallback_still_finds_the_hot_lock() {
+    if !require_root("syscall_fallback_still_finds_the_hot_lock") {
+        return;
+    }
+    let program = locks_workload();
+    let args = launch_args(
+        &["--lock-mode", "off", "--alloc-mode", "off"],
+        &program,
+        &["contended", "2", "2"],
+    );
+    let (_, report) = trace_env(
+        "locks-syscall-fallback",
+        &args,
+        &[("MEMPROF_FUTEX_HOOKS", Path::new("syscalls"))],
+        std::time::Duration::from_secs(60),
+    );
+    check_locks(&report);
+    let hooks = &report["loader"]["futex_hooks"];
+    assert_eq!(hooks["kind"], "syscalls", "{hooks:#}");
+    assert!(
+        hooks["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("MEMPROF_FUTEX_HOOKS")),
+        "{hooks:#}"
+    );
+    let hot = must_lock(&report, "g_hot_lock");
+    assert!(get(hot, "contentions") >= MIN_HOT_CONTENTIONS, "{hot:#}");
+    let line = marked_line("locks", "// WAIT");
+    assert!(
+        site_at(hot, "waiters", "locks.c", line).is_some(),
+        "waited at locks.c:{line}: {:#}",
+        hot["waiters"]
     );
     assert_no_programs_left();
 }

@@ -73,6 +73,9 @@ pub struct DutyCycle {
     elapsed: Duration,
     /// Target time the traced calls and attaches took so far, in seconds.
     spent: f64,
+    /// Target time lost per second attached besides the traps: hooks that
+    /// go with the windows (the allocator's syscall hooks).
+    extra_cost: f64,
 }
 
 /// Weight of the newest window in the smoothed call rate.
@@ -86,7 +89,21 @@ impl DutyCycle {
             traced: Duration::ZERO,
             elapsed: Duration::ZERO,
             spent: 0.0,
+            extra_cost: 0.0,
         }
+    }
+
+    /// Sets what the target loses per second attached besides the traps
+    /// (a fraction of its time): hooks attached with the windows.
+    pub fn set_extra_cost(&mut self, per_second: f64) {
+        if per_second.is_finite() {
+            self.extra_cost = per_second.max(0.0);
+        }
+    }
+
+    /// What the target loses per second attached besides the traps.
+    pub fn extra_cost(&self) -> f64 {
+        self.extra_cost
     }
 
     /// Records a finished cycle: `calls` seen during `window` attached,
@@ -95,7 +112,8 @@ impl DutyCycle {
         self.observe_rate(calls, window);
         self.traced += window;
         self.elapsed += window + gap;
-        self.spent += calls as f64 * self.config.trap_cost_s;
+        self.spent +=
+            calls as f64 * self.config.trap_cost_s + self.extra_cost * window.as_secs_f64();
     }
 
     fn observe_rate(&mut self, calls: u64, window: Duration) {
@@ -118,7 +136,9 @@ impl DutyCycle {
         self.observe_rate(calls, trapping.min(attached));
         self.traced += attached;
         self.elapsed += attached;
-        self.spent += calls as f64 * self.config.trap_cost_s + self.config.attach_cost_s;
+        self.spent += calls as f64 * self.config.trap_cost_s
+            + self.config.attach_cost_s
+            + self.extra_cost * attached.as_secs_f64();
     }
 
     /// The fraction of time the probes may be attached at `rate` calls/s.
@@ -127,7 +147,7 @@ impl DutyCycle {
         let window = c.window.as_secs_f64();
         // Target time lost per second attached: the traps, plus the attach
         // cost spread over the window.
-        let cost_attached = rate * c.trap_cost_s + c.attach_cost_s / window;
+        let cost_attached = rate * c.trap_cost_s + c.attach_cost_s / window + self.extra_cost;
         if cost_attached <= c.budget {
             1.0
         } else {
@@ -175,10 +195,11 @@ impl DutyCycle {
         if c.budget <= 0.0 {
             return c.max_gap;
         }
-        let this = calls as f64 * c.trap_cost_s + c.attach_cost_s;
+        let extra = self.extra_cost;
+        let this = calls as f64 * c.trap_cost_s + c.attach_cost_s + extra * attached.as_secs_f64();
         let amortized = this / c.budget - attached.as_secs_f64();
         let window = c.window.as_secs_f64();
-        let next = rate * window * c.trap_cost_s + c.attach_cost_s;
+        let next = rate * window * c.trap_cost_s + c.attach_cost_s + extra * window;
         let prepaid = (self.spent + next) / c.budget - self.elapsed.as_secs_f64() - window;
         Duration::from_secs_f64(amortized.max(prepaid).clamp(0.0, c.max_gap.as_secs_f64()))
     }

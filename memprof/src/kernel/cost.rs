@@ -105,6 +105,19 @@ pub struct ProgramRun {
 }
 
 impl Probes {
+    /// The summed runs and run time of the programs named `names` so
+    /// far (zero while the kernel keeps no statistics).
+    pub fn runs_of(&self, names: &[&str]) -> (u64, u64) {
+        names
+            .iter()
+            .filter_map(|name| self.ebpf.program(name)?.info().ok())
+            .map(|info| {
+                let ns = u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+                (info.run_count(), ns)
+            })
+            .fold((0, 0), |(r, n), (runs, ns)| (r + runs, n + ns))
+    }
+
     /// Each loaded program's run count and time so far (zero while the
     /// kernel keeps no statistics).
     pub fn program_runs(&self) -> Vec<ProgramRun> {
@@ -144,6 +157,8 @@ pub struct KernelCost {
     pub programs: Option<Vec<ProgramRun>>,
     /// How the hot uprobes were linked.
     pub links: Option<super::uprobes::LinkMode>,
+    /// How futex waits were hooked.
+    pub futex_hooks: Option<super::hooks::FutexHooks>,
 }
 
 #[cfg(test)]
@@ -165,6 +180,10 @@ impl KernelCost {
             ]),
             links: Some(super::uprobes::LinkMode {
                 kind: "uprobe_multi",
+                why: None,
+            }),
+            futex_hooks: Some(super::hooks::FutexHooks {
+                kind: "sched",
                 why: None,
             }),
         }

@@ -50,24 +50,43 @@ pub fn remember_programs(ids: Vec<u32>) {
 /// Waits, at most `limit`, until the kernel has freed the programs the
 /// session loaded, once the tool has closed everything that held them:
 /// a link's last reference goes after a grace period that follows its
-/// close, so a program can outlive our exit by a few milliseconds, and
-/// no probe may (`bpftool prog` right after the tool exits lists none).
-/// Returns the ids still loaded.
+/// close (an RCU tasks-trace one for uprobes and syscall tracepoints),
+/// so a program can outlive our exit by a few milliseconds, and no probe
+/// may (`bpftool prog` right after the tool exits lists none). Returns
+/// the ids still loaded.
+///
+/// Listing the kernel's programs needs `CAP_SYS_ADMIN`, which a session
+/// without uprobe windows has dropped: then it cannot look, and waits
+/// [`BLIND_WAIT`] instead, several times the grace periods measured here.
 pub fn wait_unloaded(limit: std::time::Duration) -> Vec<u32> {
     let ours = std::mem::take(&mut *LOADED.lock().unwrap_or_else(|e| e.into_inner()));
     let start = std::time::Instant::now();
     loop {
+        let mut listed = false;
         let left: Vec<u32> = aya::programs::loaded_programs()
-            .filter_map(Result::ok)
+            .filter_map(|p| {
+                listed |= p.is_ok();
+                p.ok()
+            })
             .map(|p| p.id())
             .filter(|id| ours.contains(id))
             .collect();
+        if !listed && !ours.is_empty() {
+            tracing::debug!("cannot list the kernel's programs; waiting {BLIND_WAIT:?}");
+            std::thread::sleep(BLIND_WAIT.min(limit));
+            return Vec::new();
+        }
         if left.is_empty() || start.elapsed() >= limit {
             return left;
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// How long to wait for the programs to be freed when the kernel's list
+/// cannot be read (without `CAP_SYS_ADMIN`): the last ones were seen
+/// freed within 50 ms of the tool's exit here.
+pub const BLIND_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Drops links on threads of their own: each drop blocks for a grace
 /// period, and in parallel they overlap.

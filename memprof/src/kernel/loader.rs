@@ -15,7 +15,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use memprof_common::{globals, maps, programs, syscall};
+use memprof_common::{globals, maps, programs};
 
 use super::{
     detach::{Detaching, OwnedLinks},
@@ -74,6 +74,8 @@ pub struct Probes {
     pub(super) multi: Option<MultiPrograms>,
     /// How the hot uprobes are linked.
     pub link_mode: LinkMode,
+    /// How futex waits are hooked.
+    pub futex_hooks: super::hooks::FutexHooks,
     /// The tracepoint and perf-event links, taken out of the object so
     /// that they are dropped in parallel (see `Drop`).
     links: OwnedLinks,
@@ -107,7 +109,7 @@ impl Probes {
         // children, by the kernel).
         super::maps::trace_process(&mut ebpf, tgid, 0)?;
         let mut links = OwnedLinks::default();
-        attach_programs(&mut ebpf, &mut links, load)?;
+        let futex_hooks = attach_programs(&mut ebpf, &mut links, load)?;
         let source = attach_sampler(&mut ebpf, &mut links, frequency_hz, try_hardware)?;
         let mut probes = Self {
             ebpf,
@@ -119,6 +121,7 @@ impl Probes {
             rings: RingCounts::default(),
             multi,
             link_mode,
+            futex_hooks,
             links,
         };
         if let Some(events) = try_hardware
@@ -327,8 +330,13 @@ fn load_multi(ebpf: &Ebpf, load: &Load) -> (Option<MultiPrograms>, LinkMode) {
 }
 
 /// Attaches the thread, allocator-syscall and lock tracepoints, and loads
-/// the uprobe programs the features attach later.
-fn attach_programs(ebpf: &mut Ebpf, links: &mut OwnedLinks, load: &Load) -> Result<()> {
+/// the uprobe programs the features attach later. Returns how futex waits
+/// are hooked.
+fn attach_programs(
+    ebpf: &mut Ebpf,
+    links: &mut OwnedLinks,
+    load: &Load,
+) -> Result<super::hooks::FutexHooks> {
     links.push(attach_tracepoint(
         ebpf,
         programs::TASK_NEW,
@@ -355,7 +363,7 @@ fn attach_programs(ebpf: &mut Ebpf, links: &mut OwnedLinks, load: &Load) -> Resu
                 .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
         }
     }
-    attach_lock_tracepoints(ebpf, links)?;
+    let hooks = super::hooks::attach_lock_tracepoints(ebpf, links)?;
     if load.lock_uprobes {
         for name in [programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK] {
             let prog: &mut UProbe = program(ebpf, name)?;
@@ -363,12 +371,12 @@ fn attach_programs(ebpf: &mut Ebpf, links: &mut OwnedLinks, load: &Load) -> Resu
                 .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
         }
     }
-    Ok(())
+    Ok(hooks)
 }
 
 /// Loads `name` and attaches it to `category:event`; the caller owns the
 /// link.
-fn attach_tracepoint(
+pub(super) fn attach_tracepoint(
     ebpf: &mut Ebpf,
     name: &str,
     category: &str,
@@ -388,7 +396,7 @@ fn attach_tracepoint(
 /// waits for a grace period under a global mutex (`event_mutex`), so 26 of
 /// them took 1 s at exit, one after the other. Used for the programs that
 /// read no tracepoint field, or only the tracepoint's arguments.
-fn attach_raw(ebpf: &mut Ebpf, name: &str, event: &str) -> Result<RawTracePointLink> {
+pub(super) fn attach_raw(ebpf: &mut Ebpf, name: &str, event: &str) -> Result<RawTracePointLink> {
     let prog: &mut RawTracePoint = program(ebpf, name)?;
     prog.load()
         .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
@@ -400,7 +408,7 @@ fn attach_raw(ebpf: &mut Ebpf, name: &str, event: &str) -> Result<RawTracePointL
 
 /// A tracepoint that could not be attached: a missing kernel feature
 /// unless the error says otherwise.
-fn attach_error(e: ProgramError, what: &str) -> Error {
+pub(super) fn attach_error(e: ProgramError, what: &str) -> Error {
     match classify(anyhow::Error::new(e).context(format!("attaching to {what}"))) {
         Error::Internal(err) => Error::KernelFeature {
             feature: "a needed tracepoint",
@@ -410,57 +418,8 @@ fn attach_error(e: ProgramError, what: &str) -> Error {
     }
 }
 
-/// Futex calls (required: every contended user lock ends in one), the
-/// futex2 calls and kernel lock contention (optional: newer kernels).
-fn attach_lock_tracepoints(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<()> {
-    links.push(attach_tracepoint(
-        ebpf,
-        programs::FUTEX_ENTER,
-        "syscalls",
-        "sys_enter_futex",
-    )?);
-    links.push(attach_tracepoint(
-        ebpf,
-        programs::FUTEX_EXIT,
-        "syscalls",
-        "sys_exit_futex",
-    )?);
-    let optional: [(&str, &str, &[&str]); 3] = [
-        (
-            programs::FUTEX_WAIT_ENTER,
-            "syscalls",
-            &["sys_enter_futex_wait"],
-        ),
-        (
-            programs::FUTEX_WAKE_ENTER,
-            "syscalls",
-            &["sys_enter_futex_wake"],
-        ),
-        (
-            programs::FUTEX2_EXIT,
-            "syscalls",
-            &["sys_exit_futex_wait", "sys_exit_futex_wake"],
-        ),
-    ];
-    for (prog, category, events) in optional {
-        if let Err(e) = attach_tracepoint_to(ebpf, links, prog, category, events) {
-            tracing::info!("{category}:{events:?} unavailable, left out: {e}");
-        }
-    }
-    for (prog, event) in [
-        (programs::KLOCK_BEGIN, "contention_begin"),
-        (programs::KLOCK_END, "contention_end"),
-    ] {
-        match attach_raw(ebpf, prog, event) {
-            Ok(link) => links.push(link),
-            Err(e) => tracing::info!("lock:{event} unavailable, left out: {e}"),
-        }
-    }
-    Ok(())
-}
-
 /// Loads `name` once and attaches it to each of `events`.
-fn attach_tracepoint_to(
+pub(super) fn attach_tracepoint_to(
     ebpf: &mut Ebpf,
     links: &mut OwnedLinks,
     name: &str,
@@ -479,16 +438,14 @@ fn attach_tracepoint_to(
     Ok(())
 }
 
-/// The allocator's syscalls (required), and page faults and `mmap_lock`
-/// (optional: not every kernel has these tracepoints).
+/// Loads the allocator's syscall programs (the feature attaches them, in
+/// windows: [`Probes::attach_alloc_syscalls`]) and attaches page faults
+/// and `mmap_lock` (optional: not every kernel has these tracepoints).
 fn attach_alloc_tracepoints(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<()> {
-    for (i, name) in syscall::NAMES.iter().enumerate() {
-        for (prog, event) in [
-            (programs::SYSCALL_ENTER[i], format!("sys_enter_{name}")),
-            (programs::SYSCALL_EXIT[i], format!("sys_exit_{name}")),
-        ] {
-            links.push(attach_tracepoint(ebpf, prog, "syscalls", &event)?);
-        }
+    for name in [programs::SYSCALL_ENTER, programs::SYSCALL_EXIT] {
+        let prog: &mut RawTracePoint = program(ebpf, name)?;
+        prog.load()
+            .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
     }
     for (prog, category, event) in [
         (programs::PAGE_FAULT, "exceptions", "page_fault_user"),

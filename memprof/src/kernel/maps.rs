@@ -47,6 +47,17 @@ pub struct Counters {
     /// table full), not aggregated at all, and stack samples sent.
     pub contention_overflow: u64,
     pub contention_dropped: u64,
+    /// Futex waits lost to a slot of the sched hooks' table held by
+    /// another thread's wait.
+    pub futex_slot_collisions: u64,
+    /// Futex waits the governor's stride skipped, and those traced.
+    pub futex_waits_skipped: u64,
+    pub futex_waits_traced: u64,
+    /// Nanoseconds the contention programs spent on traced waits.
+    pub futex_hit_ns: u64,
+    /// Syscalls of the target seen while the allocator's syscall hooks
+    /// were attached.
+    pub syscalls_seen: u64,
     pub lock_samples: u64,
     /// Allocation call chains sent, and held back by the per-second cap.
     pub alloc_stacks: u64,
@@ -95,6 +106,11 @@ impl Probes {
             slice_faults: sum(counter::SLICE_FAULTS),
             contention_overflow: sum(counter::CONTENTION_OVERFLOW),
             contention_dropped: sum(counter::CONTENTION_DROPPED),
+            futex_slot_collisions: sum(counter::FUTEX_SLOT_COLLISIONS),
+            futex_waits_skipped: sum(counter::FUTEX_WAITS_SKIPPED),
+            futex_waits_traced: sum(counter::FUTEX_WAITS_TRACED),
+            futex_hit_ns: sum(counter::FUTEX_HIT_NS),
+            syscalls_seen: sum(counter::SYSCALLS_SEEN),
             lock_samples: sum(counter::LOCK_SAMPLES),
             alloc_stacks: sum(counter::ALLOC_STACKS),
             alloc_stacks_capped: sum(counter::ALLOC_STACKS_CAPPED),
@@ -140,6 +156,19 @@ impl Probes {
         if let Ok(mut array) = Array::<_, u64>::try_from(map) {
             if let Err(e) = array.set(index, generation, 0) {
                 tracing::warn!("cannot start a {family:?} window: {e}");
+            }
+        }
+    }
+
+    /// Sets the futex hooks' stride: each wait traced with probability
+    /// `1 / stride`.
+    pub fn set_futex_stride(&mut self, stride: u64) {
+        let Some(map) = self.ebpf.map_mut(maps::FUTEX_CTL) else {
+            return;
+        };
+        if let Ok(mut array) = Array::<_, u64>::try_from(map) {
+            if let Err(e) = array.set(memprof_common::futex_ctl::STRIDE, stride, 0) {
+                tracing::warn!("cannot set the futex stride: {e}");
             }
         }
     }

@@ -7,6 +7,7 @@ pub mod contention;
 pub mod cost;
 pub mod cputime;
 pub mod detach;
+pub mod hooks;
 pub mod loader;
 pub mod maps;
 pub mod multi;
@@ -59,6 +60,7 @@ impl Kernel {
                 .is_some_and(|s| s.counting())
                 .then(|| probes.program_runs()),
             links: Some(probes.link_mode.clone()),
+            futex_hooks: Some(probes.futex_hooks.clone()),
         }
     }
 

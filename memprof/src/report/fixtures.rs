@@ -65,6 +65,7 @@ pub fn sample_report() -> Report {
         allocator: Default::default(),
         locks: vec![],
         lock_tracing: None,
+        lock_contention: None,
         loader: sample_loader(2.5),
         notes: vec![],
         cpu_stacks: None,
@@ -435,6 +436,17 @@ pub fn full_report() -> Report {
         unmatched_unlocks: 2,
         held_overflow: 3,
     });
+    // The governor sampled the futex waits: the top lock's counts are
+    // estimates.
+    r.lock_contention = Some(super::model::LockContention {
+        hooks: "sched".into(),
+        stride_max: 4,
+        stride: 2,
+        waits_traced: 15_000,
+        waits_skipped: 45_000,
+        slot_collisions: 1,
+    });
+    r.locks[0].contention_error = Some(0.05);
     let sharing = report_with_sharing();
     r.sampling.addresses = sharing.sampling.addresses;
     r.false_sharing = sharing.false_sharing;

@@ -52,6 +52,7 @@ pub fn empty_report(
         allocator: AllocatorReport::default(),
         locks: Vec::new(),
         lock_tracing: None,
+        lock_contention: None,
         loader: Loader::default(),
         notes: Vec::new(),
         cpu_stacks: None,

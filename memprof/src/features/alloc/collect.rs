@@ -178,6 +178,12 @@ impl AllocCollector {
             .returns_result(&mut process.files, path, file_offset + 1)
     }
 
+    /// The syscall hooks were attached again after a gap: the heap end
+    /// `brk` calls in it moved is unknown.
+    pub fn syscalls_resumed(&mut self) {
+        self.profile.forget_brk_end();
+    }
+
     fn on_syscall(&mut self, ev: &SyscallEvent, process: &mut Process) {
         if process.before_launch(ev.start_ns) {
             return;

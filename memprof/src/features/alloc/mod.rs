@@ -13,6 +13,7 @@ pub mod heap;
 pub mod heap_report;
 pub mod memory;
 pub mod report;
+pub mod syscalls;
 pub mod tracer;
 
 use std::{
@@ -41,6 +42,7 @@ use analysis::{AllocProfile, ProbeCost};
 use classes::SizeClasses;
 use collect::AllocCollector;
 use heap_report::HeapScale;
+use syscalls::SyscallHooks;
 use tracer::AllocTracer;
 
 /// Finds the target's allocator, unless allocator tracing is off. Not
@@ -107,6 +109,9 @@ impl Plan for AllocPlan {
         )?;
         let mut ring = ring;
         let mut held = Vec::new();
+        // Before the calibration, whose cost per call must include them.
+        let mut syscalls = SyscallHooks::new(self.pid);
+        syscalls.follow(probes, true)?;
         let (cost, calibration_links) =
             calibration(self.settings.mode, probes, &mut ring, &mut held);
         let rule = tracer::large_rule(allocator.kind, self.settings.large_threshold);
@@ -128,6 +133,7 @@ impl Plan for AllocPlan {
             traced: Some(Traced {
                 ring,
                 tracer,
+                syscalls,
                 collector,
                 held,
             }),
@@ -173,6 +179,8 @@ pub struct Alloc {
 struct Traced {
     ring: Ring,
     tracer: AllocTracer,
+    /// The allocator's syscall hooks, attached with the windows.
+    syscalls: SyscallHooks,
     collector: AllocCollector,
     /// Records held until the thread records are read again.
     held: Vec<Vec<u8>>,
@@ -221,10 +229,26 @@ impl Feature for Alloc {
         self.traced.as_ref().and_then(|t| t.tracer.deadline())
     }
 
-    /// Ends or starts a window when the controller says so.
+    /// Ends or starts a window when the controller says so; the syscall
+    /// hooks follow the windows, and what they cost is charged to them.
     fn on_deadline(&mut self, probes: &mut Probes, notes: &mut Vec<String>) {
         let Some(t) = &mut self.traced else { return };
-        match t.tracer.on_deadline(probes) {
+        if let Some(cost) = t.syscalls.cost(probes) {
+            t.tracer.set_extra_cost(cost);
+        }
+        let result = t.tracer.on_deadline(probes);
+        match t.syscalls.follow(probes, t.tracer.attached()) {
+            Ok(true) => t.collector.syscalls_resumed(),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!("cannot re-attach the allocator's syscall hooks: {e}");
+                notes.push(format!(
+                    "allocator syscall hooks could not be re-attached: {e}"
+                ));
+                t.syscalls.finish();
+            }
+        }
+        match result {
             Ok(Some(opened)) => t.collector.window(opened, ktime_ns()),
             Ok(None) => {}
             Err(e) => {
@@ -254,6 +278,11 @@ impl Feature for Alloc {
             if t.tracer.attached() {
                 t.collector.window(false, ktime_ns());
             }
+            // The syscall hooks first: their links' release waits for an
+            // RCU tasks-trace grace period, as the uprobe links' does,
+            // and one started behind the other made the allocator's
+            // programs outlive the tool.
+            t.syscalls.finish();
             // Starts detaching; the report is built and shown meanwhile
             // (the kernel takes a while), and the session waits for the
             // detach before the process ends.

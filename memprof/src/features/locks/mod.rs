@@ -8,6 +8,7 @@
 pub mod analysis;
 pub mod collect;
 pub mod durations;
+pub mod governor;
 pub mod holds;
 pub mod report;
 pub mod sites;
@@ -15,13 +16,15 @@ pub mod traced;
 pub mod tracer;
 
 use std::{
+    cell::Cell,
     task::{Context, Poll},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
-use memprof_common::{locks::HoldEvent, maps, SampleEvent, CONTENTION_KEYS};
+use memprof_common::{locks::HoldEvent, maps, programs, SampleEvent, CONTENTION_KEYS};
 
 use super::{alloc::analysis::AllocProfile, ulcp, Feature, Plan, ReportContext, Target};
+use crate::kernel::cputime::cpu_time;
 use crate::{
     cli::LockMode,
     error::Result,
@@ -33,9 +36,13 @@ use crate::{
     },
     options::Options,
     process::state::Process,
-    report::Report,
+    report::{
+        model::{LockContention, LockEntry},
+        Report,
+    },
 };
 use collect::LockCollector;
+use governor::{Governor, Reading};
 use traced::Scale;
 use tracer::LockLibrary;
 
@@ -108,10 +115,19 @@ impl Plan for LockPlan {
         // comparison: it adds no kernel work, only the loader's).
         let off = std::env::var("MEMPROF_ULCP").is_ok_and(|v| v == "off");
         let ulcp = (calls.is_some() && !off).then(ulcp::Ulcp::default);
+        let governed = (probes.futex_hooks.kind == "sched").then(|| Governed {
+            governor: Governor::new(self.budget),
+            started: Instant::now(),
+            due: Instant::now(),
+            pid: self.pid,
+        });
         Ok(Box::new(Locks {
             futex,
             contention,
             calls,
+            calls_due: Cell::new(None),
+            governed,
+            hooks: probes.futex_hooks.kind,
             mode: self.mode,
             collector: LockCollector::default(),
             ulcp,
@@ -128,7 +144,14 @@ pub struct Locks {
     /// Critical sections and the lock uprobes (None when they are off or
     /// no pthread library was found).
     calls: Option<(Ring, Windowed)>,
+    /// The lock probes' deadline when last asked.
+    calls_due: Cell<Option<Instant>>,
+    /// The futex hooks' governor (None on the syscall path, which has no
+    /// stride).
+    governed: Option<Governed>,
     mode: LockMode,
+    /// How futex waits are hooked (kept for the report after detach).
+    hooks: &'static str,
     collector: LockCollector,
     /// Whether the waits were needed (with the lock uprobes).
     ulcp: Option<ulcp::Ulcp>,
@@ -173,11 +196,26 @@ impl Feature for Locks {
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.calls.as_ref().and_then(|(_, t)| t.deadline())
+        // Kept: the tracer computes some deadlines afresh from the clock.
+        self.calls_due
+            .set(self.calls.as_ref().and_then(|(_, t)| t.deadline()));
+        let governor = self.governed.as_ref().map(|g| g.due);
+        match (self.calls_due.get(), governor) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Ends or starts a window when the controller says so.
+    /// Ends or starts a window when the controller says so, and lets the
+    /// governor look at the futex hooks' cost.
     fn on_deadline(&mut self, probes: &mut Probes, notes: &mut Vec<String>) {
+        let now = Instant::now();
+        if let Some(g) = self.governed.as_mut().filter(|g| g.due <= now) {
+            g.tick(probes);
+        }
+        if self.calls_due.get().is_none_or(|d| d > now) {
+            return;
+        }
         let Some((_, tracer)) = &mut self.calls else {
             return;
         };
@@ -248,6 +286,20 @@ impl Feature for Locks {
             ctx.notes
                 .extend(ulcp::report::notes(&out.locks, &u.profile, self.mode));
         }
+        out.lock_contention = Some(self.contention_report(ctx.probes, counters));
+        if let Some(c) = &out.lock_contention {
+            estimate_contention(&mut out.locks, c.stride_max);
+            ctx.notes.extend(stride_note(c, &out.locks));
+        }
+        if let Some((base, share)) = self.governed.as_ref().and_then(|g| g.governor.overrun()) {
+            ctx.notes.push(format!(
+                "the always-on lock hooks' base cost (runs on every context switch and wake-up, \
+                 which no sampling lowers) reached {:.1}% of the target's CPU time, above their \
+                 {:.1}% share of the budget: this program switches threads very often",
+                base * 100.0,
+                share * 100.0
+            ));
+        }
         let changed = traced::make_consistent(&mut out.locks);
         ctx.notes.extend(traced::consistency_note(changed));
         let unplaced = self.collector.profile.hold_table().sites_unplaced;
@@ -265,6 +317,99 @@ impl Feature for Locks {
             .as_mut()
             .map(|(_, t)| t.take_detaching())
             .unwrap_or_default()
+    }
+}
+
+impl Locks {
+    /// How futex waits were traced.
+    fn contention_report(
+        &self,
+        probes: Option<&Probes>,
+        counters: &crate::kernel::maps::Counters,
+    ) -> LockContention {
+        let (stride, stride_max) = self
+            .governed
+            .as_ref()
+            .map_or((1, 1), |g| (g.governor.stride(), g.governor.stride_max()));
+        LockContention {
+            hooks: probes
+                .map_or(self.hooks, |p| p.futex_hooks.kind)
+                .to_string(),
+            stride_max,
+            stride,
+            waits_traced: counters.futex_waits_traced,
+            waits_skipped: counters.futex_waits_skipped,
+            slot_collisions: counters.futex_slot_collisions,
+        }
+    }
+}
+
+/// Gives each entry its claimed error when the governor traced only some
+/// waits (futex and kernel lock waits alike).
+fn estimate_contention(locks: &mut [LockEntry], stride_max: u64) {
+    for l in locks.iter_mut() {
+        let cv = governor::histogram_cv(&l.wait_histogram);
+        l.contention_error = governor::claimed_error(stride_max, l.contentions, cv);
+    }
+}
+
+/// Says that futex waits were sampled, and how roughly.
+fn stride_note(c: &LockContention, locks: &[LockEntry]) -> Option<String> {
+    if c.stride_max <= 1 {
+        return None;
+    }
+    let top = locks
+        .iter()
+        .find_map(|l| Some((l.name.as_deref().unwrap_or(&l.address), l.contention_error?)));
+    let top = top.map_or(String::new(), |(name, e)| {
+        format!(" (±{:.0}% for {name})", e * 100.0)
+    });
+    Some(format!(
+        "futex waits were traced with probability down to 1/{} to keep the always-on futex          hooks within {:.0}% of the budget: contentions, wait times and holder blame are          estimates, each lock's claimed error in the JSON (contention_error){top}",
+        c.stride_max,
+        governor::BUDGET_SHARE * 100.0,
+    ))
+}
+
+/// How often the governor looks at the futex hooks' cost.
+const GOVERNOR_PERIOD: Duration = Duration::from_secs(1);
+
+/// The governor and what it reads.
+struct Governed {
+    governor: Governor,
+    started: Instant,
+    due: Instant,
+    pid: u32,
+}
+
+impl Governed {
+    /// Reads the futex programs' cost and sets the stride it calls for.
+    fn tick(&mut self, probes: &mut Probes) {
+        self.due = Instant::now() + GOVERNOR_PERIOD;
+        let Some(target_cpu_s) = cpu_time(self.pid) else {
+            return;
+        };
+        let counters = probes.counters();
+        let (_, run_ns) = probes.runs_of(&[
+            programs::FUTEX_SWITCH,
+            programs::FUTEX_WAKING,
+            programs::KLOCK_BEGIN,
+            programs::KLOCK_END,
+        ]);
+        let before = self.governor.stride();
+        let stride = self.governor.observe(Reading {
+            at_s: self.started.elapsed().as_secs_f64(),
+            // Zero while traced waits ran: the kernel keeps no run times.
+            run_ns: (run_ns > 0 || counters.futex_waits_traced == 0).then_some(run_ns),
+            hit_ns: counters.futex_hit_ns,
+            traced: counters.futex_waits_traced,
+            skipped: counters.futex_waits_skipped,
+            target_cpu_s,
+        });
+        if stride != before {
+            tracing::debug!("futex hooks: stride {before} -> {stride}");
+            probes.set_futex_stride(stride);
+        }
     }
 }
 

@@ -308,8 +308,14 @@ pub(super) fn other_locks_entry(
 pub fn make_consistent(entries: &mut [LockEntry]) -> usize {
     let mut changed = 0;
     for e in entries.iter_mut() {
+        // Sampled contentions are an estimate: only below the least they
+        // may be do the acquisitions contradict them.
+        let least = match e.contention_error {
+            Some(err) => (e.contentions as f64 * (1.0 - err)).floor() as u64,
+            None => e.contentions,
+        };
         match e.acquisitions {
-            Some(a) if a < e.contentions => {
+            Some(a) if a < least => {
                 e.acquisitions = None;
                 e.contention_rate = None;
                 changed += 1;
@@ -407,6 +413,18 @@ mod tests {
             contention_rate: Some(9.0),
             ..LockEntry::default()
         }
+    }
+
+    #[test]
+    fn sampled_contentions_contradict_only_below_their_error() {
+        let mut entries = vec![entry(50, Some(45)), entry(50, Some(35))];
+        for e in &mut entries {
+            e.contention_error = Some(0.2);
+        }
+        assert_eq!(make_consistent(&mut entries), 1);
+        assert_eq!(entries[0].acquisitions, Some(45));
+        assert_eq!(entries[0].contention_rate, Some(1.0));
+        assert_eq!(entries[1].acquisitions, None);
     }
 
     #[test]

@@ -212,6 +212,13 @@ impl Windowed {
         self.points.iter().map(|p| p.probe.op).collect()
     }
 
+    /// Sets what the target loses per second the windows are attached
+    /// besides the probes' traps (hooks attached with them), a fraction of
+    /// its time.
+    pub fn set_extra_cost(&mut self, per_second: f64) {
+        self.cycle.set_extra_cost(per_second);
+    }
+
     /// The cost of one traced call in use (model, or measured if higher).
     pub fn trap_cost(&self) -> f64 {
         self.cycle.trap_cost()
@@ -558,7 +565,7 @@ impl Windowed {
 /// slowed-down target sees few calls, and staying attached would trace it
 /// all session long.
 fn too_quiet_to_decide(seen: u64, rate: f64, cycle: &DutyCycle) -> bool {
-    seen < MIN_CALLS_TO_MEASURE && rate * cycle.trap_cost() < cycle.budget()
+    seen < MIN_CALLS_TO_MEASURE && rate * cycle.trap_cost() + cycle.extra_cost() < cycle.budget()
 }
 
 #[cfg(test)]

@@ -36,16 +36,21 @@ pub struct Loader {
     /// Each loaded program, most run time first (empty when not counted).
     pub programs: Vec<ProgramCost>,
     /// How the hot uprobes (allocator, locks) were linked: one
-    /// `uprobe_multi` link per program, or single links and why.
-    pub uprobe_links: Option<UprobeLinks>,
+    /// `uprobe_multi` link per program (`uprobe_multi`), `single` links
+    /// and why, or `none` (no hot uprobes).
+    pub uprobe_links: Option<Mechanism>,
+    /// How futex waits were hooked: `sched` (the scheduler's raw
+    /// tracepoints: each wait seen as the sleep it is) or `syscalls` (the
+    /// futex syscall tracepoints) and why.
+    pub futex_hooks: Option<Mechanism>,
 }
 
-/// How the hot uprobes were linked.
+/// Which of a feature's ways of hooking the kernel was used, and why not
+/// the first choice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct UprobeLinks {
-    /// `uprobe_multi`, `single` or `none` (no hot uprobes).
+pub struct Mechanism {
     pub kind: String,
-    /// Why not `uprobe_multi`.
+    /// Why not the first choice (null when it was used).
     pub why: Option<String>,
 }
 
@@ -146,9 +151,13 @@ impl Loader {
             bpf_runs,
             bpf_runs_per_s: bpf_runs.map(|n| per_second(n as f64, duration_s)),
             programs,
-            uprobe_links: kernel.links.as_ref().map(|l| UprobeLinks {
+            uprobe_links: kernel.links.as_ref().map(|l| Mechanism {
                 kind: l.kind.into(),
                 why: l.why.clone(),
+            }),
+            futex_hooks: kernel.futex_hooks.as_ref().map(|h| Mechanism {
+                kind: h.kind.into(),
+                why: h.why.clone(),
             }),
         }
     }
@@ -192,6 +201,7 @@ mod tests {
             bpf_stats: "enabled by memprof".into(),
             programs: Some(vec![run("a", 10, 1_000), run("b", 30, 3_000_000)]),
             links: None,
+            futex_hooks: None,
         };
         let usage = Usage {
             cpu_s: 0.5,
@@ -218,6 +228,7 @@ mod tests {
             bpf_stats: "unavailable: the kernel refused".into(),
             programs: None,
             links: None,
+            futex_hooks: None,
         };
         let l = Loader::new(Usage::default(), &kernel, 1.0);
         assert_eq!(l.bpf_run_ns, None);

@@ -58,8 +58,13 @@ pub struct LockEntry {
     /// Time the lock calls took to return with the lock (uprobes).
     pub acquire_p99_ns: Option<u64>,
     pub acquire_max_ns: Option<u64>,
-    /// Waits: futex waits (blocking or not) or kernel lock waits.
+    /// Waits: futex waits (sleeps on the default path; every futex wait
+    /// call on the syscall path) or kernel lock waits.
     pub contentions: u64,
+    /// Claimed relative error (two standard deviations) of `contentions`
+    /// and the wait times when the governor traced only some of the
+    /// waits (see `lock_contention`); null when every wait was traced.
+    pub contention_error: Option<f64>,
     pub wait_total_ns: u64,
     pub wait_mean_ns: u64,
     pub wait_p99_ns: u64,
@@ -235,6 +240,25 @@ impl LockTracing {
     }
 }
 
+/// How futex waits were traced.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LockContention {
+    /// `sched` (each wait seen as the sleep it is, from the scheduler's
+    /// raw tracepoints) or `syscalls` (the futex syscall tracepoints).
+    pub hooks: String,
+    /// The largest stride the governor used: each wait traced with
+    /// probability 1/stride and counted stride times (1: every wait was
+    /// traced and the counts are exact).
+    pub stride_max: u64,
+    /// The stride at the end.
+    pub stride: u64,
+    /// Waits traced, and left out by the stride (sched hooks only).
+    pub waits_traced: u64,
+    pub waits_skipped: u64,
+    /// Waits lost because another thread's wait held their slot.
+    pub slot_collisions: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OwnerEntry {
     pub tid: u32,
@@ -260,7 +284,8 @@ pub struct HolderSite {
     pub file: Option<String>,
     pub line: Option<u32>,
     pub module: String,
-    /// Wake calls from here.
+    /// Wakes from here: on the sched path, the wakes of a traced waiter
+    /// (one per thread woken); on the syscall path, the wake calls.
     pub count: u64,
     /// Threads they woke.
     pub woken: u64,

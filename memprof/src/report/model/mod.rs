@@ -129,6 +129,9 @@ pub struct Report {
     /// How lock calls were traced (null when the lock uprobes are off or
     /// no pthread library was found).
     pub lock_tracing: Option<LockTracing>,
+    /// How futex waits were traced (null when the lock profiler did not
+    /// run).
+    pub lock_contention: Option<LockContention>,
     /// The profiler's own cost.
     pub loader: Loader,
     /// Things the reader should know (target exited, events lost, ...).

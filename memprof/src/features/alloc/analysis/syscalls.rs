@@ -106,6 +106,11 @@ impl AllocProfile {
         }
     }
 
+    /// Forgets where the heap ends: `brk` calls were not seen since.
+    pub fn forget_brk_end(&mut self) {
+        self.brk_end = None;
+    }
+
     fn brk_delta(&self, call: &SyscallCall) -> u64 {
         match self.brk_end {
             // brk(0) asks where the heap ends: it moves nothing (and is

@@ -1,6 +1,10 @@
 //! Lock contention as the kernel sees it: futex waits and wakes of the
 //! target's threads (every contended user-space lock ends in one), and
-//! kernel locks they wait for.
+//! kernel locks they wait for ([`kernel`]).
+//!
+//! Futex waits are seen by [`sched`] as the sleeps they are (the default),
+//! or by [`syscalls`] at the futex syscalls (the fallback); both aggregate
+//! and sample here.
 //!
 //! An uncontended lock never enters the kernel and costs nothing here. A
 //! contended one is aggregated in place, per (lock, kind, call site), in
@@ -10,25 +14,27 @@
 //! samples, so the loader can name the sites: the first call of each key,
 //! then at most one per key every 250 ms and 200 a second overall.
 
+mod kernel;
+mod sched;
+mod syscalls;
+
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
+        bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_task_pt_regs,
     },
-    macros::{map, raw_tracepoint, tracepoint},
+    macros::map,
     maps::{Array, HashMap, LruHashMap, RingBuf},
-    programs::{RawTracePointContext, TracePointContext},
 };
 use memprof_common::{
-    counter, hint_key, key_may_sample, lock_event, log2_bucket, mix_site, take_token, wait_shares,
-    Contention, ContentionKey, LockEvent, Releases, SiteHint, WaiterKey, ALLOC_THREADS_CAPACITY,
+    counter, futex_ctl, hint_key, key_may_sample, lock_event, log2_bucket, mix_site, take_token,
+    wait_shares, Contention, ContentionKey, LockEvent, Releases, SiteHint, WaiterKey,
     CONTENTION_KEYS, CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, RELEASES_KEPT,
     SAMPLES_PER_S, SITE_HINTS, SITE_HINT_FRAMES, WAITER_THREADS_CAPACITY,
 };
 
-use crate::maps::{
-    bpf_now, count, current_ids, syscall_args_offset, syscall_ret_offset, target_tgid,
-};
+use crate::maps::{bpf_now, count};
 
 #[map(name = "LOCK_EVENTS")]
 static LOCK_EVENTS: RingBuf = RingBuf::with_byte_size(LOCK_RING_BYTES, 0);
@@ -62,41 +68,6 @@ static SAMPLE_BUCKET: Array<u64> = Array::with_max_entries(2, 0);
 /// its end.
 #[map(name = "FUTEX_RELEASES")]
 static RELEASES: LruHashMap<u64, Releases> = LruHashMap::with_max_entries(CONTENTION_KEYS, 0);
-
-/// A futex call in progress on a thread.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct FutexCall {
-    start_ns: u64,
-    addr: u64,
-    site: u64,
-    kind: u32,
-    op: u32,
-    owner: u32,
-    _pad: u32,
-    /// The last futex word this thread was counted waiting on (in
-    /// `WAITER_THREADS`): a thread waiting on the same lock again skips
-    /// the lookup.
-    seen: u64,
-}
-
-#[map(name = "FUTEX_INFLIGHT")]
-static FUTEX_INFLIGHT: LruHashMap<u32, FutexCall> =
-    LruHashMap::with_max_entries(ALLOC_THREADS_CAPACITY, 0);
-
-/// A kernel lock wait in progress on a thread.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct KernelWait {
-    start_ns: u64,
-    addr: u64,
-    flags: u32,
-    _pad: u32,
-}
-
-#[map(name = "KLOCK_INFLIGHT")]
-static KLOCK_INFLIGHT: LruHashMap<u32, KernelWait> =
-    LruHashMap::with_max_entries(ALLOC_THREADS_CAPACITY, 0);
 
 /// `FUTEX_CMD_MASK`: the command without the private and clock flags.
 const FUTEX_CMD_MASK: u64 = !(128 | 256);
@@ -212,18 +183,25 @@ fn contention_of(key: &ContentionKey) -> Option<*mut Contention> {
 /// Counts one call of `ns` into `c`; `woken` for a wake.
 #[inline(always)]
 fn record(c: *mut Contention, ns: u64, woken: u64) {
+    record_weighted(c, ns, woken, 1);
+}
+
+/// Counts `weight` calls of `ns` each into `c` (one traced call standing
+/// for the `weight - 1` the governor skipped beside it).
+#[inline(always)]
+fn record_weighted(c: *mut Contention, ns: u64, woken: u64, weight: u64) {
     // SAFETY: `c` comes from `contention_of`: a map value valid while the
     // program runs. Counters use atomic adds; the longest is a racy
     // compare and store (a maximum set at the same instant may be missed).
     unsafe {
-        add(&raw mut (*c).count, 1);
-        add(&raw mut (*c).total_ns, ns);
+        add(&raw mut (*c).count, weight);
+        add(&raw mut (*c).total_ns, ns * weight);
         if woken > 0 {
-            add(&raw mut (*c).woken, woken);
+            add(&raw mut (*c).woken, woken * weight);
         }
         let b = log2_bucket(ns);
         if b < (*c).buckets.len() {
-            add(&raw mut (*c).buckets[b], 1);
+            add(&raw mut (*c).buckets[b], weight);
         }
         if ns > (*c).max_ns {
             (*c).max_ns = ns;
@@ -240,6 +218,17 @@ fn sample_now(c: *mut Contention, now: u64) -> bool {
     if !key_may_sample(last, now) {
         return false;
     }
+    let ok = take_sample_token(now);
+    if ok {
+        // SAFETY: as above.
+        unsafe { (*c).last_sample_ns = now };
+    }
+    ok
+}
+
+/// Takes a token of the overall sample rate, if one is left.
+#[inline(always)]
+fn take_sample_token(now: u64) -> bool {
     let (Some(credit), Some(refilled)) =
         (SAMPLE_BUCKET.get_ptr_mut(0), SAMPLE_BUCKET.get_ptr_mut(1))
     else {
@@ -252,9 +241,6 @@ fn sample_now(c: *mut Contention, now: u64) -> bool {
         let (ok, left) = take_token(*credit, *refilled, now, cost, 1_000_000_000);
         *credit = left;
         *refilled = now;
-        if ok {
-            (*c).last_sample_ns = now;
-        }
         ok
     }
 }
@@ -329,127 +315,16 @@ fn send_sample(s: &Sample) {
     });
 }
 
-/// The start of a futex wait or wake on `uaddr`.
-#[inline(always)]
-fn futex_begin(kind: u32, cmd: u32, uaddr: u64) {
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
-        return;
-    }
-    let (ip, sp) = user_ip_sp();
-    let site = site_of(kind, ip, sp, crate::locks::call_site(tid));
-    let owner = if kind == lock_event::WAIT {
-        // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
-        unsafe { bpf_probe_read_user((uaddr + 8) as *const u32) }.unwrap_or(0)
-    } else {
-        released(uaddr, site);
-        0
-    };
-    let call = FutexCall {
-        start_ns: bpf_now(),
-        addr: uaddr,
-        site,
-        kind,
-        op: cmd,
-        owner,
-        _pad: 0,
-        seen: 0,
-    };
-    // Each thread reuses its entry (marked done at the call's end rather
-    // than deleted): a lookup instead of an LRU insert and delete per call.
-    match FUTEX_INFLIGHT.get_ptr_mut(tid) {
-        // SAFETY: the pointer comes from the map lookup; only this thread
-        // touches its own entry.
-        Some(p) => unsafe {
-            *p = FutexCall {
-                seen: (*p).seen,
-                ..call
-            }
-        },
-        None => {
-            let _ = FUTEX_INFLIGHT.insert(tid, call, 0);
-        }
-    }
-}
-
-/// The end of a futex call `futex_begin` saw start: aggregated, the wait
-/// charged to the wake that ended it, and maybe sampled.
-#[inline(always)]
-fn futex_end(ctx: &TracePointContext) {
-    let end = bpf_now();
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
-        return;
-    }
-    let Some(entry) = FUTEX_INFLIGHT.get_ptr_mut(tid) else {
-        return;
-    };
-    // SAFETY: the pointer comes from the map lookup; only this thread
-    // touches its own entry. A start of 0 marks it done.
-    let call = unsafe {
-        let call = *entry;
-        (*entry).start_ns = 0;
-        call
-    };
-    if call.start_ns == 0 {
-        return;
-    }
-    // SAFETY: the offset comes from this kernel's format file.
-    let ret = unsafe { ctx.read_at::<i64>(syscall_ret_offset()) }.unwrap_or(0);
-    let ns = end.saturating_sub(call.start_ns);
-    let key = ContentionKey {
-        addr: call.addr,
-        site: call.site,
-        kind: call.kind,
-        _pad: 0,
-    };
-    let Some(c) = contention_of(&key) else {
-        return;
-    };
-    let woken = if call.kind == lock_event::WAKE && ret > 0 {
-        ret as u64
-    } else {
-        0
-    };
-    record(c, ns, woken);
-    if call.kind == lock_event::WAIT {
-        if ret == 0 {
-            blame(call.addr, call.start_ns, end);
-        }
-        if call.seen != call.addr {
-            let waiter = WaiterKey {
-                addr: call.addr,
-                tid,
-                _pad: 0,
-            };
-            if WAITER_THREADS.get_ptr(waiter).is_none() {
-                let _ = WAITER_THREADS.insert(waiter, 1, 0);
-            }
-            // SAFETY: `entry` is this thread's map value, looked up above.
-            unsafe { (*entry).seen = call.addr };
-        }
-    }
-    if sample_now(c, end) {
-        send_sample(&Sample {
-            kind: call.kind,
-            tid,
-            op: call.op,
-            owner: call.owner,
-            addr: call.addr,
-            site: call.site,
-            start_ns: call.start_ns,
-            duration_ns: ns,
-            ret,
-            lock_site: crate::locks::call_site(tid),
-        });
-    }
-}
-
 /// Records a release (wake) of `uaddr` from `site`, in place when the
 /// word has an entry (an LRU insert costs several times a lookup).
 #[inline(always)]
 fn released(uaddr: u64, site: u64) {
-    let now = bpf_now();
+    released_at(uaddr, site, bpf_now());
+}
+
+/// Records a release of `uaddr` from `site` at `now`.
+#[inline(always)]
+fn released_at(uaddr: u64, site: u64, now: u64) {
     match RELEASES.get_ptr_mut(uaddr) {
         // SAFETY: the pointer comes from the map lookup. Two releases of
         // one word at the same instant may take one slot (the lock is
@@ -474,6 +349,12 @@ fn released(uaddr: u64, site: u64) {
 /// the holders that released the lock during it, each for its part.
 #[inline(always)]
 fn blame(uaddr: u64, start: u64, end: u64) {
+    blame_weighted(uaddr, start, end, 1);
+}
+
+/// [`blame`] for a wait that stands for `weight` waits.
+#[inline(always)]
+fn blame_weighted(uaddr: u64, start: u64, end: u64, weight: u64) {
     // SAFETY: a map lookup; the releases are plain data, copied out.
     let Some(r) = (unsafe { RELEASES.get(uaddr) }).copied() else {
         return;
@@ -492,130 +373,43 @@ fn blame(uaddr: u64, start: u64, end: u64) {
         if let Some(c) = contention_of(&key) {
             // SAFETY: `c` is a map value from `contention_of`.
             unsafe {
-                add(&raw mut (*c).caused_ns, ns);
+                add(&raw mut (*c).caused_ns, ns * weight);
                 if last == Some(slot) {
-                    add(&raw mut (*c).caused_waits, 1);
+                    add(&raw mut (*c).caused_waits, weight);
                 }
             }
         }
     }
 }
 
+#[map(name = "FUTEX_CTL")]
+static CTL: Array<u64> = Array::with_max_entries(futex_ctl::COUNT, 0);
+
+/// The weight of a wait under the governor's stride N, or `None` when it
+/// is left out: each sleep is traced with probability 1/N (random,
+/// not every Nth, so that waits alternating between locks are not
+/// aliased onto one of them), and a traced one counts for N.
 #[inline(always)]
-fn arg(ctx: &TracePointContext, n: usize) -> u64 {
-    // SAFETY: the offset comes from this kernel's format file.
-    unsafe { ctx.read_at::<u64>(syscall_args_offset() + 8 * n) }.unwrap_or(0)
-}
-
-/// `futex(uaddr, op, ...)`.
-#[tracepoint]
-pub fn mp_futex_in(ctx: TracePointContext) -> u32 {
-    let cmd = arg(&ctx, 1) & FUTEX_CMD_MASK;
-    let kind = futex_kind(cmd);
-    if kind != 0 {
-        futex_begin(kind, cmd as u32, arg(&ctx, 0));
+fn stride_weight() -> Option<u32> {
+    let stride = CTL.get(futex_ctl::STRIDE).copied().unwrap_or(0);
+    if stride <= 1 {
+        return Some(1);
     }
-    0
-}
-
-/// `futex_wait(uaddr, val, mask, flags, ...)` (futex2).
-#[tracepoint]
-pub fn mp_futexw_in(ctx: TracePointContext) -> u32 {
-    futex_begin(lock_event::WAIT, 0, arg(&ctx, 0));
-    0
-}
-
-/// `futex_wake(uaddr, mask, nr, flags)` (futex2).
-#[tracepoint]
-pub fn mp_futexk_in(ctx: TracePointContext) -> u32 {
-    futex_begin(lock_event::WAKE, 1, arg(&ctx, 0));
-    0
-}
-
-#[tracepoint]
-pub fn mp_futex_out(ctx: TracePointContext) -> u32 {
-    futex_end(&ctx);
-    0
-}
-
-/// Attached to the exits of both futex2 calls.
-#[tracepoint]
-pub fn mp_futex2_out(ctx: TracePointContext) -> u32 {
-    futex_end(&ctx);
-    0
-}
-
-/// `lock:contention_begin(void *lock, unsigned int flags)`, as a raw
-/// tracepoint (see `mp_page_fault`).
-#[raw_tracepoint(tracepoint = "contention_begin")]
-pub fn mp_klock_begin(ctx: RawTracePointContext) -> u32 {
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
-        return 0;
+    // SAFETY: helper without preconditions.
+    let r = u64::from(unsafe { bpf_get_prandom_u32() });
+    if r % stride == 0 {
+        Some(stride as u32)
+    } else {
+        count(counter::FUTEX_WAITS_SKIPPED);
+        None
     }
-    let wait = KernelWait {
-        start_ns: bpf_now(),
-        addr: ctx.arg::<u64>(0),
-        flags: ctx.arg::<u64>(1) as u32,
-        _pad: 0,
-    };
-    match KLOCK_INFLIGHT.get_ptr_mut(tid) {
-        // SAFETY: the pointer comes from the map lookup; only this thread
-        // touches its own entry (reused, as the futex calls' are).
-        Some(p) => unsafe { *p = wait },
-        None => {
-            let _ = KLOCK_INFLIGHT.insert(tid, wait, 0);
-        }
-    }
-    0
 }
 
-/// The end of a kernel lock wait: aggregated per (lock kind, user site).
-#[raw_tracepoint(tracepoint = "contention_end")]
-pub fn mp_klock_end(_ctx: RawTracePointContext) -> u32 {
-    let end = bpf_now();
-    let (tgid, tid) = current_ids();
-    if tgid != target_tgid() {
-        return 0;
+/// Counts `tid` among the threads that waited on `addr`.
+#[inline(always)]
+fn count_waiter(addr: u64, tid: u32) {
+    let waiter = WaiterKey { addr, tid, _pad: 0 };
+    if WAITER_THREADS.get_ptr(waiter).is_none() {
+        let _ = WAITER_THREADS.insert(waiter, 1, 0);
     }
-    let Some(entry) = KLOCK_INFLIGHT.get_ptr_mut(tid) else {
-        return 0;
-    };
-    // SAFETY: the pointer comes from the map lookup; only this thread
-    // touches its own entry. A start of 0 marks it done.
-    let w = unsafe {
-        let w = *entry;
-        (*entry).start_ns = 0;
-        w
-    };
-    if w.start_ns == 0 {
-        return 0;
-    }
-    let (ip, sp) = user_ip_sp();
-    let key = ContentionKey {
-        addr: u64::from(w.flags),
-        site: site_of(lock_event::KERNEL, ip, sp, 0),
-        kind: lock_event::KERNEL,
-        _pad: 0,
-    };
-    let Some(c) = contention_of(&key) else {
-        return 0;
-    };
-    let ns = end.saturating_sub(w.start_ns);
-    record(c, ns, 0);
-    if sample_now(c, end) {
-        send_sample(&Sample {
-            kind: lock_event::KERNEL,
-            tid,
-            op: w.flags,
-            owner: 0,
-            addr: key.addr,
-            site: key.site,
-            start_ns: w.start_ns,
-            duration_ns: ns,
-            ret: 0,
-            lock_site: 0,
-        });
-    }
-    0
 }

@@ -1,0 +1,343 @@
+//! Futex waits seen as the sleeps they are, from the scheduler's raw
+//! tracepoints, with nothing on the futex syscalls themselves.
+//!
+//! A syscall tracepoint, once enabled, sends every syscall on the machine
+//! down the slow path, and work at a wake's entry delays the hand-off of
+//! the lock it releases. Here a futex call that does not sleep (an
+//! uncontended wake, a wait whose word already changed) costs nothing:
+//! - `sched_switch`, the thread going to sleep (`prev`, still the current
+//!   task, so its stack can be read): if it sleeps inside a futex wait,
+//!   its word, call site and the mutex's owner go into its slot of
+//!   `FUTEX_WAITING`, found by hashing its task pointer (an array
+//!   lookup, cheap enough for every context switch on the machine);
+//! - `sched_waking`, in the waker's context before the sleeper is queued
+//!   to run: if the sleeper has a wait in progress and the waker is in a
+//!   futex wake of the target, the waker's call site and the time;
+//! - `sched_switch` again, the sleeper coming back (`next`): the wait is
+//!   aggregated, the release recorded and the wait charged to the
+//!   holders that released the lock during it (as the syscall path does
+//!   at the futex call's exit).
+//!
+//! The governor's stride (`FUTEX_CTL`) makes the sleep side trace each
+//! wait with probability 1/N, a traced wait then counting for N.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
+    },
+    macros::{map, raw_tracepoint},
+    maps::Array,
+    programs::RawTracePointContext,
+};
+use memprof_common::{
+    counter, futex_nr, futex_slot, key_may_sample, lock_event, sample_slot, ContentionKey,
+    FUTEX_SLOTS, SAMPLE_SLOTS,
+};
+
+use super::{
+    blame_weighted, contention_of, count_waiter, futex_kind, record_weighted, released_at,
+    send_sample, site_of, stride_weight, take_sample_token, Sample, FUTEX_CMD_MASK,
+};
+use crate::{
+    locks::call_site,
+    maps::{bpf_now, count, count_by, current_ids, target_tgid},
+};
+
+/// A futex wait in progress (`start_ns` ≠ 0) or the last one of the
+/// thread whose task pointer is `task`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Waiting {
+    task: u64,
+    /// When it went to sleep; 0 when no wait is in progress. Written last
+    /// at the sleep and read first by the others.
+    start_ns: u64,
+    addr: u64,
+    site: u64,
+    /// When a waker woke it (0: not yet), and the waker's site (0: not a
+    /// futex wake of the target: a signal, a time-out, another process).
+    woken_ns: u64,
+    waker_site: u64,
+    /// The last futex word the thread was counted waiting on
+    /// (`WAITER_THREADS`): waiting on it again skips the lookup.
+    seen: u64,
+    tid: u32,
+    /// The u32 8 bytes after the word at the sleep (a glibc mutex's
+    /// `__owner`).
+    owner: u32,
+    /// How many waits this one stands for (the stride when it slept).
+    weight: u32,
+    op: u32,
+}
+
+#[map(name = "FUTEX_WAITING")]
+static WAITING: Array<Waiting> = Array::with_max_entries(FUTEX_SLOTS, 0);
+
+/// Per-key sample clocks: `[tag, last sample time]`.
+#[map(name = "FUTEX_SAMPLE_CLOCK")]
+static SAMPLE_CLOCK: Array<[u64; 2]> = Array::with_max_entries(SAMPLE_SLOTS, 0);
+
+/// What the current thread's saved user registers say about its syscall.
+struct SyscallRegs {
+    nr: u64,
+    arg0: u64,
+    arg1: u64,
+    ip: u64,
+    sp: u64,
+}
+
+/// The current thread's syscall number, first two arguments, instruction
+/// and stack pointers, in one read.
+#[inline(always)]
+fn syscall_regs() -> Option<SyscallRegs> {
+    // SAFETY: the current task is valid while the program runs, and
+    // bpf_task_pt_regs returns its saved user registers, read with
+    // bpf_probe_read_kernel, which fails cleanly. From offset 104 of
+    // x86-64's `struct pt_regs` (a user ABI: ptrace exposes the same
+    // layout): si, di, orig_ax (the syscall number), ip, cs, flags, sp.
+    let w = unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
+        bpf_probe_read_kernel(regs.add(104) as *const [u64; 7]).ok()?
+    };
+    Some(SyscallRegs {
+        nr: w[2],
+        arg0: w[1],
+        arg1: w[0],
+        ip: w[3],
+        sp: w[6],
+    })
+}
+
+/// Whether a wait of this kind may be sampled now: the first of its key
+/// (as far as its clock slot can tell), then one per interval, within
+/// the overall rate. Claims the slot.
+#[inline(always)]
+fn key_sample_now(addr: u64, site: u64, kind: u32, now: u64) -> bool {
+    let (slot, tag) = sample_slot(addr, site, kind);
+    let Some(p) = SAMPLE_CLOCK.get_ptr_mut(slot) else {
+        return false;
+    };
+    // SAFETY: the pointer comes from the map lookup; racing CPUs may
+    // both sample once.
+    unsafe {
+        let last = if (*p)[0] == tag { (*p)[1] } else { 0 };
+        if !key_may_sample(last, now) || !take_sample_token(now) {
+            return false;
+        }
+        (*p)[0] = tag;
+        (*p)[1] = now;
+    }
+    true
+}
+
+/// `prev` (the current task) goes to sleep: note the wait if it sleeps in
+/// a futex wait of the target.
+#[inline(always)]
+fn sleeping(task: u64) {
+    let (tgid, tid) = current_ids();
+    if tgid != target_tgid() {
+        return;
+    }
+    let Some(r) = syscall_regs() else {
+        return;
+    };
+    let op = match r.nr {
+        futex_nr::FUTEX => {
+            let cmd = r.arg1 & FUTEX_CMD_MASK;
+            if futex_kind(cmd) != lock_event::WAIT {
+                return;
+            }
+            cmd as u32
+        }
+        futex_nr::FUTEX_WAIT => 0,
+        _ => return,
+    };
+    let Some(weight) = stride_weight() else {
+        return;
+    };
+    let now = bpf_now();
+    let addr = r.arg0;
+    let lock_site = call_site(tid);
+    let site = site_of(lock_event::WAIT, r.ip, r.sp, lock_site);
+    // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
+    let owner = unsafe { bpf_probe_read_user((addr + 8) as *const u32) }.unwrap_or(0);
+    let Some(w) = WAITING.get_ptr_mut(futex_slot(task)) else {
+        return;
+    };
+    // SAFETY: the pointer comes from the map lookup. Only this thread's
+    // sleep writes a slot it owns; `start_ns` goes last, so a waker on
+    // another CPU sees either no wait or a whole one.
+    unsafe {
+        if (*w).task != task {
+            if (*w).start_ns != 0 {
+                count(counter::FUTEX_SLOT_COLLISIONS);
+            }
+            (*w).task = task;
+            (*w).seen = 0;
+        }
+        (*w).addr = addr;
+        (*w).site = site;
+        (*w).woken_ns = 0;
+        (*w).waker_site = 0;
+        (*w).tid = tid;
+        (*w).owner = owner;
+        (*w).weight = weight;
+        (*w).op = op;
+        (*w).start_ns = now;
+    }
+    count(counter::FUTEX_WAITS_TRACED);
+    if key_sample_now(addr, site, lock_event::WAIT, now) {
+        send_sample(&Sample {
+            kind: lock_event::WAIT,
+            tid,
+            op,
+            owner,
+            addr,
+            site,
+            start_ns: now,
+            duration_ns: 0,
+            ret: 0,
+            lock_site,
+        });
+    }
+    count_by(counter::FUTEX_HIT_NS, bpf_now().saturating_sub(now));
+}
+
+/// `next` comes back on a CPU: the end of its futex wait, if one is in
+/// progress. Runs on every context switch, so the miss is one array
+/// lookup and a compare.
+#[inline(always)]
+fn woke(task: u64) {
+    let Some(p) = WAITING.get_ptr_mut(futex_slot(task)) else {
+        return;
+    };
+    // SAFETY: the pointer comes from the map lookup; the thread is not
+    // running, so nothing else writes its slot but a late waker's
+    // `woken_ns`, which this copy has or misses as a whole wake.
+    let w = unsafe {
+        if (*p).task != task || (*p).start_ns == 0 {
+            return;
+        }
+        let w = *p;
+        (*p).start_ns = 0;
+        if w.seen != w.addr {
+            (*p).seen = w.addr;
+        }
+        w
+    };
+    let end = bpf_now();
+    let ns = end.saturating_sub(w.start_ns);
+    let weight = u64::from(w.weight.max(1));
+    let key = ContentionKey {
+        addr: w.addr,
+        site: w.site,
+        kind: lock_event::WAIT,
+        _pad: 0,
+    };
+    if let Some(c) = contention_of(&key) {
+        record_weighted(c, ns, 0, weight);
+    }
+    if w.waker_site != 0 {
+        released_at(w.addr, w.waker_site, w.woken_ns);
+        let key = ContentionKey {
+            addr: w.addr,
+            site: w.waker_site,
+            kind: lock_event::WAKE,
+            _pad: 0,
+        };
+        if let Some(c) = contention_of(&key) {
+            record_weighted(c, 0, 1, weight);
+        }
+        blame_weighted(w.addr, w.start_ns, end, weight);
+    }
+    if w.seen != w.addr {
+        count_waiter(w.addr, w.tid);
+    }
+    count_by(counter::FUTEX_HIT_NS, bpf_now().saturating_sub(end));
+}
+
+/// Every context switch on the machine: the end of a wait for `next`,
+/// the start of one for `prev` when it blocks (not when preempted).
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn mp_futex_sw(ctx: RawTracePointContext) -> u32 {
+    // sched_switch(bool preempt, struct task_struct *prev,
+    //              struct task_struct *next, unsigned int prev_state)
+    woke(ctx.arg::<u64>(2));
+    let preempt = ctx.arg::<u64>(0) & 0xff;
+    let state = ctx.arg::<u64>(3) & 0xffff_ffff;
+    // TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE
+    if preempt == 0 && state & 3 != 0 {
+        sleeping(ctx.arg::<u64>(1));
+    }
+    0
+}
+
+/// Every wake-up on the machine, in the waker's context: for a sleeper
+/// with a futex wait in progress, the waker's site if it is the target
+/// in a futex wake.
+#[raw_tracepoint(tracepoint = "sched_waking")]
+pub fn mp_futex_wk(ctx: RawTracePointContext) -> u32 {
+    let task = ctx.arg::<u64>(0);
+    let Some(p) = WAITING.get_ptr_mut(futex_slot(task)) else {
+        return 0;
+    };
+    // SAFETY: the pointer comes from the map lookup; plain integers.
+    let (addr, owner) = unsafe {
+        if (*p).task != task || (*p).start_ns == 0 || (*p).woken_ns != 0 {
+            return 0;
+        }
+        ((*p).addr, (*p).owner)
+    };
+    let now = bpf_now();
+    let (site, tid, op) = waker();
+    // SAFETY: as above; the sleeper reads these when it comes back.
+    unsafe {
+        (*p).waker_site = site;
+        (*p).woken_ns = now;
+    }
+    if site != 0 && key_sample_now(addr, site, lock_event::WAKE, now) {
+        send_sample(&Sample {
+            kind: lock_event::WAKE,
+            tid,
+            op,
+            owner,
+            addr,
+            site,
+            start_ns: now,
+            duration_ns: 0,
+            ret: 1,
+            lock_site: call_site(tid),
+        });
+    }
+    count_by(counter::FUTEX_HIT_NS, bpf_now().saturating_sub(now));
+    0
+}
+
+/// The current thread's futex wake site, thread and command, when it is
+/// a thread of the target in a futex wake; site 0 otherwise.
+#[inline(always)]
+fn waker() -> (u64, u32, u32) {
+    let (tgid, tid) = current_ids();
+    if tgid != target_tgid() {
+        return (0, tid, 0);
+    }
+    let Some(r) = syscall_regs() else {
+        return (0, tid, 0);
+    };
+    let op = match r.nr {
+        futex_nr::FUTEX => {
+            let cmd = r.arg1 & FUTEX_CMD_MASK;
+            if futex_kind(cmd) != lock_event::WAKE {
+                return (0, tid, 0);
+            }
+            cmd as u32
+        }
+        futex_nr::FUTEX_WAKE => 1,
+        _ => return (0, tid, 0),
+    };
+    (
+        site_of(lock_event::WAKE, r.ip, r.sp, call_site(tid)),
+        tid,
+        op,
+    )
+}

@@ -1,0 +1,149 @@
+//! How the tool hooks the kernel for lock contention and the
+//! allocator's syscalls: the scheduler's raw tracepoints for futex waits
+//! (the default) or the futex syscall tracepoints (the fallback), and
+//! the raw syscall tracepoints the allocator attaches with its windows.
+
+use aya::{
+    programs::{raw_trace_point::RawTracePointLink, RawTracePoint},
+    Ebpf,
+};
+use memprof_common::programs;
+
+use super::{
+    detach::OwnedLinks,
+    loader::{attach_error, attach_raw, attach_tracepoint, attach_tracepoint_to, program, Probes},
+};
+use crate::error::Result;
+
+/// How futex waits are hooked in this session, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FutexHooks {
+    /// `"sched"`: the scheduler's raw tracepoints see each wait as the
+    /// sleep it is; `"syscalls"`: the futex syscall tracepoints, the
+    /// fallback.
+    pub kind: &'static str,
+    /// Why the fallback is used, if it is.
+    pub why: Option<String>,
+}
+
+/// Set to `syscalls` to trace futex waits at the futex syscalls (the
+/// fallback path) instead of at the sleeps.
+const FUTEX_HOOKS_ENV: &str = "MEMPROF_FUTEX_HOOKS";
+
+/// Kernel lock contention (optional: newer kernels) and futex waits
+/// (required: every contended user lock ends in one): by the scheduler's
+/// raw tracepoints where the kernel passes `sched_switch` the sleeping
+/// task's state (5.18+), else by the futex syscall tracepoints.
+pub(super) fn attach_lock_tracepoints(
+    ebpf: &mut Ebpf,
+    links: &mut OwnedLinks,
+) -> Result<FutexHooks> {
+    for (prog, event) in [
+        (programs::KLOCK_BEGIN, "contention_begin"),
+        (programs::KLOCK_END, "contention_end"),
+    ] {
+        match attach_raw(ebpf, prog, event) {
+            Ok(link) => links.push(link),
+            Err(e) => tracing::info!("lock:{event} unavailable, left out: {e}"),
+        }
+    }
+    let why = if std::env::var(FUTEX_HOOKS_ENV).is_ok_and(|v| v == "syscalls") {
+        format!("{FUTEX_HOOKS_ENV}=syscalls")
+    } else if !sched_hooks_kernel() {
+        "the kernel is older than 5.18 (sched_switch has no task state)".into()
+    } else {
+        let mut sched = Vec::new();
+        let attached = [
+            (programs::FUTEX_SWITCH, "sched_switch"),
+            (programs::FUTEX_WAKING, "sched_waking"),
+        ]
+        .into_iter()
+        .try_for_each(|(prog, event)| attach_raw(ebpf, prog, event).map(|link| sched.push(link)));
+        match attached {
+            Ok(()) => {
+                for link in sched {
+                    links.push(link);
+                }
+                return Ok(FutexHooks {
+                    kind: "sched",
+                    why: None,
+                });
+            }
+            Err(e) => {
+                tracing::info!("sched raw tracepoints unavailable, futex syscalls instead: {e}");
+                format!("the sched raw tracepoints could not be attached: {e}")
+            }
+        }
+    };
+    attach_futex_syscalls(ebpf, links)?;
+    Ok(FutexHooks {
+        kind: "syscalls",
+        why: Some(why),
+    })
+}
+
+/// Whether the kernel passes the sleeping task's state to `sched_switch`
+/// (5.18 added it as the tracepoint's last argument).
+fn sched_hooks_kernel() -> bool {
+    aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(5, 18, 0))
+}
+
+/// Futex calls at their syscalls (required on this path), and the futex2
+/// calls (optional: newer kernels).
+fn attach_futex_syscalls(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<()> {
+    links.push(attach_tracepoint(
+        ebpf,
+        programs::FUTEX_ENTER,
+        "syscalls",
+        "sys_enter_futex",
+    )?);
+    links.push(attach_tracepoint(
+        ebpf,
+        programs::FUTEX_EXIT,
+        "syscalls",
+        "sys_exit_futex",
+    )?);
+    let optional: [(&str, &str, &[&str]); 3] = [
+        (
+            programs::FUTEX_WAIT_ENTER,
+            "syscalls",
+            &["sys_enter_futex_wait"],
+        ),
+        (
+            programs::FUTEX_WAKE_ENTER,
+            "syscalls",
+            &["sys_enter_futex_wake"],
+        ),
+        (
+            programs::FUTEX2_EXIT,
+            "syscalls",
+            &["sys_exit_futex_wait", "sys_exit_futex_wake"],
+        ),
+    ];
+    for (prog, category, events) in optional {
+        if let Err(e) = attach_tracepoint_to(ebpf, links, prog, category, events) {
+            tracing::info!("{category}:{events:?} unavailable, left out: {e}");
+        }
+    }
+    Ok(())
+}
+
+impl Probes {
+    /// Attaches the allocator's syscall programs to the raw `sys_enter`
+    /// and `sys_exit` tracepoints; dropping the links detaches them (at
+    /// once: raw tracepoint links wait for no grace period).
+    pub fn attach_alloc_syscalls(&mut self) -> Result<Vec<RawTracePointLink>> {
+        let mut links = Vec::with_capacity(2);
+        for (name, event) in [
+            (programs::SYSCALL_EXIT, "sys_exit"),
+            (programs::SYSCALL_ENTER, "sys_enter"),
+        ] {
+            let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
+            let id = prog
+                .attach(event)
+                .map_err(|e| attach_error(e, &format!("raw tracepoint {event}")))?;
+            links.push(prog.take_link(id).map_err(anyhow::Error::new)?);
+        }
+        Ok(links)
+    }
+}
