@@ -150,8 +150,15 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
+/// Fewest rounds the headline ratios are medians of: on this VM kind a
+/// single quiet run proved nothing (the same bench read 0.58 and 0.33 on
+/// two machines), and the untraced yield loop alone varies ±20% between
+/// rounds.
+const MIN_ROUNDS: usize = 5;
+
 pub fn run(rounds: usize) -> Result<Value> {
-    let rounds = rounds.clamp(1, 7);
+    let rounds = rounds.clamp(MIN_ROUNDS, 9);
+    println!("lock benchmark on: {}", cpu_model());
     let locks = workloads::build_workload("locks", workloads::Variant::Debug)?;
     let tool = crate::bench::tool();
     let json = root().join("target/bench/locks-report.json");
@@ -256,23 +263,30 @@ impl Bench<'_> {
     fn table(&self, w: &Workload, per: &[Vec<f64>], rounds: usize, futex: Option<f64>) -> Value {
         // Throughput of each run as a share of the untraced run of its
         // round (1 = no cost).
-        let speed = |i: usize| {
-            let mut r: Vec<f64> = per[i]
+        let ratios = |i: usize| -> Vec<f64> {
+            per[i]
                 .iter()
                 .zip(&per[0])
                 .map(|(t, u)| match w.metric {
                     Metric::Rate(_) => t / u,
                     Metric::NsPerCs => u / t,
                 })
-                .collect();
-            median(&mut r)
+                .collect()
+        };
+        let speed = |i: usize| median(&mut ratios(i));
+        // The spread of the per-round ratios: lowest and highest.
+        let spread = |i: usize| {
+            let r = ratios(i);
+            let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (lo, hi)
         };
         let unit = match w.metric {
             Metric::Rate(_) => "per s",
             Metric::NsPerCs => "ns per critical section",
         };
         println!(
-            "lock benchmark: {} (medians of {rounds} rounds, one run)",
+            "lock benchmark: {} (medians of {rounds} alternating rounds, lowest-highest in brackets)",
             w.title
         );
         if let Some(f) = futex {
@@ -302,13 +316,18 @@ impl Bench<'_> {
                 let what = format!("locks {}: {} throughput/untraced", w.title, c.name());
                 format!("target {text}  {}", verdict(&what, ratio >= min))
             });
+            let (lo, hi) = spread(i);
             println!(
-                "  {:<16} {:>14.1} {unit}   throughput/untraced {ratio:>6.3}  {}",
+                "  {:<16} {:>14.1} {unit}   throughput/untraced {ratio:>6.3} ({lo:.3}-{hi:.3})  {}",
                 c.name(),
                 median(&mut v),
                 check.unwrap_or_default()
             );
-            out[c.name()] = json!({ "values": per[i], "throughput_over_untraced": ratio });
+            out[c.name()] = json!({
+                "values": per[i],
+                "throughput_over_untraced": ratio,
+                "spread": [lo, hi],
+            });
         }
         if let (Some(full), Some(bpf)) = (idx(Config::Full), idx(Config::BpftraceUprobe)) {
             // What each adds per critical section, per round.
@@ -378,6 +397,21 @@ impl Bench<'_> {
             .transpose()?;
         Ok((v, report))
     }
+}
+
+/// The CPU the bench ran on, as /proc/cpuinfo names it, with the count.
+pub(crate) fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|(_, m)| m.trim())
+        })
+        .unwrap_or("unknown CPU");
+    let cpus = info.lines().filter(|l| l.starts_with("processor")).count();
+    format!("{model} ({cpus} CPUs)")
 }
 
 /// `args` with a count appended.
