@@ -10,7 +10,9 @@
 //! - a 2-thread contended mutex (`locks contended_bench 2 N`, ns per
 //!   critical section);
 //! - many short uncontended critical sections (`locks uncontended N`);
-//! - Debian's `sysbench threads --threads=4 --thread-locks=1` (events).
+//! - Debian's `sysbench threads --threads=4 --thread-locks=1` (events);
+//!   and the default mode attached with `-p` to it while it runs
+//!   (`bench_locks_attach`).
 //!
 //! each untraced and under the tool's default mode; the contended ones
 //! also under `--lock-mode off` and under a bpftrace script doing what the
@@ -187,6 +189,8 @@ pub fn run(rounds: usize) -> Result<Value> {
         verdict("locks: loader peak RSS on the bench workloads", rss <= (100u64 << 20) as f64)
     );
     results.insert("loader_peak_rss_bytes_max".into(), json!(rss as u64));
+    let attached = crate::bench_locks_attach::run(&tool, &json, rounds)?;
+    results.insert("attached_sysbench".into(), attached);
     let load = crate::bench_locks_load::run(&locks, &tool, &json)?;
     results.insert("load".into(), load);
     Ok(Value::Object(results))

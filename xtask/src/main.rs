@@ -13,6 +13,7 @@ mod bench_containers;
 mod bench_corpus;
 mod bench_export;
 mod bench_locks;
+mod bench_locks_attach;
 mod bench_locks_load;
 mod bench_sharing;
 mod bench_ulcp;
