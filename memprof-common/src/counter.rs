@@ -78,5 +78,9 @@ pub const SYSCALLS_SEEN: u32 = LOCK_STATE_ERRORS + 11;
 /// Nanoseconds the lock-contention programs spent on the waits they
 /// traced (the part of their cost the governor's stride can lower).
 pub const FUTEX_HIT_NS: u32 = LOCK_STATE_ERRORS + 12;
+/// Wait spans sent ([`crate::WaitSpan`]), and those the ring had no room
+/// for.
+pub const WAIT_SPANS: u32 = LOCK_STATE_ERRORS + 13;
+pub const WAIT_SPANS_LOST: u32 = LOCK_STATE_ERRORS + 14;
 /// Number of counters.
-pub const COUNT: u32 = LOCK_STATE_ERRORS + 13;
+pub const COUNT: u32 = LOCK_STATE_ERRORS + 15;

@@ -111,7 +111,40 @@ pub mod futex_ctl {
     /// Trace a futex wait with probability 1 / this (0 and 1: every
     /// one); each traced wait then counts for this many in the aggregates.
     pub const STRIDE: u32 = 0;
-    pub const COUNT: u32 = 1;
+    /// Non-zero: send the traced waits' spans ([`super::WaitSpan`]) for
+    /// the unnecessary-contention analysis.
+    pub const SPANS: u32 = 1;
+    pub const COUNT: u32 = 2;
+}
+
+/// Wait spans sent a second at most, all locks together (a token bucket
+/// that holds up to a second's worth): the loader joins each with the
+/// CPU samples of its holder.
+pub const SPANS_PER_S: u64 = 20_000;
+/// Byte size of the wait-span ring: 0.5 s of spans at the top rate.
+pub const SPAN_RING_BYTES: u32 = 1 << 19;
+
+/// A traced futex wait whose waker was the lock's owner when the wait
+/// began (a glibc mutex's `__owner`) and made no other wake in between
+/// (while every wait is traced, each release that ends a wait is one):
+/// that thread held the lock from `start_ns` to `woken_ns`, so its CPU
+/// samples in between are taken inside its critical section, with no
+/// lock call traced.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitSpan {
+    /// The futex word (a mutex's address).
+    pub addr: u64,
+    /// The waiter went to sleep, was woken, ran again.
+    pub start_ns: u64,
+    pub woken_ns: u64,
+    pub end_ns: u64,
+    pub waiter: u32,
+    /// The owner at the sleep, who woke it.
+    pub holder: u32,
+    /// How many waits this one stands for (the governor's stride).
+    pub weight: u32,
+    pub _pad: u32,
 }
 
 /// x86-64 syscall numbers of the futex calls the sched hooks recognise in
@@ -237,6 +270,23 @@ pub struct Releases {
 #[inline(always)]
 pub fn wait_shares(r: &Releases, start: u64, end: u64) -> ([u64; RELEASES_KEPT], Option<usize>) {
     let mut shares = [0u64; RELEASES_KEPT];
+    let last = for_each_share(r, start, end, |slot, ns, _| shares[slot] += ns);
+    (shares, last)
+}
+
+/// [`wait_shares`] without the array: calls `f(slot, ns, last)` for each
+/// slot with a share (`last`: the release that ended the wait), and
+/// returns that release. The kernel's form: a zeroed array on the BPF
+/// stack becomes a `memset` call whose result the verifier rejects.
+#[inline(always)]
+pub fn for_each_share(
+    r: &Releases,
+    start: u64,
+    end: u64,
+    mut f: impl FnMut(usize, u64, bool),
+) -> Option<usize> {
+    // First the releases inside the wait (the last of them) and the
+    // newest before its end, then the shares.
     let mut from = start;
     let mut last = None;
     let mut newest: Option<usize> = None;
@@ -250,19 +300,30 @@ pub fn wait_shares(r: &Releases, start: u64, end: u64) -> ([u64; RELEASES_KEPT],
             newest = Some(slot);
         }
         if t > from {
-            shares[slot] += t - from;
             from = t;
             last = Some(slot);
         }
     }
-    match (last, newest) {
-        (Some(slot), _) => (shares, Some(slot)),
-        (None, Some(slot)) => {
-            shares[slot] += end.saturating_sub(start);
-            (shares, Some(slot))
+    let Some(last) = last else {
+        match newest {
+            Some(slot) if end > start => f(slot, end - start, true),
+            _ => {}
         }
-        (None, None) => (shares, None),
+        return newest;
+    };
+    let mut from = start;
+    for k in 0..RELEASES_KEPT {
+        let slot = (r.next as usize).wrapping_add(k) % RELEASES_KEPT;
+        let t = r.times[slot];
+        if t == 0 || t > end {
+            continue;
+        }
+        if t > from {
+            f(slot, t - from, slot == last);
+            from = t;
+        }
     }
+    Some(last)
 }
 
 /// Mixes `word` into site hash `h` (a multiply and xor-shift: cheap in
@@ -355,20 +416,22 @@ const _: () = assert!(core::mem::size_of::<Contention>() == 56 + 8 * LOCK_HIST_B
 const _: () = assert!(core::mem::size_of::<SiteHint>() == 16);
 const _: () = assert!(core::mem::size_of::<WaiterKey>() == 16);
 const _: () = assert!(core::mem::size_of::<Releases>() == 8 + 16 * RELEASES_KEPT);
+const _: () = assert!(core::mem::size_of::<WaitSpan>() == 48);
 
 // SAFETY: all `#[repr(C)]` and made of integers and integer arrays,
 // naturally aligned so without padding (sizes asserted above): the event
 // is four u32 then u64s, an i64 and a u64 array; the key two u64 and two
 // u32; the contention u64s; the hint four u16 and two u32; the waiter
-// key a u64 and two u32; the releases u64s. Any bit
-// pattern is a valid value.
+// key a u64 and two u32; the releases u64s; the span four u64 and four
+// u32. Any bit pattern is a valid value.
 records!(
     LockEvent,
     ContentionKey,
     Contention,
     SiteHint,
     WaiterKey,
-    Releases
+    Releases,
+    WaitSpan
 );
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ pub const ALLOC_SAMPLE_GAPS: &str = "ALLOC_SAMPLE_GAPS";
 pub const KERNEL_STATS: &str = "KERNEL_STATS";
 /// Ring buffer of [`crate::LockEvent`] (stack samples).
 pub const LOCK_EVENTS: &str = "LOCK_EVENTS";
+/// Ring buffer of [`crate::WaitSpan`] (traced waits and their holders).
+pub const WAIT_SPANS: &str = "WAIT_SPANS";
 /// Hash: [`crate::ContentionKey`] → [`crate::Contention`], per lock.
 pub const CONTENTION: &str = "CONTENTION";
 /// Hash: the same, `addr` 0, once [`CONTENTION`] is full.

@@ -201,3 +201,68 @@ fn attached_default_mode_claims_are_right_or_called_weak() {
         run.report["locks"]
     );
 }
+
+/// With no lock call traced (`--lock-mode off`: no lock uprobe at all),
+/// the futex waits alone show the holders' sections: a waiter's sleep
+/// names the lock's owner (glibc's `__owner`), and when that owner's
+/// wake ends the wait with no other release in between, its CPU samples
+/// in the wait fell in its section. 20 s of the five locks: at least 4
+/// of 5 get their class from that evidence, and the lock whose waits are
+/// needed is never called unnecessary. Run without the lock uprobes so
+/// that a pass cannot come from the windowed lock calls.
+#[test]
+fn futex_waits_alone_give_the_classes() {
+    if !require_root("futex_waits_alone_give_the_classes") {
+        return;
+    }
+    let w = build_workload("ulcp", Variant::Debug).expect("building ulcp");
+    let args = [
+        "--no-tui",
+        "--alloc-mode",
+        "off",
+        "--lock-mode",
+        "off",
+        "--",
+        w.to_str().expect("UTF-8"),
+        "20",
+        "4",
+    ];
+    let (_, report) = trace("ulcp-futex-waits", &args);
+    assert_no_programs_left();
+    let contention = &report["lock_contention"];
+    if contention["hooks"] != "sched" {
+        eprintln!(
+            "SKIP futex_waits_alone_give_the_classes: futex waits are traced at the syscalls \
+             here ({}), which do not see the waker's thread: {:#}",
+            report["loader"]["futex_hooks"]["why"], contention
+        );
+        return;
+    }
+    assert!(
+        contention["waits_as_sections"].as_u64().unwrap_or(0) > 0,
+        "no wait was given as its holder's section: {contention:#}"
+    );
+    let mut right = Vec::new();
+    for (name, class, _) in LOCKS {
+        let u = &lock(&report, name)["unnecessary"];
+        if u.is_null() {
+            continue;
+        }
+        let section = u["evidence"][0]["section"].as_str().unwrap_or("");
+        assert!(
+            section.contains("futex waits"),
+            "{name}: evidence not from the waits: {u:#}"
+        );
+        if name == "g_counter_lock" {
+            assert_eq!(u["class"], "true", "needed waits called unnecessary: {u:#}");
+        }
+        if u["class"] == class {
+            right.push(name);
+        }
+    }
+    assert!(
+        right.len() >= 4,
+        "only {right:?} got their class: {:#}",
+        report["locks"]
+    );
+}

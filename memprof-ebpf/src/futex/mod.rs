@@ -28,16 +28,23 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, RingBuf},
 };
 use memprof_common::{
-    counter, futex_ctl, hint_key, key_may_sample, lock_event, log2_bucket, mix_site, take_token,
-    wait_shares, Contention, ContentionKey, LockEvent, Releases, SiteHint, WaiterKey,
+    counter, for_each_share, futex_ctl, hint_key, key_may_sample, lock_event, log2_bucket,
+    mix_site, take_token, Contention, ContentionKey, LockEvent, Releases, SiteHint, WaiterKey,
     CONTENTION_KEYS, CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, RELEASES_KEPT,
-    SAMPLES_PER_S, SITE_HINTS, SITE_HINT_FRAMES, WAITER_THREADS_CAPACITY,
+    SAMPLES_PER_S, SITE_HINTS, SITE_HINT_FRAMES, SPAN_RING_BYTES, WAITER_THREADS_CAPACITY,
 };
 
 use crate::maps::{bpf_now, count};
 
 #[map(name = "LOCK_EVENTS")]
 static LOCK_EVENTS: RingBuf = RingBuf::with_byte_size(LOCK_RING_BYTES, 0);
+
+#[map(name = "WAIT_SPANS")]
+static WAIT_SPANS: RingBuf = RingBuf::with_byte_size(SPAN_RING_BYTES, 0);
+
+/// The span token bucket: `[0]` credit in ns, `[1]` when last refilled.
+#[map(name = "LOCK_SPAN_BUCKET")]
+static SPAN_BUCKET: Array<u64> = Array::with_max_entries(2, 0);
 
 #[map(name = "CONTENTION")]
 static CONTENTION: HashMap<ContentionKey, Contention> =
@@ -229,12 +236,15 @@ fn sample_now(c: *mut Contention, now: u64) -> bool {
 /// Takes a token of the overall sample rate, if one is left.
 #[inline(always)]
 fn take_sample_token(now: u64) -> bool {
-    let (Some(credit), Some(refilled)) =
-        (SAMPLE_BUCKET.get_ptr_mut(0), SAMPLE_BUCKET.get_ptr_mut(1))
-    else {
+    take_bucket_token(&SAMPLE_BUCKET, now, 1_000_000_000 / SAMPLES_PER_S)
+}
+
+/// A token of `bucket` (`[credit, refilled]`), each `cost` ns of credit.
+#[inline(always)]
+fn take_bucket_token(bucket: &Array<u64>, now: u64, cost: u64) -> bool {
+    let (Some(credit), Some(refilled)) = (bucket.get_ptr_mut(0), bucket.get_ptr_mut(1)) else {
         return false;
     };
-    let cost = 1_000_000_000 / SAMPLES_PER_S;
     // SAFETY: both pointers come from the map lookups. The bucket is
     // updated without atomics: a race lets a sample or two more through.
     unsafe {
@@ -359,11 +369,7 @@ fn blame_weighted(uaddr: u64, start: u64, end: u64, weight: u64) {
     let Some(r) = (unsafe { RELEASES.get(uaddr) }).copied() else {
         return;
     };
-    let (shares, last) = wait_shares(&r, start, end);
-    for (slot, &ns) in shares.iter().enumerate() {
-        if ns == 0 {
-            continue;
-        }
+    for_each_share(&r, start, end, |slot, ns, last| {
         let key = ContentionKey {
             addr: uaddr,
             site: r.sites[slot],
@@ -374,12 +380,12 @@ fn blame_weighted(uaddr: u64, start: u64, end: u64, weight: u64) {
             // SAFETY: `c` is a map value from `contention_of`.
             unsafe {
                 add(&raw mut (*c).caused_ns, ns * weight);
-                if last == Some(slot) {
+                if last {
                     add(&raw mut (*c).caused_waits, weight);
                 }
             }
         }
-    }
+    });
 }
 
 #[map(name = "FUTEX_CTL")]

@@ -22,6 +22,7 @@
 //! wait with probability 1/N, a traced wait then counting for N.
 
 use aya_ebpf::{
+    bindings::BPF_RB_NO_WAKEUP,
     helpers::{
         bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
     },
@@ -30,13 +31,14 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use memprof_common::{
-    counter, futex_nr, futex_slot, key_may_sample, lock_event, sample_slot, ContentionKey,
-    FUTEX_SLOTS, SAMPLE_SLOTS,
+    counter, futex_ctl, futex_nr, futex_slot, key_may_sample, lock_event, sample_slot,
+    ContentionKey, WaitSpan, FUTEX_SLOTS, SAMPLE_SLOTS, SPANS_PER_S,
 };
 
 use super::{
     blame_weighted, contention_of, count_waiter, futex_kind, record_weighted, released_at,
-    send_sample, site_of, stride_weight, take_sample_token, Sample, FUTEX_CMD_MASK,
+    send_sample, site_of, stride_weight, take_bucket_token, take_sample_token, Sample, CTL,
+    FUTEX_CMD_MASK, SPAN_BUCKET, WAIT_SPANS,
 };
 use crate::{
     locks::call_site,
@@ -68,10 +70,27 @@ struct Waiting {
     /// How many waits this one stands for (the stride when it slept).
     weight: u32,
     op: u32,
+    /// The waker's thread (with `waker_site`).
+    waker_tid: u32,
+    /// The owner's count of releases (`RELEASES_BY`) at the sleep.
+    owner_releases: u32,
 }
 
 #[map(name = "FUTEX_WAITING")]
 static WAITING: Array<Waiting> = Array::with_max_entries(FUTEX_SLOTS, 0);
+
+/// Per thread (tid modulo the size): the futex wakes it made that woke a
+/// traced wait. While every wait is traced (stride 1), an owner that
+/// woke a waiter with no other wake since that waiter's sleep held the
+/// lock throughout: the wait's span is its section ([`send_span`]).
+#[map(name = "FUTEX_RELEASES_BY")]
+static RELEASES_BY: Array<u32> = Array::with_max_entries(FUTEX_SLOTS, 0);
+
+/// The releases counted for thread `tid` so far, and its counter.
+#[inline(always)]
+fn releases_by(tid: u32) -> Option<*mut u32> {
+    RELEASES_BY.get_ptr_mut(tid & (FUTEX_SLOTS - 1))
+}
 
 /// Per-key sample clocks: `[tag, last sample time]`.
 #[map(name = "FUTEX_SAMPLE_CLOCK")]
@@ -161,6 +180,8 @@ fn sleeping(task: u64) {
     let site = site_of(lock_event::WAIT, r.ip, r.sp, lock_site);
     // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
     let owner = unsafe { bpf_probe_read_user((addr + 8) as *const u32) }.unwrap_or(0);
+    // SAFETY: the pointer comes from the map lookup; a plain integer.
+    let owner_releases = releases_by(owner).map_or(0, |c| unsafe { *c });
     let Some(w) = WAITING.get_ptr_mut(futex_slot(task)) else {
         return;
     };
@@ -179,6 +200,8 @@ fn sleeping(task: u64) {
         (*w).site = site;
         (*w).woken_ns = 0;
         (*w).waker_site = 0;
+        (*w).waker_tid = 0;
+        (*w).owner_releases = owner_releases;
         (*w).tid = tid;
         (*w).owner = owner;
         (*w).weight = weight;
@@ -201,6 +224,46 @@ fn sleeping(task: u64) {
         });
     }
     count_by(counter::FUTEX_HIT_NS, bpf_now().saturating_sub(now));
+}
+
+/// Sends the span of wait `w`, which ended at `end`, when the loader
+/// asked for them, within [`SPANS_PER_S`], if its owner released the
+/// lock only once during it (the wake that ended it). Written in place
+/// in the ring (a copy on the stack beside the rest makes the compiler
+/// zero it with a call the verifier rejects).
+#[inline(always)]
+fn send_span(w: &Waiting, end: u64) {
+    // SAFETY: the pointer comes from the map lookup; a plain integer.
+    let since = releases_by(w.owner).map_or(0, |c| unsafe { *c });
+    if since != w.owner_releases.wrapping_add(1) {
+        // It released the lock to another waiter first: it was out of
+        // its section for part of the wait.
+        return;
+    }
+    if CTL.get(futex_ctl::SPANS).copied().unwrap_or(0) == 0
+        || !take_bucket_token(&SPAN_BUCKET, end, 1_000_000_000 / SPANS_PER_S)
+    {
+        return;
+    }
+    let Some(mut entry) = WAIT_SPANS.reserve::<WaitSpan>(0) else {
+        count(counter::WAIT_SPANS_LOST);
+        return;
+    };
+    let e = entry.as_mut_ptr();
+    // SAFETY: `e` points at the reserved record, valid and exclusively ours
+    // until submit; every field is written before it.
+    unsafe {
+        (*e).addr = w.addr;
+        (*e).start_ns = w.start_ns;
+        (*e).woken_ns = w.woken_ns;
+        (*e).end_ns = end;
+        (*e).waiter = w.tid;
+        (*e).holder = w.owner;
+        (*e).weight = w.weight;
+        (*e)._pad = 0;
+    }
+    entry.submit(BPF_RB_NO_WAKEUP as u64);
+    count(counter::WAIT_SPANS);
 }
 
 /// `next` comes back on a CPU: the end of its futex wait, if one is in
@@ -249,6 +312,9 @@ fn woke(task: u64) {
             record_weighted(c, 0, 1, weight);
         }
         blame_weighted(w.addr, w.start_ns, end, weight);
+        if w.owner != 0 && w.owner == w.waker_tid && w.weight <= 1 {
+            send_span(&w, end);
+        }
     }
     if w.seen != w.addr {
         count_waiter(w.addr, w.tid);
@@ -293,7 +359,15 @@ pub fn mp_futex_wk(ctx: RawTracePointContext) -> u32 {
     // SAFETY: as above; the sleeper reads these when it comes back.
     unsafe {
         (*p).waker_site = site;
+        (*p).waker_tid = tid;
         (*p).woken_ns = now;
+    }
+    if site != 0 {
+        if let Some(c) = releases_by(tid) {
+            // SAFETY: the pointer comes from the map lookup; only this
+            // thread's wakes write its counter.
+            unsafe { *c = (*c).wrapping_add(1) };
+        }
     }
     if site != 0 && key_sample_now(addr, site, lock_event::WAKE, now) {
         send_sample(&Sample {

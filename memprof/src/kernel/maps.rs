@@ -55,6 +55,9 @@ pub struct Counters {
     pub futex_waits_traced: u64,
     /// Nanoseconds the contention programs spent on traced waits.
     pub futex_hit_ns: u64,
+    /// Wait spans sent to the unnecessary-contention analysis, and lost.
+    pub wait_spans: u64,
+    pub wait_spans_lost: u64,
     /// Syscalls of the target seen while the allocator's syscall hooks
     /// were attached.
     pub syscalls_seen: u64,
@@ -110,6 +113,8 @@ impl Probes {
             futex_waits_skipped: sum(counter::FUTEX_WAITS_SKIPPED),
             futex_waits_traced: sum(counter::FUTEX_WAITS_TRACED),
             futex_hit_ns: sum(counter::FUTEX_HIT_NS),
+            wait_spans: sum(counter::WAIT_SPANS),
+            wait_spans_lost: sum(counter::WAIT_SPANS_LOST),
             syscalls_seen: sum(counter::SYSCALLS_SEEN),
             lock_samples: sum(counter::LOCK_SAMPLES),
             alloc_stacks: sum(counter::ALLOC_STACKS),
@@ -163,12 +168,25 @@ impl Probes {
     /// Sets the futex hooks' stride: each wait traced with probability
     /// `1 / stride`.
     pub fn set_futex_stride(&mut self, stride: u64) {
+        self.set_futex_ctl(
+            memprof_common::futex_ctl::STRIDE,
+            stride,
+            "the futex stride",
+        );
+    }
+
+    /// Asks the sched hooks for the traced waits' spans (or no more).
+    pub fn send_wait_spans(&mut self, on: bool) {
+        self.set_futex_ctl(memprof_common::futex_ctl::SPANS, on.into(), "wait spans");
+    }
+
+    fn set_futex_ctl(&mut self, index: u32, value: u64, what: &str) {
         let Some(map) = self.ebpf.map_mut(maps::FUTEX_CTL) else {
             return;
         };
         if let Ok(mut array) = Array::<_, u64>::try_from(map) {
-            if let Err(e) = array.set(memprof_common::futex_ctl::STRIDE, stride, 0) {
-                tracing::warn!("cannot set the futex stride: {e}");
+            if let Err(e) = array.set(index, value, 0) {
+                tracing::warn!("cannot set {what}: {e}");
             }
         }
     }

@@ -445,6 +445,8 @@ pub fn full_report() -> Report {
         waits_traced: 15_000,
         waits_skipped: 45_000,
         slot_collisions: 1,
+        waits_as_sections: 120,
+        waits_as_sections_lost: 0,
     });
     r.locks[0].contention_error = Some(0.05);
     let sharing = report_with_sharing();

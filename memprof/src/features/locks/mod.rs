@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memprof_common::{locks::HoldEvent, maps, programs, SampleEvent, CONTENTION_KEYS};
+use memprof_common::{locks::HoldEvent, maps, programs, SampleEvent, WaitSpan, CONTENTION_KEYS};
 
 use super::{alloc::analysis::AllocProfile, ulcp, Feature, Plan, ReportContext, Target};
 use crate::kernel::cputime::cpu_time;
@@ -114,7 +114,20 @@ impl Plan for LockPlan {
         // `MEMPROF_ULCP=off` leaves the analysis out (the benchmark's
         // comparison: it adds no kernel work, only the loader's).
         let off = std::env::var("MEMPROF_ULCP").is_ok_and(|v| v == "off");
-        let ulcp = (calls.is_some() && !off).then(ulcp::Ulcp::default);
+        // The sched hooks' waits show the holders' sections between lock
+        // windows, and with no lock call traced at all (the syscall path
+        // has no waker's thread).
+        let sched = probes.futex_hooks.kind == "sched";
+        let ulcp = ((calls.is_some() || sched) && !off).then(ulcp::Ulcp::default);
+        // In full mode every section is traced: the waits would only
+        // repeat them.
+        let spans = if ulcp.is_some() && sched && self.mode != LockMode::Full {
+            let ring = readable(probes.take_ring(maps::WAIT_SPANS)?, "the wait-span ring")?;
+            probes.send_wait_spans(true);
+            Some(ring)
+        } else {
+            None
+        };
         let governed = (probes.futex_hooks.kind == "sched").then(|| Governed {
             governor: Governor::new(self.budget),
             started: Instant::now(),
@@ -131,6 +144,7 @@ impl Plan for LockPlan {
             mode: self.mode,
             collector: LockCollector::default(),
             ulcp,
+            spans,
         }))
     }
 }
@@ -155,6 +169,8 @@ pub struct Locks {
     collector: LockCollector,
     /// Whether the waits were needed (with the lock uprobes).
     ulcp: Option<ulcp::Ulcp>,
+    /// Traced futex waits with their holders, for `ulcp`.
+    spans: Option<Ring>,
 }
 
 impl Feature for Locks {
@@ -167,6 +183,11 @@ impl Feature for Locks {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         if let Poll::Ready(r) = poll_ring(&mut self.futex, cx) {
             return Poll::Ready(r);
+        }
+        if let Some(spans) = &mut self.spans {
+            if let Poll::Ready(r) = poll_ring(spans, cx) {
+                return Poll::Ready(r);
+            }
         }
         match &mut self.calls {
             Some((holds, _)) => poll_ring(holds, cx),
@@ -181,6 +202,13 @@ impl Feature for Locks {
             self.contention.install_hint(ip, hint);
         }
         let ulcp = &mut self.ulcp;
+        if let (Some(spans), Some(u)) = (&mut self.spans, ulcp.as_mut()) {
+            more |= drain_batch(spans, |b| {
+                if let Some(ev) = decoded(b, "wait-span", WaitSpan::from_bytes) {
+                    u.on_wait(&ev);
+                }
+            });
+        }
         if let Some((holds, _)) = &mut self.calls {
             more |= drain_batch(holds, |b| {
                 if let Some(ev) = decoded(b, "critical-section", HoldEvent::from_bytes) {
@@ -340,6 +368,8 @@ impl Locks {
             waits_traced: counters.futex_waits_traced,
             waits_skipped: counters.futex_waits_skipped,
             slot_collisions: counters.futex_slot_collisions,
+            waits_as_sections: counters.wait_spans,
+            waits_as_sections_lost: counters.wait_spans_lost,
         }
     }
 }
@@ -365,7 +395,9 @@ fn stride_note(c: &LockContention, locks: &[LockEntry]) -> Option<String> {
         format!(" (±{:.0}% for {name})", e * 100.0)
     });
     Some(format!(
-        "futex waits were traced with probability down to 1/{} to keep the always-on futex          hooks within {:.0}% of the budget: contentions, wait times and holder blame are          estimates, each lock's claimed error in the JSON (contention_error){top}",
+        "futex waits were traced with probability down to 1/{} to keep the always-on futex \
+         hooks within {:.0}% of the budget: contentions, wait times and holder blame are \
+         estimates, each lock's claimed error in the JSON (contention_error){top}",
         c.stride_max,
         governor::BUDGET_SHARE * 100.0,
     ))
@@ -434,6 +466,14 @@ fn contention_notes(counters: &crate::kernel::maps::Counters, notes: &mut Vec<St
             "{} lock stack samples were lost (ring buffer full): some call sites may be \
              unnamed; counts are not affected",
             counters.lock_events_lost
+        ));
+    }
+    if counters.wait_spans_lost > 0 {
+        notes.push(format!(
+            "{} of {} futex waits sent to the unnecessary-contention analysis were lost (ring \
+             buffer full): fewer holders' sections were classified; counts are not affected",
+            counters.wait_spans_lost,
+            counters.wait_spans + counters.wait_spans_lost
         ));
     }
 }

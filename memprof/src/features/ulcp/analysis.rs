@@ -102,6 +102,29 @@ pub struct Span {
 /// A lock call site on one thread.
 pub type Who = (u64, u32);
 
+/// The site of the sections seen through futex waits ([`Wait`]): their
+/// lock calls were not traced, so one participant per thread.
+pub const WAITED_SITE: u64 = u64::MAX;
+
+/// A futex wait whose waker owned the lock when it began: the holder
+/// was inside its critical section from `start_ns` (the waiter's sleep)
+/// to `woken_ns` (its release's wake), and the waiter took the lock
+/// about `end_ns`. What the default mode knows of sections, with no lock
+/// call traced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    pub lock: u64,
+    pub waiter: u32,
+    pub holder: u32,
+    pub start_ns: u64,
+    pub woken_ns: u64,
+    pub end_ns: u64,
+}
+
+/// Holders whose last section seen through a wait is remembered (waits
+/// on one holder overlap: each of its samples joins one section).
+const HOLDERS_MAX: usize = 1 << 16;
+
 /// What one word's sampled accesses did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WordUse {
@@ -305,6 +328,12 @@ pub struct UlcpProfile {
     stored: FastMap<u64, Stored>,
     /// Words the participants hold ([`WORDS_TOTAL_MAX`]).
     words_used: usize,
+    /// Per (lock, holder): the end of its last section seen through a
+    /// wait.
+    holder_until: FastMap<(u64, u32), u64>,
+    /// Waits given as sections ([`UlcpProfile::on_wait`]), and those left
+    /// out (no wake after the sleep).
+    pub waits: u64,
     /// Sections of locks beyond [`LOCKS_MAX`].
     pub sections_of_other_locks: u64,
     /// Sampled accesses that fell in a section (one in nested sections
@@ -383,6 +412,43 @@ impl UlcpProfile {
         }
     }
 
+    /// A futex wait: the holder's section as far as the wait shows it
+    /// (after any part an earlier wait already gave), and the waiter's
+    /// acquisition behind it, an empty section that waited from the
+    /// sleep.
+    pub fn on_wait(&mut self, w: Wait) {
+        if w.woken_ns <= w.start_ns || w.end_ns < w.woken_ns || w.holder == w.waiter {
+            return;
+        }
+        self.waits += 1;
+        if self.holder_until.len() >= HOLDERS_MAX {
+            self.holder_until.clear();
+        }
+        let until = self.holder_until.entry((w.lock, w.holder)).or_default();
+        let start = w.start_ns.max(*until);
+        if w.woken_ns > start {
+            *until = w.woken_ns;
+            self.on_span(Span {
+                lock: w.lock,
+                tid: w.holder,
+                site: WAITED_SITE,
+                start_ns: start,
+                end_ns: w.woken_ns,
+                wait_ns: 0,
+                read: false,
+            });
+        }
+        self.on_span(Span {
+            lock: w.lock,
+            tid: w.waiter,
+            site: WAITED_SITE,
+            start_ns: w.end_ns,
+            end_ns: w.end_ns,
+            wait_ns: w.end_ns - w.start_ns,
+            read: false,
+        });
+    }
+
     /// Joins the sections that ended a little before the newest record
     /// of both streams.
     pub fn settle(&mut self) {
@@ -431,6 +497,11 @@ impl UlcpProfile {
         let Some(p) = lock.participant((s.site, s.tid)) else {
             return;
         };
+        // A waiter's acquisition seen through a wait is not a section of
+        // its own (its section shows when it holds while others wait).
+        if s.end_ns == s.start_ns && s.site == WAITED_SITE {
+            return;
+        }
         p.sections += 1;
         let Some(samples) = self.samples.get(&s.tid) else {
             return;
@@ -771,6 +842,105 @@ mod tests {
         p.on_access(access(1, t, SHARED, true));
         p.finish();
         assert_eq!(p.joined, 1);
+    }
+
+    /// Threads 1 and 2 hand the lock to each other through futex waits
+    /// only (no lock call traced): in each wait, the holder is sampled
+    /// touching `addr(holder, i)` before its wake, and once after it
+    /// (outside its section) touching `outside`.
+    fn handed_through_waits(addr: impl Fn(u32, u64) -> u64, write: bool) -> UlcpProfile {
+        let mut p = UlcpProfile::default();
+        let mut t = 1_000_000;
+        for i in 0..200u64 {
+            let holder = 1 + (i % 2) as u32;
+            let waiter = 3 - holder;
+            p.on_access(access(holder, t + 1_000, addr(holder, i), write));
+            p.on_access(access(holder, t + 5_000, SHARED + 0x100, true));
+            p.on_wait(Wait {
+                lock: LOCK,
+                waiter,
+                holder,
+                start_ns: t,
+                woken_ns: t + 4_000,
+                end_ns: t + 4_500,
+            });
+            t += 6_000;
+        }
+        for tid in [1, 2] {
+            p.on_access(access(tid, t + 10, SHARED, false));
+        }
+        p.finish();
+        p
+    }
+
+    #[test]
+    fn waits_alone_classify_their_holders_sections() {
+        let p = handed_through_waits(|_, i| SHARED + 8 * (i % 64), false);
+        let v = p.verdict(LOCK).unwrap();
+        assert_eq!(v.class, Class::ReadRead, "{v:?}");
+        // Each wait's time behind its holder's section, up to the wake.
+        assert_eq!(v.wait_ns, 200 * 4_000);
+        assert_eq!(p.waits, 200);
+        let l = p.lock(LOCK).unwrap();
+        let holder = &l.participants[&(WAITED_SITE, 1)];
+        // The samples after the wakes (the conflicting writes) are outside.
+        assert_eq!((holder.sections, holder.accesses), (100, 100));
+        let p = handed_through_waits(|_, _| SHARED, true);
+        assert_eq!(p.verdict(LOCK).unwrap().class, Class::True);
+        let p = handed_through_waits(|tid, _| SHARED + 8 * u64::from(tid), true);
+        assert_eq!(p.verdict(LOCK).unwrap().class, Class::DisjointWrite);
+    }
+
+    #[test]
+    fn overlapping_waits_on_one_holder_join_its_samples_once() {
+        let mut p = UlcpProfile::default();
+        p.on_access(access(1, 2_000, SHARED, false));
+        p.on_access(access(2, 9_000, SHARED + 8, false));
+        // Threads 2 and 3 both sleep on thread 1's section.
+        for (waiter, start) in [(2, 1_000), (3, 1_500)] {
+            p.on_wait(Wait {
+                lock: LOCK,
+                waiter,
+                holder: 1,
+                start_ns: start,
+                woken_ns: 5_000,
+                end_ns: 6_000,
+            });
+        }
+        // Thread 2 holds next while thread 3 waits again.
+        p.on_wait(Wait {
+            lock: LOCK,
+            waiter: 3,
+            holder: 2,
+            start_ns: 8_000,
+            woken_ns: 10_000,
+            end_ns: 10_500,
+        });
+        // A wait without a wake after its sleep, and one on itself, are no
+        // evidence.
+        for (holder, woken) in [(1, 900), (3, 20_000)] {
+            p.on_wait(Wait {
+                lock: LOCK,
+                waiter: 3,
+                holder,
+                start_ns: 1_000,
+                woken_ns: woken,
+                end_ns: 30_000,
+            });
+        }
+        p.finish();
+        assert_eq!(p.waits, 3);
+        let l = p.lock(LOCK).unwrap();
+        let one = &l.participants[&(WAITED_SITE, 1)];
+        assert_eq!((one.sections, one.accesses), (1, 1));
+        assert_eq!(l.participants[&(WAITED_SITE, 3)].sections, 0);
+        let pairs: Vec<_> = l.handoffs.keys().map(|(h, w)| (h.1, w.1)).collect();
+        assert_eq!(pairs.len(), 3, "{pairs:?}");
+        let v = p.verdict(LOCK).unwrap();
+        // Thread 3 was never sampled holding: its pairs are unsampled.
+        assert_eq!(v.class, Class::ReadRead);
+        assert_eq!(v.by_class[0].1.pairs, 1);
+        assert_eq!(v.unsampled.pairs, 2);
     }
 
     #[test]

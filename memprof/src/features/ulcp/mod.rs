@@ -14,12 +14,12 @@ use memprof_common::{
     locks::{hold_flag, lock_op, HoldEvent},
     procs::recipe_key,
     sharing::recipe,
-    SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY,
+    SampleEvent, WaitSpan, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY,
 };
 
 use super::{sharing::code_around, FastMap};
 use crate::{object::x86::access, process::state::Process};
-use analysis::{Access, Span, UlcpProfile};
+use analysis::{Access, Span, UlcpProfile, Wait};
 
 /// Instructions whose stored constant is remembered (beyond, each
 /// sampled write is decoded again).
@@ -87,6 +87,18 @@ impl Ulcp {
             self.constants.insert(key, v);
         }
         v
+    }
+
+    /// A futex wait traced by the sched hooks (its holder's section).
+    pub fn on_wait(&mut self, ev: &WaitSpan) {
+        self.profile.on_wait(Wait {
+            lock: ev.addr,
+            waiter: ev.waiter,
+            holder: ev.holder,
+            start_ns: ev.start_ns,
+            woken_ns: ev.woken_ns,
+            end_ns: ev.end_ns,
+        });
     }
 
     /// A critical section (failed try calls took nothing).

@@ -2,7 +2,9 @@
 //! hand-offs, the evidence per critical-section site, named, and the
 //! advice for the class found.
 
-use super::analysis::{Class, LockUse, Participant, UlcpProfile, Verdict, LINE_BYTES, LOCKS_MAX};
+use super::analysis::{
+    Class, LockUse, Participant, UlcpProfile, Verdict, LINE_BYTES, LOCKS_MAX, WAITED_SITE,
+};
 use crate::{
     cli::LockMode,
     features::{
@@ -96,15 +98,17 @@ fn note(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Option<
         return None;
     }
     let how = if mode == LockMode::Sampled {
-        "the lock calls are traced only in windows in the default mode: --lock-mode full \
-         (or a longer run) classifies them"
+        "the lock calls are traced only in windows in the default mode, and a futex wait \
+         shows its holder's section only when the holder woke it: --lock-mode full (or a \
+         longer run) classifies them"
     } else {
         "a higher --sample-freq or a longer run may classify them"
     };
     Some(format!(
         "{unclassified} contended pthread locks have no unnecessary-contention verdict: too \
-         few sampled accesses fell in their traced critical sections ({} sampled accesses in traced sections in all); {how}",
-        profile.joined
+         few sampled accesses fell in their traced critical sections ({} sampled accesses in \
+         traced sections in all, {} futex waits showing their holder's section); {how}",
+        profile.joined, profile.waits
     ))
 }
 
@@ -214,6 +218,11 @@ struct Naming<'a, 'b> {
 
 impl Naming<'_, '_> {
     fn section(&mut self, site: u64) -> String {
+        if site == WAITED_SITE {
+            return "the holders' sections while others slept on the lock (from the futex waits; \
+                    their lock calls were not traced)"
+                .into();
+        }
         match self.inputs.sites.site_place(site) {
             Some(place) => {
                 let f = self.names.code_innermost(place);

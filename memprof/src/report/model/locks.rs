@@ -257,6 +257,11 @@ pub struct LockContention {
     pub waits_skipped: u64,
     /// Waits lost because another thread's wait held their slot.
     pub slot_collisions: u64,
+    /// Traced waits given to the unnecessary-contention analysis as their
+    /// holder's section (the owner woke the waiter and released the lock
+    /// only then, while every wait was traced), and those the ring lost.
+    pub waits_as_sections: u64,
+    pub waits_as_sections_lost: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
