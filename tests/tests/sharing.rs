@@ -12,7 +12,7 @@
 //! cases report nothing. They share kernel state, so `cargo xtask test`
 //! runs them one at a time.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::Command};
 
 use memprof_tests::*;
 
@@ -51,6 +51,89 @@ fn launch_for(
     check_entries(&report);
     assert_no_programs_left();
     report
+}
+
+/// A debug file installed where distributions put them, removed on drop.
+struct InstalledDebugFile(PathBuf);
+
+impl Drop for InstalledDebugFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The sharing workload split as a distribution ships it: the binary
+/// stripped (no symbol table, no DWARF), its symbols and debug info in
+/// `/usr/lib/debug/.build-id/xx/yyyy.debug` (`objcopy --only-keep-debug`).
+fn split_sharing_workload() -> (PathBuf, InstalledDebugFile) {
+    let dir = workload_dir();
+    let (bin, tmp, debug) = (
+        dir.join("sharing-split"),
+        dir.join("sharing-split.tmp"),
+        dir.join("sharing-split.debug"),
+    );
+    std::fs::copy(sharing_workload(), &tmp).expect("copying the workload");
+    run_ok(
+        Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(&tmp)
+            .arg(&debug),
+    )
+    .expect("objcopy --only-keep-debug");
+    run_ok(Command::new("strip").arg(&tmp)).expect("strip");
+    let notes = Command::new("readelf")
+        .arg("-n")
+        .arg(&tmp)
+        .output()
+        .expect("readelf");
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("the workload has no build id: {notes}"))
+        .trim()
+        .to_string();
+    let installed = PathBuf::from(format!(
+        "/usr/lib/debug/.build-id/{}/{}.debug",
+        &id[..2],
+        &id[2..]
+    ));
+    std::fs::create_dir_all(installed.parent().unwrap()).expect("creating the debug directory");
+    std::fs::rename(&debug, &installed)
+        .or_else(|_| std::fs::copy(&debug, &installed).map(|_| ()))
+        .expect("installing the debug file");
+    std::fs::rename(&tmp, &bin).expect("renaming the workload");
+    (bin, InstalledDebugFile(installed))
+}
+
+/// A stripped binary whose debug file is installed by build id, as
+/// Debian's `-dbgsym` packages do: the falsely shared global is named,
+/// with its fields, from the debug file's symbol table and DWARF (before
+/// #34: "sharing-split+0x5108"), and the code line too.
+#[test]
+fn a_global_of_a_stripped_binary_is_named_from_its_debug_file() {
+    if !require_root("a_global_of_a_stripped_binary_is_named_from_its_debug_file") {
+        return;
+    }
+    let (w, _installed) = split_sharing_workload();
+    let args = [
+        "--no-tui",
+        "--",
+        w.to_str().expect("UTF-8"),
+        "mapreduce",
+        "2",
+        SECONDS,
+    ];
+    let (_, report) = trace("sharing-split", &args);
+    assert_no_programs_left();
+    let e = entry_named(&report, "g_args");
+    assert_eq!(e["kind"], "false", "{e:#}");
+    let fields = field_names(e);
+    assert!(
+        fields.contains(&"g_args[0].sum") && fields.contains(&"g_args[1].sum"),
+        "fields not named: {fields:?}"
+    );
+    assert_code_line(e, "sharing.c", marked_line("sharing", "MAPREDUCE_SUM"));
 }
 
 /// The lines the detector looked at and did not report, with the reason.

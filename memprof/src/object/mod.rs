@@ -1,5 +1,6 @@
 //! The target's object files: code, call-frame information, symbols.
 
+pub mod debugfile;
 pub mod files;
 pub mod symbolize;
 pub mod symbols;

@@ -11,13 +11,14 @@ mod demangle;
 pub mod dwarf;
 mod elf;
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
 use blazesym::symbolize::{
     source::{Elf, Source},
     Input, Symbolized, Symbolizer as Blazesym,
 };
 
+use crate::object::debugfile;
 use crate::process::{
     maps::{short_name, Place},
     objects::open_path,
@@ -116,6 +117,9 @@ pub struct Symbolizer {
     pointees: HashMap<(Arc<str>, String, u32), Option<dwarf::Layout>>,
     /// Per file: `p_vaddr - p_offset` of its first loadable segment.
     vaddr_bias: HashMap<Arc<str>, Option<u64>>,
+    /// Per file: its separate debug file, if it is stripped and one is
+    /// installed ([`debugfile`]).
+    debug_files: HashMap<Arc<str>, Option<PathBuf>>,
 }
 
 impl Default for Symbolizer {
@@ -140,6 +144,7 @@ impl Symbolizer {
             layouts: HashMap::new(),
             pointees: HashMap::new(),
             vaddr_bias: HashMap::new(),
+            debug_files: HashMap::new(),
         }
     }
 
@@ -171,7 +176,7 @@ impl Symbolizer {
         &self.code[place]
     }
 
-    fn resolve(&self, place: &Place) -> Inlined {
+    fn resolve(&mut self, place: &Place) -> Inlined {
         let Place::File { path, file_offset } = place else {
             return Inlined::alone(Frame::unknown(place));
         };
@@ -180,13 +185,36 @@ impl Symbolizer {
             Ok(Symbolized::Sym(sym)) => inline_chain(&sym, short_name(path)),
             Ok(Symbolized::Unknown(reason)) => {
                 tracing::debug!("no symbol for {path}+{file_offset:#x}: {reason}");
-                Inlined::alone(Frame::unknown(place))
+                self.resolve_in_debug_file(path, *file_offset)
+                    .unwrap_or_else(|| Inlined::alone(Frame::unknown(place)))
             }
             Err(e) => {
                 tracing::debug!("symbolizing {path}+{file_offset:#x} failed: {e}");
                 Inlined::alone(Frame::unknown(place))
             }
         }
+    }
+
+    /// A stripped file's code place from its debug file, found by build
+    /// id (blazesym follows only a debug link): at the same virtual
+    /// address, since the debug file keeps the program's layout but not
+    /// its file offsets.
+    fn resolve_in_debug_file(&mut self, path: &Arc<str>, file_offset: u64) -> Option<Inlined> {
+        let debug = self.debug_file(path)?;
+        let vaddr = file_offset.checked_add(self.vaddr_bias(path)?)?;
+        let src = Source::Elf(Elf::new(debug));
+        match self.symbolize_single(&src, Input::VirtOffset(vaddr)) {
+            Ok(Symbolized::Sym(sym)) => Some(inline_chain(&sym, short_name(path))),
+            Ok(Symbolized::Unknown(_)) | Err(_) => None,
+        }
+    }
+
+    /// `p_vaddr - p_offset` of the first loadable segment of `path`.
+    fn vaddr_bias(&mut self, path: &Arc<str>) -> Option<u64> {
+        *self
+            .vaddr_bias
+            .entry(path.clone())
+            .or_insert_with(|| elf::first_load_bias(&open_path(path)).ok())
     }
 
     /// Blazesym's answer, with a panic of its parsers (0.2.7 has an
@@ -219,9 +247,30 @@ impl Symbolizer {
     }
 
     pub fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<dwarf::Layout> {
-        self.layouts
-            .entry((path.clone(), name.to_string()))
-            .or_insert_with(|| dwarf::layout(&open_path(path), name))
+        let key = (path.clone(), name.to_string());
+        if let Some(l) = self.layouts.get(&key) {
+            return l.clone();
+        }
+        let layout = dwarf::layout(&open_path(path), name).or_else(|| {
+            let debug = self.debug_file(path)?;
+            dwarf::layout(&debug, name)
+        });
+        self.layouts.insert(key, layout.clone());
+        layout
+    }
+
+    /// The separate debug file of `path`, when it is stripped and one is
+    /// installed (looked up once per file).
+    fn debug_file(&mut self, path: &Arc<str>) -> Option<PathBuf> {
+        self.debug_files
+            .entry(path.clone())
+            .or_insert_with(|| {
+                let found = debugfile::find(&open_path(path));
+                if let Some(f) = &found {
+                    tracing::debug!("debug file of {path}: {}", f.display());
+                }
+                found
+            })
             .clone()
     }
 
@@ -229,14 +278,26 @@ impl Symbolizer {
     /// `path` whose file offset 0 is at `file_base` (see
     /// [`crate::process::maps::ProcMaps::data_owner`]).
     pub fn data(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<DataSymbol> {
-        let bias = *self
-            .vaddr_bias
-            .entry(path.clone())
-            .or_insert_with(|| elf::first_load_bias(&open_path(path)).ok());
-        let vaddr = addr.checked_sub(file_base)?.checked_add(bias?)?;
+        let bias = self.vaddr_bias(path)?;
+        let vaddr = addr.checked_sub(file_base)?.checked_add(bias)?;
         // The ELF symbol table has both function and object symbols; DWARF
-        // would only name functions, so it is not consulted here.
-        let mut elf = Elf::new(open_path(path));
+        // would only name functions, so it is not consulted here. A
+        // stripped binary's table is in its debug file, at the same
+        // addresses.
+        let sym = self.data_symbol(open_path(path), vaddr).or_else(|| {
+            let debug = self.debug_file(path)?;
+            self.data_symbol(debug, vaddr)
+        })?;
+        Some(DataSymbol {
+            module: short_name(path).to_string(),
+            ..sym
+        })
+    }
+
+    /// The symbol at `vaddr` in the symbol table of the ELF file at
+    /// `file` (its module left empty).
+    fn data_symbol(&self, file: PathBuf, vaddr: u64) -> Option<DataSymbol> {
+        let mut elf = Elf::new(file);
         elf.debug_syms = false;
         let src = Source::Elf(elf);
         match self.symbolize_single(&src, Input::VirtOffset(vaddr)) {
@@ -244,7 +305,7 @@ impl Symbolizer {
                 name: demangle::demangle(&sym.name).into_owned(),
                 offset: sym.offset as u64,
                 size: sym.size.map(|s| s as u64),
-                module: short_name(path).to_string(),
+                module: String::new(),
             }),
             Ok(Symbolized::Unknown(_)) | Err(_) => None,
         }
