@@ -381,12 +381,30 @@ const BPF_LINK_TYPE_UPROBE_MULTI: u64 = 12;
 /// cannot tell which process holds an attachment, all of ours are listed.
 pub fn attached_programs(holder: u32) -> Vec<Attached> {
     let bpftool = |args: &[&str]| -> serde_json::Value {
-        let out = Command::new("bpftool")
-            .arg("-j")
-            .args(args)
-            .output()
-            .expect("bpftool is installed by `cargo xtask setup`");
-        assert!(out.status.success(), "bpftool {args:?} failed");
+        // A listing can fail when an object goes away while bpftool walks
+        // the ids (the tool detaches windows meanwhile): asked again, it
+        // is a new walk.
+        let run = || {
+            Command::new("bpftool")
+                .arg("-j")
+                .args(args)
+                .output()
+                .expect("bpftool is installed by `cargo xtask setup`")
+        };
+        let mut out = run();
+        for _ in 0..4 {
+            if out.status.success() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            out = run();
+        }
+        assert!(
+            out.status.success(),
+            "bpftool {args:?} failed 5 times: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         if out.stdout.iter().all(u8::is_ascii_whitespace) {
             return serde_json::Value::Array(Vec::new());
         }
