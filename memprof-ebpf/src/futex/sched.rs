@@ -67,7 +67,8 @@ struct Waiting {
     /// The u32 8 bytes after the word at the sleep (a glibc mutex's
     /// `__owner`).
     owner: u32,
-    /// How many waits this one stands for (the stride when it slept).
+    /// How many waits this one stands for (the stride when it slept); 0
+    /// for a wait the stride skipped ([`mark_untraced`]).
     weight: u32,
     op: u32,
     /// The waker's thread (with `waker_site`).
@@ -80,9 +81,10 @@ struct Waiting {
 static WAITING: Array<Waiting> = Array::with_max_entries(FUTEX_SLOTS, 0);
 
 /// Per thread (tid modulo the size): the futex wakes it made that woke a
-/// traced wait. While every wait is traced (stride 1), an owner that
-/// woke a waiter with no other wake since that waiter's sleep held the
-/// lock throughout: the wait's span is its section ([`send_span`]).
+/// wait of the target, traced or skipped by the stride (counted while
+/// spans are wanted). An owner that woke a waiter with no other wake
+/// since that waiter's sleep held the lock throughout: the wait's span
+/// is its section ([`send_span`]).
 #[map(name = "FUTEX_RELEASES_BY")]
 static RELEASES_BY: Array<u32> = Array::with_max_entries(FUTEX_SLOTS, 0);
 
@@ -172,6 +174,9 @@ fn sleeping(task: u64) {
         _ => return,
     };
     let Some(weight) = stride_weight() else {
+        if spans_wanted() {
+            mark_untraced(task);
+        }
         return;
     };
     let now = bpf_now();
@@ -226,6 +231,37 @@ fn sleeping(task: u64) {
     count_by(counter::FUTEX_HIT_NS, bpf_now().saturating_sub(now));
 }
 
+/// Whether the loader asked for wait spans ([`send_span`]).
+#[inline(always)]
+fn spans_wanted() -> bool {
+    CTL.get(futex_ctl::SPANS).copied().unwrap_or(0) != 0
+}
+
+/// A wait the stride skips still counts its waker's release
+/// (`RELEASES_BY`), or a traced wait could not tell whether its owner
+/// released the lock to a skipped one first. The slot says only that a
+/// wait is in progress (`weight` 0): nothing is timed or aggregated.
+#[inline(always)]
+fn mark_untraced(task: u64) {
+    let Some(w) = WAITING.get_ptr_mut(futex_slot(task)) else {
+        return;
+    };
+    // SAFETY: the pointer comes from the map lookup; as in `sleeping`,
+    // `start_ns` goes last.
+    unsafe {
+        if (*w).task != task {
+            if (*w).start_ns != 0 {
+                count(counter::FUTEX_SLOT_COLLISIONS);
+            }
+            (*w).task = task;
+            (*w).seen = 0;
+        }
+        (*w).woken_ns = 0;
+        (*w).weight = 0;
+        (*w).start_ns = 1;
+    }
+}
+
 /// Sends the span of wait `w`, which ended at `end`, when the loader
 /// asked for them, within [`SPANS_PER_S`], if its owner released the
 /// lock only once during it (the wake that ended it). Written in place
@@ -233,6 +269,9 @@ fn sleeping(task: u64) {
 /// zero it with a call the verifier rejects).
 #[inline(always)]
 fn send_span(w: &Waiting, end: u64) {
+    if !spans_wanted() {
+        return;
+    }
     // SAFETY: the pointer comes from the map lookup; a plain integer.
     let since = releases_by(w.owner).map_or(0, |c| unsafe { *c });
     if since != w.owner_releases.wrapping_add(1) {
@@ -240,9 +279,7 @@ fn send_span(w: &Waiting, end: u64) {
         // its section for part of the wait.
         return;
     }
-    if CTL.get(futex_ctl::SPANS).copied().unwrap_or(0) == 0
-        || !take_bucket_token(&SPAN_BUCKET, end, 1_000_000_000 / SPANS_PER_S)
-    {
+    if !take_bucket_token(&SPAN_BUCKET, end, 1_000_000_000 / SPANS_PER_S) {
         return;
     }
     let Some(mut entry) = WAIT_SPANS.reserve::<WaitSpan>(0) else {
@@ -281,6 +318,11 @@ fn woke(task: u64) {
         if (*p).task != task || (*p).start_ns == 0 {
             return;
         }
+        if (*p).weight == 0 {
+            // A skipped wait ([`mark_untraced`]).
+            (*p).start_ns = 0;
+            return;
+        }
         let w = *p;
         (*p).start_ns = 0;
         if w.seen != w.addr {
@@ -312,7 +354,7 @@ fn woke(task: u64) {
             record_weighted(c, 0, 1, weight);
         }
         blame_weighted(w.addr, w.start_ns, end, weight);
-        if w.owner != 0 && w.owner == w.waker_tid && w.weight <= 1 {
+        if w.owner != 0 && w.owner == w.waker_tid {
             send_span(&w, end);
         }
     }
@@ -348,12 +390,25 @@ pub fn mp_futex_wk(ctx: RawTracePointContext) -> u32 {
         return 0;
     };
     // SAFETY: the pointer comes from the map lookup; plain integers.
-    let (addr, owner) = unsafe {
+    let (addr, owner, weight) = unsafe {
         if (*p).task != task || (*p).start_ns == 0 || (*p).woken_ns != 0 {
             return 0;
         }
-        ((*p).addr, (*p).owner)
+        ((*p).addr, (*p).owner, (*p).weight)
     };
+    if weight == 0 {
+        // A skipped wait: only the waker's release is counted, as cheaply
+        // as it can be (no clock, no registers). A thread of the target
+        // that wakes a futex sleeper other than by a futex wake (a
+        // signal) is counted too, which only withholds spans.
+        let (tgid, tid) = current_ids();
+        if tgid == target_tgid() {
+            count_release(tid);
+        }
+        // SAFETY: as above; any non-zero value marks it woken.
+        unsafe { (*p).woken_ns = 1 };
+        return 0;
+    }
     let now = bpf_now();
     let (site, tid, op) = waker();
     // SAFETY: as above; the sleeper reads these when it comes back.
@@ -363,11 +418,7 @@ pub fn mp_futex_wk(ctx: RawTracePointContext) -> u32 {
         (*p).woken_ns = now;
     }
     if site != 0 {
-        if let Some(c) = releases_by(tid) {
-            // SAFETY: the pointer comes from the map lookup; only this
-            // thread's wakes write its counter.
-            unsafe { *c = (*c).wrapping_add(1) };
-        }
+        count_release(tid);
     }
     if site != 0 && key_sample_now(addr, site, lock_event::WAKE, now) {
         send_sample(&Sample {
@@ -385,6 +436,16 @@ pub fn mp_futex_wk(ctx: RawTracePointContext) -> u32 {
     }
     count_by(counter::FUTEX_HIT_NS, bpf_now().saturating_sub(now));
     0
+}
+
+/// Counts a futex wake by thread `tid` that woke a wait of the target.
+#[inline(always)]
+fn count_release(tid: u32) {
+    if let Some(c) = releases_by(tid) {
+        // SAFETY: the pointer comes from the map lookup; only this
+        // thread's wakes write its counter.
+        unsafe { *c = (*c).wrapping_add(1) };
+    }
 }
 
 /// The current thread's futex wake site, thread and command, when it is
