@@ -90,6 +90,7 @@ impl Plan for AllocPlan {
         load.alloc = self.allocator.as_ref().map(|a| AllocLoad {
             glibc_header: a.kind == AllocatorKind::Glibc,
         });
+        load.alloc_windowed = self.settings.mode == AllocMode::Sampled;
     }
 
     fn start(

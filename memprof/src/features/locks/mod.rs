@@ -90,6 +90,7 @@ struct LockPlan {
 impl Plan for LockPlan {
     fn load(&self, load: &mut Load) {
         load.lock_uprobes = self.library.is_some();
+        load.lock_windowed = self.mode == LockMode::Sampled;
     }
 
     fn start(
