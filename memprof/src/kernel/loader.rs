@@ -110,7 +110,7 @@ impl Probes {
         // children, by the kernel).
         super::maps::trace_process(&mut ebpf, tgid, 0)?;
         let mut links = OwnedLinks::default();
-        let futex_hooks = attach_programs(&mut ebpf, &mut links, load)?;
+        let futex_hooks = attach_programs(&mut ebpf, &mut links, load, multi.is_none())?;
         let source = attach_sampler(&mut ebpf, &mut links, frequency_hz, try_hardware)?;
         let mut probes = Self {
             ebpf,
@@ -372,13 +372,16 @@ fn load_multi(ebpf: &Ebpf, load: &Load) -> (Option<MultiPrograms>, LinkMode) {
     }
 }
 
-/// Attaches the thread, allocator-syscall and lock tracepoints, and loads
-/// the uprobe programs the features attach later. Returns how futex waits
-/// are hooked.
+/// Attaches the thread, allocator-syscall and lock tracepoints, and, with
+/// `single_links`, loads the uprobe programs the features attach later
+/// (with `uprobe_multi` links they are loaded only if those fail: the
+/// verifier spends 0.14 s of CPU on the three lock programs, a quarter of
+/// the loader's start-up). Returns how futex waits are hooked.
 fn attach_programs(
     ebpf: &mut Ebpf,
     links: &mut OwnedLinks,
     load: &Load,
+    single_links: bool,
 ) -> Result<super::hooks::FutexHooks> {
     links.push(attach_tracepoint(
         ebpf,
@@ -395,26 +398,34 @@ fn attach_programs(
     links.push(attach_raw(ebpf, programs::TASK_EXEC, "sched_process_exec")?);
     if load.alloc.is_some() {
         attach_alloc_tracepoints(ebpf, links)?;
-        for name in [
-            programs::ALLOC_ENTER,
-            programs::ALLOC_EXIT,
-            programs::ALLOC_FLOOR_ENTER,
-            programs::ALLOC_FLOOR_EXIT,
-        ] {
-            let prog: &mut UProbe = program(ebpf, name)?;
-            prog.load()
-                .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
+        if single_links {
+            for name in [
+                programs::ALLOC_ENTER,
+                programs::ALLOC_EXIT,
+                programs::ALLOC_FLOOR_ENTER,
+                programs::ALLOC_FLOOR_EXIT,
+            ] {
+                loaded_uprobe(ebpf, name)?;
+            }
         }
     }
     let hooks = super::hooks::attach_lock_tracepoints(ebpf, links)?;
-    if load.lock_uprobes {
+    if load.lock_uprobes && single_links {
         for name in [programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK] {
-            let prog: &mut UProbe = program(ebpf, name)?;
-            prog.load()
-                .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
+            loaded_uprobe(ebpf, name)?;
         }
     }
     Ok(hooks)
+}
+
+/// The uprobe program `name` for single links, loaded if it is not yet.
+pub(super) fn loaded_uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
+    let prog: &mut UProbe = program(ebpf, name)?;
+    if prog.fd().is_err() {
+        prog.load()
+            .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
+    }
+    Ok(prog)
 }
 
 /// Loads `name` and attaches it to `category:event`; the caller owns the

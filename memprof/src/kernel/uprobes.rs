@@ -3,13 +3,10 @@
 
 use std::{num::NonZeroU32, os::fd::OwnedFd};
 
-use aya::programs::{
-    uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
-    UProbe,
-};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope};
 use memprof_common::{counter, locks::lock_op, programs};
 
-use super::loader::{classify, program, Probes};
+use super::loader::{classify, loaded_uprobe, Probes};
 use crate::error::Result;
 
 /// The families of hot uprobes, attached in windows.
@@ -122,7 +119,7 @@ impl Probes {
         let file = crate::process::objects::open_path(path);
         let mut links = Vec::with_capacity(points.len() * 2);
         for (name, points) in plan {
-            let prog: &mut UProbe = program(&mut self.ebpf, name)?;
+            let prog = loaded_uprobe(&mut self.ebpf, name)?;
             for point in points {
                 let at = UProbeAttachPoint {
                     location: UProbeAttachLocation::AbsoluteOffset(point.file_offset),
