@@ -187,20 +187,13 @@ fn sleeping(task: u64) {
     let owner = unsafe { bpf_probe_read_user((addr + 8) as *const u32) }.unwrap_or(0);
     // SAFETY: the pointer comes from the map lookup; a plain integer.
     let owner_releases = releases_by(owner).map_or(0, |c| unsafe { *c });
-    let Some(w) = WAITING.get_ptr_mut(futex_slot(task)) else {
+    let Some(w) = claim_slot(task) else {
         return;
     };
     // SAFETY: the pointer comes from the map lookup. Only this thread's
     // sleep writes a slot it owns; `start_ns` goes last, so a waker on
     // another CPU sees either no wait or a whole one.
     unsafe {
-        if (*w).task != task {
-            if (*w).start_ns != 0 {
-                count(counter::FUTEX_SLOT_COLLISIONS);
-            }
-            (*w).task = task;
-            (*w).seen = 0;
-        }
         (*w).addr = addr;
         (*w).site = site;
         (*w).woken_ns = 0;
@@ -237,17 +230,14 @@ fn spans_wanted() -> bool {
     CTL.get(futex_ctl::SPANS).copied().unwrap_or(0) != 0
 }
 
-/// A wait the stride skips still counts its waker's release
-/// (`RELEASES_BY`), or a traced wait could not tell whether its owner
-/// released the lock to a skipped one first. The slot says only that a
-/// wait is in progress (`weight` 0): nothing is timed or aggregated.
+/// The slot of the thread whose task pointer is `task`, about to go to
+/// sleep, taken over from another thread if it had it (a wait of that
+/// one still in progress is a collision, counted).
 #[inline(always)]
-fn mark_untraced(task: u64) {
-    let Some(w) = WAITING.get_ptr_mut(futex_slot(task)) else {
-        return;
-    };
-    // SAFETY: the pointer comes from the map lookup; as in `sleeping`,
-    // `start_ns` goes last.
+fn claim_slot(task: u64) -> Option<*mut Waiting> {
+    let w = WAITING.get_ptr_mut(futex_slot(task))?;
+    // SAFETY: the pointer comes from the map lookup; only the sleeping
+    // thread writes these fields.
     unsafe {
         if (*w).task != task {
             if (*w).start_ns != 0 {
@@ -256,6 +246,22 @@ fn mark_untraced(task: u64) {
             (*w).task = task;
             (*w).seen = 0;
         }
+    }
+    Some(w)
+}
+
+/// A wait the stride skips still counts its waker's release
+/// (`RELEASES_BY`), or a traced wait could not tell whether its owner
+/// released the lock to a skipped one first. The slot says only that a
+/// wait is in progress (`weight` 0): nothing is timed or aggregated.
+#[inline(always)]
+fn mark_untraced(task: u64) {
+    let Some(w) = claim_slot(task) else {
+        return;
+    };
+    // SAFETY: the pointer comes from the map lookup; as in `sleeping`,
+    // `start_ns` goes last.
+    unsafe {
         (*w).woken_ns = 0;
         (*w).weight = 0;
         (*w).start_ns = 1;
