@@ -15,14 +15,13 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use memprof_common::{globals, locks::HOLD_RING_BYTES, maps, programs, ALLOC_RING_BYTES};
+use memprof_common::{globals, maps, programs};
 
 use super::{
-    cputime::online_cpus,
     detach::{Detaching, OwnedLinks},
     multi::MultiPrograms,
     precise,
-    rings::{RingCounts, RingMap},
+    rings::{windowed_sizes, RingCounts, RingMap},
     tracefs,
     uprobes::LinkMode,
 };
@@ -238,32 +237,6 @@ pub struct Load {
     pub follow_children: bool,
 }
 
-/// Ring bytes per CPU for the allocator's windows: a 100 ms window at
-/// one traced call per ~3 µs on each CPU is 2.4 MB a CPU (72-byte
-/// records), and the loader drains the ring every
-/// [`DRAIN_INTERVAL_MS`](memprof_common::DRAIN_INTERVAL_MS) and at its
-/// wake-up mark.
-const ALLOC_WINDOW_RING_PER_CPU: u32 = 4 << 20;
-/// As [`ALLOC_WINDOW_RING_PER_CPU`] for the lock sections: a section per
-/// ~4 µs, 64 bytes each, is 1.6 MB a CPU per 100 ms window.
-const HOLD_WINDOW_RING_PER_CPU: u32 = 2 << 20;
-
-/// The size of a ring whose records come only in windows: `per_cpu`
-/// bytes for each of `cpus`, a power of two (as the kernel wants), at
-/// least twice the programs' wake-up mark (a quarter of `full`: past
-/// half a ring the loader is woken), at most `full`, the object's size
-/// for tracing every call. The consumer
-/// maps a ring's data twice (so a record never wraps), so its whole size
-/// counts twice in the loader's resident memory: the 16 MiB allocator
-/// ring and the 8 MiB section ring were 48 MiB of its ~95 MiB.
-pub fn windowed_ring_bytes(per_cpu: u32, cpus: u32, full: u32) -> u32 {
-    per_cpu
-        .saturating_mul(cpus.max(1))
-        .checked_next_power_of_two()
-        .unwrap_or(full)
-        .clamp(full / 2, full)
-}
-
 type Logger = Option<aya_log::EbpfLogger<&'static dyn log::Log>>;
 
 /// Loads the object with the load-time settings for `tgid` and this
@@ -293,14 +266,8 @@ fn load_object(
         .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
         .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)
         .override_global(globals::SYSCALL_RET_OFFSET, &ret_off, true);
-    let cpus = online_cpus() as u32;
-    if load.alloc_windowed {
-        let bytes = windowed_ring_bytes(ALLOC_WINDOW_RING_PER_CPU, cpus, ALLOC_RING_BYTES);
-        loader.map_max_entries(maps::ALLOC_EVENTS, bytes);
-    }
-    if load.lock_windowed {
-        let bytes = windowed_ring_bytes(HOLD_WINDOW_RING_PER_CPU, cpus, HOLD_RING_BYTES);
-        loader.map_max_entries(maps::HOLD_EVENTS, bytes);
+    for (ring, bytes) in windowed_sizes(load.alloc_windowed, load.lock_windowed) {
+        loader.map_max_entries(ring, bytes);
     }
     let mut ebpf = loader
         .load(OBJECT)
@@ -622,23 +589,6 @@ mod tests {
             classify(other).exit_code(),
             crate::error::exit_code::INTERNAL
         );
-    }
-
-    #[test]
-    fn windowed_rings_scale_with_the_cpus_up_to_the_full_size() {
-        let full = 16 << 20;
-        assert_eq!(windowed_ring_bytes(4 << 20, 2, full), 8 << 20);
-        assert_eq!(windowed_ring_bytes(4 << 20, 3, full), 16 << 20);
-        assert_eq!(windowed_ring_bytes(4 << 20, 64, full), full);
-        // The wake-up mark is a quarter of the full size: never above
-        // half the ring.
-        assert_eq!(windowed_ring_bytes(4 << 20, 0, full), 8 << 20);
-        assert_eq!(windowed_ring_bytes(4 << 20, 1, full), 8 << 20);
-        assert_eq!(windowed_ring_bytes(u32::MAX, 2, full), full);
-        for cpus in 1..200 {
-            let n = windowed_ring_bytes(2 << 20, cpus, 8 << 20);
-            assert!(n.is_power_of_two() && n >= 4 << 20, "{cpus}: {n}");
-        }
     }
 
     #[test]

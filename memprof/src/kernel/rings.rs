@@ -1,5 +1,6 @@
 //! The ring buffers the programs write records into: registering them with
-//! the runtime, waiting for them, and draining them.
+//! the runtime, waiting for them, draining them, and the sizes of those
+//! that fill only in windows.
 
 use std::{
     os::fd::{AsRawFd, RawFd},
@@ -11,9 +12,54 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
+use memprof_common::{locks::HOLD_RING_BYTES, maps, ALLOC_RING_BYTES};
 use tokio::io::unix::AsyncFd;
 
+use super::cputime::online_cpus;
 use crate::error::Result;
+
+/// Ring bytes per CPU for the allocator's windows: a 100 ms window at
+/// one traced call per ~3 µs on each CPU is 2.4 MB a CPU (72-byte
+/// records), and the loader drains the ring every
+/// [`DRAIN_INTERVAL_MS`](memprof_common::DRAIN_INTERVAL_MS) and at its
+/// wake-up mark.
+const ALLOC_WINDOW_RING_PER_CPU: u32 = 4 << 20;
+/// As [`ALLOC_WINDOW_RING_PER_CPU`] for the lock sections: a section per
+/// ~4 µs, 64 bytes each, is 1.6 MB a CPU per 100 ms window.
+const HOLD_WINDOW_RING_PER_CPU: u32 = 2 << 20;
+
+/// The size of a ring whose records come only in windows: `per_cpu`
+/// bytes for each of `cpus`, a power of two (as the kernel wants), at
+/// least twice the programs' wake-up mark (a quarter of `full`: past
+/// half a ring the loader is woken), at most `full`, the object's size
+/// for tracing every call. The consumer
+/// maps a ring's data twice (so a record never wraps), so its whole size
+/// counts twice in the loader's resident memory: the 16 MiB allocator
+/// ring and the 8 MiB section ring were 48 MiB of its ~95 MiB.
+fn windowed_ring_bytes(per_cpu: u32, cpus: u32, full: u32) -> u32 {
+    per_cpu
+        .saturating_mul(cpus.max(1))
+        .checked_next_power_of_two()
+        .unwrap_or(full)
+        .clamp(full / 2, full)
+}
+
+/// The rings loaded smaller than the object says, and their sizes: the
+/// allocator's when its calls are traced in windows (`alloc_windowed`),
+/// the lock sections' likewise (`lock_windowed`).
+pub fn windowed_sizes(alloc_windowed: bool, lock_windowed: bool) -> Vec<(&'static str, u32)> {
+    let cpus = online_cpus() as u32;
+    let mut sizes = Vec::new();
+    if alloc_windowed {
+        let bytes = windowed_ring_bytes(ALLOC_WINDOW_RING_PER_CPU, cpus, ALLOC_RING_BYTES);
+        sizes.push((maps::ALLOC_EVENTS, bytes));
+    }
+    if lock_windowed {
+        let bytes = windowed_ring_bytes(HOLD_WINDOW_RING_PER_CPU, cpus, HOLD_RING_BYTES);
+        sizes.push((maps::HOLD_EVENTS, bytes));
+    }
+    sizes
+}
 
 /// A ring buffer taken out of the object, and the count of records read
 /// from it (shared with [`RingCounts`], for the profiler's own cost).
@@ -114,4 +160,26 @@ pub fn decoded<T>(bytes: &[u8], what: &str, decode: fn(&[u8]) -> Option<T>) -> O
         tracing::warn!("short {what} record ({} bytes)", bytes.len());
     }
     ev
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windowed_rings_scale_with_the_cpus_up_to_the_full_size() {
+        let full = 16 << 20;
+        assert_eq!(windowed_ring_bytes(4 << 20, 2, full), 8 << 20);
+        assert_eq!(windowed_ring_bytes(4 << 20, 3, full), 16 << 20);
+        assert_eq!(windowed_ring_bytes(4 << 20, 64, full), full);
+        // The wake-up mark is a quarter of the full size: never above
+        // half the ring.
+        assert_eq!(windowed_ring_bytes(4 << 20, 0, full), 8 << 20);
+        assert_eq!(windowed_ring_bytes(4 << 20, 1, full), 8 << 20);
+        assert_eq!(windowed_ring_bytes(u32::MAX, 2, full), full);
+        for cpus in 1..200 {
+            let n = windowed_ring_bytes(2 << 20, cpus, 8 << 20);
+            assert!(n.is_power_of_two() && n >= 4 << 20, "{cpus}: {n}");
+        }
+    }
 }

@@ -16,6 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod first;
 mod resident;
 
 use super::detach::detach;
@@ -41,26 +42,12 @@ pub fn ktime_ns() -> u64 {
 
 /// Traced calls in a window below which its system time says too little
 /// about the cost of a call.
-const MIN_CALLS_TO_MEASURE: u64 = 1000;
+pub(super) const MIN_CALLS_TO_MEASURE: u64 = 1000;
 /// System time a window must have taken for it to measure the cost of a
 /// call: the kernel counts it in 10 ms ticks, so a 20 ms first window
 /// measured 4.0 µs a call where the calibration said 2.2 (and its gap
 /// doubled).
 const MIN_STIME_TO_MEASURE: f64 = 0.05;
-/// When a long first window first looks at its rate: a function this hot
-/// (its traps taking [`FIRST_LOOK_HOT`] of the target's time and more)
-/// ends the window then. Its rate is known well enough to size the gap,
-/// and every further millisecond attached costs the target about as much
-/// again: a 10 ns uncontended lock section traps ~450x slower, and its
-/// 100 ms first window plus the detach took 4-6% of a 3 s run. Counts
-/// from such a window are too rough to give anyway (its slowdown
-/// correction alone is past the claim a count may carry).
-const FIRST_LOOK: Duration = Duration::from_millis(20);
-/// See [`FIRST_LOOK`]: the traps take 60% of the target's time by the
-/// model's cost of a call (measured at 20 ms: the uncontended lock loop
-/// 0.97, the 4-thread yield loop 0.46, a 2-thread contended mutex 0.17 to
-/// 0.52; the last two keep their 100 ms windows).
-const FIRST_LOOK_HOT: f64 = 0.6;
 /// How often to check whether a window's probes are gone.
 const DETACH_POLL: Duration = Duration::from_millis(5);
 /// An operation whose traced calls cost less than this share of the
@@ -163,7 +150,8 @@ pub struct Windowed {
     /// again, on their own, when it is gone.
     reattach_resident: bool,
     first_window: bool,
-    /// The first window has had its [`FIRST_LOOK`] (or needs none).
+    /// The first window has had its first look (or needs none; see
+    /// [`first`]).
     looked: bool,
     /// The first window saw a quiet stretch: the load began since, maybe
     /// in the middle of the last stretch.
@@ -213,7 +201,7 @@ impl Windowed {
             resident_links: Vec::new(),
             reattach_resident: false,
             first_window: true,
-            looked: settings.first_window <= FIRST_LOOK,
+            looked: settings.first_window <= first::FIRST_LOOK,
             quiet_before: false,
             generation: 0,
             detaching: Vec::new(),
@@ -275,7 +263,7 @@ impl Windowed {
         }
         match &self.state {
             State::Attached { opened, .. } if self.first_window && !self.looked => {
-                Some(*opened + FIRST_LOOK)
+                Some(*opened + first::FIRST_LOOK)
             }
             State::Attached { opened, .. } if self.first_window => {
                 Some(*opened + self.settings.first_window)
@@ -292,6 +280,14 @@ impl Windowed {
     /// (attaching). Returns `Some(true)` when a window opened,
     /// `Some(false)` when its probes are all gone.
     pub fn on_deadline(&mut self, probes: &mut Probes) -> Result<Option<bool>> {
+        if self.first_look_waits(probes) {
+            return Ok(None);
+        }
+        self.act(probes)
+    }
+
+    /// [`Self::on_deadline`] past the first window's first look.
+    fn act(&mut self, probes: &mut Probes) -> Result<Option<bool>> {
         match std::mem::replace(&mut self.state, State::Idle) {
             State::Attached {
                 links,
@@ -302,19 +298,6 @@ impl Windowed {
                 let calls = probes.calls(self.family);
                 let seen = calls.saturating_sub(calls_at_open);
                 let rate = seen as f64 / opened.elapsed().as_secs_f64().max(1e-3);
-                if self.first_window
-                    && !std::mem::replace(&mut self.looked, true)
-                    && !hot_at_first_look(rate, &self.cycle)
-                {
-                    // Not that hot: the whole first window, as usual.
-                    self.state = State::Attached {
-                        links,
-                        opened,
-                        calls_at_open,
-                        stime_at_open,
-                    };
-                    return Ok(None);
-                }
                 if self.first_window {
                     if self.first_window_waits(seen, rate) {
                         self.counter
@@ -393,7 +376,7 @@ impl Windowed {
     /// may have begun in the middle of this one, whose rate, extrapolated
     /// over the gap, would be low: one whole busy stretch more.
     fn first_window_waits(&mut self, seen: u64, rate: f64) -> bool {
-        let quiet = too_quiet_to_decide(seen, rate, &self.cycle);
+        let quiet = first::too_quiet_to_decide(seen, rate, &self.cycle);
         let just_woke = !quiet && std::mem::replace(&mut self.quiet_before, false);
         self.quiet_before |= quiet;
         quiet || just_woke
@@ -589,61 +572,5 @@ impl Windowed {
             Mode::Full | Mode::Floor => 1.0,
             Mode::Sampled => self.cycle.traced_fraction(),
         }
-    }
-}
-
-/// Whether the first window saw too little to tell hot from cold: few
-/// calls, at a rate whose traps cost less than the budget. A busy window
-/// decides even with few calls: on a loaded machine a short window of a
-/// slowed-down target sees few calls, and staying attached would trace it
-/// all session long.
-fn too_quiet_to_decide(seen: u64, rate: f64, cycle: &DutyCycle) -> bool {
-    seen < MIN_CALLS_TO_MEASURE && rate * cycle.trap_cost() + cycle.extra_cost() < cycle.budget()
-}
-
-/// Whether calls at `rate` (a second of the traced target) are hot enough
-/// at [`FIRST_LOOK`] to end the first window there.
-fn hot_at_first_look(rate: f64, cycle: &DutyCycle) -> bool {
-    rate * cycle.trap_cost() >= FIRST_LOOK_HOT
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_busy_first_window_decides_even_with_few_calls() {
-        let cycle = DutyCycle::new(BudgetConfig::default());
-        // The trap cost at which calls spend the whole budget.
-        let busy = cycle.budget() / cycle.trap_cost();
-        // A program starting up: a few calls, cheap to trace.
-        assert!(too_quiet_to_decide(10, 50.0, &cycle));
-        // A contended program slowed down on a loaded machine: few calls in
-        // a short window, but each second attached costs more than the
-        // budget (the flake of 022cbb1: it stayed attached all session).
-        assert!(!too_quiet_to_decide(
-            MIN_CALLS_TO_MEASURE - 1,
-            busy * 2.0,
-            &cycle
-        ));
-        // Enough calls always decide.
-        assert!(!too_quiet_to_decide(MIN_CALLS_TO_MEASURE, 1.0, &cycle));
-    }
-
-    #[test]
-    fn only_a_trap_bound_target_ends_its_first_window_at_the_first_look() {
-        let cycle = DutyCycle::new(BudgetConfig::default());
-        let trap_bound = 1.0 / cycle.trap_cost();
-        // A 10 ns section: the target does little but trap.
-        assert!(hot_at_first_look(trap_bound, &cycle));
-        // Even if a call costs it half again the model's figure.
-        assert!(hot_at_first_look(trap_bound / 1.5, &cycle));
-        // A contended lock, mostly waiting: its rate needs the whole window.
-        assert!(!hot_at_first_look(trap_bound * 0.2, &cycle));
-        // A busy window is not a hot one.
-        assert!(!hot_at_first_look(
-            cycle.budget() / cycle.trap_cost() * 2.0,
-            &cycle
-        ));
     }
 }
