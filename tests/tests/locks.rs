@@ -1245,8 +1245,11 @@ fn yield_loop_is_consistent_and_blames_its_section() {
 /// Share of a lock's blamed delay that must fall on the slow holder in
 /// `slowholder`: it holds g_slow_lock ~1 ms every 10 ms while the fast
 /// takers hold it for a few ns (sleeping ~50 us between), so nearly all
-/// the waiting happens behind the slow section.
-const SLOW_HOLDER_SHARE: f64 = 0.9;
+/// the waiting happens behind the slow section: 0.98-0.99 when run alone,
+/// 0.85 in one CI run, where a fast taker preempted while holding held
+/// it up to 100 µs (its sections 2.1 µs on average). Charging each wait
+/// to the release that ended it would give the slow holder about half.
+const SLOW_HOLDER_SHARE: f64 = 0.8;
 
 /// The slow holder's blamed delay as a share of the fast takers' own
 /// time inside pthread_mutex_lock (which adds the waker's latency to the
