@@ -230,7 +230,7 @@ pub struct Load {
     pub lock_uprobes: bool,
     /// The allocator's and the lock uprobes' records come only in windows
     /// (their `sampled` modes): their rings are sized for a window
-    /// ([`windowed_ring_bytes`]), not for tracing every call.
+    /// ([`super::rings::windowed_sizes`]), not for tracing every call.
     pub alloc_windowed: bool,
     pub lock_windowed: bool,
     /// Trace the children the traced processes fork.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{State, Windowed, MIN_CALLS_TO_MEASURE};
+use super::{rate_since, State, Windowed, MIN_CALLS_TO_MEASURE};
 use crate::kernel::{budget::DutyCycle, loader::Probes};
 
 /// When a long first window first looks at its rate: a function this hot
@@ -37,8 +37,7 @@ impl Windowed {
             return false;
         }
         let seen = probes.calls(self.family).saturating_sub(calls_at_open);
-        let rate = seen as f64 / opened.elapsed().as_secs_f64().max(1e-3);
-        !hot_at_first_look(rate, &self.cycle)
+        !hot_at_first_look(rate_since(seen, opened), &self.cycle)
     }
 }
 

@@ -40,6 +40,11 @@ pub fn ktime_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Calls a second over `seen` calls since `opened`.
+fn rate_since(seen: u64, opened: Instant) -> f64 {
+    seen as f64 / opened.elapsed().as_secs_f64().max(1e-3)
+}
+
 /// Traced calls in a window below which its system time says too little
 /// about the cost of a call.
 pub(super) const MIN_CALLS_TO_MEASURE: u64 = 1000;
@@ -297,7 +302,7 @@ impl Windowed {
             } => {
                 let calls = probes.calls(self.family);
                 let seen = calls.saturating_sub(calls_at_open);
-                let rate = seen as f64 / opened.elapsed().as_secs_f64().max(1e-3);
+                let rate = rate_since(seen, opened);
                 if self.first_window {
                     if self.first_window_waits(seen, rate) {
                         self.counter
