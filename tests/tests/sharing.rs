@@ -612,12 +612,14 @@ fn sixty_four_threads_make_eight_false_sharing_lines() {
 }
 
 /// Proves that the kernel's line table overflowing loses nothing that
-/// matters: in `wide 2` each worker also writes its own 32 MiB a line at
-/// a time, so at 20 kHz the samples hit far more lines than the table
-/// holds (lines are evicted), and the busy false-sharing line, sampled
-/// all the time, is still found. 3 s gave 114,000 samples and 67,000
-/// lines here, but once in CI (session 11) only 30,940 lines, short of
-/// the table's 32,768: it runs 6 s.
+/// matters: in `wide 2` each worker also writes its own 32 MiB, four
+/// lines per counter update, so at 20 kHz the samples hit far more lines
+/// than the table holds (lines are evicted), and the busy false-sharing
+/// line, sampled all the time, is still found. Once in CI (session 11)
+/// 3 s gave only 30,940 lines, short of the table's 32,768: it runs 6 s.
+/// With one line per update 6 s still gave only 16,072 once in CI (the
+/// contended counter took most samples); with four, 5 runs by hand saw
+/// 97,000-137,000 lines.
 #[test]
 fn more_lines_than_the_kernel_table_holds() {
     if !require_root("more_lines_than_the_kernel_table_holds") {
