@@ -257,13 +257,58 @@ pub struct Releases {
     pub next: u64,
     pub times: [u64; RELEASES_KEPT],
     pub sites: [u64; RELEASES_KEPT],
+    /// When the thread a release woke came back to run (0: not known),
+    /// which thread that was, and which thread released: a release whose
+    /// thread is the one the release before woke began its section no
+    /// earlier than `taken` of that one.
+    pub taken: [u64; RELEASES_KEPT],
+    pub to: [u32; RELEASES_KEPT],
+    pub by: [u32; RELEASES_KEPT],
+}
+
+impl Releases {
+    /// Records a release at `at` from `site` by thread `by`, which woke
+    /// thread `to`, back on a CPU at `taken` (zeros when not known).
+    #[inline(always)]
+    pub fn push(&mut self, at: u64, site: u64, by: u32, to: u32, taken: u64) {
+        let slot = (self.next as usize) % RELEASES_KEPT;
+        self.times[slot] = at;
+        self.sites[slot] = site;
+        self.by[slot] = by;
+        self.to[slot] = to;
+        self.taken[slot] = taken;
+        self.next += 1;
+    }
+
+    /// When the section ended by the release in `slot` began, as far as
+    /// a wait's part from `from` knows: `from`, unless the release before
+    /// (`prev`) woke the thread that made this one, and it came back to
+    /// run after `from`: the time between was the hand-off (the woken
+    /// thread's scheduling latency), nobody's section.
+    #[inline(always)]
+    fn section_start(&self, prev: Option<usize>, slot: usize, from: u64) -> u64 {
+        match prev {
+            Some(p)
+                if self.to[p] != 0
+                    && self.to[p] == self.by[slot]
+                    && self.taken[p] > from
+                    && self.taken[p] < self.times[slot] =>
+            {
+                self.taken[p]
+            }
+            _ => from,
+        }
+    }
 }
 
 /// The parts of a wait from `start` to `end` (ns) each kept release
 /// caused, by slot: from the previous release in the wait (or the wait's
 /// start) up to it, the oldest first. The wake-up after the last release
 /// is nobody's hold (the scheduler's latency, or a barging thread's
-/// section, which its own release then ends) and is not charged. Also
+/// section, which its own release then ends) and is not charged; nor is
+/// a hand-off inside the wait, from a release to when the thread it woke
+/// came back to run, when that thread made the next release
+/// ([`Releases::section_start`]). Also
 /// returns the last release in the wait (the one that ended it). With no
 /// release inside the wait, the newest release before its end gets all
 /// of it.
@@ -312,15 +357,23 @@ pub fn for_each_share(
         return newest;
     };
     let mut from = start;
+    // The release before the part being charged (one before the wait
+    // counts: it may have woken the thread whose section ends the first).
+    let mut prev: Option<usize> = None;
     for k in 0..RELEASES_KEPT {
         let slot = (r.next as usize).wrapping_add(k) % RELEASES_KEPT;
         let t = r.times[slot];
         if t == 0 || t > end {
             continue;
         }
-        if t > from {
-            f(slot, t - from, slot == last);
+        if t <= start {
+            if prev.is_none_or(|p| r.times[p] <= t) {
+                prev = Some(slot);
+            }
+        } else if t > from {
+            f(slot, t - r.section_start(prev, slot, from), slot == last);
             from = t;
+            prev = Some(slot);
         }
     }
     Some(last)
@@ -415,7 +468,7 @@ const _: () = assert!(core::mem::size_of::<ContentionKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Contention>() == 56 + 8 * LOCK_HIST_BUCKETS);
 const _: () = assert!(core::mem::size_of::<SiteHint>() == 16);
 const _: () = assert!(core::mem::size_of::<WaiterKey>() == 16);
-const _: () = assert!(core::mem::size_of::<Releases>() == 8 + 16 * RELEASES_KEPT);
+const _: () = assert!(core::mem::size_of::<Releases>() == 8 + 32 * RELEASES_KEPT);
 const _: () = assert!(core::mem::size_of::<WaitSpan>() == 48);
 
 // SAFETY: all `#[repr(C)]` and made of integers and integer arrays,
@@ -516,12 +569,61 @@ mod tests {
     fn releases(at: &[(u64, u64)]) -> Releases {
         let mut r = Releases::default();
         for &(t, site) in at {
-            let slot = r.next as usize % RELEASES_KEPT;
-            r.times[slot] = t;
-            r.sites[slot] = site;
-            r.next += 1;
+            r.push(t, site, 0, 0, 0);
         }
         r
+    }
+
+    /// The shares of a wait from `start` to `end`, summed by site, the
+    /// sites in increasing order (unused entries `(u64::MAX, 0)` last).
+    fn shares_by_site(r: &Releases, start: u64, end: u64) -> [(u64, u64); RELEASES_KEPT] {
+        let (shares, _) = wait_shares(r, start, end);
+        let mut by = [(u64::MAX, 0); RELEASES_KEPT];
+        for (s, &share) in shares.iter().enumerate() {
+            if r.times[s] == 0 || share == 0 {
+                continue;
+            }
+            let site = r.sites[s];
+            if let Some(e) = by.iter_mut().find(|e| e.0 == site || e.0 == u64::MAX) {
+                *e = (site, e.1 + share);
+            }
+        }
+        by.sort_unstable();
+        by
+    }
+
+    /// `want` in the form of [`shares_by_site`].
+    fn sites(want: &[(u64, u64)]) -> [(u64, u64); RELEASES_KEPT] {
+        let mut by = [(u64::MAX, 0); RELEASES_KEPT];
+        by[..want.len()].copy_from_slice(want);
+        by
+    }
+
+    #[test]
+    fn a_hand_off_inside_a_wait_is_charged_to_nobody() {
+        // The slow holder (thread 1, site 10) releases at 1,000 and wakes
+        // thread 2, back on a CPU at 1,050; thread 2 (site 20) releases at
+        // 1,052 and wakes the waiter, whose wait from 100 to 1,060 caused
+        // 900 by the slow section and 2 by the fast one: the 50 between
+        // were the hand-off.
+        let mut r = Releases::default();
+        r.push(1000, 10, 1, 2, 1050);
+        r.push(1052, 20, 2, 3, 1060);
+        assert_eq!(shares_by_site(&r, 100, 1060), sites(&[(10, 900), (20, 2)]));
+        // The wait began during the hand-off: none of it before 1,050.
+        assert_eq!(shares_by_site(&r, 1020, 1060), sites(&[(20, 2)]));
+        // A barging thread (4) took the lock after the release instead:
+        // its section is the whole part.
+        let mut r = Releases::default();
+        r.push(1000, 10, 1, 2, 1050);
+        r.push(1052, 40, 4, 3, 1060);
+        assert_eq!(shares_by_site(&r, 100, 1060), sites(&[(10, 900), (40, 52)]));
+        // Not known when the woken thread ran (the syscall path): as
+        // before.
+        let mut r = Releases::default();
+        r.push(1000, 10, 1, 2, 0);
+        r.push(1052, 20, 2, 3, 0);
+        assert_eq!(shares_by_site(&r, 100, 1060), sites(&[(10, 900), (20, 52)]));
     }
 
     #[test]

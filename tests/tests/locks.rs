@@ -1444,12 +1444,13 @@ fn hundred_thousand_mutexes_keep_the_loader_bounded() {
 
 /// Share of g_slow_lock's blamed delay the slow unlock must get on the
 /// kernel side: a fast taker woken behind the other fast taker's release
-/// waited for that taker to be scheduled and to run its section as well
-/// as for the slow section, and that part is rightly the fast release's
-/// (measured 77-88%: 0.3-0.4 ms per fast hand-off on this 2-vCPU VM).
-/// Charging each wait whole to the release that ended it gives the fast
-/// unlock about 45% (it ends that share of the waits).
-const SLOW_RELEASE_SHARE: f64 = 0.7;
+/// waited for the slow section, for that taker's wake-up (the hand-off,
+/// charged to nobody) and for its few-ns section: so the fast unlock gets
+/// almost none (0.5-0.9% beside two CPU hogs, 3 runs; before hand-offs
+/// were left out, 2.7-7.1%, and 12-23% in an earlier CI). Charging each
+/// wait whole to the release that ended it gives the fast unlock about
+/// 45% (it ends that share of the waits).
+const SLOW_RELEASE_SHARE: f64 = 0.9;
 
 /// Proves holder blame on the default path, from the kernel alone (no
 /// lock uprobes): in `slowholder 3 3` one thread holds g_slow_lock ~1 ms
@@ -1457,9 +1458,9 @@ const SLOW_RELEASE_SHARE: f64 = 0.7;
 /// taker's wait often spans the slow section and then the other fast
 /// taker's wake-up and release. The releases are the wakers the sched
 /// hooks saw, and each part of a wait is charged to the release that
-/// ended it: the slow holder's unlock (SLOWUNLOCK) gets at least 70% of
-/// the delay the lock's holders caused, and that delay is about what the
-/// fast takers waited.
+/// ended it, hand-offs to nobody: the slow holder's unlock (SLOWUNLOCK)
+/// gets at least 90% of the delay the lock's holders caused, and that
+/// delay is about what the fast takers waited.
 #[test]
 fn default_path_blames_the_slow_holder() {
     if !require_root("default_path_blames_the_slow_holder") {

@@ -30,8 +30,8 @@ use aya_ebpf::{
 use memprof_common::{
     counter, for_each_share, futex_ctl, hint_key, key_may_sample, lock_event, log2_bucket,
     mix_site, take_token, Contention, ContentionKey, LockEvent, Releases, SiteHint, WaiterKey,
-    CONTENTION_KEYS, CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, RELEASES_KEPT,
-    SAMPLES_PER_S, SITE_HINTS, SITE_HINT_FRAMES, SPAN_RING_BYTES, WAITER_THREADS_CAPACITY,
+    CONTENTION_KEYS, CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, SAMPLES_PER_S,
+    SITE_HINTS, SITE_HINT_FRAMES, SPAN_RING_BYTES, WAITER_THREADS_CAPACITY,
 };
 
 use crate::maps::{bpf_now, count};
@@ -329,27 +329,21 @@ fn send_sample(s: &Sample) {
 /// word has an entry (an LRU insert costs several times a lookup).
 #[inline(always)]
 fn released(uaddr: u64, site: u64) {
-    released_at(uaddr, site, bpf_now());
+    released_at(uaddr, site, bpf_now(), (0, 0, 0));
 }
 
-/// Records a release of `uaddr` from `site` at `now`.
+/// Records a release of `uaddr` from `site` at `now`, by thread `by.0`,
+/// which woke thread `by.1`, back on a CPU at `by.2` (zeros: not known).
 #[inline(always)]
-fn released_at(uaddr: u64, site: u64, now: u64) {
+fn released_at(uaddr: u64, site: u64, now: u64, by: (u32, u32, u64)) {
     match RELEASES.get_ptr_mut(uaddr) {
         // SAFETY: the pointer comes from the map lookup. Two releases of
         // one word at the same instant may take one slot (the lock is
         // released once; the other is a spurious wake).
-        Some(r) => unsafe {
-            let slot = ((*r).next as usize) % RELEASES_KEPT;
-            (*r).times[slot] = now;
-            (*r).sites[slot] = site;
-            (*r).next += 1;
-        },
+        Some(r) => unsafe { (*r).push(now, site, by.0, by.1, by.2) },
         None => {
             let mut r = Releases::default();
-            r.times[0] = now;
-            r.sites[0] = site;
-            r.next = 1;
+            r.push(now, site, by.0, by.1, by.2);
             let _ = RELEASES.insert(uaddr, r, 0);
         }
     }

@@ -349,7 +349,7 @@ fn woke(task: u64) {
         record_weighted(c, ns, 0, weight);
     }
     if w.waker_site != 0 {
-        released_at(w.addr, w.waker_site, w.woken_ns);
+        released_at(w.addr, w.waker_site, w.woken_ns, (w.waker_tid, w.tid, end));
         let key = ContentionKey {
             addr: w.addr,
             site: w.waker_site,
