@@ -732,6 +732,34 @@ fn successive_generations_of_threads_are_not_true_sharing() {
     assert_no_programs_left();
 }
 
+/// Proves that a launched program's serial start-up is traced in full in
+/// the default mode (#34): linreg fills its 120 M points (about 0.4 s
+/// single-threaded) and only then callocs the workers' struct array.
+/// Before, the allocator's 20 ms first window, busy with the dynamic
+/// loader's calls, ended, and the calloc fell in the gap after it: the
+/// finding was "a heap block allocated before tracing". Now it is named
+/// by the LINREG_CALLOC line, in the sampled mode.
+#[test]
+fn a_launched_programs_start_up_allocation_is_named_in_the_default_mode() {
+    if !require_root("a_launched_programs_start_up_allocation_is_named_in_the_default_mode") {
+        return;
+    }
+    let program = build_workload("linreg", Variant::Debug).expect("building linreg");
+    let w = program.to_str().expect("UTF-8");
+    let (_, report, _) = trace_truth(
+        "sharing-linreg-start-up",
+        &["--no-tui", "--", w, "calloc", "2", "60000000"],
+    );
+    check_entries(&report);
+    assert_eq!(
+        report["allocator"]["mode"], "sampled",
+        "{:#}",
+        report["allocator"]
+    );
+    false_heap_entry(&report, "linreg", "LINREG_CALLOC");
+    assert_no_programs_left();
+}
+
 // Processes that share memory (tests/workloads/forkshare.c): two forked
 // children write neighbouring 8-byte counters of one line of a MAP_SHARED
 // mapping; the parent only sleeps.

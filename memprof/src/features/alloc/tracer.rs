@@ -162,7 +162,7 @@ impl AllocTracer {
             AllocMode::Sampled => Mode::Sampled,
             AllocMode::Floor => Mode::Floor,
         };
-        let windowed = Windowed::new(
+        let mut windowed = Windowed::new(
             Family::Alloc,
             allocator.path.clone(),
             probes,
@@ -182,6 +182,9 @@ impl AllocTracer {
             },
             pid,
         );
+        if mode == Mode::Sampled {
+            windowed.trace_serial_start_up();
+        }
         Self {
             allocator,
             settings,

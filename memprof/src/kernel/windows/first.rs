@@ -4,7 +4,18 @@
 use std::time::Duration;
 
 use super::{rate_since, State, Windowed, MIN_CALLS_TO_MEASURE};
-use crate::kernel::{budget::DutyCycle, loader::Probes};
+use crate::kernel::{budget::DutyCycle, cputime::threads, loader::Probes};
+
+/// Trap time the allocator's first window may spend tracing the target's
+/// serial start-up in full ([`Windowed::trace_serial_start_up`]). A
+/// program usually builds the structures its threads will share before it
+/// starts them: a launched linreg allocated its struct array 0.4 s in,
+/// in the gap after a 20 ms first window busy with the dynamic loader's
+/// calls, and its false sharing was "a heap block allocated before
+/// tracing". A start-up of a few thousand calls costs a few ms; the cap
+/// bounds a single-threaded program that allocates all along (the duty
+/// cycle then repays what was spent with longer gaps).
+pub const SERIAL_START_UP_SPEND: Duration = Duration::from_millis(50);
 
 /// When a long first window first looks at its rate: a function this hot
 /// (its traps taking [`FIRST_LOOK_HOT`] of the target's time and more)
@@ -22,6 +33,31 @@ pub(super) const FIRST_LOOK: Duration = Duration::from_millis(20);
 const FIRST_LOOK_HOT: f64 = 0.6;
 
 impl Windowed {
+    /// Traces the target's serial start-up in full: the first window
+    /// stays attached while the target runs one thread, within
+    /// [`SERIAL_START_UP_SPEND`] of trap time, unless its calls are
+    /// trap-bound.
+    pub fn trace_serial_start_up(&mut self) {
+        self.start_up_left = Some(SERIAL_START_UP_SPEND.as_secs_f64());
+    }
+
+    /// Whether the first window stays attached through the serial
+    /// start-up, a stretch with `seen` calls at `rate` just ended (its
+    /// traps spent from the allowance); once it ends, it has ended.
+    pub(super) fn in_serial_start_up(&mut self, seen: u64, rate: f64) -> bool {
+        let Some(left) = self.start_up_left else {
+            return false;
+        };
+        let left = left - seen as f64 * self.cycle.trap_cost();
+        let serial = threads(self.pid) == Some(1);
+        if serial && left > 0.0 && !hot_at_first_look(rate, &self.cycle) {
+            self.start_up_left = Some(left);
+            return true;
+        }
+        self.start_up_left = None;
+        false
+    }
+
     /// At a long first window's first look ([`FIRST_LOOK`]): whether it
     /// goes on, its calls not being trap-bound; once a window.
     pub(super) fn first_look_waits(&mut self, probes: &Probes) -> bool {

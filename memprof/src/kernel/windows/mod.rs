@@ -161,6 +161,9 @@ pub struct Windowed {
     /// The first window saw a quiet stretch: the load began since, maybe
     /// in the middle of the last stretch.
     quiet_before: bool,
+    /// Trap time (s) the first window may still spend on the target's
+    /// serial start-up; `None`: not traced through it (see [`first`]).
+    start_up_left: Option<f64>,
     generation: u64,
     /// Threads dropping links that nothing waits for yet.
     detaching: Vec<JoinHandle<()>>,
@@ -208,6 +211,7 @@ impl Windowed {
             first_window: true,
             looked: settings.first_window <= first::FIRST_LOOK,
             quiet_before: false,
+            start_up_left: None,
             generation: 0,
             detaching: Vec::new(),
             later: Vec::new(),
@@ -381,6 +385,9 @@ impl Windowed {
     /// may have begun in the middle of this one, whose rate, extrapolated
     /// over the gap, would be low: one whole busy stretch more.
     fn first_window_waits(&mut self, seen: u64, rate: f64) -> bool {
+        if self.in_serial_start_up(seen, rate) {
+            return true;
+        }
         let quiet = first::too_quiet_to_decide(seen, rate, &self.cycle);
         let just_woke = !quiet && std::mem::replace(&mut self.quiet_before, false);
         self.quiet_before |= quiet;
