@@ -50,12 +50,8 @@ impl Windowed {
         };
         let left = left - seen as f64 * self.cycle.trap_cost();
         let serial = threads(self.pid) == Some(1);
-        if serial && left > 0.0 && !hot_at_first_look(rate, &self.cycle) {
-            self.start_up_left = Some(left);
-            return true;
-        }
-        self.start_up_left = None;
-        false
+        self.start_up_left = start_up_goes_on(serial, left, rate, &self.cycle).then_some(left);
+        self.start_up_left.is_some()
     }
 
     /// At a long first window's first look ([`FIRST_LOOK`]): whether it
@@ -86,6 +82,13 @@ pub(super) fn too_quiet_to_decide(seen: u64, rate: f64, cycle: &DutyCycle) -> bo
     seen < MIN_CALLS_TO_MEASURE && rate * cycle.trap_cost() + cycle.extra_cost() < cycle.budget()
 }
 
+/// Whether the serial start-up is still traced in full: the target runs
+/// one thread (`serial`), `left` seconds of trap time remain, and its
+/// calls at `rate` are not trap-bound.
+fn start_up_goes_on(serial: bool, left: f64, rate: f64, cycle: &DutyCycle) -> bool {
+    serial && left > 0.0 && !hot_at_first_look(rate, cycle)
+}
+
 /// Whether calls at `rate` (a second of the traced target) are hot enough
 /// at [`FIRST_LOOK`] to end the first window there.
 fn hot_at_first_look(rate: f64, cycle: &DutyCycle) -> bool {
@@ -114,6 +117,22 @@ mod tests {
         ));
         // Enough calls always decide.
         assert!(!too_quiet_to_decide(MIN_CALLS_TO_MEASURE, 1.0, &cycle));
+    }
+
+    #[test]
+    fn the_serial_start_up_is_traced_until_a_second_thread_or_its_allowance() {
+        let cycle = DutyCycle::new(BudgetConfig::default());
+        let left = SERIAL_START_UP_SPEND.as_secs_f64();
+        // A start-up allocating at a rate whose traps cost 10 times the
+        // budget: still traced while it has one thread and allowance.
+        let busy = cycle.budget() / cycle.trap_cost() * 10.0;
+        assert!(start_up_goes_on(true, left, busy, &cycle));
+        assert!(!start_up_goes_on(false, left, busy, &cycle), "two threads");
+        assert!(!start_up_goes_on(true, 0.0, busy, &cycle), "spent");
+        assert!(
+            !start_up_goes_on(true, left, 0.9 / cycle.trap_cost(), &cycle),
+            "trap-bound"
+        );
     }
 
     #[test]
