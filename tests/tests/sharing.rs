@@ -692,6 +692,17 @@ fn an_unoptimised_pointer_reload_kernel_is_false_sharing_at_its_calloc_line() {
     assert_no_programs_left();
 }
 
+/// Launches linreg (debug build) with `args` in the default mode; its
+/// entries checked.
+fn launch_linreg(test: &str, args: &[&str]) -> (serde_json::Value, Truth) {
+    let program = build_workload("linreg", Variant::Debug).expect("building linreg");
+    let mut argv = vec!["--no-tui", "--", program.to_str().expect("UTF-8")];
+    argv.extend_from_slice(args);
+    let (_, report, truth) = trace_truth(test, &argv);
+    check_entries(&report);
+    (report, truth)
+}
+
 /// Thread pools that re-create their workers per phase: the kernel runs
 /// its two workers three times over the same struct array, new threads
 /// each round. Each round's two threads write different words of the
@@ -702,13 +713,7 @@ fn successive_generations_of_threads_are_not_true_sharing() {
     if !require_root("successive_generations_of_threads_are_not_true_sharing") {
         return;
     }
-    let program = build_workload("linreg", Variant::Debug).expect("building linreg");
-    let w = program.to_str().expect("UTF-8");
-    let (_, report, truth) = trace_truth(
-        "sharing-linreg-rounds",
-        &["--no-tui", "--", w, "calloc", "2", "25000000", "3"],
-    );
-    check_entries(&report);
+    let (report, truth) = launch_linreg("sharing-linreg-rounds", &["calloc", "2", "25000000", "3"]);
     assert_eq!(truth.get("rounds"), 3);
     let heap: Vec<&serde_json::Value> = entries(&report)
         .iter()
@@ -744,13 +749,7 @@ fn a_launched_programs_start_up_allocation_is_named_in_the_default_mode() {
     if !require_root("a_launched_programs_start_up_allocation_is_named_in_the_default_mode") {
         return;
     }
-    let program = build_workload("linreg", Variant::Debug).expect("building linreg");
-    let w = program.to_str().expect("UTF-8");
-    let (_, report, _) = trace_truth(
-        "sharing-linreg-start-up",
-        &["--no-tui", "--", w, "calloc", "2", "60000000"],
-    );
-    check_entries(&report);
+    let (report, _) = launch_linreg("sharing-linreg-start-up", &["calloc", "2", "60000000"]);
     assert_eq!(
         report["allocator"]["mode"], "sampled",
         "{:#}",
