@@ -11,7 +11,7 @@ use crate::{
     object::symbolize::dwarf::Layout,
     process::maps::{Place, ProcMaps},
     report::{
-        model::{source_label, CacheUseEntry, FieldUse, ObjectKind, WindowUse},
+        model::{CacheUseEntry, FieldUse, ObjectKind, WindowUse},
         names::{code_ref, Names},
     },
 };
@@ -297,9 +297,9 @@ fn entry(
         Key::Heap { site, size } => {
             let place = inputs.alloc.map(|a| a.site_place(*site));
             let chain = place.map(|p| names.code_inlined(&p));
-            let label = chain.as_ref().map_or("an unknown site".to_string(), |c| {
-                source_label(c.frame.file.as_deref(), c.frame.line, &c.frame.module)
-            });
+            let label = chain
+                .as_ref()
+                .map_or("an unknown site".to_string(), |c| c.frame.site_label());
             (
                 format!("{size}-byte heap blocks from {label}"),
                 ObjectKind::Heap,

@@ -19,7 +19,7 @@ use crate::{
     },
     process::maps::{is_libc, ProcMaps},
     report::{
-        model::{source_label, LockEntry, LockKind},
+        model::{LockEntry, LockKind},
         names::Names,
     },
 };
@@ -329,9 +329,8 @@ pub(crate) fn data_name(
     let (alloc, index) = blocks?;
     let (start, block) = index.containing(addr)?;
     let site = names.code_innermost(&alloc.site_place(block.site));
-    let label = source_label(site.file.as_deref(), site.line, &site.module);
     Some(DataName {
-        name: format!("heap block from {label}"),
+        name: format!("heap block from {}", site.site_label()),
         offset: addr - start,
         heap: true,
     })

@@ -24,8 +24,8 @@ use crate::{
     process::maps::{short_name, Place, ProcMaps},
     report::{
         model::{
-            source_label, Dependences, DismissReason, DismissedLine, ObjectKind, PredictedGain,
-            ProcessThreads, SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
+            Dependences, DismissReason, DismissedLine, ObjectKind, PredictedGain, ProcessThreads,
+            SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
         },
         names::{callers, code_ref, Names},
     },
@@ -396,11 +396,13 @@ fn heap_object(
     // The line of the allocation call itself, also when the helper that
     // makes it was inlined: that is the line to change.
     let chain = names.code_inlined(&alloc.site_place(b.site));
-    let site = &chain.frame;
-    let label = source_label(site.file.as_deref(), site.line, &site.module);
     SharedObject {
         kind: ObjectKind::Heap,
-        name: format!("{}-byte heap block from {label}", b.size),
+        name: format!(
+            "{}-byte heap block from {}",
+            b.size,
+            chain.frame.site_label()
+        ),
         offset: line as i64 - b.start as i64,
         size: Some(b.size),
         alloc_site: Some(code_ref(&chain)),

@@ -47,6 +47,25 @@ impl Frame {
         }
     }
 
+    /// How an allocation site is named in an object's name: `file:line`
+    /// when the debug info says; else the function and its object, or
+    /// the place in the object (`memcached+0x19a54`, a file offset, as
+    /// call chains show code without symbols), never the object alone.
+    pub fn site_label(&self) -> String {
+        if self.line.is_some() || self.function.is_empty() {
+            return crate::report::model::source_label(
+                self.file.as_deref(),
+                self.line,
+                &self.module,
+            );
+        }
+        if self.function.starts_with(&format!("{}+0x", self.module)) {
+            self.function.clone()
+        } else {
+            format!("{} ({})", self.function, self.module)
+        }
+    }
+
     /// What we can say about a place without symbols.
     pub fn unknown(place: &Place) -> Self {
         let (function, module) = match place {
@@ -400,6 +419,26 @@ pub fn install_quiet_panic_hook() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_site_without_a_line_is_named_by_its_function_or_place() {
+        let at = |function: &str, line: Option<u32>| Frame {
+            function: function.into(),
+            module: "memcached".into(),
+            file: line.map(|_| "/src/thread.c".into()),
+            line,
+        };
+        assert_eq!(at("setup_thread", Some(12)).site_label(), "thread.c:12");
+        assert_eq!(
+            at("setup_thread", None).site_label(),
+            "setup_thread (memcached)"
+        );
+        assert_eq!(
+            at("memcached+0x19a54", None).site_label(),
+            "memcached+0x19a54"
+        );
+        assert_eq!(at("", None).site_label(), "(memcached)");
+    }
 
     #[test]
     fn unknown_places_degrade_to_names() {
