@@ -15,7 +15,7 @@ use crate::kernel::{budget::DutyCycle, cputime::threads, loader::Probes};
 /// tracing". A start-up of a few thousand calls costs a few ms; the cap
 /// bounds a single-threaded program that allocates all along (the duty
 /// cycle then repays what was spent with longer gaps).
-pub const SERIAL_START_UP_SPEND: Duration = Duration::from_millis(50);
+const SERIAL_START_UP_SPEND: Duration = Duration::from_millis(50);
 
 /// When a long first window first looks at its rate: a function this hot
 /// (its traps taking [`FIRST_LOOK_HOT`] of the target's time and more)

@@ -385,10 +385,13 @@ impl Windowed {
     /// may have begun in the middle of this one, whose rate, extrapolated
     /// over the gap, would be low: one whole busy stretch more.
     fn first_window_waits(&mut self, seen: u64, rate: f64) -> bool {
+        let quiet = first::too_quiet_to_decide(seen, rate, &self.cycle);
         if self.in_serial_start_up(seen, rate) {
+            // A quiet start-up stretch is a quiet stretch all the same:
+            // the load may begin in the middle of the one that ends it.
+            self.quiet_before |= quiet;
             return true;
         }
-        let quiet = first::too_quiet_to_decide(seen, rate, &self.cycle);
         let just_woke = !quiet && std::mem::replace(&mut self.quiet_before, false);
         self.quiet_before |= quiet;
         quiet || just_woke
