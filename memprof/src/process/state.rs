@@ -216,6 +216,19 @@ impl Process {
         self.place(call_of(return_address))
     }
 
+    /// Where code address `addr`, run at `time_ns`, is. Code runs from
+    /// an executable mapping: if our snapshot has none there and is older
+    /// than the record, the map changed since (a library `dlopen`ed where
+    /// the loader's `ld.so.cache` was mapped when we read it) and is read
+    /// again.
+    pub fn code_place(&mut self, addr: u64, time_ns: u64) -> Place {
+        // Nothing mapped there is `place`'s case, re-read at most so often.
+        if self.find(addr).is_some_and(|m| !m.executable) {
+            self.refresh_maps_older_than(time_ns);
+        }
+        self.place(addr)
+    }
+
     /// Where `ip`, sampled at `time_ns`, was: in the image before the last
     /// exec if the sample predates it.
     pub fn place_at(&mut self, time_ns: u64, ip: u64) -> Place {
@@ -431,6 +444,42 @@ mod tests {
         assert!(p.refresh_maps_older_than(mapped_ns));
         assert!(p.find(at as u64).is_some());
         assert!(!p.refresh_maps_older_than(mapped_ns), "now current");
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(at, page) };
+    }
+
+    /// A code address in a mapping that is not executable in our
+    /// snapshot (data mapped there when we read it, code since) is placed
+    /// from a map read again, once the record is newer than the snapshot.
+    #[test]
+    fn code_in_a_remapped_range_is_placed_from_a_fresh_map() {
+        let page = 4096;
+        // SAFETY: a fresh anonymous mapping, unmapped below.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        let (mut p, _) = Process::new(std::process::id());
+        assert!(!p.find(at as u64).unwrap().executable);
+        // SAFETY: our own mapping, made executable (nothing runs there).
+        let rc = unsafe { libc::mprotect(at, page, libc::PROT_READ | libc::PROT_EXEC) };
+        assert_eq!(rc, 0);
+        let ran_ns = ktime_ns();
+        let read = p.maps_read_at.unwrap();
+        assert!(matches!(
+            p.code_place(at as u64, read),
+            Place::Anonymous { .. }
+        ));
+        assert!(!p.find(at as u64).unwrap().executable, "not newer: kept");
+        p.code_place(at as u64, ran_ns);
+        assert!(p.find(at as u64).unwrap().executable, "re-read");
         // SAFETY: our own mapping, no longer used.
         unsafe { libc::munmap(at, page) };
     }

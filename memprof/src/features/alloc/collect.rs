@@ -114,7 +114,7 @@ impl AllocCollector {
         // is their block's), resolved once per site.
         let site = call_of(ev.caller);
         if ev.caller != 0 && !self.profile.knows_site(site) {
-            let place = process.place(site);
+            let place = process.code_place(site, ev.start_ns);
             // Not mapped in our snapshot yet (a library loaded a moment
             // ago): tried again at the next call, or when settling.
             if !matches!(place, Place::Unmapped { .. }) {

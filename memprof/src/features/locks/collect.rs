@@ -67,7 +67,7 @@ impl LockCollector {
         for site in [ev.lock_site, ev.unlock_site] {
             if site != 0 && !self.profile.knows_site(site) && self.profile.can_place_site() {
                 // Sites are keyed by the return address, placed at the call.
-                let place = process.call_site(site);
+                let place = process.code_place(call_of(site), ev.acquired_ns);
                 if !matches!(place, Place::Unmapped { .. }) {
                     self.profile.set_site_place(site, place);
                 }
