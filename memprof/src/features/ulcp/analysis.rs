@@ -73,6 +73,10 @@ pub const CONFLICT_SHARE: f64 = 0.05;
 pub struct Access {
     pub time_ns: u64,
     pub tid: u32,
+    /// The sampled instruction; 0 for code never taken as a section's
+    /// own ([`SectionCode`]): the lock implementation (its lock and
+    /// unlock run in and out of every section) and the C library.
+    pub ip: u64,
     pub addr: u64,
     pub size: u32,
     pub write: bool,
@@ -124,6 +128,30 @@ pub struct Wait {
 /// Holders whose last section seen through a wait is remembered (waits
 /// on one holder overlap: each of its samples joins one section).
 const HOLDERS_MAX: usize = 1 << 16;
+/// Instructions remembered as section code ([`SectionCode`]).
+pub const SECTION_CODE_MAX: usize = 1 << 16;
+/// Samples at an instruction that fell in one lock's sections before a
+/// sample there outside any known section is taken as that lock's.
+pub const SECTION_CODE_MIN_JOINS: u32 = 2;
+
+/// Where an instruction was sampled inside known sections: always in one
+/// lock's (at `site`, and through futex waits if `waited`), or in more
+/// than one lock's (`lock` 0: nested sections, shared code).
+///
+/// The known sections cover a sliver of the run (lock calls traced in
+/// windows, the holder's part of 1 in N futex waits), so most samples
+/// taken inside sections fall outside every known one. A sample at an
+/// instruction only ever seen inside one lock's sections is taken as
+/// inside that lock's section too: its access is *inferred* evidence. It
+/// adds to the access sets the classes are read from (an access can only
+/// add a conflict), not to the count the confidence is computed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SectionCode {
+    pub lock: u64,
+    pub site: u64,
+    pub waited: bool,
+    pub joins: u32,
+}
 
 /// What one word's sampled accesses did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -185,6 +213,10 @@ pub struct Participant {
     /// Sections with at least one sampled access.
     pub sampled_sections: u64,
     pub accesses: u64,
+    /// Accesses sampled outside every known section at this lock's
+    /// section code ([`SectionCode`]), in `words` and `private` but not
+    /// in `accesses`.
+    pub inferred: u64,
     /// Accesses known not to conflict ([`Access::private`]).
     pub private: u64,
     /// Per 8-byte word (address of its first byte).
@@ -199,6 +231,16 @@ impl Participant {
     /// analysis ([`WORDS_TOTAL_MAX`]).
     fn add(&mut self, a: &Access, used: &mut usize) {
         self.accesses += 1;
+        self.add_words(a, used);
+    }
+
+    /// Adds an inferred access ([`SectionCode`]).
+    fn add_inferred(&mut self, a: &Access, used: &mut usize) {
+        self.inferred += 1;
+        self.add_words(a, used);
+    }
+
+    fn add_words(&mut self, a: &Access, used: &mut usize) {
         if a.private {
             self.private += 1;
             return;
@@ -319,9 +361,12 @@ struct PageThreads {
 pub struct UlcpProfile {
     locks: FastMap<u64, LockUse>,
     pages: FastMap<u64, PageThreads>,
-    /// Sections and samples not yet joined (samples per thread).
+    /// Sections and samples not yet joined (samples per thread, and
+    /// whether one joined a known section).
     pending: Vec<Span>,
-    samples: FastMap<u32, Vec<Access>>,
+    samples: FastMap<u32, Vec<(Access, bool)>>,
+    /// Per instruction: the known sections it was sampled in.
+    section_code: FastMap<u64, SectionCode>,
     newest_sample_ns: u64,
     newest_span_ns: u64,
     /// What every sampled write to a word stored, in sections or not.
@@ -342,6 +387,9 @@ pub struct UlcpProfile {
     /// Sections joined before the samples of their time had arrived
     /// (more than [`PENDING_MAX`] waiting).
     pub joined_early: u64,
+    /// Sampled accesses outside every known section taken as a lock's
+    /// ([`SectionCode`]).
+    pub inferred: u64,
 }
 
 impl UlcpProfile {
@@ -364,7 +412,7 @@ impl UlcpProfile {
             self.note_store(&a);
         }
         self.saw(a.time_ns);
-        self.samples.entry(a.tid).or_default().push(a);
+        self.samples.entry(a.tid).or_default().push((a, false));
     }
 
     /// A sample of the target at `time_ns`, with an address or not: the
@@ -456,9 +504,65 @@ impl UlcpProfile {
         self.join(newest.saturating_sub(JOIN_SLACK_NS));
     }
 
-    /// Joins everything (tracing has stopped).
+    /// Joins everything (tracing has stopped), and takes what is left of
+    /// the samples outside known sections as inferred evidence.
     pub fn finish(&mut self) {
         self.join(u64::MAX);
+        let samples = std::mem::take(&mut self.samples);
+        for (a, joined) in samples.into_values().flatten() {
+            if !joined {
+                self.infer(&a);
+            }
+        }
+    }
+
+    /// Remembers that the sample at `ip` fell in a section of `lock` at
+    /// `site`.
+    fn learn(code: &mut FastMap<u64, SectionCode>, ip: u64, lock: u64, site: u64) {
+        if ip == 0 || (!code.contains_key(&ip) && code.len() >= SECTION_CODE_MAX) {
+            return;
+        }
+        let c = code.entry(ip).or_insert(SectionCode {
+            lock,
+            site,
+            waited: false,
+            joins: 0,
+        });
+        if c.lock != lock {
+            c.lock = 0;
+            return;
+        }
+        c.joins = c.joins.saturating_add(1);
+        if site == WAITED_SITE {
+            c.waited = true;
+        } else if c.site == WAITED_SITE {
+            c.site = site;
+        }
+    }
+
+    /// A sample that fell in no known section: taken as inside the
+    /// section of the one lock its instruction was seen in
+    /// ([`SectionCode`]), at that site and in the futex waits' section.
+    fn infer(&mut self, a: &Access) {
+        let Some(&c) = self.section_code.get(&a.ip) else {
+            return;
+        };
+        if c.lock == 0 || c.joins < SECTION_CODE_MIN_JOINS {
+            return;
+        }
+        let Some(lock) = self.locks.get_mut(&c.lock) else {
+            return;
+        };
+        let mut sites = vec![c.site];
+        if c.waited && c.site != WAITED_SITE {
+            sites.push(WAITED_SITE);
+        }
+        for site in sites {
+            if let Some(p) = lock.participant((site, a.tid)) {
+                p.add_inferred(a, &mut self.words_used);
+                self.inferred += 1;
+            }
+        }
     }
 
     /// Joins the pending sections that ended by `horizon` with their
@@ -466,7 +570,7 @@ impl UlcpProfile {
     /// for any section still to come.
     fn join(&mut self, horizon: u64) {
         for samples in self.samples.values_mut() {
-            samples.sort_unstable_by_key(|a| a.time_ns);
+            samples.sort_unstable_by_key(|(a, _)| a.time_ns);
         }
         let (mut ready, waiting): (Vec<Span>, Vec<Span>) =
             self.pending.drain(..).partition(|s| s.end_ns <= horizon);
@@ -480,10 +584,20 @@ impl UlcpProfile {
         let keep_from = horizon
             .min(self.newest_sample_ns)
             .saturating_sub(SAMPLES_KEPT_NS);
+        let mut outside = Vec::new();
         self.samples.retain(|_, v| {
-            v.retain(|a| a.time_ns >= keep_from);
+            v.retain(|&(a, joined)| {
+                let keep = a.time_ns >= keep_from;
+                if !keep && !joined {
+                    outside.push(a);
+                }
+                keep
+            });
             !v.is_empty()
         });
+        for a in &outside {
+            self.infer(a);
+        }
     }
 
     fn join_span(&mut self, s: &Span) {
@@ -503,16 +617,18 @@ impl UlcpProfile {
             return;
         }
         p.sections += 1;
-        let Some(samples) = self.samples.get(&s.tid) else {
+        let Some(samples) = self.samples.get_mut(&s.tid) else {
             return;
         };
-        let first = samples.partition_point(|a| a.time_ns < s.start_ns);
+        let first = samples.partition_point(|(a, _)| a.time_ns < s.start_ns);
         let inside = samples[first..]
-            .iter()
-            .take_while(|a| a.time_ns <= s.end_ns);
+            .iter_mut()
+            .take_while(|(a, _)| a.time_ns <= s.end_ns);
         let before = p.accesses;
-        for a in inside {
+        for (a, joined) in inside {
             p.add(a, used);
+            *joined = true;
+            Self::learn(&mut self.section_code, a.ip, s.lock, s.site);
         }
         if p.accesses > before {
             p.sampled_sections += 1;
@@ -564,6 +680,7 @@ mod tests {
         Access {
             time_ns: time,
             tid,
+            ip: 0,
             addr,
             size: 8,
             write,
@@ -954,5 +1071,94 @@ mod tests {
         p.on_span(span(1, later + 20, later + 30, 0));
         p.settle();
         assert_eq!(p.samples.values().map(Vec::len).sum::<usize>(), 1);
+    }
+
+    /// Two threads take turns on a lock writing their own slot of one
+    /// line at instruction `IP`; one section in 20 is known (traced),
+    /// the others' samples fall outside every known section.
+    fn sliver(ip: u64) -> UlcpProfile {
+        let mut p = UlcpProfile::default();
+        let mut t = 1_000_000;
+        for i in 0..400u64 {
+            let tid = 1 + (i % 2) as u32;
+            let slot = SHARED + 8 * u64::from(tid);
+            p.on_access(Access {
+                ip,
+                ..access(tid, t + 500, slot, true)
+            });
+            if i % 20 < 4 {
+                p.on_span(span(tid, t, t + 4_000, if i % 20 == 0 { 0 } else { 4_000 }));
+            }
+            t += 4_000;
+        }
+        for tid in [1, 2] {
+            p.on_access(access(tid, t + 10, SHARED, false));
+        }
+        p.finish();
+        p
+    }
+
+    #[test]
+    fn samples_at_a_locks_section_code_outside_known_sections_are_inferred() {
+        const IP: u64 = 0x40_1234;
+        let p = sliver(IP);
+        let l = p.lock(LOCK).unwrap();
+        let one = &l.participants[&(SITE, 1)];
+        // 40 known sections of thread 1 (one sample each) and 160 more
+        // samples at the same instruction outside them.
+        assert_eq!((one.accesses, one.inferred), (40, 160));
+        assert_eq!(p.inferred, 320);
+        let v = p.verdict(LOCK).unwrap();
+        assert_eq!(v.class, Class::DisjointWrite);
+        assert_eq!((v.min_accesses, v.inferred), (40, 160));
+        // The confidence is the known samples' alone.
+        assert!(
+            (v.confidence - confidence(40)).abs() < 1e-9,
+            "{}",
+            v.confidence
+        );
+    }
+
+    #[test]
+    fn code_of_the_lock_implementation_or_of_two_locks_infers_nothing() {
+        // No instruction (the C library's samples come with ip 0).
+        let p = sliver(0);
+        assert_eq!(p.inferred, 0);
+        assert_eq!(p.lock(LOCK).unwrap().participants[&(SITE, 1)].accesses, 40);
+        // An instruction seen in the sections of two locks (nested
+        // sections, code shared by both): whose it is, is not known.
+        let mut p = UlcpProfile::default();
+        const IP: u64 = 0x40_1234;
+        for (i, lock) in [LOCK, LOCK, LOCK + 64, LOCK + 64].into_iter().enumerate() {
+            let t = 1_000_000 + 10_000 * i as u64;
+            p.on_access(Access {
+                ip: IP,
+                ..access(1, t + 500, SHARED, true)
+            });
+            p.on_span(Span {
+                lock,
+                ..span(1, t, t + 4_000, 0)
+            });
+        }
+        p.on_access(Access {
+            ip: IP,
+            ..access(1, 2_000_000, SHARED, true)
+        });
+        p.finish();
+        assert_eq!(p.section_code[&IP].lock, 0);
+        assert_eq!(p.inferred, 0);
+        // A single join is not enough to learn from.
+        let mut p = UlcpProfile::default();
+        p.on_access(Access {
+            ip: IP,
+            ..access(1, 1_000_500, SHARED, true)
+        });
+        p.on_span(span(1, 1_000_000, 1_004_000, 0));
+        p.on_access(Access {
+            ip: IP,
+            ..access(1, 2_000_000, SHARED, true)
+        });
+        p.finish();
+        assert_eq!(p.inferred, 0);
     }
 }

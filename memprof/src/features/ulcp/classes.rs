@@ -131,6 +131,9 @@ pub struct Verdict {
     pub confidence: f64,
     /// The least sampled accesses on a side of the class's pairs.
     pub min_accesses: u64,
+    /// The most inferred accesses on the less inferred side of a pair
+    /// ([`super::analysis::SectionCode`]).
+    pub inferred: u64,
 }
 
 impl Verdict {
@@ -151,17 +154,21 @@ pub(super) fn verdict(
 ) -> Option<Verdict> {
     let mut totals: FastMap<Class, (ClassTotals, u64)> = FastMap::default();
     let mut unsampled = ClassTotals::default();
+    let mut inferred = 0;
     let empty = Participant::default();
     for ((h, w), handoff) in &l.handoffs {
         let a = l.participants.get(h).unwrap_or(&empty);
         let b = l.participants.get(w).unwrap_or(&empty);
-        let n = a.accesses.min(b.accesses);
-        if n == 0 {
-            // Nothing known of one side: no class at all.
+        // Nothing known of one side: no class at all. Inferred accesses
+        // give a class, but not confidence (their instruction was seen
+        // in the lock's sections; the sample itself was not).
+        if a.accesses + a.inferred == 0 || b.accesses + b.inferred == 0 {
             unsampled.pairs += handoff.count;
             unsampled.wait_ns += handoff.wait_ns;
             continue;
         }
+        let n = a.accesses.min(b.accesses);
+        inferred = inferred.max(a.inferred.min(b.inferred));
         let class = pair_class(a, b, shared, stored);
         let (t, least) = totals
             .entry(class)
@@ -200,5 +207,6 @@ pub(super) fn verdict(
         unnecessary_wait_ns,
         confidence,
         min_accesses: least,
+        inferred,
     })
 }

@@ -17,7 +17,7 @@ use memprof_common::{
     SampleEvent, WaitSpan, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY,
 };
 
-use super::{sharing::code_around, FastMap};
+use super::{locks::analysis::is_lock_implementation, sharing::code_around, FastMap};
 use crate::{object::x86::access, process::state::Process};
 use analysis::{Access, Span, UlcpProfile, Wait};
 
@@ -40,6 +40,16 @@ pub struct Ulcp {
 /// another a pointer to its stack.
 fn private(ev: &SampleEvent, process: &Process) -> bool {
     ev.access & recipe::BRANCH != 0 || process.find(ev.addr).is_some_and(|m| !m.writable)
+}
+
+/// Whether the instruction at `ip` may be taken as a section's own code:
+/// not the lock implementation or the C library, whose code (the lock
+/// and unlock calls, `memcpy`) runs in and out of every section.
+fn own_code(ip: u64, process: &Process) -> bool {
+    process.find(ip).is_some_and(|m| {
+        let name = crate::process::maps::short_name(&m.name);
+        m.executable && !is_lock_implementation(name, "")
+    })
 }
 
 impl Ulcp {
@@ -66,6 +76,7 @@ impl Ulcp {
         self.profile.on_access(Access {
             time_ns: ev.time_ns,
             tid: ev.tid,
+            ip: if own_code(ev.ip, process) { ev.ip } else { 0 },
             addr: ev.addr,
             size: ev.size,
             write,

@@ -107,8 +107,9 @@ fn note(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Option<
     Some(format!(
         "{unclassified} contended pthread locks have no unnecessary-contention verdict: too \
          few sampled accesses fell in their traced critical sections ({} sampled accesses in \
-         traced sections in all, {} futex waits showing their holder's section); {how}",
-        profile.joined, profile.waits
+         traced sections in all, {} more at their instructions outside them, {} futex waits \
+         showing their holder's section); {how}",
+        profile.joined, profile.inferred, profile.waits
     ))
 }
 
@@ -135,9 +136,18 @@ fn unnecessary(v: &Verdict, wait_total_ns: u64, evidence: Vec<SectionEvidence>) 
         "a sampled access of one section conflicts with the other's: the wait was needed".into()
     } else {
         let weak = if v.confidence < WEAK { "weak: " } else { "" };
+        let inferred = if v.inferred > 0 {
+            format!(
+                "; and up to {} more sampled outside the traced sections at instructions seen \
+                 only inside them, which add to the class but not to the confidence",
+                v.inferred
+            )
+        } else {
+            String::new()
+        };
         format!(
             "{weak}{} sampled accesses on the less sampled side of these pairs: a conflicting \
-             access making 5% of them would have been seen with probability {:.2}",
+             access making 5% of them would have been seen with probability {:.2}{inferred}",
             v.min_accesses, v.confidence
         )
     };
@@ -259,6 +269,7 @@ struct SiteTotals {
     reads: u64,
     writes: u64,
     private: u64,
+    inferred: u64,
     words: FastMap<u64, u64>,
 }
 
@@ -268,6 +279,7 @@ impl SiteTotals {
         self.sections += p.sections;
         self.sampled += p.sampled_sections;
         self.private += p.private;
+        self.inferred += p.inferred;
         for (w, u) in &p.words {
             let n = u64::from(u.reads + u.writes);
             if shared(*w) {
@@ -310,6 +322,7 @@ fn evidence(
                 reads: t.reads,
                 writes: t.writes,
                 private: t.private,
+                inferred: t.inferred,
                 shared_words: words
                     .iter()
                     .take(WORDS_NAMED)
@@ -345,6 +358,7 @@ mod tests {
             p.on_access(Access {
                 time_ns: t + 100,
                 tid,
+                ip: 0,
                 addr: COUNTS + 8 * u64::from(tid - 1),
                 size: 8,
                 write: true,
@@ -428,6 +442,7 @@ mod tests {
             unnecessary_wait_ns: 100,
             confidence: 0.14,
             min_accesses: 3,
+            inferred: 0,
         };
         let u = unnecessary(&v, 1_000, Vec::new());
         assert!(u.confidence_basis.starts_with("weak: 3 sampled"), "{u:?}");

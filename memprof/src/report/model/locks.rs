@@ -171,6 +171,10 @@ pub struct SectionEvidence {
     pub reads: u64,
     pub writes: u64,
     pub private: u64,
+    /// Of these, accesses sampled outside every traced section at an
+    /// instruction seen only inside this lock's sections (counted in
+    /// reads, writes and private; no part of the confidence).
+    pub inferred: u64,
     /// The shared words touched (most accessed first, at most 8), as
     /// "symbol+offset", "heap block from file:line +offset" or an
     /// address; and how many shared words and lines in all.
