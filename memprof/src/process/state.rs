@@ -417,17 +417,11 @@ mod tests {
         assert!(matches!(p.place(0x1000), Place::Unmapped { .. }));
     }
 
-    /// A record's code mapped after our snapshot is found: the map is
-    /// re-read for a record newer than the snapshot, however recent the
-    /// snapshot (a throttle let a lock chain stop at the return-probe
-    /// trampoline), and not for older records.
-    #[test]
-    fn a_record_newer_than_the_snapshot_rereads_the_map() {
-        let (mut p, _) = Process::new(std::process::id());
-        let read = p.maps_read_at.expect("read at start");
-        assert!(!p.refresh_maps_older_than(read), "same instant: current");
+    /// A fresh read-only anonymous page of ours, and its size (the
+    /// caller unmaps it).
+    fn read_only_page() -> (*mut libc::c_void, usize) {
         let page = 4096;
-        // SAFETY: a fresh anonymous mapping, unmapped below.
+        // SAFETY: a fresh anonymous mapping, unmapped by the caller.
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -439,6 +433,19 @@ mod tests {
             )
         };
         assert_ne!(at, libc::MAP_FAILED);
+        (at, page)
+    }
+
+    /// A record's code mapped after our snapshot is found: the map is
+    /// re-read for a record newer than the snapshot, however recent the
+    /// snapshot (a throttle let a lock chain stop at the return-probe
+    /// trampoline), and not for older records.
+    #[test]
+    fn a_record_newer_than_the_snapshot_rereads_the_map() {
+        let (mut p, _) = Process::new(std::process::id());
+        let read = p.maps_read_at.expect("read at start");
+        assert!(!p.refresh_maps_older_than(read), "same instant: current");
+        let (at, page) = read_only_page();
         let mapped_ns = ktime_ns();
         assert!(p.find(at as u64).is_none(), "mapped after the snapshot");
         assert!(p.refresh_maps_older_than(mapped_ns));
@@ -453,19 +460,7 @@ mod tests {
     /// from a map read again, once the record is newer than the snapshot.
     #[test]
     fn code_in_a_remapped_range_is_placed_from_a_fresh_map() {
-        let page = 4096;
-        // SAFETY: a fresh anonymous mapping, unmapped below.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                page,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(at, libc::MAP_FAILED);
+        let (at, page) = read_only_page();
         let (mut p, _) = Process::new(std::process::id());
         assert!(!p.find(at as u64).unwrap().executable);
         // SAFETY: our own mapping, made executable (nothing runs there).
