@@ -9,6 +9,7 @@
 pub mod analysis;
 pub mod classes;
 pub mod report;
+pub mod sets;
 
 use memprof_common::{
     locks::{hold_flag, lock_op, HoldEvent},
