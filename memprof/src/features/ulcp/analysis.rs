@@ -434,11 +434,10 @@ impl UlcpProfile {
         let Some(lock) = self.locks.get_mut(&c.lock) else {
             return;
         };
-        let mut sites = vec![c.site];
-        if c.waited && c.site != WAITED_SITE {
-            sites.push(WAITED_SITE);
-        }
-        for site in sites {
+        // Its site, and the futex waits' section if seen there too (no
+        // allocation: this runs for every expiring sample).
+        let waited = (c.waited && c.site != WAITED_SITE).then_some(WAITED_SITE);
+        for site in std::iter::once(c.site).chain(waited) {
             if let Some(p) = lock.participant((site, a.tid)) {
                 p.add_inferred(a, &mut self.words_used);
                 self.inferred += 1;
