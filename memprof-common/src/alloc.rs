@@ -158,7 +158,58 @@ pub struct AllocEvent {
     /// with it (a VM's vCPU runs slower at times), so the loader scales
     /// the calibrated cost by it.
     pub pace_ns: u32,
-    pub _reserved: u32,
+    /// [`alloc_flag`] bits.
+    pub flags: u32,
+    /// The return address past the allocation wrappers: where the first
+    /// caller that is not a wrapper ([`ALLOC_SITES`](crate::maps::ALLOC_SITES))
+    /// resumes; `caller` itself when the caller is no wrapper, 0 for frees
+    /// and when not known.
+    pub outer: u64,
+}
+
+/// Bits of [`AllocEvent::flags`].
+pub mod alloc_flag {
+    /// The call's chain was sampled by bytes (the heap profile's).
+    pub const SAMPLED: u32 = 1;
+    /// A return address on the way out of the wrappers was not yet
+    /// classified by the loader: `outer` is the last one reached, and
+    /// the chain is sent (as the per-second cap allows) so the loader can
+    /// find the site itself.
+    pub const UNCLASSIFIED: u32 = 2;
+}
+
+/// Return addresses the kernel follows out of allocation wrappers.
+pub const ALLOC_SITES_CAPACITY: u32 = 16384;
+/// Wrappers passed over per call (a wrapper of a wrapper of a wrapper).
+pub const ALLOC_WRAPPER_DEPTH: usize = 4;
+
+/// What the kernel does at a return address of an allocation call
+/// (value of [`ALLOC_SITES`](crate::maps::ALLOC_SITES), keyed by the
+/// return address): nothing for a plain call site, or, for a call inside
+/// an allocation wrapper (a function that returns what the call
+/// returned), how to find the wrapper's own return address from the
+/// call-frame information at the call: `CFA = base + cfa_offset`, the
+/// return address at `CFA + ra_offset`, the caller's frame pointer saved
+/// at `CFA + bp_offset` (0: not saved, unchanged).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SiteRule {
+    /// [`site_base`].
+    pub base: u32,
+    pub cfa_offset: i32,
+    pub ra_offset: i32,
+    pub bp_offset: i32,
+}
+
+/// Values of [`SiteRule::base`].
+pub mod site_base {
+    /// A call site that names the allocation: no wrapper.
+    pub const PLAIN: u32 = 0;
+    /// The wrapper's CFA is its stack pointer plus the offset (the stack
+    /// pointer after the call returns: the callee's CFA).
+    pub const SP: u32 = 1;
+    /// The wrapper's CFA is its frame pointer plus the offset.
+    pub const BP: u32 = 2;
 }
 
 /// One syscall of the allocator's kind, from entry to exit.
@@ -202,17 +253,25 @@ pub fn record_kind(bytes: &[u8]) -> Option<u32> {
 
 // The kernel writes these structs and userspace reads them; a change in
 // size is a layout change both sides must see.
-const _: () = assert!(core::mem::size_of::<AllocEvent>() == 80);
+const _: () = assert!(core::mem::size_of::<AllocEvent>() == 88);
+const _: () = assert!(core::mem::size_of::<SiteRule>() == 16);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
-const _: () = assert!(core::mem::size_of::<AllocStackEvent>() == 104 + 8 * ALLOC_STACK_WORDS);
+const _: () = assert!(core::mem::size_of::<AllocStackEvent>() == 112 + 8 * ALLOC_STACK_WORDS);
 
-// SAFETY: all four are `#[repr(C)]` and made of integers only, naturally
+// SAFETY: all five are `#[repr(C)]` and made of integers only, naturally
 // aligned so without padding (sizes asserted above): `AllocEvent` is four
-// u32, seven u64 and two u32, `SyscallEvent` four u32, two u64, `[u64; 4]` and an
-// i64, `KernelStats` five u64, `AllocStackEvent` an `AllocEvent` and u64s.
-// Any bit pattern is a valid value.
-records!(AllocEvent, SyscallEvent, KernelStats, AllocStackEvent);
+// u32, seven u64, two u32 and a u64, `SyscallEvent` four u32, two u64,
+// `[u64; 4]` and an i64, `KernelStats` five u64, `AllocStackEvent` an
+// `AllocEvent` and u64s, `SiteRule` a u32 and three i32. Any bit pattern
+// is a valid value.
+records!(
+    AllocEvent,
+    SyscallEvent,
+    KernelStats,
+    AllocStackEvent,
+    SiteRule
+);
 
 #[cfg(test)]
 mod tests {
@@ -226,13 +285,13 @@ mod tests {
             ptr: 0x10,
             ..AllocEvent::default()
         };
-        let mut bytes = [0u8; 80];
+        let mut bytes = [0u8; 88];
         bytes[..4].copy_from_slice(&call.kind.to_ne_bytes());
         bytes[4..8].copy_from_slice(&call.op.to_ne_bytes());
         bytes[32..40].copy_from_slice(&call.ptr.to_ne_bytes());
         assert_eq!(record_kind(&bytes), Some(EVENT_ALLOC));
         assert_eq!(AllocEvent::from_bytes(&bytes), Some(call));
-        assert_eq!(AllocEvent::from_bytes(&bytes[..79]), None);
+        assert_eq!(AllocEvent::from_bytes(&bytes[..87]), None);
         assert_eq!(record_kind(&bytes[..3]), None);
 
         bytes[..4].copy_from_slice(&EVENT_SYSCALL.to_ne_bytes());

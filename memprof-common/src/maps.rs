@@ -19,6 +19,9 @@ pub const ALLOC_CTL: &str = "ALLOC_CTL";
 /// `u32` array: [`crate::ALLOC_SAMPLE_GAPS`] byte gaps between sampled
 /// allocations, quantiles of an exponential distribution.
 pub const ALLOC_SAMPLE_GAPS: &str = "ALLOC_SAMPLE_GAPS";
+/// Hash: return address of an allocation call → [`crate::SiteRule`],
+/// written by the loader as it classifies new call sites.
+pub const ALLOC_SITES: &str = "ALLOC_SITES";
 /// Per-thread kernel-side statistics ([`crate::KernelStats`]).
 pub const KERNEL_STATS: &str = "KERNEL_STATS";
 /// Ring buffer of [`crate::LockEvent`] (stack samples).

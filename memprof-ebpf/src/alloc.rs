@@ -15,15 +15,15 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{map, raw_tracepoint, uprobe, uretprobe},
-    maps::{Array, LruHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     EbpfContext, Global,
 };
 use memprof_common::{
-    alloc_op, counter, take_token, AllocEvent, AllocStackEvent, KernelStats, SyscallEvent,
-    ALLOC_CTL_GENERATION, ALLOC_RING_BYTES, ALLOC_SAMPLE_GAPS, ALLOC_STACKS_PER_S,
-    ALLOC_STACK_WORDS, ALLOC_THREADS_CAPACITY, ALLOC_WAKEUP_BYTES, EVENT_ALLOC, EVENT_ALLOC_STACK,
-    EVENT_SYSCALL,
+    alloc_flag, alloc_op, counter, site_base, take_token, AllocEvent, AllocStackEvent, KernelStats,
+    SiteRule, SyscallEvent, ALLOC_CTL_GENERATION, ALLOC_RING_BYTES, ALLOC_SAMPLE_GAPS,
+    ALLOC_SITES_CAPACITY, ALLOC_STACKS_PER_S, ALLOC_STACK_WORDS, ALLOC_THREADS_CAPACITY,
+    ALLOC_WAKEUP_BYTES, ALLOC_WRAPPER_DEPTH, EVENT_ALLOC, EVENT_ALLOC_STACK, EVENT_SYSCALL,
 };
 
 use crate::maps::{bpf_now, count, current_ids, target_tgid};
@@ -49,6 +49,11 @@ static SAMPLE_GAPS: Array<u32> = Array::with_max_entries(ALLOC_SAMPLE_GAPS, 0);
 #[map(name = "ALLOC_STACK_BUCKET")]
 static STACK_BUCKET: Array<u64> = Array::with_max_entries(2, 0);
 
+/// Return addresses of allocation calls the loader has classified: plain
+/// sites, and calls inside wrappers with the way out of their frame.
+#[map(name = "ALLOC_SITES")]
+static ALLOC_SITES: HashMap<u64, SiteRule> = HashMap::with_max_entries(ALLOC_SITES_CAPACITY, 0);
+
 #[map(name = "KERNEL_STATS")]
 static KERNEL_STATS: LruHashMap<u32, KernelStats> =
     LruHashMap::with_max_entries(ALLOC_THREADS_CAPACITY, 0);
@@ -62,6 +67,8 @@ struct InFlight {
     /// Freed block, `realloc`'s old block, or `posix_memalign`'s out-pointer.
     ptr: u64,
     caller: u64,
+    /// [`AllocEvent::outer`].
+    outer: u64,
     /// Stack pointer at entry: a call made from inside this one (an
     /// operator new on top of malloc) runs deeper, and its return is
     /// not this call's return, which leaves the stack above it.
@@ -77,7 +84,8 @@ struct InFlight {
     faults: u32,
     /// The entry program's run time up to `start_ns` ([`AllocEvent::pace_ns`]).
     pace_ns: u32,
-    _reserved: u32,
+    /// [`alloc_flag`] bits known at entry.
+    flags: u32,
 }
 
 #[map(name = "ALLOC_INFLIGHT")]
@@ -118,6 +126,42 @@ fn chunk_header(ptr: u64) -> u64 {
         return 0;
     }
     read_user_u64(ptr - 8)
+}
+
+/// Follows the return address `caller` out of the allocation wrappers
+/// the loader has classified ([`SiteRule`]): the first return address
+/// that is no wrapper's, and [`alloc_flag::UNCLASSIFIED`] when one on the
+/// way is not classified yet. `sp` is the stack pointer at the
+/// allocator's entry (at the return address), `bp` the frame pointer
+/// there (the caller's: the entry has not touched it).
+#[inline(always)]
+fn past_wrappers(caller: u64, sp: u64, bp: u64) -> (u64, u32) {
+    let (mut ra, mut bp) = (caller, bp);
+    // The stack pointer the caller has once the call returns: the
+    // callee's canonical frame address.
+    let mut cfa = sp.wrapping_add(8);
+    for _ in 0..ALLOC_WRAPPER_DEPTH {
+        // SAFETY: a lookup in a map only the loader writes; the value is
+        // copied out at once.
+        let Some(rule) = (unsafe { ALLOC_SITES.get(ra) }).copied() else {
+            return (ra, alloc_flag::UNCLASSIFIED);
+        };
+        let base = match rule.base {
+            site_base::SP => cfa,
+            site_base::BP => bp,
+            _ => return (ra, 0),
+        };
+        let frame = base.wrapping_add(rule.cfa_offset as i64 as u64);
+        let next = read_user_u64(frame.wrapping_add(rule.ra_offset as i64 as u64));
+        if next == 0 {
+            return (ra, 0);
+        }
+        if rule.bp_offset != 0 {
+            bp = read_user_u64(frame.wrapping_add(rule.bp_offset as i64 as u64));
+        }
+        (ra, cfa) = (next, frame);
+    }
+    (ra, 0)
 }
 
 #[uprobe]
@@ -164,16 +208,21 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
     // A read of user memory is a large part of this program's cost, so
     // frees read nothing: their block's size and class come from the
     // loader's block tracker, and sites are allocation sites.
-    let caller = if alloc_op::is_free(op) {
-        0
+    let (caller, outer, flags) = if alloc_op::is_free(op) {
+        (0, 0, 0)
     } else {
-        read_user_u64(sp)
+        let caller = read_user_u64(sp);
+        // SAFETY: as for `rsp` above.
+        let bp = unsafe { (*ctx.regs).rbp };
+        let (outer, flags) = past_wrappers(caller, sp, bp);
+        (caller, outer, flags)
     };
     let state = InFlight {
         start_ns: 0,
         size,
         ptr,
         caller,
+        outer,
         sp,
         countdown: 0,
         op,
@@ -181,7 +230,7 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
         generation,
         faults: 0,
         pace_ns: 0,
-        _reserved: 0,
+        flags,
     };
     match slot {
         Some(f) => {
@@ -237,7 +286,7 @@ pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
         alloc_op::REALLOC | alloc_op::REALLOCARRAY => (ret, f.ptr, chunk_header(ret)),
         _ => (ret, 0, chunk_header(ret)),
     };
-    let event = AllocEvent {
+    let mut event = AllocEvent {
         kind: EVENT_ALLOC,
         op: f.op,
         tid,
@@ -250,21 +299,26 @@ pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
         chunk,
         caller: f.caller,
         pace_ns: f.pace_ns,
-        _reserved: 0,
+        flags: f.flags,
+        outer: f.outer,
     };
     if ptr != 0 && f.size != 0 && !alloc_op::is_free(f.op) {
         f.countdown = f.countdown.saturating_sub(f.size as i64);
         if f.countdown <= 0 {
             f.countdown = sample_gap();
-            if take_stack_token(end) {
-                // SAFETY: as above; the frame pointer is the caller's
-                // again (callee-saved).
-                let bp = unsafe { (*ctx.regs).rbp };
-                submit_stack(&event, sp, bp);
-                return 0;
-            }
+            event.flags |= alloc_flag::SAMPLED;
         }
     }
+    // A sampled chain, or one the loader needs to find the site past
+    // wrappers it has not classified yet.
+    if event.flags != 0 && take_stack_token(end) {
+        // SAFETY: as above; the frame pointer is the caller's again
+        // (callee-saved).
+        let bp = unsafe { (*ctx.regs).rbp };
+        submit_stack(&event, sp, bp);
+        return 0;
+    }
+    event.flags &= !alloc_flag::SAMPLED;
     submit(event);
     0
 }

@@ -31,6 +31,8 @@ pub struct Walk {
     /// The return addresses' places, innermost first, each at its call
     /// instruction (the return address is one byte further).
     pub frames: Vec<Place>,
+    /// The return address of each frame.
+    pub returns: Vec<u64>,
     /// Index of the first stack word above the last frame found (where a
     /// scan for return addresses may continue).
     pub scan_from: usize,
@@ -72,6 +74,7 @@ pub fn walk(
                 path: path.clone(),
                 file_offset: offset,
             });
+            walk.returns.push(ip);
         }
         let Some(rule) = unwinder.rule(&mut process.files, &path, offset) else {
             break;
@@ -97,6 +100,7 @@ pub fn walk(
         (ip, sp) = (ra, cfa);
     }
     walk.frames.truncate(max);
+    walk.returns.truncate(max);
     walk.scan_from = usize::try_from(sp.saturating_sub(copy.sp) / 8).unwrap_or(usize::MAX);
     walk
 }

@@ -142,6 +142,7 @@ pub fn false_sharing_entry() -> SharingEntry {
                 file: Some("/src/sharing.c".into()),
                 line: Some(120),
                 inlined_into: vec![],
+                via: None,
             }),
         },
         words: vec![
@@ -198,6 +199,7 @@ pub fn site(function: &str, line: u32, bytes: u64, live_bytes: u64) -> SiteEntry
         line: Some(line),
         module: "work".into(),
         inlined_into: vec![],
+        via: None,
         count: Some(bytes / 64),
         traced: bytes / 64,
         bytes: Some(bytes),
@@ -249,7 +251,10 @@ pub fn sample_allocator() -> AllocatorReport {
         sites: vec![
             site("make_buffer", 30, 96 << 20, 0),
             site("cache_insert", 77, 8 << 20, 2 << 20),
-            site("parse_line", 12, 1 << 20, 0),
+            SiteEntry {
+                via: Some("xmalloc".into()),
+                ..site("parse_line", 12, 1 << 20, 0)
+            },
         ],
         heap_profile: Some(sample_heap_profile()),
         kernel: sample_kernel(),

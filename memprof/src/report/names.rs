@@ -85,5 +85,6 @@ pub fn code_ref(chain: &Inlined) -> CodeRef {
         file: chain.frame.file.clone(),
         line: chain.frame.line,
         inlined_into: callers(chain),
+        via: None,
     }
 }

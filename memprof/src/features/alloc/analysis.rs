@@ -63,9 +63,13 @@ pub struct AllocCall {
     pub size: u64,
     /// glibc chunk header, 0 when unknown.
     pub chunk: u64,
-    /// The call site: the address of the call instruction in the caller
-    /// (its place is given once, with [`AllocProfile::set_site_place`]).
+    /// The call site: the address of the call instruction in the first
+    /// caller that is no allocation wrapper (its place is given once,
+    /// with [`AllocProfile::set_site_place`]).
     pub site: u64,
+    /// The call inside the wrapper the site went through (the
+    /// allocator's own caller), 0 when the site called it directly.
+    pub via: u64,
     /// Live threads in the target when the call started.
     pub live_threads: u32,
     /// Page faults the thread took during the call.
@@ -355,6 +359,7 @@ mod tests {
             size,
             chunk: 0,
             site: 0x10,
+            via: 0,
             live_threads: 1,
             page_faults: 0,
             pace_ns: 0,

@@ -3,17 +3,19 @@
 //! its probes were attached then.
 
 use memprof_common::{
-    alloc_op, record_kind, AllocEvent, AllocStackEvent, SyscallEvent, ALLOC_SAMPLE_MEAN_BYTES,
-    EVENT_ALLOC, EVENT_ALLOC_STACK, EVENT_SYSCALL,
+    alloc_flag, alloc_op, record_kind, site_base, AllocEvent, AllocStackEvent, SiteRule,
+    SyscallEvent, ALLOC_SAMPLE_MEAN_BYTES, ALLOC_SITES_CAPACITY, EVENT_ALLOC, EVENT_ALLOC_STACK,
+    EVENT_SYSCALL,
 };
 
 use super::analysis::{AllocCall, AllocProfile, SyscallCall};
 use super::heap::{HeapFrame, HeapProfile};
 use crate::{
+    features::FastMap,
     object::{
         files::CodeCache,
-        unwind::Unwinder,
-        walk::{walk, StackCopy},
+        unwind::{Base, FrameRule, Unwinder},
+        walk::{walk, StackCopy, Walk},
     },
     process::{
         maps::{call_of, Place},
@@ -38,6 +40,24 @@ pub struct AllocCollector {
     /// Whether the function at each return address returns what the
     /// call returned.
     code: CodeCache,
+    /// Return addresses of allocation calls classified: true inside an
+    /// allocation wrapper whose frame the kernel can leave.
+    sites: FastMap<u64, bool>,
+    /// Their rules, not yet written to the kernel's map.
+    pub new_sites: Vec<(u64, SiteRule)>,
+}
+
+/// The kernel's form of the call-frame rule at a call inside a wrapper.
+fn site_rule(rule: FrameRule) -> Option<SiteRule> {
+    Some(SiteRule {
+        base: match rule.base {
+            Base::Sp => site_base::SP,
+            Base::Bp => site_base::BP,
+        },
+        cfa_offset: i32::try_from(rule.cfa_offset).ok()?,
+        ra_offset: i32::try_from(rule.ra_offset).ok()?,
+        bp_offset: i32::try_from(rule.bp_offset.unwrap_or(0)).ok()?,
+    })
 }
 
 impl AllocCollector {
@@ -48,6 +68,8 @@ impl AllocCollector {
             windows: Vec::new(),
             unwinder: Unwinder::default(),
             code: CodeCache::default(),
+            sites: FastMap::default(),
+            new_sites: Vec::new(),
         }
     }
 
@@ -82,13 +104,24 @@ impl AllocCollector {
         match record_kind(bytes) {
             Some(EVENT_ALLOC) => {
                 if let Some(ev) = AllocEvent::from_bytes(bytes) {
-                    self.on_alloc(&ev, process);
+                    self.on_alloc(&ev, None, process);
                 }
             }
             Some(EVENT_ALLOC_STACK) => {
                 if let Some(ev) = AllocStackEvent::from_bytes(bytes) {
-                    self.on_alloc(&ev.call, process);
-                    self.on_sample(&ev, process);
+                    if process.before_launch(ev.call.start_ns) {
+                        return;
+                    }
+                    let chain = self.chain(&ev, process);
+                    // Sent because the kernel met a return address not
+                    // classified yet: the site is found here, from the chain.
+                    let site = (ev.call.flags & alloc_flag::UNCLASSIFIED != 0)
+                        .then(|| self.site_of_chain(&chain, ev.call.start_ns, process))
+                        .flatten();
+                    self.on_alloc(&ev.call, site, process);
+                    if ev.call.flags & alloc_flag::SAMPLED != 0 {
+                        self.on_sample(&ev, chain, process);
+                    }
                 }
             }
             Some(EVENT_SYSCALL) => {
@@ -100,7 +133,9 @@ impl AllocCollector {
         }
     }
 
-    fn on_alloc(&mut self, ev: &AllocEvent, process: &mut Process) {
+    /// An allocator call; `site` is the return address past the wrappers
+    /// when the chain found it (else the kernel's `outer`).
+    fn on_alloc(&mut self, ev: &AllocEvent, site: Option<u64>, process: &mut Process) {
         if process.before_launch(ev.start_ns) {
             return;
         }
@@ -110,15 +145,32 @@ impl AllocCollector {
         } else if ev.old_ptr != 0 {
             self.heap.on_free(ev.old_ptr);
         }
+        // The kernel follows the return addresses it knows out of the
+        // wrappers; those it stopped at are classified for its next calls.
+        if ev.caller != 0 {
+            self.classify(ev.caller, ev.start_ns, process);
+            if ev.flags & alloc_flag::UNCLASSIFIED != 0 && ev.outer != ev.caller {
+                self.classify(ev.outer, ev.start_ns, process);
+            }
+        }
+        let outer = site.unwrap_or(if ev.outer != 0 { ev.outer } else { ev.caller });
         // Sites are keyed by the call (frees carry no caller: their site
         // is their block's), resolved once per site.
-        let site = call_of(ev.caller);
-        if ev.caller != 0 && !self.profile.knows_site(site) {
-            let place = process.code_place(site, ev.start_ns);
-            // Not mapped in our snapshot yet (a library loaded a moment
-            // ago): tried again at the next call, or when settling.
-            if !matches!(place, Place::Unmapped { .. }) {
-                self.profile.set_site_place(site, place);
+        let site = call_of(outer);
+        let via = if outer != ev.caller {
+            call_of(ev.caller)
+        } else {
+            0
+        };
+        for at in [site, via] {
+            if at != 0 && !self.profile.knows_site(at) {
+                let place = process.code_place(at, ev.start_ns);
+                // Not mapped in our snapshot yet (a library loaded a
+                // moment ago): tried again at the next call, or when
+                // settling.
+                if !matches!(place, Place::Unmapped { .. }) {
+                    self.profile.set_site_place(at, place);
+                }
             }
         }
         self.profile.add_call(AllocCall {
@@ -131,18 +183,59 @@ impl AllocCollector {
             size: ev.size,
             chunk: ev.chunk,
             site,
+            via,
             live_threads: process.live.at(ev.start_ns),
             page_faults: ev.page_faults,
             pace_ns: ev.pace_ns,
         });
     }
 
-    /// A sampled allocation: its call chain, walked from the caller's
-    /// registers after the return.
-    fn on_sample(&mut self, ev: &AllocStackEvent, process: &mut Process) {
-        if process.before_launch(ev.call.start_ns) {
-            return;
+    /// Whether the allocation call returning to `ra` (at `time_ns`) is
+    /// inside a wrapper the kernel can see past: the function returns
+    /// what the call returned, and its frame has a call-frame rule there.
+    /// Once per return address; each answer is queued for the kernel.
+    fn classify(&mut self, ra: u64, time_ns: u64, process: &mut Process) -> bool {
+        if let Some(&wrapper) = self.sites.get(&ra) {
+            return wrapper;
         }
+        let at = call_of(ra);
+        let place = process.code_place(at, time_ns);
+        let rule = match &place {
+            // Not mapped in our snapshot: asked again at its next call.
+            Place::Unmapped { .. } => return false,
+            Place::File { path, file_offset }
+                if self
+                    .code
+                    .returns_result(&mut process.files, path, file_offset + 1) =>
+            {
+                self.unwinder
+                    .rule(&mut process.files, path, *file_offset)
+                    .and_then(site_rule)
+            }
+            _ => None,
+        };
+        if self.sites.len() >= ALLOC_SITES_CAPACITY as usize {
+            return false;
+        }
+        self.sites.insert(ra, rule.is_some());
+        self.new_sites.push((ra, rule.unwrap_or_default()));
+        rule.is_some()
+    }
+
+    /// The first return address of a chain outside the wrappers (the
+    /// outermost reached if all are wrappers).
+    fn site_of_chain(&mut self, chain: &Walk, time_ns: u64, process: &mut Process) -> Option<u64> {
+        for &ra in &chain.returns {
+            if !self.classify(ra, time_ns, process) {
+                return Some(ra);
+            }
+        }
+        chain.returns.last().copied()
+    }
+
+    /// The call chain of an allocation sent with its stack, walked from
+    /// the caller's registers after the return.
+    fn chain(&mut self, ev: &AllocStackEvent, process: &mut Process) -> Walk {
         // A library loaded since our snapshot of the map.
         if process.find(ev.ip).is_none() {
             process.refresh_maps_within(MAPS_REFRESH_MIN_INTERVAL);
@@ -154,8 +247,13 @@ impl AllocCollector {
             words: &ev.stack,
             ip_returned: true,
         };
-        let frames = walk(&mut self.unwinder, &copy, process, CHAIN_FRAMES).frames;
-        let chain = frames
+        walk(&mut self.unwinder, &copy, process, CHAIN_FRAMES)
+    }
+
+    /// A byte-sampled allocation with its call chain (the heap profile).
+    fn on_sample(&mut self, ev: &AllocStackEvent, chain: Walk, process: &mut Process) {
+        let chain = chain
+            .frames
             .into_iter()
             .map(|place| {
                 let returns_result = self.returns_result(&place, process);

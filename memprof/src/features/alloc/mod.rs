@@ -13,6 +13,7 @@ pub mod heap;
 pub mod heap_report;
 pub mod memory;
 pub mod report;
+pub mod site_name;
 pub mod syscalls;
 pub mod tracer;
 
@@ -21,7 +22,8 @@ use std::{
     time::Instant,
 };
 
-use memprof_common::{maps, ALLOC_SAMPLE_GAPS, ALLOC_SAMPLE_MEAN_BYTES};
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use memprof_common::{maps, SiteRule, ALLOC_SAMPLE_GAPS, ALLOC_SAMPLE_MEAN_BYTES};
 
 use super::{Feature, Plan, ReportContext, Target};
 use crate::options::AllocSettings;
@@ -108,6 +110,7 @@ impl Plan for AllocPlan {
             probes.take_ring(maps::ALLOC_EVENTS)?,
             "the allocator ring buffer",
         )?;
+        let sites = AllocSites::take(probes)?;
         let mut ring = ring;
         let mut held = Vec::new();
         // Before the calibration, whose cost per call must include them.
@@ -137,6 +140,7 @@ impl Plan for AllocPlan {
                 syscalls,
                 collector,
                 held,
+                sites,
             }),
         }))
     }
@@ -185,6 +189,27 @@ struct Traced {
     collector: AllocCollector,
     /// Records held until the thread records are read again.
     held: Vec<Vec<u8>>,
+    /// The kernel's table of classified allocation call sites.
+    sites: AllocSites,
+}
+
+/// The kernel's table of allocation call sites, written as the collector
+/// classifies them ([`AllocCollector::new_sites`]).
+struct AllocSites(BpfHashMap<MapData, u64, SiteRule>);
+
+impl AllocSites {
+    fn take(probes: &mut Probes) -> Result<Self> {
+        let map = probes.take_map(maps::ALLOC_SITES)?;
+        Ok(Self(BpfHashMap::try_from(map).map_err(anyhow::Error::new)?))
+    }
+
+    fn write(&mut self, sites: &mut Vec<(u64, SiteRule)>) {
+        for (ra, rule) in sites.drain(..) {
+            if let Err(e) = self.0.insert(ra, rule, 0) {
+                tracing::debug!("allocation site {ra:#x} not written: {e}");
+            }
+        }
+    }
 }
 
 impl Feature for Alloc {
@@ -223,6 +248,7 @@ impl Feature for Alloc {
                 collector.on_record(b, process);
             }
         });
+        t.sites.write(&mut collector.new_sites);
         more || waiting
     }
 

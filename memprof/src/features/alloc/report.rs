@@ -6,7 +6,10 @@ use memprof_common::{alloc_op, KernelStats};
 use super::tracer::AllocTracer;
 use crate::{
     cli::AllocMode,
-    features::alloc::analysis::{AllocProfile, Class, Origin, Phase, ProbeKind, SiteStats},
+    features::alloc::{
+        analysis::{AllocProfile, Class, Origin, Phase, ProbeKind, SiteStats},
+        site_name::past_inline_helpers,
+    },
     kernel::{
         calls::{CallEstimate, MAX_COUNT_ERROR},
         windows::Windowed,
@@ -381,7 +384,17 @@ fn sites(
         .into_iter()
         .map(|i| {
             let (place, s) = &all[i];
-            let chain = symbolize(place);
+            // Past the allocation wrappers: inlined helpers here, the
+            // out-of-line ones in the kernel (`via` is the call in them).
+            let (chain, inline_via) = past_inline_helpers(symbolize(place));
+            let via = (s.via != 0)
+                .then(|| {
+                    symbolize(&profile.site_place(s.via))
+                        .outermost()
+                        .function
+                        .clone()
+                })
+                .or(inline_via);
             let inlined_into = callers(&chain);
             let frame = chain.frame;
             SiteEntry {
@@ -390,6 +403,7 @@ fn sites(
                 line: frame.line,
                 module: frame.module,
                 inlined_into,
+                via,
                 count: scale(s.count),
                 traced: s.count,
                 bytes: scale(s.bytes),
@@ -430,6 +444,7 @@ mod tests {
             size,
             chunk: 0,
             site,
+            via: 0,
             live_threads: threads,
             page_faults: 0,
             pace_ns: 0,

@@ -7,12 +7,19 @@ use std::sync::Arc;
 
 use super::analysis::{analyze, CacheProfile, ElementUse, FieldDef, ObjectAccesses, WINDOW_NS};
 use crate::{
-    features::{alloc::analysis::AllocProfile, sharing::LineBlock, FastMap},
+    features::{
+        alloc::{
+            analysis::AllocProfile,
+            site_name::{site_name, SiteName},
+        },
+        sharing::LineBlock,
+        FastMap,
+    },
     object::symbolize::dwarf::Layout,
     process::maps::{Place, ProcMaps},
     report::{
         model::{CacheUseEntry, FieldUse, ObjectKind, WindowUse},
-        names::{code_ref, Names},
+        names::Names,
     },
 };
 
@@ -259,7 +266,8 @@ fn allocated_type(alloc: &AllocProfile, site: u64, names: &mut dyn Names) -> Opt
     let Place::File { path, .. } = &place else {
         return None;
     };
-    let frame = names.code_innermost(&place);
+    // The line past the allocation helpers, where the pointer is.
+    let frame = site_name(alloc, site, names).chain.frame;
     names.pointee_layout(path, frame.file.as_deref()?, frame.line?)
 }
 
@@ -295,15 +303,14 @@ fn entry(
     let (object, object_kind, alloc_site) = match key {
         Key::Global { name, .. } => (name.clone(), ObjectKind::Global, None),
         Key::Heap { site, size } => {
-            let place = inputs.alloc.map(|a| a.site_place(*site));
-            let chain = place.map(|p| names.code_inlined(&p));
-            let label = chain
+            let name = inputs.alloc.map(|a| site_name(a, *site, names));
+            let label = name
                 .as_ref()
-                .map_or("an unknown site".to_string(), |c| c.frame.site_label());
+                .map_or("an unknown site".to_string(), SiteName::label);
             (
                 format!("{size}-byte heap blocks from {label}"),
                 ObjectKind::Heap,
-                chain.as_ref().map(code_ref),
+                name.as_ref().map(SiteName::code_ref),
             )
         }
     };

@@ -240,6 +240,7 @@ impl LockCollector {
             mut frames,
             scan_from,
             slots,
+            ..
         } = self.unwind(ev, process);
         for &word in ev.stack.iter().skip(scan_from) {
             if frames.len() >= CHAIN_FRAMES {

@@ -12,7 +12,10 @@ use super::sites::{
 use super::traced::{other_locks_entry, Scale, Traced};
 use crate::{
     features::{
-        alloc::analysis::{AllocProfile, BlockIndex},
+        alloc::{
+            analysis::{AllocProfile, BlockIndex},
+            site_name::site_name,
+        },
         locks::analysis::{
             kernel_lock_kind, Durations, FutexStats, HoldStats, LockProfile, WakeSite,
         },
@@ -328,9 +331,9 @@ pub(crate) fn data_name(
     }
     let (alloc, index) = blocks?;
     let (start, block) = index.containing(addr)?;
-    let site = names.code_innermost(&alloc.site_place(block.site));
+    let site = site_name(alloc, block.site, names);
     Some(DataName {
-        name: format!("heap block from {}", site.site_label()),
+        name: format!("heap block from {}", site.label()),
         offset: addr - start,
         heap: true,
     })
@@ -460,6 +463,7 @@ mod tests {
                 size: 64,
                 chunk: 0,
                 site: 0x30,
+                via: 0,
                 live_threads: 1,
                 page_faults: 0,
                 pace_ns: 0,

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     features::{
-        alloc::analysis::AllocProfile,
+        alloc::{analysis::AllocProfile, site_name::site_name},
         sharing::analysis::{self, Dismissal, LineFinding, SharingProfile},
     },
     object::symbolize::dwarf::Layout,
@@ -27,7 +27,7 @@ use crate::{
             Dependences, DismissReason, DismissedLine, ObjectKind, PredictedGain, ProcessThreads,
             SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
         },
-        names::{callers, code_ref, Names},
+        names::{callers, Names},
     },
 };
 
@@ -393,19 +393,14 @@ fn heap_object(
     line: u64,
     names: &mut dyn Names,
 ) -> SharedObject {
-    // The line of the allocation call itself, also when the helper that
-    // makes it was inlined: that is the line to change.
-    let chain = names.code_inlined(&alloc.site_place(b.site));
+    // The first call outside the allocation wrappers, inlined or not.
+    let site = site_name(alloc, b.site, names);
     SharedObject {
         kind: ObjectKind::Heap,
-        name: format!(
-            "{}-byte heap block from {}",
-            b.size,
-            chain.frame.site_label()
-        ),
+        name: format!("{}-byte heap block from {}", b.size, site.label()),
         offset: line as i64 - b.start as i64,
         size: Some(b.size),
-        alloc_site: Some(code_ref(&chain)),
+        alloc_site: Some(site.code_ref()),
     }
 }
 
@@ -784,6 +779,7 @@ mod tests {
                     file: Some("/src/prog.c".into()),
                     line: Some(30),
                     inlined_into: vec![],
+                    via: None,
                 }),
             }
         );

@@ -191,6 +191,13 @@ fn step(insn: &Instruction, held: &mut Held, info: &mut InstructionInfoFactory) 
             }
             return;
         }
+        // The result plus a header's size, in place (`add rax, 64`): the
+        // register still points into the block.
+        Code::Add_rm64_imm8 | Code::Add_rm64_imm32 | Code::Add_RAX_imm32
+            if insn.op0_kind() == OpKind::Register =>
+        {
+            return;
+        }
         // The result plus a header's size (`return p + PREFIX`).
         Code::Lea_r64_m if insn.memory_index() == Register::None => {
             let h = held.has(insn.memory_base()) && insn.memory_base() != Register::RIP;
@@ -241,6 +248,10 @@ mod tests {
         assert!(returns(&zmalloc));
         // lea rax,[rax+16]; ret: a block behind a header
         assert!(returns(&[0x48, 0x8d, 0x40, 0x10, 0xc3]));
+        // add rax,0x40; ret: the same, in place (gcc -O1)
+        assert!(returns(&[0x48, 0x83, 0xc0, 0x40, 0xc3]));
+        // add rax,0x1000; ret
+        assert!(returns(&[0x48, 0x05, 0, 0x10, 0, 0, 0xc3]));
         // -O0: mov [rbp-8],rax; mov rax,[rbp-8]; leave; ret
         let o0 = [0x48, 0x89, 0x45, 0xf8, 0x48, 0x8b, 0x45, 0xf8, 0xc9, 0xc3];
         assert!(returns(&o0));

@@ -286,6 +286,9 @@ pub struct SiteEntry {
     /// The functions the call was inlined into, each at the line of the
     /// inlined call, the compiled function last; empty when not inlined.
     pub inlined_into: Vec<CallerRef>,
+    /// The allocation wrapper called here (passed over to name the site
+    /// by its caller), if any.
+    pub via: Option<String>,
     /// Allocations (estimated when sampled, as malloc's calls; null when
     /// unknown).
     pub count: Option<u64>,

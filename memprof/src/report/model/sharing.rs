@@ -180,6 +180,9 @@ pub struct CodeRef {
     /// The functions this code was inlined into, each at the line of the
     /// inlined call, the compiled function last; empty when not inlined.
     pub inlined_into: Vec<CallerRef>,
+    /// The allocation wrapper this site called (passed over to name the
+    /// site by its caller), if any.
+    pub via: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

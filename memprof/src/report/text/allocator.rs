@@ -230,10 +230,15 @@ fn write_sites(out: &mut String, sites: &[SiteEntry]) {
         "function", "source", "count", "bytes", "live"
     );
     for site in sites_by_bytes(sites).iter().take(TOP_SITES) {
+        // The wrapper passed over, after the caller that names the site.
+        let function = match &site.via {
+            Some(via) => format!("{} via {via}", site.function),
+            None => site.function.clone(),
+        };
         let _ = writeln!(
             out,
             "    {:<24} {:<18} {:>9} {:>10} {:>10}",
-            ellipsize(&site.function, 24),
+            ellipsize(&function, 24),
             ellipsize(&site.source_label(), 18),
             maybe(site.count, group),
             maybe(site.bytes, format_bytes),
@@ -431,6 +436,7 @@ mod tests {
         assert!(chains[1].contains("8.0 MiB") && chains[1].ends_with("2.0 MiB  -"));
         assert!(sites[0].contains("make_buffer") && sites[0].ends_with('-'));
         assert!(sites[1].contains("cache_insert") && sites[1].ends_with("2.0 MiB"));
+        assert!(sites[2].contains("parse_line via xmalloc"), "{section}");
         assert!(
             section.contains("kernel: 1,234 page faults, 300 of them in the allocator"),
             "{section}"

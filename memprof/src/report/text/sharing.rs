@@ -7,7 +7,7 @@ use memprof_common::sharing::WORD_BYTES;
 use super::{wrap_into, WIDTH};
 use crate::report::{
     format::{ellipsize, group},
-    model::{inlined_label, source_label, Report, SharingEntry, WordEntry},
+    model::{inlined_label, source_label, CodeRef, Report, SharingEntry, WordEntry},
 };
 
 /// Shared lines shown in the summary.
@@ -24,6 +24,22 @@ fn write_dismissed(out: &mut String, report: &Report) {
     if !checked.is_empty() {
         let _ = writeln!(out, "  busiest lines checked: {}", checked.join(", "));
     }
+}
+
+/// Where a heap object was allocated: the call, its inline chain, the
+/// wrapper passed over, and `starts` (where the object begins).
+fn alloc_site_text(site: &CodeRef, starts: &str) -> String {
+    let via = site
+        .via
+        .as_ref()
+        .map(|w| format!(" via {w}"))
+        .unwrap_or_default();
+    format!(
+        "{} {}{}{via}{starts}",
+        site.function,
+        source_label(site.file.as_deref(), site.line, "?"),
+        inlined_label(&site.inlined_into),
+    )
 }
 
 /// The "False sharing" section: contended lines, most costly first, with
@@ -78,13 +94,7 @@ pub(super) fn write_false_sharing(out: &mut String, report: &Report) {
         if let Some(site) = &o.alloc_site {
             // Wrapped, not cut: the inline chain and the start offset
             // both matter.
-            let text = format!(
-                "{} {}{}{starts}",
-                site.function,
-                source_label(site.file.as_deref(), site.line, "?"),
-                inlined_label(&site.inlined_into),
-            );
-            wrap_into(out, "     allocated in ", &text);
+            wrap_into(out, "     allocated in ", &alloc_site_text(site, &starts));
         } else if let Some(b) = o.starts_in_line() {
             let _ = writeln!(out, "     the object starts at byte {b} of the line");
         }

@@ -735,6 +735,7 @@ pub(crate) mod tests {
                 file: None,
                 line: None,
             }],
+            via: Some("h".repeat(300)),
         });
         odd.words.push(word(64, 1, 1, &[1]));
         odd.words.push(word(u32::MAX, 1, 1, &[1]));

@@ -30,6 +30,9 @@ impl AllocProfile {
         let site = self.sites.entry(call.site).or_default();
         site.count += 1;
         site.bytes += call.size;
+        if site.via == 0 {
+            site.via = call.via;
+        }
         if self.live.len() >= self.live_cap && !self.live.contains_key(&ptr) {
             self.untracked_blocks += 1;
             return;

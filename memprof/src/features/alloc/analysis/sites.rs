@@ -11,6 +11,9 @@ pub struct SiteStats {
     pub bytes: u64,
     pub live_bytes: u64,
     pub live_blocks: u64,
+    /// The call inside the allocation wrapper its first block went
+    /// through (0: called the allocator directly).
+    pub via: u64,
 }
 
 impl AllocProfile {
@@ -28,9 +31,9 @@ impl AllocProfile {
     /// Sites whose place was never given.
     pub fn unplaced_sites(&self) -> Vec<u64> {
         self.sites
-            .keys()
-            .filter(|a| !self.site_places.contains_key(a))
-            .copied()
+            .iter()
+            .flat_map(|(&a, s)| [a, s.via])
+            .filter(|a| *a != 0 && !self.site_places.contains_key(a))
             .collect()
     }
 
@@ -40,6 +43,12 @@ impl AllocProfile {
             .get(&addr)
             .cloned()
             .unwrap_or(Place::Unmapped { address: addr })
+    }
+
+    /// The call inside the wrapper site `addr` allocates through, placed.
+    pub fn site_via(&self, addr: u64) -> Option<Place> {
+        let via = self.sites.get(&addr)?.via;
+        (via != 0).then(|| self.site_place(via))
     }
 
     /// Sites with their places, in no particular order.

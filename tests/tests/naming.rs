@@ -1,0 +1,176 @@
+//! Findings named in the terms of the program's code: a heap block is
+//! named by the line that calls the allocation wrapper, never by the
+//! wrapper's own allocation line (tests/workloads/wrapper.c: an
+//! out-of-line wrapper that adds a 64-byte header; wrapper.h: a `static
+//! inline` helper, out of line at -O0 and inlined at -O2). In the default
+//! mode, launched and attached.
+
+use memprof_tests::*;
+
+/// The workload's own allocation lines, which must name nothing.
+fn wrapper_lines() -> [(&'static str, u32); 2] {
+    let header = workload_source("wrapper").with_file_name("wrapper.h");
+    [
+        ("wrapper.c", marked_line("wrapper", "/* WRAPPER_MALLOC */")),
+        ("wrapper.h", marked_line_in(&header, "/* HEADER_CALLOC */")),
+    ]
+}
+
+/// Every place the report names code by file and line, outside call
+/// chains (a chain lists the wrapper's frame as what it is: a frame).
+fn named_places(v: &serde_json::Value, key: &str, out: &mut Vec<(String, u64)>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            if let (Some(file), Some(line)) = (
+                map.get("file").and_then(|f| f.as_str()),
+                map.get("line").and_then(|l| l.as_u64()),
+            ) {
+                out.push((file.to_string(), line));
+            }
+            for (k, x) in map {
+                if k != "chain" {
+                    named_places(x, k, out);
+                }
+            }
+        }
+        serde_json::Value::Array(items) if key != "chain" => {
+            for x in items {
+                named_places(x, key, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// No finding, site or lock of the report or the summary is named by
+/// the wrappers' own allocation lines.
+fn assert_no_wrapper_line(report: &serde_json::Value, summary: &str) {
+    let mut places = Vec::new();
+    named_places(report, "", &mut places);
+    assert!(!places.is_empty(), "the report names no code at all");
+    let text = report.to_string();
+    for (file, line) in wrapper_lines() {
+        let named: Vec<_> = places
+            .iter()
+            .filter(|(f, l)| f.ends_with(file) && *l == u64::from(line))
+            .collect();
+        assert!(named.is_empty(), "named by {file}:{line}: {named:?}");
+        let label = format!("{file}:{line}");
+        assert!(!text.contains(&label), "the JSON says {label}");
+        assert!(
+            !summary.contains(&label),
+            "the summary says {label}:\n{summary}"
+        );
+    }
+}
+
+/// The false-sharing finding on the counters and the allocator's sites
+/// are named by the line marked `calls` in main, through `via`; the
+/// scratch buffer's line (`scratch`) calls the same wrapper and is a site
+/// of its own.
+fn assert_named_by_caller(report: &serde_json::Value, calls: &str, scratch: &str, via: &str) {
+    let line = u64::from(marked_line("wrapper", calls));
+    let heap: Vec<&serde_json::Value> = report_array(report, "false_sharing")
+        .iter()
+        .filter(|e| e["object"]["kind"] == "heap")
+        .collect();
+    let found = heap
+        .iter()
+        .find(|e| e["object"]["alloc_site"]["line"] == line)
+        .unwrap_or_else(|| {
+            panic!(
+                "no heap finding named by wrapper.c:{line}: {:#}",
+                report["false_sharing"]
+            )
+        });
+    let object = &found["object"];
+    assert_eq!(found["kind"], "false", "{found:#}");
+    assert_eq!(object["alloc_site"]["function"], "main", "{object:#}");
+    assert_eq!(object["alloc_site"]["via"], via, "{object:#}");
+    let name = object["name"].as_str().unwrap_or_default();
+    assert!(
+        name.contains(&format!("wrapper.c:{line} via {via}")),
+        "{name}"
+    );
+    let sites = report_array(&report["allocator"], "sites");
+    for marker in [calls, scratch] {
+        let at = u64::from(marked_line("wrapper", marker));
+        let site = sites
+            .iter()
+            .find(|s| {
+                s["line"] == at && s["file"].as_str().is_some_and(|f| f.ends_with("wrapper.c"))
+            })
+            .unwrap_or_else(|| panic!("no allocator site at wrapper.c:{at}: {sites:#?}"));
+        assert_eq!(site["function"], "main", "{site:#}");
+        assert_eq!(site["via"], via, "{site:#}");
+    }
+}
+
+fn launch(test: &str, variant: Variant, mode: &str) -> (serde_json::Value, String) {
+    let w = build_workload("wrapper", variant).expect("building wrapper");
+    let args = ["--no-tui", "--", w.to_str().expect("UTF-8"), mode, "3"];
+    let (run, report) = trace(test, &args);
+    assert_no_programs_left();
+    (report, run.stdout)
+}
+
+/// An out-of-line wrapper that returns its block 64 bytes past a header,
+/// at -O0: the kernel passes its frame from the call-frame information.
+#[test]
+fn a_block_through_a_header_adding_wrapper_is_named_by_its_caller() {
+    if !require_root("a_block_through_a_header_adding_wrapper_is_named_by_its_caller") {
+        return;
+    }
+    let (report, summary) = launch("naming-header-O0", Variant::Unoptimized, "header");
+    assert_eq!(report["allocator"]["mode"], "sampled", "the default mode");
+    assert_named_by_caller(
+        &report,
+        "/* HEADER_CALLS_WRAPPER */",
+        "/* SCRATCH_CALLS_WRAPPER */",
+        "xalloc_hdr",
+    );
+    assert_no_wrapper_line(&report, &summary);
+}
+
+/// The same, attached with `-p` to the running program before it
+/// allocates.
+#[test]
+fn attached_a_block_through_a_wrapper_is_named_by_its_caller() {
+    if !require_root("attached_a_block_through_a_wrapper_is_named_by_its_caller") {
+        return;
+    }
+    let w = build_workload("wrapper", Variant::Unoptimized).expect("building wrapper");
+    let run = attach_gated("naming-attached", &[], &w, &["header", "3"], &[]);
+    assert!(run.truth.get("iterations") > 0);
+    assert_named_by_caller(
+        &run.report,
+        "/* HEADER_CALLS_WRAPPER */",
+        "/* SCRATCH_CALLS_WRAPPER */",
+        "xalloc_hdr",
+    );
+    assert_no_wrapper_line(&run.report, &run.run.stdout);
+    assert_no_programs_left();
+}
+
+/// A `static inline` helper in a header: a function of its own at -O0
+/// (passed in the kernel), inlined at -O2 (passed over in its inline
+/// chain).
+#[test]
+fn a_static_inline_helper_in_a_header_is_passed_over_at_o0_and_o2() {
+    if !require_root("a_static_inline_helper_in_a_header_is_passed_over_at_o0_and_o2") {
+        return;
+    }
+    for (variant, name) in [
+        (Variant::Unoptimized, "naming-inline-O0"),
+        (Variant::Optimized, "naming-inline-O2"),
+    ] {
+        let (report, summary) = launch(name, variant, "inline");
+        assert_named_by_caller(
+            &report,
+            "/* INLINE_CALLS_WRAPPER */",
+            "/* SCRATCH_CALLS_HELPER */",
+            "CALLOC",
+        );
+        assert_no_wrapper_line(&report, &summary);
+    }
+}
