@@ -172,7 +172,7 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: the helper reads the cookie the loader attached this probe
     // with; the context pointer is the one the kernel passed.
     let op = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
-    let (_, tid) = current_ids();
+    let (tgid, tid) = current_ids();
     if op < alloc_op::COUNT {
         count(counter::ALLOC_OP_CALLS + op);
     }
@@ -210,6 +210,9 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
     // loader's block tracker, and sites are allocation sites.
     let (caller, outer, flags) = if alloc_op::is_free(op) {
         (0, 0, 0)
+    } else if tgid != target_tgid() {
+        // The loader's own calibration calls: no site to name.
+        (read_user_u64(sp), 0, 0)
     } else {
         let caller = read_user_u64(sp);
         // SAFETY: as for `rsp` above.

@@ -18,7 +18,7 @@
 use std::{arch::global_asm, hint::black_box, time::Instant};
 
 use anyhow::{Context, Result};
-use memprof_common::{alloc_op, record_kind, AllocEvent, EVENT_ALLOC};
+use memprof_common::{alloc_op, record_kind, AllocEvent, EVENT_ALLOC, EVENT_ALLOC_STACK};
 
 use super::analysis::{Calibration, ProbeCost, ProbeKind};
 use crate::{
@@ -156,7 +156,8 @@ pub fn run(
     let tid = unsafe { libc::gettid() } as u32;
     let mut durations: Vec<Vec<(u64, u32)>> = vec![Vec::new(); FUNCTIONS.len()];
     drain(ring, |b| {
-        let ours = (record_kind(b) == Some(EVENT_ALLOC))
+        // A sampled call of ours comes with its stack.
+        let ours = matches!(record_kind(b), Some(EVENT_ALLOC | EVENT_ALLOC_STACK))
             .then(|| AllocEvent::from_bytes(b))
             .flatten()
             .filter(|ev| ev.tid == tid)
