@@ -105,6 +105,14 @@ pub const ALLOC_SAMPLE_GAPS: u32 = 256;
 /// counted ([`counter::ALLOC_STACKS_CAPPED`](crate::counter)) so the
 /// loader can scale the ones it has.
 pub const ALLOC_STACKS_PER_S: u64 = 1000;
+/// Most chains copied per second (over all CPUs, in a bucket of as many)
+/// for calls from return addresses the loader has not classified yet
+/// ([`alloc_flag::UNCLASSIFIED`]): a return address is classified within
+/// a few milliseconds of its first call (which wakes the loader), so
+/// this holds a burst of new sites; calls beyond keep the wrapper's
+/// line as their site, counted
+/// ([`counter::ALLOC_SITE_CHAINS_CAPPED`](crate::counter)).
+pub const ALLOC_SITE_CHAINS_PER_S: u64 = 20_000;
 /// User stack words copied with a sampled allocation, from the caller's
 /// stack pointer: enough for the frames of several wrappers.
 pub const ALLOC_STACK_WORDS: usize = 64;
@@ -176,6 +184,9 @@ pub mod alloc_flag {
     /// the chain is sent (as the per-second cap allows) so the loader can
     /// find the site itself.
     pub const UNCLASSIFIED: u32 = 2;
+    /// The first call from a return address the kernel had not met: the
+    /// record wakes the loader, so the address is classified at once.
+    pub const NEW_SITE: u32 = 4;
 }
 
 /// Return addresses the kernel follows out of allocation wrappers.
@@ -210,6 +221,8 @@ pub mod site_base {
     pub const SP: u32 = 1;
     /// The wrapper's CFA is its frame pointer plus the offset.
     pub const BP: u32 = 2;
+    /// Met by the kernel, not classified by the loader yet.
+    pub const PENDING: u32 = 3;
 }
 
 /// One syscall of the allocator's kind, from entry to exit.

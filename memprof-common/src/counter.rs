@@ -82,5 +82,10 @@ pub const FUTEX_HIT_NS: u32 = LOCK_STATE_ERRORS + 12;
 /// for.
 pub const WAIT_SPANS: u32 = LOCK_STATE_ERRORS + 13;
 pub const WAIT_SPANS_LOST: u32 = LOCK_STATE_ERRORS + 14;
+/// Allocation calls sent with their chain because a return address on
+/// their way out of the wrappers was not classified yet, and those the
+/// per-second cap ([`crate::ALLOC_SITE_CHAINS_PER_S`]) sent without.
+pub const ALLOC_SITE_CHAINS: u32 = LOCK_STATE_ERRORS + 15;
+pub const ALLOC_SITE_CHAINS_CAPPED: u32 = LOCK_STATE_ERRORS + 16;
 /// Number of counters.
-pub const COUNT: u32 = LOCK_STATE_ERRORS + 15;
+pub const COUNT: u32 = LOCK_STATE_ERRORS + 17;

@@ -10,7 +10,7 @@
 //! stay on.
 
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_probe_read_kernel, bpf_probe_read_user,
     },
@@ -22,8 +22,9 @@ use aya_ebpf::{
 use memprof_common::{
     alloc_flag, alloc_op, counter, site_base, take_token, AllocEvent, AllocStackEvent, KernelStats,
     SiteRule, SyscallEvent, ALLOC_CTL_GENERATION, ALLOC_RING_BYTES, ALLOC_SAMPLE_GAPS,
-    ALLOC_SITES_CAPACITY, ALLOC_STACKS_PER_S, ALLOC_STACK_WORDS, ALLOC_THREADS_CAPACITY,
-    ALLOC_WAKEUP_BYTES, ALLOC_WRAPPER_DEPTH, EVENT_ALLOC, EVENT_ALLOC_STACK, EVENT_SYSCALL,
+    ALLOC_SITES_CAPACITY, ALLOC_SITE_CHAINS_PER_S, ALLOC_STACKS_PER_S, ALLOC_STACK_WORDS,
+    ALLOC_THREADS_CAPACITY, ALLOC_WAKEUP_BYTES, ALLOC_WRAPPER_DEPTH, EVENT_ALLOC,
+    EVENT_ALLOC_STACK, EVENT_SYSCALL,
 };
 
 use crate::maps::{bpf_now, count, current_ids, target_tgid};
@@ -45,9 +46,10 @@ static ALLOC_CTL: Array<u64> = Array::with_max_entries(1, 0);
 #[map(name = "ALLOC_SAMPLE_GAPS")]
 static SAMPLE_GAPS: Array<u32> = Array::with_max_entries(ALLOC_SAMPLE_GAPS, 0);
 
-/// Token bucket of the call chains' per-second cap: credit, last refill.
+/// Token buckets of the call chains' per-second caps (credit, last
+/// refill): the heap profile's samples, then the unclassified sites'.
 #[map(name = "ALLOC_STACK_BUCKET")]
-static STACK_BUCKET: Array<u64> = Array::with_max_entries(2, 0);
+static STACK_BUCKET: Array<u64> = Array::with_max_entries(4, 0);
 
 /// Return addresses of allocation calls the loader has classified: plain
 /// sites, and calls inside wrappers with the way out of their frame.
@@ -141,14 +143,23 @@ fn past_wrappers(caller: u64, sp: u64, bp: u64) -> (u64, u32) {
     // callee's canonical frame address.
     let mut cfa = sp.wrapping_add(8);
     for _ in 0..ALLOC_WRAPPER_DEPTH {
-        // SAFETY: a lookup in a map only the loader writes; the value is
-        // copied out at once.
+        // SAFETY: a lookup in a map the loader writes and this program
+        // only adds to; the value is copied out at once.
         let Some(rule) = (unsafe { ALLOC_SITES.get(ra) }).copied() else {
-            return (ra, alloc_flag::UNCLASSIFIED);
+            // Met first here: marked so later calls do not wake the
+            // loader again (an insert fails when another CPU was first).
+            let pending = SiteRule {
+                base: site_base::PENDING,
+                ..SiteRule::default()
+            };
+            let new = ALLOC_SITES.insert(ra, pending, BPF_NOEXIST as u64).is_ok();
+            let flags = if new { alloc_flag::NEW_SITE } else { 0 };
+            return (ra, alloc_flag::UNCLASSIFIED | flags);
         };
         let base = match rule.base {
             site_base::SP => cfa,
             site_base::BP => bp,
+            site_base::PENDING => return (ra, alloc_flag::UNCLASSIFIED),
             _ => return (ra, 0),
         };
         let frame = base.wrapping_add(rule.cfa_offset as i64 as u64);
@@ -208,17 +219,23 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
     // A read of user memory is a large part of this program's cost, so
     // frees read nothing: their block's size and class come from the
     // loader's block tracker, and sites are allocation sites.
-    let (caller, outer, flags) = if alloc_op::is_free(op) {
-        (0, 0, 0)
-    } else if tgid != target_tgid() {
-        // The loader's own calibration calls: no site to name.
-        (read_user_u64(sp), 0, 0)
+    let (caller, outer, flags, walk_ns) = if alloc_op::is_free(op) {
+        (0, 0, 0, 0)
     } else {
+        // The way out of the wrappers is left out of the pace: the
+        // loader's calibration calls (another process) walk none, and a
+        // pace longer than theirs would scale the cost taken off this
+        // call up. Both time the part they leave out alike.
+        let walk_began = bpf_now();
         let caller = read_user_u64(sp);
-        // SAFETY: as for `rsp` above.
-        let bp = unsafe { (*ctx.regs).rbp };
-        let (outer, flags) = past_wrappers(caller, sp, bp);
-        (caller, outer, flags)
+        let (outer, flags) = if tgid == target_tgid() {
+            // SAFETY: as for `rsp` above.
+            let bp = unsafe { (*ctx.regs).rbp };
+            past_wrappers(caller, sp, bp)
+        } else {
+            (0, 0)
+        };
+        (caller, outer, flags, bpf_now().saturating_sub(walk_began))
     };
     let state = InFlight {
         start_ns: 0,
@@ -244,14 +261,14 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
                 ..state
             };
             f.start_ns = bpf_now();
-            f.pace_ns = f.start_ns.saturating_sub(began) as u32;
+            f.pace_ns = f.start_ns.saturating_sub(began + walk_ns) as u32;
         }
         None => {
             let start_ns = bpf_now();
             let state = InFlight {
                 countdown: sample_gap(),
                 start_ns,
-                pace_ns: start_ns.saturating_sub(began) as u32,
+                pace_ns: start_ns.saturating_sub(began + walk_ns) as u32,
                 ..state
             };
             if INFLIGHT.insert(tid, state, 0).is_err() {
@@ -312,17 +329,22 @@ pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
             event.flags |= alloc_flag::SAMPLED;
         }
     }
-    // A sampled chain, or one the loader needs to find the site past
-    // wrappers it has not classified yet.
-    if event.flags != 0 && take_stack_token(end) {
+    // A sampled chain (the heap profile's cap), or one the loader needs
+    // to find the site past wrappers it has not classified yet (a cap of
+    // its own, so the heap profile's scaling counts its samples alone).
+    let sampled = event.flags & alloc_flag::SAMPLED != 0 && take_stack_token(end);
+    if !sampled {
+        event.flags &= !alloc_flag::SAMPLED;
+    }
+    if sampled || event.flags & alloc_flag::UNCLASSIFIED != 0 && take_site_token(end) {
         // SAFETY: as above; the frame pointer is the caller's again
         // (callee-saved).
         let bp = unsafe { (*ctx.regs).rbp };
         submit_stack(&event, sp, bp);
         return 0;
     }
-    event.flags &= !alloc_flag::SAMPLED;
-    submit(event);
+    let wake = event.flags & alloc_flag::NEW_SITE != 0;
+    submit(event, wake);
     0
 }
 
@@ -338,29 +360,57 @@ fn sample_gap() -> i64 {
     }
 }
 
-/// Whether the per-second cap lets one more call chain through (counted
-/// either way).
+/// Whether the heap profile's per-second cap lets one more sampled call
+/// chain through (counted either way).
 #[inline(always)]
 fn take_stack_token(now: u64) -> bool {
-    let (Some(credit), Some(refilled)) = (STACK_BUCKET.get_ptr_mut(0), STACK_BUCKET.get_ptr_mut(1))
-    else {
-        return false;
-    };
-    let cost = 1_000_000_000 / ALLOC_STACKS_PER_S;
-    // SAFETY: both pointers come from the map lookups. Updated without
-    // atomics: a race lets a chain or two more through.
-    let ok = unsafe {
-        let (ok, left) = take_token(*credit, *refilled, now, cost, 1_000_000_000);
-        *credit = left;
-        *refilled = now;
-        ok
-    };
+    let ok = take_bucket_token(0, now, ALLOC_STACKS_PER_S);
     count(if ok {
         counter::ALLOC_STACKS
     } else {
         counter::ALLOC_STACKS_CAPPED
     });
     ok
+}
+
+/// Whether the cap of chains sent for unclassified return addresses lets
+/// one more through (counted either way).
+#[inline(always)]
+fn take_site_token(now: u64) -> bool {
+    let ok = take_bucket_token(2, now, ALLOC_SITE_CHAINS_PER_S);
+    count(if ok {
+        counter::ALLOC_SITE_CHAINS
+    } else {
+        counter::ALLOC_SITE_CHAINS_CAPPED
+    });
+    ok
+}
+
+/// One token of the bucket at `first` (credit) and `first + 1` (last
+/// refill) of [`STACK_BUCKET`], refilled at `per_s` a second up to one
+/// second's worth.
+#[inline(always)]
+fn take_bucket_token(first: u32, now: u64, per_s: u64) -> bool {
+    let (Some(credit), Some(refilled)) = (
+        STACK_BUCKET.get_ptr_mut(first),
+        STACK_BUCKET.get_ptr_mut(first + 1),
+    ) else {
+        return false;
+    };
+    // SAFETY: both pointers come from the map lookups. Updated without
+    // atomics: a race lets a chain or two more through.
+    unsafe {
+        let (ok, left) = take_token(
+            *credit,
+            *refilled,
+            now,
+            1_000_000_000 / per_s,
+            1_000_000_000,
+        );
+        *credit = left;
+        *refilled = now;
+        ok
+    }
 }
 
 /// Sends an allocation with its caller's stack: `sp` and `bp` are the
@@ -392,7 +442,13 @@ fn submit_stack(call: &AllocEvent, sp: u64, bp: u64) {
             }
         }
     }
-    entry.submit(BPF_RB_NO_WAKEUP as u64);
+    // A return address met for the first time: the loader classifies it
+    // now rather than at its next drain, so few calls go unclassified.
+    entry.submit(if call.flags & alloc_flag::NEW_SITE != 0 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    });
 }
 
 /// The cheapest possible entry probe: for the benchmark's "bare uprobe
@@ -408,10 +464,10 @@ pub fn mp_alloc_flret(_ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// Writes one record to the allocator ring, waking the loader only when
-/// a good part of it is waiting (it drains on a timer otherwise).
+/// Writes one record to the allocator ring, waking the loader when `wake`
+/// or when a good part of it is waiting (it drains on a timer otherwise).
 #[inline(always)]
-fn submit<T: 'static>(event: T) {
+fn submit<T: 'static>(event: T, wake: bool) {
     let Some(mut entry) = ALLOC_EVENTS.reserve::<T>(0) else {
         count(counter::ALLOC_EVENTS_LOST);
         return;
@@ -423,7 +479,7 @@ fn submit<T: 'static>(event: T) {
     // ring holds several times what comes in meanwhile.
     let waiting = ALLOC_EVENTS.query(BPF_RB_AVAIL_DATA as u64);
     let crossing = (ALLOC_WAKEUP_BYTES..ALLOC_WAKEUP_BYTES + 4096).contains(&waiting);
-    entry.submit(if crossing {
+    entry.submit(if crossing || wake {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
@@ -521,16 +577,19 @@ pub fn mp_sc_exit(ctx: RawTracePointContext) -> u32 {
     if s.nr != nr {
         return 0;
     }
-    submit(SyscallEvent {
-        kind: EVENT_SYSCALL,
-        nr,
-        tid,
-        inside: s.inside,
-        start_ns: s.start_ns,
-        duration_ns: end.saturating_sub(s.start_ns),
-        args: s.args,
-        ret: ctx.arg::<i64>(1),
-    });
+    submit(
+        SyscallEvent {
+            kind: EVENT_SYSCALL,
+            nr,
+            tid,
+            inside: s.inside,
+            start_ns: s.start_ns,
+            duration_ns: end.saturating_sub(s.start_ns),
+            args: s.args,
+            ret: ctx.arg::<i64>(1),
+        },
+        false,
+    );
     0
 }
 

@@ -511,20 +511,29 @@ fn attach_threads_of(
 }
 
 /// Full mode, attached: the calls are the workload's, exactly (and libc's
-/// thread start-up), the blocks it keeps are live at the KEEP line in
+/// thread start-up), the blocks it keeps are live at the KEEP_CALL line in
 /// exactly the number and bytes it counted, and the other sites leak
 /// nothing.
 fn assert_attached_full(report: &serde_json::Value, truth: &Truth, threads: u64, label: &str) {
     assert_full(report);
     assert_calls_truth(report, truth, threads);
     check_latency_rows(report);
-    let line = marked_line("alloc", "// KEEP");
+    // keep_block() returns malloc's block: a wrapper, passed over.
+    let line = marked_line("alloc", "// KEEP_CALL");
     let keep = site_at(report, "alloc.c", line).unwrap_or_else(|| {
         panic!(
             "{label}: no site at alloc.c:{line}: {:#}",
             report["allocator"]["sites"]
         )
     });
+    assert_eq!(keep["via"], "keep_block", "{label}: {keep}");
+    // Every call of the burst was named past the wrapper, even those made
+    // before the loader classified its return address.
+    assert_eq!(
+        report["allocator"]["named_at_wrapper"], 0,
+        "{label}: {:#}",
+        report["notes"]
+    );
     assert_eq!(
         keep["live_blocks"],
         truth.get("live_blocks"),

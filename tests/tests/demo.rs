@@ -162,11 +162,14 @@ fn demo_shows_false_sharing_contention_and_a_leak() {
         .max_by_key(|s| s["live_bytes"].as_u64().unwrap_or(0))
         .unwrap_or_else(|| panic!("no sites: {alloc:#}"));
     assert!(ends_with(&leak["file"], "demo.c"), "{leak}");
+    // open_session() returns malloc's block: a wrapper, so the leak is
+    // named at the line that calls it.
     assert_eq!(
         leak["line"],
-        marked_line("demo", "/* SESSION_LEAK */"),
+        marked_line("demo", "/* SESSION_OPEN */"),
         "{leak}"
     );
+    assert_eq!(leak["via"], "open_session", "{leak}");
     assert_eq!(
         leak["live_bytes"].as_u64(),
         Some(truth(&stderr, "leaked_bytes")),
@@ -210,7 +213,7 @@ fn sampled_mode_keeps_every_traced_block_of_a_leaking_site_live() {
         "{:#}",
         report["allocator"]
     );
-    let line = marked_line("demo", "/* SESSION_LEAK */");
+    let line = marked_line("demo", "/* SESSION_OPEN */");
     let site = report["allocator"]["sites"]
         .as_array()
         .expect("sites")

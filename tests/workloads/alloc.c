@@ -313,7 +313,7 @@ static void *threads_worker(void *arg)
 		thread_sink = malloc(16 + (size_t)(i % 63) * 16);
 		free(thread_sink);
 		if (i % 64 == 63) {
-			thread_sink = keep_block();
+			thread_sink = keep_block(); // KEEP_CALL
 			kept++;
 		}
 	}

@@ -132,7 +132,7 @@ __attribute__((noinline)) void handle_request(int id, long round)
     /* The session record is meant to be freed when the session closes;
      * nothing ever closes it. */
     if (result[id].leaked < MAX_SESSIONS / WORKERS) {
-        sink = open_session(round);
+        sink = open_session(round); /* SESSION_OPEN */
         result[id].leaked++;
     }
 }

@@ -220,6 +220,7 @@ pub fn sample_allocator() -> AllocatorReport {
         large_rule: "glibc mmapped chunk".into(),
         calls_traced: 123_456,
         untracked_blocks: 0,
+        named_at_wrapper: 0,
         always_traced: vec![],
         lost: 0,
         probe_cost_ns: None,

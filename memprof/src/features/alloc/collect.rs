@@ -45,6 +45,10 @@ pub struct AllocCollector {
     sites: FastMap<u64, bool>,
     /// Their rules, not yet written to the kernel's map.
     pub new_sites: Vec<(u64, SiteRule)>,
+    /// Calls from inside a wrapper sent without their chain before its
+    /// return address was classified (the cap was spent): named at the
+    /// wrapper's line.
+    pub named_at_wrapper: u64,
 }
 
 /// The kernel's form of the call-frame rule at a call inside a wrapper.
@@ -70,6 +74,7 @@ impl AllocCollector {
             code: CodeCache::default(),
             sites: FastMap::default(),
             new_sites: Vec::new(),
+            named_at_wrapper: 0,
         }
     }
 
@@ -148,9 +153,14 @@ impl AllocCollector {
         // The kernel follows the return addresses it knows out of the
         // wrappers; those it stopped at are classified for its next calls.
         if ev.caller != 0 {
-            self.classify(ev.caller, ev.start_ns, process);
-            if ev.flags & alloc_flag::UNCLASSIFIED != 0 && ev.outer != ev.caller {
-                self.classify(ev.outer, ev.start_ns, process);
+            let mut in_wrapper = self.classify(ev.caller, ev.start_ns, process);
+            let unclassified = ev.flags & alloc_flag::UNCLASSIFIED != 0;
+            if unclassified && ev.outer != 0 && ev.outer != ev.caller {
+                in_wrapper = self.classify(ev.outer, ev.start_ns, process);
+            }
+            // The kernel stopped at a wrapper and no chain found the site.
+            if unclassified && in_wrapper && site.is_none() {
+                self.named_at_wrapper += 1;
             }
         }
         let outer = site.unwrap_or(if ev.outer != 0 { ev.outer } else { ev.caller });

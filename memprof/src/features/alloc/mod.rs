@@ -358,6 +358,13 @@ impl Feature for Alloc {
             ctx.kernel_stats,
             |place| symbolizer.code_inlined(place).clone(),
         );
+        if let Some(t) = &self.traced {
+            out.allocator.named_at_wrapper = t.collector.named_at_wrapper;
+            ctx.notes.extend(report::wrapper_note(
+                t.collector.named_at_wrapper,
+                out.allocator.calls_traced,
+            ));
+        }
         let cost = out.allocator.probe_cost_ns.as_ref();
         ctx.notes.extend(cost.and_then(report::pace_note));
         if let (Some(t), true) = (&self.traced, sample_chains(self.settings.mode)) {

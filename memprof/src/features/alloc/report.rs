@@ -104,6 +104,7 @@ pub fn report(
         always_traced,
         lost,
         untracked_blocks: profile.untracked_blocks(),
+        named_at_wrapper: 0,
         probe_cost_ns: probe_cost(profile),
         ops: ops(profile, &scaling),
         syscalls: syscalls(profile),
@@ -229,6 +230,19 @@ fn seen_per_op(profile: &AllocProfile) -> Vec<u64> {
 /// calibration above which a note says so (in quiet runs here 2-11% of
 /// the calls read just outside the calibrated range).
 const PACED_NOTE_SHARE: f64 = 0.2;
+
+/// The note saying how many calls are named at a wrapper's line (their
+/// chain was not sent: see [`memprof_common::ALLOC_SITE_CHAINS_PER_S`]).
+pub fn wrapper_note(named_at_wrapper: u64, traced: u64) -> Option<String> {
+    (named_at_wrapper > 0).then(|| {
+        format!(
+            "{named_at_wrapper} of {traced} traced allocation calls are named at an allocation \
+             wrapper's line, not past it: they came from call sites met for the first time \
+             while the cap of {} call chains a second for such sites was spent",
+            memprof_common::ALLOC_SITE_CHAINS_PER_S
+        )
+    })
+}
 
 /// The note saying that the probes' cost varied during the session and
 /// how the latencies were corrected for it.

@@ -146,6 +146,10 @@ pub struct AllocatorReport {
     /// Blocks handed out while the live-block tracker was full (4,194,304
     /// live blocks): live bytes, leaks and memory leave them out.
     pub untracked_blocks: u64,
+    /// Allocation calls named at a wrapper's line rather than past it:
+    /// made from a call site met for the first time while the cap of
+    /// chains for such sites (20,000/s) was spent.
+    pub named_at_wrapper: u64,
     /// What the probes themselves add to a traced call, measured at start
     /// and already taken off every latency in `ops`; null when not
     /// calibrated (latencies then include it).
