@@ -92,6 +92,22 @@ fn assert_named_by_caller(report: &serde_json::Value, calls: &str, scratch: &str
         name.contains(&format!("wrapper.c:{line} via {via}")),
         "{name}"
     );
+    // Typed from the pointer the threads write through (`c->hits++`),
+    // a variable declared in the worker and assigned from a global set
+    // on another line.
+    assert_eq!(object["type"], "struct counters", "{object:#}");
+    assert!(
+        name.contains("heap block of struct counters from"),
+        "{name}"
+    );
+    let written: Vec<&serde_json::Value> = report_array(found, "words")
+        .iter()
+        .filter(|w| w["writes"].as_u64().is_some_and(|n| n > 0))
+        .collect();
+    assert!(written.len() >= 2, "both threads' words: {found:#}");
+    for w in written {
+        assert_eq!(w["field"], "hits", "{found:#}");
+    }
     let sites = report_array(&report["allocator"], "sites");
     for marker in [calls, scratch] {
         let at = u64::from(marked_line("wrapper", marker));

@@ -68,11 +68,11 @@ __attribute__((noinline)) void xfree_hdr(void *p)
 static void *worker(void *arg)
 {
 	int id = (int)(intptr_t)arg;
-	volatile int *hits = &g_counters[id].hits;
+	volatile struct counters *c = &g_counters[id];
 	long n = 0;
 	do {
 		for (int k = 0; k < CHECK_EVERY; k++)
-			(*hits)++; /* WRAPPER_WRITE */
+			c->hits++; /* WRAPPER_WRITE */
 		n += CHECK_EVERY;
 	} while (!g_stop);
 	g_done[id] += n;

@@ -85,6 +85,16 @@ pub fn rule_in(data: &[u8], offset: u64) -> Option<FrameRule> {
     Object::load(Arc::from(data))?.rule(offset)
 }
 
+/// The virtual address of file offset `offset` of the object file whose
+/// bytes are `data`.
+pub fn vaddr_in(data: &[u8], offset: u64) -> Option<u64> {
+    let (segments, _) = program_headers(data)?;
+    let (off, _, vaddr) = segments
+        .iter()
+        .find(|(off, size, _)| offset >= *off && offset - off < *size)?;
+    vaddr.checked_add(offset - off)
+}
+
 impl Object {
     fn load(data: Arc<[u8]>) -> Option<Self> {
         let (segments, hdr) = program_headers(&data)?;

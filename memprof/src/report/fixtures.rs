@@ -144,6 +144,7 @@ pub fn false_sharing_entry() -> SharingEntry {
                 inlined_into: vec![],
                 via: None,
             }),
+            type_name: None,
         },
         words: vec![
             fixture_word(0, 0, 90, &[15027]),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::{
-    object::symbolize::{dwarf::Layout, DataSymbol, Frame, Inlined, Symbolizer},
+    object::symbolize::{dwarf::Layout, typed::AccessType, DataSymbol, Frame, Inlined, Symbolizer},
     process::maps::Place,
     report::model::{CallerRef, CodeRef},
 };
@@ -37,6 +37,19 @@ pub trait Names {
     fn pointee_layout(&mut self, _path: &Arc<str>, _file: &str, _line: u32) -> Option<Layout> {
         None
     }
+
+    /// The type of the memory the instruction at `place` accesses, from
+    /// the debug info of the pointer it goes through.
+    fn access_type(&mut self, _place: &Place) -> Option<AccessType> {
+        None
+    }
+
+    /// The type of what the first argument of the call at `site` (a call
+    /// chain's frame) points to, from the debug info of the pointer it
+    /// was made from (a lock call's `&t->lock`).
+    fn argument_type(&mut self, _site: &Place) -> Option<AccessType> {
+        None
+    }
 }
 
 impl Names for Symbolizer {
@@ -62,6 +75,14 @@ impl Names for Symbolizer {
 
     fn pointee_layout(&mut self, path: &Arc<str>, file: &str, line: u32) -> Option<Layout> {
         Symbolizer::pointee_layout(self, path, file, line)
+    }
+
+    fn access_type(&mut self, place: &Place) -> Option<AccessType> {
+        Symbolizer::access_type(self, place)
+    }
+
+    fn argument_type(&mut self, site: &Place) -> Option<AccessType> {
+        Symbolizer::argument_type(self, site)
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod analysis;
 pub mod cost;
 pub mod report;
+pub mod typing;
 pub mod words;
 
 use memprof_common::{

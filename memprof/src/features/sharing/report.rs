@@ -13,6 +13,7 @@ use memprof_common::{
 
 use super::{
     cost::{CodeSamples, LineCost},
+    typing::{line_type, LineType},
     LineBlock,
 };
 use crate::{
@@ -211,16 +212,26 @@ pub fn dismissals(
 /// The report's entry for a finding about `object`.
 fn entry(
     f: LineFinding,
-    object: SharedObject,
+    mut object: SharedObject,
     layout: Option<Layout>,
     inputs: &Inputs<'_>,
     names: &mut dyn Names,
 ) -> SharingEntry {
-    // The field at a byte of the line, for a global with debug info.
-    let field = |offset: u32| {
-        let at = object.offset + i64::from(offset);
-        let layout = layout.as_ref()?;
-        layout.field_at(&object.name, u64::try_from(at).ok()?)
+    let typed = type_object(&f, &mut object, layout.as_ref(), inputs, names);
+    // The field at a byte of the line: a global's from its debug info,
+    // other memory's from the types the code accessed it as.
+    let field = |offset: u32| match layout.as_ref() {
+        Some(layout) => {
+            let at = object.offset + i64::from(offset);
+            layout.field_at(&object.name, u64::try_from(at).ok()?)
+        }
+        // Only inside the object when its extent is known: a neighbouring
+        // block on the line is not of its type.
+        None => {
+            let at = object.offset + i64::from(offset);
+            let inside = object.size.is_none_or(|n| (0..n as i64).contains(&at));
+            typed.as_ref().filter(|_| inside)?.field(f.line, offset)
+        }
     };
     SharingEntry {
         line: format!("{:#x}", f.line),
@@ -256,6 +267,43 @@ fn entry(
             write_after_read: f.war,
         },
     }
+}
+
+/// Gives `object` its type: a global's from its layout, other memory's
+/// from the pointers the sampled code went through (returned, to name
+/// the words), named into a heap block's name.
+fn type_object(
+    f: &LineFinding,
+    object: &mut SharedObject,
+    layout: Option<&Layout>,
+    inputs: &Inputs<'_>,
+    names: &mut dyn Names,
+) -> Option<LineType> {
+    if let Some(l) = layout {
+        object.type_name = match (&l.type_name, l.element, object.size) {
+            (Some(t), Some(e), Some(n)) if e > 0 && n > e => Some(format!("{t}[{}]", n / e)),
+            (t, _, _) => t.clone(),
+        };
+        return None;
+    }
+    // A shared-memory key is not an address: no element arithmetic.
+    if object.kind == ObjectKind::Shared {
+        return None;
+    }
+    let typed = line_type(f, inputs.maps, names)?;
+    let label = typed.type_name.clone();
+    if object.kind == ObjectKind::Heap {
+        object.name = match object.name.strip_prefix(UNSEEN_BLOCK) {
+            Some(rest) => format!("{label} in a {UNSEEN_BLOCK}{rest}"),
+            None => {
+                object
+                    .name
+                    .replacen("heap block from", &format!("heap block of {label} from"), 1)
+            }
+        };
+    }
+    object.type_name = Some(label);
+    Some(typed)
 }
 
 /// The code touching the line, one entry per source line (instructions
@@ -315,6 +363,7 @@ fn object_of(
             offset: split_shared_key(line).1 as i64,
             size: None,
             alloc_site: None,
+            type_name: None,
         };
         return (object, None);
     }
@@ -349,6 +398,7 @@ fn object_of(
         offset: 0,
         size: None,
         alloc_site: None,
+        type_name: None,
     };
     (object, None)
 }
@@ -382,6 +432,7 @@ fn global_object(
         offset,
         size,
         alloc_site: None,
+        type_name: None,
     };
     (object, layout)
 }
@@ -401,6 +452,7 @@ fn heap_object(
         offset: line as i64 - b.start as i64,
         size: Some(b.size),
         alloc_site: Some(site.code_ref()),
+        type_name: None,
     }
 }
 
@@ -483,7 +535,7 @@ mod tests {
             alloc::analysis::{LargeRule, SyscallCall},
             sharing::analysis::Access,
         },
-        object::symbolize::dwarf::Member,
+        object::symbolize::{dwarf::Member, typed::AccessType},
         report::{
             fixtures::{program_maps, TableNames},
             model::CodeRef,
@@ -636,6 +688,7 @@ mod tests {
                 offset: 0,
                 size: Some(96),
                 alloc_site: None,
+                type_name: Some("struct thread_arg[4]".into()),
             }
         );
         let words: Vec<_> = e
@@ -781,6 +834,7 @@ mod tests {
                     inlined_into: vec![],
                     via: None,
                 }),
+                type_name: None,
             }
         );
         assert!(
@@ -790,6 +844,81 @@ mod tests {
             e.advice
         );
         assert!(e.advice.ends_with(" (64-byte heap block from prog.c:30)"));
+    }
+
+    /// Two threads write `hits` of their own `struct counters` (8 bytes)
+    /// in one 16-byte block, through pointers the debug info types: the
+    /// object and its words are named by the type, the bytes outside the
+    /// block by nothing.
+    #[test]
+    fn a_heap_line_is_typed_from_the_code_s_pointers() {
+        let start = HEAP_LINE + 32;
+        let s = Session::new().line(&ping_pong(100, (0x10, start), (0x20, start + 8)), true);
+        let mut alloc = AllocProfile::new(
+            LargeRule::Above(1 << 20),
+            false,
+            crate::features::alloc::classes::SizeClasses::Unknown,
+        );
+        alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
+        let block = LineBlock {
+            start,
+            size: 16,
+            site: 0x30,
+        };
+        let member = |name: &str, offset| Member {
+            name: name.into(),
+            offset,
+        };
+        let counters = AccessType {
+            layout: Layout {
+                element: None,
+                type_name: Some("struct counters".into()),
+                struct_size: Some(8),
+                members: vec![member("hits", 0), member("misses", 4)],
+            },
+            disp: 0,
+            indexed: false,
+            variable: "c".into(),
+        };
+        let mut names = names()
+            .access_type(0x10, counters.clone())
+            .access_type(0x20, counters);
+        let entries = findings(
+            &s.inputs(Some(&alloc), Some(block)),
+            &s.kernel,
+            s.samples,
+            &mut names,
+        );
+        let e = &entries[0];
+        assert_eq!(e.kind, SharingKind::False);
+        assert_eq!(e.object.type_name.as_deref(), Some("struct counters"));
+        assert_eq!(
+            e.object.name,
+            "16-byte heap block of struct counters from prog.c:30"
+        );
+        let fields: Vec<(u32, Option<&str>)> = e
+            .words
+            .iter()
+            .map(|w| (w.offset, w.field.as_deref()))
+            .collect();
+        // The fixture's accesses are 8 bytes: each covers a `misses` too.
+        let expected = [
+            (32, Some("hits")),
+            (36, Some("misses")),
+            (40, Some("hits")),
+            (44, Some("misses")),
+        ];
+        assert_eq!(fields, expected, "{e:#?}");
+        assert!(e.advice.contains("hits"), "{}", e.advice);
+        // Untyped code: no type, no field.
+        let entries = findings(
+            &s.inputs(Some(&alloc), Some(block)),
+            &s.kernel,
+            s.samples,
+            &mut super::tests::names(),
+        );
+        assert_eq!(entries[0].object.type_name, None);
+        assert!(entries[0].words.iter().all(|w| w.field.is_none()));
     }
 
     #[test]

@@ -61,11 +61,19 @@ fn line_of(marker: &str) -> u32 {
 
 /// Builds [`PROGRAM`] in `dir` with `-g -O1`, returns the executable.
 fn build(dir: &Path) -> Arc<str> {
-    let src = dir.join("names.c");
-    std::fs::write(&src, PROGRAM).unwrap();
-    let exe = dir.join("names");
+    let exe = gcc(dir, "names", PROGRAM, &["-g", "-O1"]);
+    Arc::from(exe.to_str().unwrap())
+}
+
+/// Builds the C `program` as `dir/name` with gcc and `flags` (and
+/// `-pthread`), returns the executable.
+pub(super) fn gcc(dir: &Path, name: &str, program: &str, flags: &[&str]) -> std::path::PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, program).unwrap();
+    let exe = dir.join(name);
     let out = std::process::Command::new("gcc")
-        .args(["-g", "-O1", "-pthread", "-o"])
+        .args(flags)
+        .args(["-pthread", "-o"])
         .arg(&exe)
         .arg(&src)
         .output()
@@ -75,7 +83,7 @@ fn build(dir: &Path) -> Arc<str> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Arc::from(exe.to_str().unwrap())
+    exe
 }
 
 /// Address and size of symbol `name` in the ELF symbol table.

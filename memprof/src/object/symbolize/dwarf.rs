@@ -7,7 +7,7 @@ use std::{borrow::Cow, path::Path};
 use gimli::{AttributeValue, EndianSlice, RunTimeEndian, UnitOffset};
 use object::{Object, ObjectSection};
 
-type R<'a> = EndianSlice<'a, RunTimeEndian>;
+pub(super) type R<'a> = EndianSlice<'a, RunTimeEndian>;
 
 /// A struct member.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,9 @@ pub fn layout(path: &Path, name: &str) -> Option<Layout> {
 }
 
 /// The DWARF sections of an object file's bytes.
-fn sections(data: &[u8]) -> Option<(gimli::DwarfSections<Cow<'_, [u8]>>, RunTimeEndian)> {
+pub(super) fn sections(
+    data: &[u8],
+) -> Option<(gimli::DwarfSections<Cow<'_, [u8]>>, RunTimeEndian)> {
     let obj = object::File::parse(data).ok()?;
     let endian = if obj.is_little_endian() {
         RunTimeEndian::Little
@@ -191,7 +193,7 @@ pub fn layout_in(data: &[u8], name: &str) -> Option<Layout> {
     })
 }
 
-fn layout_of_type(
+pub(super) fn layout_of_type(
     dwarf: &gimli::Dwarf<R<'_>>,
     unit: &gimli::Unit<R<'_>>,
     ty: UnitOffset,
@@ -266,7 +268,7 @@ fn layout_of_type(
 }
 
 /// Follows typedefs and qualifiers to the underlying type.
-fn strip(unit: &gimli::Unit<R<'_>>, mut ty: UnitOffset) -> Option<UnitOffset> {
+pub(super) fn strip(unit: &gimli::Unit<R<'_>>, mut ty: UnitOffset) -> Option<UnitOffset> {
     for _ in 0..16 {
         let entry = unit.entry(ty).ok()?;
         match entry.tag() {

@@ -10,6 +10,9 @@ mod c_tests;
 mod demangle;
 pub mod dwarf;
 mod elf;
+pub mod typed;
+#[cfg(test)]
+mod typed_tests;
 
 use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
@@ -139,6 +142,12 @@ pub struct Symbolizer {
     /// Per file: its separate debug file, if it is stripped and one is
     /// installed ([`debugfile`]).
     debug_files: HashMap<Arc<str>, Option<PathBuf>>,
+    /// The type each accessing instruction goes through ([`typed`]).
+    access_types: HashMap<Place, Option<typed::AccessType>>,
+    /// The type of the first argument of each call, by return address.
+    argument_types: HashMap<Place, Option<typed::AccessType>>,
+    /// Per file: its bytes and its debug file's, while types are read.
+    typed_files: HashMap<Arc<str>, Option<typed::TypedFile>>,
 }
 
 impl Default for Symbolizer {
@@ -162,6 +171,9 @@ impl Symbolizer {
             code: HashMap::new(),
             layouts: HashMap::new(),
             pointees: HashMap::new(),
+            access_types: HashMap::new(),
+            argument_types: HashMap::new(),
+            typed_files: HashMap::new(),
             vaddr_bias: HashMap::new(),
             debug_files: HashMap::new(),
         }

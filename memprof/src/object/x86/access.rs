@@ -221,7 +221,13 @@ fn straight_after(code: &[u8], code_ip: u64, from: u64) -> Vec<Instruction> {
 /// are found by decoding from every start in the window and taking, at
 /// each step, the predecessor most chains agree on (x86 decoding
 /// resynchronises within a few instructions).
-fn run_before(code: &[u8], code_ip: u64, ip: u64) -> Vec<Instruction> {
+pub(super) fn run_before(code: &[u8], code_ip: u64, ip: u64) -> Vec<Instruction> {
+    straight_tail(code, code_ip, ip, decoded_before(code, code_ip, ip))
+}
+
+/// The instructions in the [`LOOK_BEHIND`] window that end at `ip`,
+/// jumps and join points included.
+pub(super) fn decoded_before(code: &[u8], code_ip: u64, ip: u64) -> Vec<Instruction> {
     let Some(end) = ip
         .checked_sub(code_ip)
         .and_then(|e| usize::try_from(e).ok())
@@ -278,7 +284,7 @@ fn run_before(code: &[u8], code_ip: u64, ip: u64) -> Vec<Instruction> {
         at = insn.ip();
     }
     run.reverse();
-    straight_tail(code, code_ip, ip, run)
+    run
 }
 
 /// The part of `run` after its last jump or call and from its last branch

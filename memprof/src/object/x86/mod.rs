@@ -2,6 +2,7 @@
 
 pub mod access;
 pub mod calls;
+pub mod pointer;
 pub mod prologue;
 pub mod slice;
 pub mod wrapper;

@@ -113,6 +113,17 @@ impl Eval {
         self.next
     }
 
+    /// What register `r` ([`reg`] numbering) holds now.
+    pub fn register(&self, r: u8) -> Value {
+        self.reg(r)
+    }
+
+    /// The state after `run`, or None when the run leaves the straight
+    /// line.
+    pub fn through_run(run: &[Instruction]) -> Option<Self> {
+        Self::through(run)
+    }
+
     fn reg(&self, r: u8) -> Value {
         self.regs[r as usize].clone().unwrap_or(Value {
             root: Root::Reg(r),

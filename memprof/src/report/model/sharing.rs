@@ -149,6 +149,12 @@ pub struct SharedObject {
     /// Where a heap object was allocated; null when not seen (allocated
     /// before tracing, or while the allocator was not traced).
     pub alloc_site: Option<CodeRef>,
+    /// The C/C++/Rust type of the memory (`struct args`, `struct
+    /// args[4]` for a block of four), from the debug info of a global or
+    /// of the pointers the sampled code accessed it through; null when
+    /// the debug info does not say.
+    #[serde(rename = "type")]
+    pub type_name: Option<String>,
 }
 
 impl SharedObject {

@@ -508,6 +508,7 @@ pub(crate) mod tests {
                 offset: 64,
                 size: Some(256),
                 alloc_site: None,
+                type_name: None,
             },
             words: vec![
                 word(0, 10, 110, &[15027, 15028, 15029]),
