@@ -1408,6 +1408,33 @@ fn sysbench_threads_lock_is_found() {
     assert_no_programs_left();
 }
 
+/// A mutex inside a heap struct (`struct table`, 48 bytes in) is named
+/// by its type and field, from the pointer its lock calls were made from
+/// (`pthread_mutex_lock(&tb->lock)`, `tb` a parameter), and by the line
+/// that allocated its block. Before, it was "heap block from locks.c:N".
+#[test]
+fn a_heap_mutex_is_named_by_type_and_field() {
+    if !require_root("a_heap_mutex_is_named_by_type_and_field") {
+        return;
+    }
+    let (_, report) = launch("locks-table", &locks_workload(), &["table", "4", "3"]);
+    let top = top_mutex(&report);
+    let name = top["name"].as_str().unwrap_or_default();
+    assert!(name.starts_with("struct table.lock "), "{top:#}");
+    let line = marked_line("locks", "/* TABLE_CALLOC */");
+    assert!(
+        name.ends_with(&format!("locks.c:{line})")),
+        "named by its allocation line: {top:#}"
+    );
+    assert!(
+        sites(top, "waiters")
+            .iter()
+            .any(|w| w["function"] == "table_loop"),
+        "{top:#}"
+    );
+    assert_no_programs_left();
+}
+
 /// The loader's peak memory bound from the lock issue, attached to a
 /// process with 100 k distinct mutexes under load.
 const LOADER_PEAK_RSS_100K: u64 = 150 << 20;

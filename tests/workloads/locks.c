@@ -176,7 +176,7 @@ static void usage(void)
 	fprintf(stderr, "usage: locks contended THREADS SECONDS | condvar SECONDS | rwlock SECONDS"
 			" | many LOCKS THREADS PASSES | uncontended N | contended_bench THREADS N"
 			" | yield THREADS SECONDS | slowholder THREADS SECONDS | kwait THREADS SECONDS"
-			" | roundrobin COUNT THREADS SECONDS\n");
+			" | roundrobin COUNT THREADS SECONDS | table THREADS SECONDS\n");
 	exit(2);
 }
 
@@ -729,6 +729,55 @@ static void locks_roundrobin(long count, long threads, double seconds)
 	free(g_rr_slots);
 }
 
+/* ---- table ---- */
+
+/* A mutex inside a heap struct, 48 bytes in: a profiler should name it
+ * `struct table.lock`, from the pointer the lock call was made from. */
+struct table {
+	long entries[6];
+	pthread_mutex_t lock;
+	unsigned long count;
+};
+struct table *g_table; /* TABLE_DECLARED */
+
+/* Locks the table through a pointer held in a variable, yields while
+ * holding it (so the others wait on its futex), unlocks. */
+__attribute__((noinline)) unsigned long table_loop(struct table *tb, long until_ns)
+{
+	unsigned long rounds = 0;
+	while (now_ns() < until_ns) {
+		pthread_mutex_lock(&tb->lock); // TABLELOCK
+		tb->count++;
+		sched_yield();
+		pthread_mutex_unlock(&tb->lock);
+		rounds++;
+	}
+	return rounds;
+}
+
+static void *table_thread(void *arg)
+{
+	struct timed *t = arg;
+	pthread_barrier_wait(&start_line);
+	t->done = table_loop(g_table, t->until_ns);
+	return NULL;
+}
+
+static void locks_table(long threads, double seconds)
+{
+	g_table = calloc(1, sizeof *g_table); /* TABLE_CALLOC */
+	if (!g_table)
+		exit(1);
+	pthread_mutex_init(&g_table->lock, NULL);
+	unsigned long rounds = run_timed(threads, table_thread, seconds);
+	if (g_table->count != rounds) {
+		fprintf(stderr, "count %lu != rounds %lu\n", g_table->count, rounds);
+		exit(1);
+	}
+	truth("table_rounds", rounds);
+	free(g_table);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3)
@@ -790,6 +839,11 @@ int main(int argc, char **argv)
 		double seconds = seconds_arg(argv[4]);
 		start();
 		locks_roundrobin(count, threads, seconds);
+	} else if (strcmp(mode, "table") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], MAX_THREADS);
+		double seconds = seconds_arg(argv[3]);
+		start();
+		locks_table(threads, seconds);
 	} else {
 		usage();
 	}

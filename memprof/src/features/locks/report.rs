@@ -17,7 +17,8 @@ use crate::{
             site_name::site_name,
         },
         locks::analysis::{
-            kernel_lock_kind, Durations, FutexStats, HoldStats, LockProfile, WakeSite,
+            is_lock_implementation, kernel_lock_kind, Chain, Durations, FutexStats, HoldStats,
+            LockProfile, WakeSite,
         },
     },
     process::maps::{is_libc, ProcMaps},
@@ -128,7 +129,7 @@ fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>
             // fit its table.
             Some(OTHER_LOCKS.to_string())
         } else {
-            naming.name_of(address)
+            naming.name_of(address, top)
         };
         let m = table.slot(address, name, kind);
         m.add_futex(f, kind == LockKind::Mutex && glibc, naming.names);
@@ -160,7 +161,7 @@ fn add_holds<'p>(
         } else {
             LockKind::Mutex
         };
-        let name = naming.name_of(lock);
+        let name = naming.name_of(lock, None);
         let m = table.slot(lock, name, kind);
         m.threads = m.threads.max(h.thread_count());
         let t = m.traced.get_or_insert_with(Traced::new);
@@ -296,11 +297,33 @@ impl Merged {
 }
 
 impl Naming<'_> {
-    /// A global's symbol, a heap block's allocation site, or nothing.
-    fn name_of(&mut self, uaddr: u64) -> Option<String> {
+    /// A global's symbol, a heap block's allocation site, or nothing;
+    /// memory that is not a global's is typed from the lock call of
+    /// `waiter` (`struct table.lock (heap block from x.c:40)`).
+    fn name_of(&mut self, uaddr: u64, waiter: Option<&Chain>) -> Option<String> {
         let blocks = self.blocks.map(|(a, i)| (*a, i));
-        data_name(self.maps, blocks, self.names, uaddr).map(|d| d.name)
+        let data = data_name(self.maps, blocks, self.names, uaddr);
+        if data.as_ref().is_some_and(|d| !d.heap) {
+            return data.map(|d| d.name);
+        }
+        let typed = waiter.and_then(|c| lock_argument(c, self.names));
+        match (data, typed) {
+            (Some(d), Some(t)) => Some(format!("{t} ({})", d.name)),
+            (d, t) => t.or(d.map(|d| d.name)),
+        }
     }
+}
+
+/// `type.field` of the lock a waiter's call passed, from the debug info
+/// of the pointer it was made from, at the first frame of the chain
+/// outside the lock implementation (the call of `pthread_mutex_lock`).
+fn lock_argument(chain: &Chain, names: &mut dyn Names) -> Option<String> {
+    let call = chain.frames.iter().find(|p| {
+        let f = names.code(p);
+        !is_lock_implementation(&f.module, &f.function)
+    })?;
+    let t = names.argument_type(call)?;
+    Some(format!("{}.{}", t.layout.type_name.as_ref()?, t.field()?))
 }
 
 /// What holds an address: its name, the offset in it, and whether it
@@ -638,6 +661,54 @@ mod tests {
         assert_eq!(
             (lock.contentions, lock.wait_total_ns, lock.threads),
             (2, 4000, 1)
+        );
+    }
+
+    /// A heap mutex whose waiters' lock call passed `&tb->lock` is named
+    /// by type and field, with its block's site; a global keeps its
+    /// symbol even then.
+    #[test]
+    fn a_heap_lock_is_named_by_the_type_of_its_lock_call_s_argument() {
+        use crate::object::symbolize::{
+            dwarf::{Layout, Member},
+            typed::AccessType,
+        };
+        let table = AccessType {
+            layout: Layout {
+                element: None,
+                type_name: Some("struct table".into()),
+                struct_size: Some(96),
+                members: vec![
+                    Member {
+                        name: "entries".into(),
+                        offset: 0,
+                    },
+                    Member {
+                        name: "lock".into(),
+                        offset: 48,
+                    },
+                ],
+            },
+            disp: 48,
+            indexed: false,
+            variable: "tb".into(),
+        };
+        let mut p = LockProfile::new();
+        let waits = vec![
+            wait(HEAP_WORD, 2, 0, 1000, chain(0x200, 0x10)),
+            wait(G_LOCK, 3, 0, 3000, chain(0x200, 0x10)),
+        ];
+        let alloc = alloc();
+        add_waits(&mut p, waits);
+        let mut names = names().access_type(0x10, table);
+        let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names);
+        let named: Vec<_> = entries.iter().map(|e| e.name.as_deref()).collect();
+        assert_eq!(
+            named,
+            [
+                Some("g_lock"),
+                Some("struct table.lock (heap block from prog.c:30)")
+            ]
         );
     }
 
