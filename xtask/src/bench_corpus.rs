@@ -259,6 +259,25 @@ struct Outcome {
     /// The `predicted_gain` of the expected finding: low, high, basis.
     predicted: Option<(f64, f64, String)>,
     note: Option<String>,
+    /// Heap findings (entries), those whose object names a type, and
+    /// those named by an allocation line.
+    heap: Naming,
+}
+
+/// How the corpus's heap findings are named (issue #34's share).
+#[derive(Debug, Default, Clone, Copy)]
+struct Naming {
+    findings: usize,
+    typed: usize,
+    sited: usize,
+}
+
+impl Naming {
+    fn add(&mut self, other: Naming) {
+        self.findings += other.findings;
+        self.typed += other.typed;
+        self.sited += other.sited;
+    }
 }
 
 /// Runs the corpus; prints its table and returns its numbers.
@@ -272,6 +291,7 @@ pub fn run(rounds: usize, tool: &Path, json_path: &Path) -> Result<Value> {
     let mut cases = Vec::new();
     let (mut positives, mut found, mut correct, mut wrong) = (0, 0, 0, 0);
     let (mut gain_cases, mut gain_within, mut gain_present) = (0, 0, 0);
+    let mut heap = Naming::default();
     for case in CASES {
         let (outcome, speedup) = match run_case(case, rounds, tool, json_path) {
             Ok(Some(r)) => r,
@@ -293,6 +313,7 @@ pub fn run(rounds: usize, tool: &Path, json_path: &Path) -> Result<Value> {
         found += usize::from(outcome.found);
         correct += outcome.correct;
         wrong += outcome.wrong;
+        heap.add(outcome.heap);
         let within = gain_check(&outcome, speedup);
         if positive && speedup.is_some() {
             gain_cases += 1;
@@ -336,7 +357,21 @@ pub fn run(rounds: usize, tool: &Path, json_path: &Path) -> Result<Value> {
             gain_cases > 0 && gain_within == gain_cases
         )
     );
+    println!(
+        "  heap findings naming a type: {}/{}; naming their allocation line: {}/{}  {}",
+        heap.typed,
+        heap.findings,
+        heap.sited,
+        heap.findings,
+        verdict(
+            "sharing corpus heap findings typed",
+            heap.typed == heap.findings
+        )
+    );
     Ok(json!({
+        "heap_findings": heap.findings,
+        "heap_findings_typed": heap.typed,
+        "heap_findings_sited": heap.sited,
         "cases": cases,
         "positives": positives,
         "found": found,
@@ -417,6 +452,11 @@ fn judge(report: &Value, expect: Expect) -> Result<Outcome> {
     let mut outcome = Outcome::default();
     let mut right = Vec::new();
     for e in report["false_sharing"].as_array().into_iter().flatten() {
+        if e["object"]["kind"] == "heap" {
+            outcome.heap.findings += 1;
+            outcome.heap.typed += usize::from(e["object"]["type"].is_string());
+            outcome.heap.sited += usize::from(e["object"]["alloc_site"].is_object());
+        }
         let label = format!("{} {}", e["kind"].as_str().unwrap_or("?"), object_label(e));
         let ok = expected
             .as_ref()
@@ -734,6 +774,22 @@ mod tests {
                 resolve(object).unwrap();
             }
         }
+    }
+
+    /// Heap findings are counted with and without a type and a site;
+    /// globals are not heap findings.
+    #[test]
+    fn heap_findings_are_counted_by_how_they_are_named() {
+        let mut typed = heap("fscorpus.c", 10);
+        typed["type"] = json!("struct stats");
+        let unseen = json!({"kind": "heap", "name": "block", "alloc_site": null, "type": null});
+        let report = json!({"false_sharing": [
+            entry("false", typed),
+            entry("false", unseen),
+            entry("false", global("g_slots")),
+        ]});
+        let o = judge(&report, Nothing).unwrap();
+        assert_eq!((o.heap.findings, o.heap.typed, o.heap.sited), (2, 1, 1));
     }
 
     #[test]
