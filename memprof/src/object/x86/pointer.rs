@@ -83,7 +83,8 @@ pub fn of_call_argument(code: &[u8], code_ip: u64, ret: u64, arg: u8) -> (Vec<Po
 }
 
 /// The distinct pointers `pointer` finds after each straight-line run
-/// ending at `insn`, and after none.
+/// ending at `insn`, and after none; a register the longest run starts
+/// with is followed to where it was set before the run.
 fn candidates(
     code: &[u8],
     code_ip: u64,
@@ -98,26 +99,11 @@ fn candidates(
         }
     };
     let mut defined = None;
-    let starts = (0..run.len()).map(|from| (from, run[from].ip()));
-    for (from, start) in starts.chain([(run.len(), insn)]) {
-        let Some(eval) = Eval::through_run(&run[from..]) else {
-            continue;
-        };
-        let Some((root, disp, indexed)) = pointer(&eval) else {
-            continue;
-        };
-        let Some(home) = home_of(&root) else {
-            continue;
-        };
-        if let (Home::Reg(r), None) = (home, defined) {
-            defined = Some((r, disp, from));
+    for (from, p) in tail_pointers(&run, insn, pointer) {
+        if let (Home::Reg(r), None) = (p.home, defined) {
+            defined = Some((r, p.disp, from));
         }
-        add(PointerUse {
-            home,
-            disp,
-            indexed,
-            run_start: start,
-        });
+        add(p);
     }
     // A register set before a loop the run starts in (`lea 0x30(%rdi),%r13`
     // hoisted out of it): what it was set from, seen at the setting.
@@ -130,37 +116,50 @@ fn candidates(
             .unwrap_or(all.len());
         if let Some(set) = last_write(&all[..before], r) {
             let next = all[set].next_ip();
-            for p in candidates_at_set(code, code_ip, next, r) {
-                add(PointerUse {
-                    disp: p.disp.wrapping_add(disp),
-                    ..p
-                });
+            let setting = run_before(code, code_ip, next);
+            let held = |eval: &Eval| {
+                let Value { root, add } = eval.register(r);
+                Some((root, add, false))
+            };
+            for (_, p) in tail_pointers(&setting, next, held) {
+                if p.home != Home::Reg(r) {
+                    add(PointerUse {
+                        disp: p.disp.wrapping_add(disp),
+                        ..p
+                    });
+                }
             }
         }
     }
     found
 }
 
-/// Where register `r` holds a pointer right after the instruction that
-/// set it (ending at `next`), from the straight-line code up to it.
-fn candidates_at_set(code: &[u8], code_ip: u64, next: u64, r: u8) -> Vec<PointerUse> {
-    let run = run_before(code, code_ip, next);
-    let mut found = Vec::new();
-    for from in 0..run.len() {
-        let Some(eval) = Eval::through_run(&run[from..]) else {
-            continue;
-        };
-        let Value { root, add } = eval.register(r);
-        if let Some(home) = home_of(&root).filter(|h| *h != Home::Reg(r)) {
-            found.push(PointerUse {
-                home,
-                disp: add,
-                indexed: false,
-                run_start: run[from].ip(),
-            });
-        }
-    }
-    found
+/// What `pointer` finds after each straight-line suffix of `run` (which
+/// ends at `end`), longest first, and after none: the suffix's index in
+/// `run` and the pointer.
+fn tail_pointers(
+    run: &[Instruction],
+    end: u64,
+    pointer: impl Fn(&Eval) -> Option<(Root, i64, bool)>,
+) -> Vec<(usize, PointerUse)> {
+    let starts = (0..run.len()).map(|from| (from, run[from].ip()));
+    starts
+        .chain([(run.len(), end)])
+        .filter_map(|(from, start)| {
+            let eval = Eval::through_run(&run[from..])?;
+            let (root, disp, indexed) = pointer(&eval)?;
+            let home = home_of(&root)?;
+            Some((
+                from,
+                PointerUse {
+                    home,
+                    disp,
+                    indexed,
+                    run_start: start,
+                },
+            ))
+        })
+        .collect()
 }
 
 /// The index of the last instruction of `run` that writes register `r`,
