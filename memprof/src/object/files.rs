@@ -8,8 +8,13 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use super::x86::{calls::ends_with_call, wrapper::returns_result};
-use crate::process::files::FileCache;
+use super::{
+    debugfile,
+    symbolize::returns::Returns,
+    unwind::vaddr_in,
+    x86::{calls::ends_with_call, wrapper::returns_result},
+};
+use crate::process::{files::FileCache, objects::open_path};
 
 /// What is asked of the code at an offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,6 +27,9 @@ enum Question {
 #[derive(Debug, Default)]
 pub struct CodeCache {
     verdicts: HashMap<(Arc<str>, u64, Question), bool>,
+    /// Which functions of each file return a value, from its debug info
+    /// or its debug file's.
+    returns: HashMap<Arc<str>, Returns>,
 }
 
 impl CodeCache {
@@ -32,9 +40,35 @@ impl CodeCache {
     }
 
     /// Whether the function whose call returns to `offset` in `path`
-    /// returns what that call returned (an allocation wrapper).
+    /// returns what that call returned (an allocation wrapper): its code
+    /// can return the call's `rax`, and its debug info, when there is
+    /// any, does not say it returns nothing.
     pub fn returns_result(&mut self, files: &mut FileCache, path: &Arc<str>, offset: u64) -> bool {
         self.verdict(files, path, offset, Question::ReturnsResult, returns_result)
+            && self.returns_value(files, path, offset) != Some(false)
+    }
+
+    /// Whether the debug info says the function at file offset `offset`
+    /// returns a value (None: no debug info there).
+    fn returns_value(
+        &mut self,
+        files: &mut FileCache,
+        path: &Arc<str>,
+        offset: u64,
+    ) -> Option<bool> {
+        let code = files.get(path)?;
+        let pc = vaddr_in(&code, offset)?;
+        let returns = self.returns.entry(path.clone()).or_insert_with(|| {
+            let own = Returns::of(&code);
+            if !own.is_empty() {
+                return own;
+            }
+            debugfile::find(&open_path(path))
+                .and_then(|d| std::fs::read(d).ok())
+                .map(|d| Returns::of(&d))
+                .unwrap_or_default()
+        });
+        returns.at(pc)
     }
 
     fn verdict(

@@ -165,3 +165,86 @@ fn inlined_calls_are_named_with_their_chain() {
     assert_eq!(s.code(&place), *outer);
     assert_eq!(s.code_innermost(&place), chain.frame);
 }
+
+/// A `void` function that allocated last and a wrapper that returns the
+/// block, both leaving it in `rax` at their return at -O2.
+const VOID_PROGRAM: &str = r#"
+#include <stdlib.h>
+#include <string.h>
+
+struct session { long id; long refs[7]; };
+struct session *g;
+
+__attribute__((noinline)) void setup(void)
+{
+	g = malloc(sizeof *g);
+	if (!g)
+		exit(1);
+	memset(g, 0, sizeof *g);
+	g->id = 7;
+}
+
+__attribute__((noinline)) struct session *make(void)
+{
+	struct session *s = malloc(sizeof *s);
+	if (!s)
+		exit(1);
+	memset(s, 0, sizeof *s);
+	s->id = 9;
+	return s;
+}
+
+int main(void)
+{
+	setup();
+	struct session *s = make();
+	return (int)(s->id + g->id);
+}
+"#;
+
+/// The file offset the first call in function `name` returns to.
+fn first_call_return(path: &Arc<str>, name: &str) -> u64 {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl};
+    let (addr, size) = symbol(path, name);
+    let Place::File { file_offset, .. } = code_place(path, addr) else {
+        unreachable!()
+    };
+    let data = std::fs::read(&**path).unwrap();
+    let body = &data[file_offset as usize..(file_offset + size) as usize];
+    let mut d = Decoder::with_ip(64, body, file_offset, DecoderOptions::NONE);
+    d.iter()
+        .find(|i| i.flow_control() == FlowControl::Call)
+        .map(|i| i.next_ip())
+        .unwrap_or_else(|| panic!("no call in {name}"))
+}
+
+/// The code alone takes both functions for wrappers (the block is in
+/// `rax` at their `ret`); the debug info says `setup` returns nothing, so
+/// only `make` is one. Without debug info the code decides.
+#[test]
+fn a_void_function_is_not_an_allocation_wrapper() {
+    use crate::{
+        object::{files::CodeCache, x86::wrapper::returns_result},
+        process::files::FileCache,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, setup_wraps) in [(&["-O2", "-g"][..], false), (&["-O2"][..], true)] {
+        let name = if flags.len() == 2 { "void_g" } else { "void" };
+        let exe = gcc(dir.path(), name, VOID_PROGRAM, flags);
+        let path: Arc<str> = Arc::from(exe.to_str().unwrap());
+        let data = std::fs::read(&exe).unwrap();
+        let (mut cache, mut files) = (CodeCache::default(), FileCache::default());
+        for (function, wraps) in [("setup", setup_wraps), ("make", true)] {
+            let ra = first_call_return(&path, function);
+            assert!(
+                returns_result(&data, ra as usize),
+                "{function} {flags:?}: the code should return the block"
+            );
+            assert_eq!(
+                cache.returns_result(&mut files, &path, ra),
+                wraps,
+                "{function} {flags:?}"
+            );
+        }
+    }
+}
