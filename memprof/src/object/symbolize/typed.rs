@@ -186,6 +186,16 @@ pub fn access_type_in(
                 let Some((ty, variable)) = variable_at(&dwarf, &unit, at, p.home, rule) else {
                     continue;
                 };
+                // `w->st->hits`: the type `w`'s member `st` points to.
+                let (ty, variable) = match p.member {
+                    None => (ty, variable),
+                    Some(offset) => {
+                        let Some((ty, member)) = member_pointee(&dwarf, &unit, ty, offset) else {
+                            continue;
+                        };
+                        (ty, format!("{variable}->{member}"))
+                    }
+                };
                 let mut layout = layout_of_type(&dwarf, &unit, ty, rust);
                 // `typedef struct { ... } lreg_args;`: the struct has no
                 // name of its own.
@@ -439,4 +449,74 @@ fn pointee<'a>(
         Some(AttributeValue::UnitRef(p)) => Some((p, name)),
         _ => None,
     }
+}
+
+/// The pointee type of the pointer member `offset` bytes into the struct
+/// `ty`, and the member's name (`st`, or `a.st` inside a nested struct).
+fn member_pointee<'a>(
+    dwarf: &gimli::Dwarf<R<'a>>,
+    unit: &gimli::Unit<R<'a>>,
+    ty: UnitOffset,
+    offset: i64,
+) -> Option<(UnitOffset, String)> {
+    let mut offset = u64::try_from(offset).ok()?;
+    let mut ty = strip(unit, ty)?;
+    let mut path = Vec::new();
+    // Down through nested structs to the member at `offset`.
+    for _ in 0..8 {
+        let entry = unit.entry(ty).ok()?;
+        if entry.tag() != gimli::DW_TAG_structure_type {
+            return None;
+        }
+        let mut tree = unit.entries_tree(Some(ty)).ok()?;
+        let root = tree.root().ok()?;
+        let mut children = root.children();
+        let mut inside = None;
+        while let Ok(Some(child)) = children.next() {
+            let m = child.entry();
+            if m.tag() != gimli::DW_TAG_member {
+                continue;
+            }
+            let (Some(at), Some(AttributeValue::UnitRef(mty))) = (
+                m.attr_value(gimli::DW_AT_data_member_location)
+                    .and_then(|v| v.udata_value()),
+                m.attr_value(gimli::DW_AT_type),
+            ) else {
+                continue;
+            };
+            let Some(mty) = strip(unit, mty) else {
+                continue;
+            };
+            let size = unit
+                .entry(mty)
+                .ok()
+                .and_then(|e| e.attr_value(gimli::DW_AT_byte_size))
+                .and_then(|v| v.udata_value())
+                .unwrap_or(0);
+            if at <= offset && offset < at + size.max(1) {
+                let name = m
+                    .attr_value(gimli::DW_AT_name)
+                    .and_then(|v| dwarf.attr_string(unit, v).ok())
+                    .map(|s| String::from_utf8_lossy(s.slice()).into_owned())
+                    .unwrap_or_default();
+                inside = Some((at, mty, name));
+                break;
+            }
+        }
+        let (at, mty, name) = inside?;
+        path.push(name);
+        let member = unit.entry(mty).ok()?;
+        if member.tag() == gimli::DW_TAG_pointer_type {
+            if at != offset {
+                return None;
+            }
+            return match member.attr_value(gimli::DW_AT_type) {
+                Some(AttributeValue::UnitRef(p)) => Some((p, path.join("."))),
+                _ => None,
+            };
+        }
+        offset -= at;
+        ty = mty;
+    }
+    None
 }

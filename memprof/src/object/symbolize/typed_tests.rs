@@ -45,6 +45,18 @@ __attribute__((noinline)) void work(struct args *a, long n)
 	}
 }
 
+/* A pointer read from a member: `w->st->hits` (fscorpus's stats24). */
+struct stats { long hits; long misses; long bytes; };
+struct chase { long key; struct stats *st; };
+
+__attribute__((noinline)) void tally(struct chase *w, long n)
+{
+	for (long i = 0; i < n; i++) {
+		w->st->hits++;
+		w->st->bytes += i;
+	}
+}
+
 __attribute__((noinline)) void other(pair *p, long n)
 {
 	p->right += n;
@@ -59,6 +71,8 @@ int main(int argc, char **argv)
 	p = calloc(1, sizeof *p);
 	work(&a[1], argc * 1000);
 	other(p, argc);
+	struct chase w = { 1, calloc(2, sizeof(struct stats)) };
+	tally(&w, argc);
 	struct table *t = calloc(1, sizeof *t);
 	pthread_mutex_init(&t->lock, NULL);
 	table_loop(t, argc);
@@ -138,6 +152,31 @@ fn fields_are_named_through_the_pointer_at_o0_and_o2() {
         );
         let other = fields(&types_in(&exe, "other"));
         assert_eq!(other, [pair("pair", "right", "p")], "{opt}");
+    }
+}
+
+/// `w->st->hits`: the pointer is read from `w`'s member `st`, so the
+/// access is typed by what `st` points to, whether `w` is reloaded from
+/// its stack slot (-O0) or `w->st` kept in a register over the loop (-O2).
+#[test]
+fn a_pointer_read_from_a_member_is_typed_by_the_member() {
+    let dir = tempfile::tempdir().unwrap();
+    for opt in ["-O0", "-O2"] {
+        let exe = build(dir.path(), opt);
+        let tally = fields(&types_in(&exe, "tally"));
+        for field in ["hits", "bytes"] {
+            assert!(
+                tally.contains(&pair("struct stats", field, "w->st")),
+                "{opt}: {tally:?}"
+            );
+        }
+        // Reading `w->st` itself is an access to `struct chase`.
+        assert!(
+            tally
+                .iter()
+                .all(|(t, f, _)| t == "struct stats" || (t == "struct chase" && f == "st")),
+            "{opt}: {tally:?}"
+        );
     }
 }
 

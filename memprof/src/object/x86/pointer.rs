@@ -43,6 +43,10 @@ pub struct PointerUse {
     /// Address of the first instruction of the straight-line run (the
     /// home is the pointer's place there).
     pub run_start: u64,
+    /// The pointer was read this many bytes into what the pointer kept at
+    /// `home` points to (`w->st->hits`: `w`'s struct, its member at 8);
+    /// None when `home` holds the pointer itself.
+    pub member: Option<i64>,
 }
 
 /// The pointer the memory operand of the instruction at `insn` goes
@@ -94,13 +98,16 @@ fn candidates(
     let run = run_before(code, code_ip, insn);
     let mut found: Vec<PointerUse> = Vec::new();
     let mut add = |p: PointerUse| {
-        if !found.iter().any(|f| f.home == p.home && f.disp == p.disp) {
+        if !found
+            .iter()
+            .any(|f| (f.home, f.disp, f.member) == (p.home, p.disp, p.member))
+        {
             found.push(p);
         }
     };
     let mut defined = None;
     for (from, p) in tail_pointers(&run, insn, pointer) {
-        if let (Home::Reg(r), None) = (p.home, defined) {
+        if let (Home::Reg(r), None, None) = (p.home, p.member, defined) {
             defined = Some((r, p.disp, from));
         }
         add(p);
@@ -122,7 +129,7 @@ fn candidates(
                 Some((root, add, false))
             };
             for (_, p) in tail_pointers(&setting, next, held) {
-                if p.home != Home::Reg(r) {
+                if (p.home, p.member) != (Home::Reg(r), None) {
                     add(PointerUse {
                         disp: p.disp.wrapping_add(disp),
                         ..p
@@ -148,7 +155,7 @@ fn tail_pointers(
         .filter_map(|(from, start)| {
             let eval = Eval::through_run(&run[from..])?;
             let (root, disp, indexed) = pointer(&eval)?;
-            let home = home_of(&root)?;
+            let (home, member) = home_of(&root)?;
             Some((
                 from,
                 PointerUse {
@@ -156,6 +163,7 @@ fn tail_pointers(
                     disp,
                     indexed,
                     run_start: start,
+                    member,
                 },
             ))
         })
@@ -189,7 +197,22 @@ fn decode_at(code: &[u8], code_ip: u64, insn: u64) -> Option<Instruction> {
     (!at.is_invalid()).then_some(at)
 }
 
-fn home_of(root: &Root) -> Option<Home> {
+/// Where the pointer `root` is kept, or the member of a struct it was read
+/// from and where that struct's pointer is kept (`w->st`, one level).
+fn home_of(root: &Root) -> Option<(Home, Option<i64>)> {
+    if let Some(home) = direct_home(root) {
+        return Some((home, None));
+    }
+    match root {
+        Root::Load(a, _) if a.index.is_none() => {
+            let base = a.base.as_ref()?;
+            Some((direct_home(base)?, Some(a.disp)))
+        }
+        _ => None,
+    }
+}
+
+fn direct_home(root: &Root) -> Option<Home> {
     match root {
         Root::Reg(r) => Some(Home::Reg(*r)),
         Root::Load(a, _) => match (&a.base, &a.index) {
@@ -237,6 +260,29 @@ mod tests {
         assert_eq!((p[0].disp, p[0].indexed, p[0].run_start), (0x10, false, ip));
         // Seen from the access alone: the register.
         assert_eq!(p[1].home, Home::Reg(reg::RAX));
+    }
+
+    /// `mov -0x18(%rbp),%rax; mov 0x8(%rax),%rax; mov %rdx,0x10(%rax)`:
+    /// the pointer was read from 8 bytes into what the slot's points to.
+    #[test]
+    fn a_pointer_read_from_a_member_is_found_with_the_member() {
+        let (code, ip) = assemble(&[
+            0x48, 0x8b, 0x45, 0xe8, // mov -0x18(%rbp),%rax
+            0x48, 0x8b, 0x40, 0x08, // mov 0x8(%rax),%rax
+            0x48, 0x89, 0x50, 0x10, // mov %rdx,0x10(%rax)
+        ]);
+        let p = of_access(&code, ip, ip + 8);
+        assert_eq!(
+            (p[0].home, p[0].member, p[0].disp),
+            (Home::Slot(reg::RBP, -0x18), Some(8), 0x10)
+        );
+        assert!(p
+            .iter()
+            .any(|p| (p.home, p.member) == (Home::Reg(reg::RAX), Some(8))));
+        assert_eq!(
+            p.last().map(|p| (p.home, p.member)),
+            Some((Home::Reg(reg::RAX), None))
+        );
     }
 
     /// `mov %rbx,%rax; mov %rdx,0x8(%rax,%rcx,8)`: rbx, indexed.
