@@ -63,14 +63,14 @@ impl Drop for InstalledDebugFile {
 }
 
 /// The sharing workload split as a distribution ships it: the binary
-/// stripped (no symbol table, no DWARF), its symbols and debug info in
-/// `/usr/lib/debug/.build-id/xx/yyyy.debug` (`objcopy --only-keep-debug`).
-fn split_sharing_workload() -> (PathBuf, InstalledDebugFile) {
+/// stripped (no symbol table, no DWARF) at `name`, its symbols and debug
+/// info in `name.debug` (`objcopy --only-keep-debug`); and its build id.
+fn stripped_sharing_workload(name: &str) -> (PathBuf, PathBuf, String) {
     let dir = workload_dir();
     let (bin, tmp, debug) = (
-        dir.join("sharing-split"),
-        dir.join("sharing-split.tmp"),
-        dir.join("sharing-split.debug"),
+        dir.join(name),
+        dir.join(format!("{name}.tmp")),
+        dir.join(format!("{name}.debug")),
     );
     std::fs::copy(sharing_workload(), &tmp).expect("copying the workload");
     run_ok(
@@ -93,6 +93,15 @@ fn split_sharing_workload() -> (PathBuf, InstalledDebugFile) {
         .unwrap_or_else(|| panic!("the workload has no build id: {notes}"))
         .trim()
         .to_string();
+    std::fs::rename(&tmp, &bin).expect("renaming the workload");
+    (bin, debug, id)
+}
+
+/// [`stripped_sharing_workload`] with its debug file installed in
+/// `/usr/lib/debug/.build-id/xx/yyyy.debug`, as Debian's `-dbgsym`
+/// packages do.
+fn split_sharing_workload() -> (PathBuf, InstalledDebugFile) {
+    let (bin, debug, id) = stripped_sharing_workload("sharing-split");
     let installed = PathBuf::from(format!(
         "/usr/lib/debug/.build-id/{}/{}.debug",
         &id[..2],
@@ -102,7 +111,6 @@ fn split_sharing_workload() -> (PathBuf, InstalledDebugFile) {
     std::fs::rename(&debug, &installed)
         .or_else(|_| std::fs::copy(&debug, &installed).map(|_| ()))
         .expect("installing the debug file");
-    std::fs::rename(&tmp, &bin).expect("renaming the workload");
     (bin, InstalledDebugFile(installed))
 }
 
@@ -134,6 +142,142 @@ fn a_global_of_a_stripped_binary_is_named_from_its_debug_file() {
         "fields not named: {fields:?}"
     );
     assert_code_line(e, "sharing.c", marked_line("sharing", "MAPREDUCE_SUM"));
+}
+
+/// A local debuginfod server (Debian's `debuginfod`, serving a directory
+/// of debug files), stopped when dropped.
+struct DebuginfodServer {
+    process: std::process::Child,
+    url: String,
+}
+
+impl Drop for DebuginfodServer {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+impl DebuginfodServer {
+    /// Serves the debug files in `dir`; waits until the one of build id
+    /// `id` is served.
+    fn serve(dir: &std::path::Path, id: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let db = dir.join("index.sqlite");
+        let program = std::path::Path::new("/usr/bin/debuginfod");
+        assert!(
+            program.exists(),
+            "debuginfod is not installed: `cargo xtask setup` installs the Debian package"
+        );
+        let args = [
+            "-F".to_string(),
+            "-d".to_string(),
+            db.to_string_lossy().into_owned(),
+            "-p".to_string(),
+            port.to_string(),
+            dir.to_string_lossy().into_owned(),
+        ];
+        let process = Command::new(program)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting debuginfod");
+        let server = Self {
+            process,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while http_status(port, &format!("/buildid/{id}/debuginfo")) != Some(200) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "debuginfod did not serve build id {id} within 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        server
+    }
+}
+
+/// The status of `GET path` on the local port.
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(c, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// A stripped binary whose debug file nobody installed, served by a
+/// debuginfod server named in `DEBUGINFOD_URLS`: fetched into the client
+/// cache the environment names, and the falsely shared global named from
+/// it, with its fields and code line. The file must be fetched (the cache
+/// is checked), so an installed copy cannot make this pass.
+#[test]
+fn a_global_of_a_stripped_binary_is_named_from_a_debuginfod_server() {
+    if !require_root("a_global_of_a_stripped_binary_is_named_from_a_debuginfod_server") {
+        return;
+    }
+    let (w, debug, id) = stripped_sharing_workload("sharing-served");
+    let served = tempfile_dir("debuginfod-served");
+    let cache = tempfile_dir("debuginfod-cache");
+    std::fs::rename(&debug, served.join("sharing-served.debug")).expect("moving the debug file");
+    let server = DebuginfodServer::serve(&served, &id);
+    let args = [
+        "--no-tui",
+        "--",
+        w.to_str().expect("UTF-8"),
+        "mapreduce",
+        "2",
+        SECONDS,
+    ];
+    let url = server.url.clone();
+    let env = [
+        ("DEBUGINFOD_URLS", std::path::Path::new(&url)),
+        ("DEBUGINFOD_CACHE_PATH", cache.as_path()),
+    ];
+    let (_, report) = trace_env(
+        "sharing-served",
+        &args,
+        &env,
+        std::time::Duration::from_secs(90),
+    );
+    drop(server);
+    assert_no_programs_left();
+    assert!(
+        cache.join(&id).join("debuginfo").is_file(),
+        "the debug file was not fetched into the cache"
+    );
+    let notes = report_array(&report, "notes");
+    assert!(
+        notes.iter().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.starts_with("debuginfod: debug files 1 fetched"))),
+        "{notes:?}"
+    );
+    let e = entry_named(&report, "g_args");
+    assert_eq!(e["kind"], "false", "{e:#}");
+    let fields = field_names(e);
+    assert!(
+        fields.contains(&"g_args[0].sum") && fields.contains(&"g_args[1].sum"),
+        "fields not named: {fields:?}"
+    );
+    assert_code_line(e, "sharing.c", marked_line("sharing", "MAPREDUCE_SUM"));
+    let _ = std::fs::remove_dir_all(&served);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// A fresh directory under the workloads' directory.
+fn tempfile_dir(name: &str) -> PathBuf {
+    let dir = workload_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a directory");
+    dir
 }
 
 /// The lines the detector looked at and did not report, with the reason.

@@ -34,7 +34,8 @@ const PACKAGES: &[&str] = &[
     "libjemalloc2",       // allocators the allocator tests preload
     "libtcmalloc-minimal4",
     "libmimalloc2.0",
-    "golang-go", // `go tool pprof`, the consumer the pprof export is tested with
+    "debuginfod", // a local debuginfod server for the debug-file test
+    "golang-go",  // `go tool pprof`, the consumer the pprof export is tested with
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const TOOLCHAIN: &str = "memprof-bpf";

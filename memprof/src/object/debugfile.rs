@@ -7,6 +7,9 @@
 //! candidate whose build id differs from the binary's is another build's
 //! and is passed over.
 //!
+//! Debug files fetched from debuginfod servers are found in their cache
+//! ([`super::debuginfod`]).
+//!
 //! Code is symbolized by blazesym, which follows the same links itself;
 //! this is for what it does not do: the data symbols (globals) of the
 //! debug file's symbol table and the DWARF types of globals.
@@ -76,24 +79,35 @@ pub fn candidates(binary: &Path, links: &Links, dirs: &[&str]) -> Vec<PathBuf> {
     out
 }
 
-/// The debug file of the binary at `binary` (a path we can open), if one
-/// is installed and the binary lacks what it holds: its symbol table or
-/// its DWARF.
+/// The debug file of the binary at `binary` (a path we can open), if the
+/// binary lacks what it holds (its symbol table or its DWARF) and one is
+/// installed or was fetched from a debuginfod server ([`super::debuginfod`]).
 pub fn find(binary: &Path) -> Option<PathBuf> {
     let own = links(binary)?;
     if own.symtab && own.dwarf {
         return None;
     }
-    candidates(binary, &own, &DEBUG_DIRS)
+    installed(binary, &own).or_else(|| {
+        let id = own.build_id.as_deref()?;
+        super::debuginfod::cached(id).filter(|c| same_build(&own, c))
+    })
+}
+
+/// The installed debug file of `binary`, whose own links are `own`.
+pub fn installed(binary: &Path, own: &Links) -> Option<PathBuf> {
+    candidates(binary, own, &DEBUG_DIRS)
         .into_iter()
         .filter(|c| c.is_file())
-        .find(|c| {
-            // The same build, when both say which.
-            match (&own.build_id, links(c).and_then(|l| l.build_id)) {
-                (Some(a), Some(b)) => *a == b,
-                _ => true,
-            }
-        })
+        .find(|c| same_build(own, c))
+}
+
+/// Whether the debug file `candidate` is of the same build as the binary
+/// whose links are `own`, when both say which.
+fn same_build(own: &Links, candidate: &Path) -> bool {
+    match (&own.build_id, links(candidate).and_then(|l| l.build_id)) {
+        (Some(a), Some(b)) => *a == b,
+        _ => true,
+    }
 }
 
 #[cfg(test)]

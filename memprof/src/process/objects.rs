@@ -120,6 +120,7 @@ impl Objects {
         let name: Arc<str> = if free { name } else { Arc::from(in_root) };
         let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         tracing::debug!("{name} of process {pid} is read at {}", path.display());
+        crate::object::debuginfod::prefetch(&path);
         self.taken.insert(name.clone(), id);
         self.reached.insert(name.clone(), (path, file));
         Some(name)

@@ -29,7 +29,7 @@ use crate::{
         windows::Detaching,
         Kernel,
     },
-    object::symbolize::Symbolizer,
+    object::{debuginfod, symbolize::Symbolizer},
     options::Options,
     process::{cgroup::Cgroup, handle::TargetHandle, state::Process, threads::ThreadEvent},
     report::{
@@ -503,6 +503,7 @@ impl Live {
         self.pipeline.settle();
         tracing::info!("stopping ({reason:?}); detaching");
         self.kernel.detach(); // before symbolization
+        self.wait_for_debug_files();
         if self.announce {
             eprintln!("memprof-ebpf: detached; symbolizing…");
         }
@@ -511,6 +512,36 @@ impl Live {
                 self.notes.push(note);
             }
         }
+    }
+
+    /// Lets the debug files still coming from debuginfod servers land
+    /// before the report is named (bounded by `DEBUGINFOD_TIMEOUT`), and
+    /// says what came.
+    fn wait_for_debug_files(&mut self) {
+        if !debuginfod::enabled() {
+            return;
+        }
+        let announce = self.announce;
+        let w = debuginfod::wait(|n| {
+            if announce {
+                eprintln!("memprof-ebpf: detached; waiting for {n} debug file(s) from debuginfod…");
+            }
+        });
+        let mut said = vec![format!("{} fetched", w.fetched)];
+        if w.failed > 0 {
+            said.push(format!("{} not found on any server", w.failed));
+        }
+        if w.unreachable > 0 {
+            said.push(format!("{} server(s) not reached", w.unreachable));
+        }
+        if w.pending > 0 {
+            said.push(format!(
+                "{} still coming when DEBUGINFOD_TIMEOUT ran out (named without)",
+                w.pending
+            ));
+        }
+        self.notes
+            .push(format!("debuginfod: debug files {}", said.join(", ")));
     }
 
     /// The probes the kernel is still removing.

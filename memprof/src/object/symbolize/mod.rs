@@ -22,7 +22,7 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blazesym,
 };
 
-use crate::object::debugfile;
+use crate::object::{debugfile, debuginfod};
 use crate::process::{
     maps::{short_name, Place},
     objects::open_path,
@@ -149,6 +149,8 @@ pub struct Symbolizer {
     argument_types: HashMap<Place, Option<typed::AccessType>>,
     /// Per file: its bytes and its debug file's, while types are read.
     typed_files: HashMap<Arc<str>, Option<typed::TypedFile>>,
+    /// The debuginfod generation the answers above were made at.
+    generation: u64,
 }
 
 impl Default for Symbolizer {
@@ -177,6 +179,23 @@ impl Symbolizer {
             typed_files: HashMap::new(),
             vaddr_bias: HashMap::new(),
             debug_files: HashMap::new(),
+            generation: debuginfod::generation(),
+        }
+    }
+
+    /// Forgets every answer once a debug file has landed from a debuginfod
+    /// server since they were made: a name may now be better.
+    pub(super) fn refresh(&mut self) {
+        let now = debuginfod::generation();
+        if now != self.generation {
+            self.generation = now;
+            self.code.clear();
+            self.layouts.clear();
+            self.pointees.clear();
+            self.debug_files.clear();
+            self.access_types.clear();
+            self.argument_types.clear();
+            self.typed_files.clear();
         }
     }
 
@@ -201,6 +220,7 @@ impl Symbolizer {
     /// The innermost function at a code place, with the chain of callers
     /// it was inlined into. What an allocation site is named by.
     pub fn code_inlined(&mut self, place: &Place) -> &Inlined {
+        self.refresh();
         if !self.code.contains_key(place) {
             let chain = self.resolve(place);
             self.code.insert(place.clone(), chain);
@@ -279,6 +299,7 @@ impl Symbolizer {
     }
 
     pub fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<dwarf::Layout> {
+        self.refresh();
         let key = (path.clone(), name.to_string());
         if let Some(l) = self.layouts.get(&key) {
             return l.clone();
@@ -310,6 +331,7 @@ impl Symbolizer {
     /// `path` whose file offset 0 is at `file_base` (see
     /// [`crate::process::maps::ProcMaps::data_owner`]).
     pub fn data(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<DataSymbol> {
+        self.refresh();
         let bias = self.vaddr_bias(path)?;
         let vaddr = addr.checked_sub(file_base)?.checked_add(bias)?;
         // The ELF symbol table has both function and object symbols; DWARF

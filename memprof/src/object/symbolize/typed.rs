@@ -63,6 +63,7 @@ impl Symbolizer {
     /// the debug info of the pointer it goes through (None when unknown:
     /// never guessed).
     pub fn access_type(&mut self, place: &Place) -> Option<AccessType> {
+        self.refresh();
         if let Some(t) = self.access_types.get(place) {
             return t.clone();
         }
@@ -80,6 +81,7 @@ impl Symbolizer {
     /// call chain's frame: the byte before the return address
     /// ([`crate::process::maps::call_of`]).
     pub fn argument_type(&mut self, site: &Place) -> Option<AccessType> {
+        self.refresh();
         let Place::File { path, file_offset } = site else {
             return None;
         };
