@@ -286,7 +286,7 @@ pub(super) fn strip(unit: &gimli::Unit<R<'_>>, mut ty: UnitOffset) -> Option<Uni
     None
 }
 
-fn byte_size(entry: &gimli::DebuggingInformationEntry<R<'_>>) -> Option<u64> {
+pub(super) fn byte_size(entry: &gimli::DebuggingInformationEntry<R<'_>>) -> Option<u64> {
     entry
         .attr_value(gimli::DW_AT_byte_size)
         .and_then(|v| v.udata_value())

@@ -10,6 +10,7 @@ mod c_tests;
 mod demangle;
 pub mod dwarf;
 mod elf;
+mod members;
 pub mod returns;
 pub mod typed;
 #[cfg(test)]

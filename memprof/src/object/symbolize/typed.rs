@@ -12,7 +12,7 @@ use gimli::{AttributeValue, EndianSlice, Operation, UnitOffset};
 
 use super::{
     dwarf::{layout_of_type, sections, strip, Layout, R},
-    Symbolizer,
+    members, Symbolizer,
 };
 use crate::object::{
     unwind::{rule_in, vaddr_in, Base, FrameRule},
@@ -184,6 +184,12 @@ pub fn access_type_in(
         let rust = is_rust(&unit);
         // The pointer's home at the run's start, else at the access.
         for p in pointers {
+            if let Home::Element(at) = p.home {
+                if let Some(t) = members::element_access(&dwarf, &unit, at, p, rust) {
+                    return Some(t);
+                }
+                continue;
+            }
             for at in [p.run_start, pc] {
                 let Some((ty, variable)) = variable_at(&dwarf, &unit, at, p.home, rule) else {
                     continue;
@@ -192,7 +198,8 @@ pub fn access_type_in(
                 let (ty, variable) = match p.member {
                     None => (ty, variable),
                     Some(offset) => {
-                        let Some((ty, member)) = member_pointee(&dwarf, &unit, ty, offset) else {
+                        let Some((ty, member)) = members::member_pointee(&dwarf, &unit, ty, offset)
+                        else {
                             continue;
                         };
                         (ty, format!("{variable}->{member}"))
@@ -326,7 +333,7 @@ fn frame_base<'a>(
 }
 
 /// The expression's one operation (None for longer ones).
-fn single_op<'a>(
+pub(super) fn single_op<'a>(
     e: gimli::Expression<R<'a>>,
     unit: &gimli::Unit<R<'a>>,
 ) -> Option<Operation<R<'a>>> {
@@ -396,7 +403,7 @@ fn matches_home(
 
 /// The name of the first typedef on the way from `ty` to the type it
 /// names (through qualifiers).
-fn typedef_name<'a>(
+pub(super) fn typedef_name<'a>(
     dwarf: &gimli::Dwarf<R<'a>>,
     unit: &gimli::Unit<R<'a>>,
     mut ty: UnitOffset,
@@ -451,74 +458,4 @@ fn pointee<'a>(
         Some(AttributeValue::UnitRef(p)) => Some((p, name)),
         _ => None,
     }
-}
-
-/// The pointee type of the pointer member `offset` bytes into the struct
-/// `ty`, and the member's name (`st`, or `a.st` inside a nested struct).
-fn member_pointee<'a>(
-    dwarf: &gimli::Dwarf<R<'a>>,
-    unit: &gimli::Unit<R<'a>>,
-    ty: UnitOffset,
-    offset: i64,
-) -> Option<(UnitOffset, String)> {
-    let mut offset = u64::try_from(offset).ok()?;
-    let mut ty = strip(unit, ty)?;
-    let mut path = Vec::new();
-    // Down through nested structs to the member at `offset`.
-    for _ in 0..8 {
-        let entry = unit.entry(ty).ok()?;
-        if entry.tag() != gimli::DW_TAG_structure_type {
-            return None;
-        }
-        let mut tree = unit.entries_tree(Some(ty)).ok()?;
-        let root = tree.root().ok()?;
-        let mut children = root.children();
-        let mut inside = None;
-        while let Ok(Some(child)) = children.next() {
-            let m = child.entry();
-            if m.tag() != gimli::DW_TAG_member {
-                continue;
-            }
-            let (Some(at), Some(AttributeValue::UnitRef(mty))) = (
-                m.attr_value(gimli::DW_AT_data_member_location)
-                    .and_then(|v| v.udata_value()),
-                m.attr_value(gimli::DW_AT_type),
-            ) else {
-                continue;
-            };
-            let Some(mty) = strip(unit, mty) else {
-                continue;
-            };
-            let size = unit
-                .entry(mty)
-                .ok()
-                .and_then(|e| e.attr_value(gimli::DW_AT_byte_size))
-                .and_then(|v| v.udata_value())
-                .unwrap_or(0);
-            if at <= offset && offset < at + size.max(1) {
-                let name = m
-                    .attr_value(gimli::DW_AT_name)
-                    .and_then(|v| dwarf.attr_string(unit, v).ok())
-                    .map(|s| String::from_utf8_lossy(s.slice()).into_owned())
-                    .unwrap_or_default();
-                inside = Some((at, mty, name));
-                break;
-            }
-        }
-        let (at, mty, name) = inside?;
-        path.push(name);
-        let member = unit.entry(mty).ok()?;
-        if member.tag() == gimli::DW_TAG_pointer_type {
-            if at != offset {
-                return None;
-            }
-            return match member.attr_value(gimli::DW_AT_type) {
-                Some(AttributeValue::UnitRef(p)) => Some((p, path.join("."))),
-                _ => None,
-            };
-        }
-        offset -= at;
-        ty = mty;
-    }
-    None
 }

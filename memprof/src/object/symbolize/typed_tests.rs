@@ -57,6 +57,18 @@ __attribute__((noinline)) void tally(struct chase *w, long n)
 	}
 }
 
+/* The same through an element of a global array (fscorpus's g_chase). */
+struct chase g_chases[4];
+
+__attribute__((noinline)) void tally_global(int id, long n)
+{
+	struct chase *w = &g_chases[id];
+	for (long i = 0; i < n; i++) {
+		w->st->hits++;
+		w->st->bytes += i;
+	}
+}
+
 __attribute__((noinline)) void other(pair *p, long n)
 {
 	p->right += n;
@@ -73,6 +85,8 @@ int main(int argc, char **argv)
 	other(p, argc);
 	struct chase w = { 1, calloc(2, sizeof(struct stats)) };
 	tally(&w, argc);
+	g_chases[argc].st = w.st;
+	tally_global(argc, argc);
 	struct table *t = calloc(1, sizeof *t);
 	pthread_mutex_init(&t->lock, NULL);
 	table_loop(t, argc);
@@ -171,6 +185,32 @@ fn a_pointer_read_from_a_member_is_typed_by_the_member() {
             );
         }
         // Reading `w->st` itself is an access to `struct chase`.
+        assert!(
+            tally
+                .iter()
+                .all(|(t, f, _)| t == "struct stats" || (t == "struct chase" && f == "st")),
+            "{opt}: {tally:?}"
+        );
+    }
+}
+
+/// `&g_chases[id]` is an element of a global array: at -O2 no variable
+/// holds it (its DWARF location is an expression), so the element type
+/// comes from the array's, and `st` from its member.
+#[test]
+fn a_pointer_read_from_a_global_array_s_element_is_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    for opt in ["-O0", "-O2"] {
+        let exe = build(dir.path(), opt);
+        let tally = fields(&types_in(&exe, "tally_global"));
+        for field in ["hits", "bytes"] {
+            assert!(
+                tally
+                    .iter()
+                    .any(|(t, f, _)| t == "struct stats" && f == field),
+                "{opt}: {tally:?}"
+            );
+        }
         assert!(
             tally
                 .iter()

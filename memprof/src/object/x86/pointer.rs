@@ -29,6 +29,9 @@ pub enum Home {
     Slot(u8, i64),
     /// The 8 bytes at a fixed address (a global pointer).
     Global(u64),
+    /// Not a place but the value: an address in the global array at this
+    /// address, at an element the code computed (`&g_chase[id]`).
+    Element(u64),
 }
 
 /// The pointer an access goes through.
@@ -97,7 +100,7 @@ fn candidates(
 ) -> Vec<PointerUse> {
     let run = run_before(code, code_ip, insn);
     let mut found: Vec<PointerUse> = Vec::new();
-    let mut add = |p: PointerUse| {
+    let add = |found: &mut Vec<PointerUse>, p: PointerUse| {
         if !found
             .iter()
             .any(|f| (f.home, f.disp, f.member) == (p.home, p.disp, p.member))
@@ -105,40 +108,74 @@ fn candidates(
             found.push(p);
         }
     };
-    let mut defined = None;
-    for (from, p) in tail_pointers(&run, insn, pointer) {
-        if let (Home::Reg(r), None, None) = (p.home, p.member, defined) {
-            defined = Some((r, p.disp, from));
-        }
-        add(p);
+    for (_, p) in tail_pointers(&run, insn, pointer) {
+        add(&mut found, p);
     }
     // A register set before a loop the run starts in (`lea 0x30(%rdi),%r13`
-    // hoisted out of it): what it was set from, seen at the setting.
-    if let Some((r, disp, from)) = defined {
-        let all = decoded_before(code, code_ip, insn);
-        let start = run.get(from).map_or(insn, Instruction::ip);
-        let before = all
-            .iter()
-            .position(|i| i.ip() == start)
-            .unwrap_or(all.len());
-        if let Some(set) = last_write(&all[..before], r) {
-            let next = all[set].next_ip();
-            let setting = run_before(code, code_ip, next);
-            let held = |eval: &Eval| {
-                let Value { root, add } = eval.register(r);
-                Some((root, add, false))
+    // hoisted out of it): what it was set from, seen at the setting; and
+    // once more for a register that setting read (`mov 0x8(%r10),%rsi`
+    // with r10 `&g_chase[id]`, set before an outer loop).
+    let mut follow = found
+        .iter()
+        .find(|p| matches!(p.home, Home::Reg(_)))
+        .copied();
+    for _ in 0..2 {
+        let Some(p) = follow.take() else {
+            break;
+        };
+        let Home::Reg(r) = p.home else {
+            break;
+        };
+        for q in set_before(code, code_ip, insn, p.run_start, r) {
+            let composed = match (p.member, q.member) {
+                // r + d, r set to X + e: X + e + d.
+                (None, member) => PointerUse {
+                    disp: q.disp.wrapping_add(p.disp),
+                    member,
+                    indexed: p.indexed,
+                    ..q
+                },
+                // *(r + m) + d, r set to X + e: *(X + e + m) + d.
+                (Some(m), None) => PointerUse {
+                    member: Some(q.disp.wrapping_add(m)),
+                    disp: p.disp,
+                    indexed: p.indexed,
+                    ..q
+                },
+                (Some(_), Some(_)) => continue,
             };
-            for (_, p) in tail_pointers(&setting, next, held) {
-                if (p.home, p.member) != (Home::Reg(r), None) {
-                    add(PointerUse {
-                        disp: p.disp.wrapping_add(disp),
-                        ..p
-                    });
-                }
+            if follow.is_none() && matches!(composed.home, Home::Reg(_)) {
+                follow = Some(composed);
             }
+            add(&mut found, composed);
         }
     }
     found
+}
+
+/// What register `r` was set to where it was last written before the
+/// instruction at `start` (each pointer seen at the setting), unless a
+/// call may have changed it since.
+fn set_before(code: &[u8], code_ip: u64, insn: u64, start: u64, r: u8) -> Vec<PointerUse> {
+    let all = decoded_before(code, code_ip, insn);
+    let before = all
+        .iter()
+        .position(|i| i.ip() == start)
+        .unwrap_or(all.len());
+    let Some(set) = last_write(&all[..before], r) else {
+        return Vec::new();
+    };
+    let next = all[set].next_ip();
+    let setting = run_before(code, code_ip, next);
+    let held = |eval: &Eval| {
+        let Value { root, add } = eval.register(r);
+        Some((root, add, false))
+    };
+    tail_pointers(&setting, next, held)
+        .into_iter()
+        .map(|(_, p)| p)
+        .filter(|p| (p.home, p.member) != (Home::Reg(r), None))
+        .collect()
 }
 
 /// What `pointer` finds after each straight-line suffix of `run` (which
@@ -203,9 +240,13 @@ fn home_of(root: &Root) -> Option<(Home, Option<i64>)> {
     if let Some(home) = direct_home(root) {
         return Some((home, None));
     }
-    match root {
-        Root::Load(a, _) if a.index.is_none() => {
-            let base = a.base.as_ref()?;
+    let Root::Load(a, _) = root else {
+        return None;
+    };
+    match (&a.base, &a.index) {
+        // Read from an element of a global array: `g_ptrs[i]`.
+        (None, Some(_)) => Some((Home::Element(a.disp as u64), Some(0))),
+        (Some(base @ Root::Element(..)), _) | (Some(base), None) => {
             Some((direct_home(base)?, Some(a.disp)))
         }
         _ => None,
@@ -215,6 +256,7 @@ fn home_of(root: &Root) -> Option<(Home, Option<i64>)> {
 fn direct_home(root: &Root) -> Option<Home> {
     match root {
         Root::Reg(r) => Some(Home::Reg(*r)),
+        Root::Element(at, _) => Some(Home::Element(*at)),
         Root::Load(a, _) => match (&a.base, &a.index) {
             (Some(Root::Reg(r)), None) if *r == reg::RSP || *r == reg::RBP => {
                 Some(Home::Slot(*r, a.disp))

@@ -45,6 +45,11 @@ pub enum Root {
     Zero,
     /// Anything else; each one is different from every other.
     Unknown(u32),
+    /// A constant address plus a register's unknown multiple: an element
+    /// of the global array at that address (`&g_chase[id]`), for naming
+    /// its type only. Each one is different from every other, as
+    /// `Unknown`.
+    Element(u64, u32),
 }
 
 /// `root + add`.
@@ -251,7 +256,13 @@ impl Eval {
         }
         for r in written {
             let v = match &modelled {
-                Some((target, v)) if *target == r => v.clone(),
+                Some((target, v)) if *target == r => {
+                    let mut v = v.clone();
+                    if let Root::Element(_, id) = &mut v.root {
+                        *id = self.fresh();
+                    }
+                    v
+                }
                 _ => {
                     let id = self.fresh();
                     Value {
@@ -297,12 +308,24 @@ impl Eval {
             },
             (Mnemonic::Lea, OpKind::Memory) => {
                 let a = self.address(insn)?;
-                if a.index.is_some() {
-                    return None;
+                match (a.base, a.index) {
+                    (base, None) => Value {
+                        root: base.unwrap_or(Root::Zero),
+                        add: a.disp,
+                    },
+                    // `lea g(,%rax,16)`, or `lea (%r10,%rax,1)` with r10 `g`.
+                    (None, Some(_)) => Self::element(a.disp)?,
+                    (Some(_), Some(_)) => return None,
                 }
-                Value {
-                    root: a.base.unwrap_or(Root::Zero),
-                    add: a.disp,
+            }
+            // `add %rax,%r10` with r10 the address of a global.
+            (Mnemonic::Add, OpKind::Register) if insn.op1_register().is_gpr64() => {
+                let (a, b) = (self.value_of(dst)?, self.value_of(insn.op1_register())?);
+                match (a.root, b.root) {
+                    (Root::Zero, Root::Zero) => return None,
+                    (Root::Zero, _) => Self::element(a.add)?,
+                    (_, Root::Zero) => Self::element(b.add)?,
+                    _ => return None,
                 }
             }
             (Mnemonic::Add | Mnemonic::Sub, _) => {
@@ -317,6 +340,16 @@ impl Eval {
             _ => return None,
         };
         Some((target, v))
+    }
+
+    /// An element of the global array at `at` (a constant that can be an
+    /// address), each one new.
+    fn element(at: i64) -> Option<Value> {
+        (at > 0x1000).then_some(Value {
+            // Numbered when it is kept ([`Self::step`]).
+            root: Root::Element(at as u64, 0),
+            add: 0,
+        })
     }
 
     /// The register (and the constant to subtract from it) that holds
