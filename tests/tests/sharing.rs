@@ -836,6 +836,75 @@ fn an_unoptimised_pointer_reload_kernel_is_false_sharing_at_its_calloc_line() {
     assert_no_programs_left();
 }
 
+/// Attached with `-p` after the program allocated its struct array (no
+/// start gate: the calloc right after "ready" is over before the attach),
+/// the block is found from glibc's chunk header: its usable size (the
+/// request rounded up by at most 23 bytes) and where the line lies in it,
+/// typed `lreg_args` with its fields; no allocation site is claimed.
+/// Before: "lreg_args in a heap block allocated before tracing", no size.
+#[test]
+fn a_block_allocated_before_the_attach_is_sized_from_its_chunk_header() {
+    if !require_root("a_block_allocated_before_the_attach_is_sized_from_its_chunk_header") {
+        return;
+    }
+    let program = build_workload("linreg", Variant::Debug).expect("building linreg");
+    let truth_path = Truth::path("sharing-linreg-chunk");
+    let truth_env = truth_path.to_str().expect("UTF-8").to_string();
+    let mut target = TestProcess::spawn_env(
+        &program,
+        &["calloc", "2", "60000000", "24"],
+        &[("WORKLOAD_TRUTH", &truth_env)],
+    );
+    target.wait_ready();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = target.pid().to_string();
+    let (_, report) = trace(
+        "sharing-linreg-chunk",
+        &["-p", &pid, "--duration", "3s", "--no-tui"],
+    );
+    assert_no_programs_left();
+    let status = target.child.wait().expect("waiting for linreg");
+    assert!(status.success(), "linreg: {status}");
+    let truth = Truth::read(&truth_path);
+    check_entries(&report);
+    let e = entries(&report)
+        .iter()
+        .find(|e| e["object"]["kind"] == "heap")
+        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
+    assert_eq!(e["kind"], "false", "{e:#}");
+    let o = &e["object"];
+    assert!(o["alloc_site"].is_null(), "{o:#}");
+    assert_eq!(o["type"], "lreg_args", "{o:#}");
+    let name = o["name"].as_str().unwrap_or_default();
+    assert!(
+        name.contains("heap block of lreg_args allocated before tracing"),
+        "{name}"
+    );
+    // calloc(1, 2 * sizeof(lreg_args) + 64): glibc rounds the chunk up to
+    // 16 bytes with 8 of header, so 0 to 23 usable bytes more.
+    let asked = 2 * truth.get("struct_size") + 64;
+    let size = o["size"].as_u64().expect("size");
+    assert!(
+        (asked..asked + 24).contains(&size),
+        "{size} for {asked}: {o:#}"
+    );
+    assert!(name.starts_with(&format!("{size}-byte ")), "{name}");
+    // The array starts at the first address past the block's start that
+    // is 16 bytes into a line, within the block's first 64 bytes; the
+    // shared line holds the end of the first struct and the start of the
+    // second, so it lies within the array.
+    let offset = o["offset"].as_i64().expect("offset");
+    assert!(offset >= 0 && (offset as u64) + 64 <= size, "{o:#}");
+    assert_eq!(truth.get("block_offset"), 16);
+    let fields = field_names(e);
+    assert!(
+        fields
+            .iter()
+            .any(|f| ["SX", "SY", "SXX", "SYY", "SXY"].contains(f)),
+        "{fields:?}"
+    );
+}
+
 /// Launches linreg (debug build) with `args` in the default mode; its
 /// entries checked.
 fn launch_linreg(test: &str, args: &[&str]) -> (serde_json::Value, Truth) {

@@ -7,6 +7,7 @@
 //! target through this module.
 
 pub mod cgroup;
+pub mod chunks;
 pub mod command;
 pub mod files;
 pub mod group;

@@ -28,7 +28,10 @@ use crate::{
     error::Result,
     kernel::{loader::Probes, maps::Counters},
     object::x86::access,
-    process::state::Process,
+    process::{
+        chunks::{self, ProcMemory, Region},
+        state::Process,
+    },
     report::{
         model::{AddressMode, AddressSampling, SampleSource},
         Report,
@@ -59,11 +62,36 @@ impl Plan for SharingPlan {
 pub struct LineBlock {
     pub start: u64,
     pub size: u64,
-    /// The allocating call ([`AllocProfile::site_place`]).
+    /// The allocating call ([`AllocProfile::site_place`]); [`Self::UNSEEN`]
+    /// for a block the tracker did not see allocated, found from its
+    /// glibc chunk header ([`chunks`]): `size` is then its usable size.
     pub site: u64,
 }
 
 impl LineBlock {
+    pub const UNSEEN: u64 = 0;
+
+    /// The glibc block holding `addr` (in heap or anonymous memory of the
+    /// main process), from the allocator's own chunk headers.
+    fn from_chunk(process: &Process, mem: &ProcMemory, addr: u64) -> Option<Self> {
+        let m = process.find(addr)?;
+        let heap = &*m.name == "[heap]";
+        if !(heap || m.name.is_empty()) || m.shared || process.maps().in_thread_stack(addr) {
+            return None;
+        }
+        let region = Region {
+            start: m.start,
+            end: m.end,
+            brk_heap: heap,
+        };
+        let c = chunks::chunk_at(mem, region, addr)?;
+        Some(Self {
+            start: c.start,
+            size: c.usable,
+            site: Self::UNSEEN,
+        })
+    }
+
     /// The live block holding `addr`, if any.
     pub fn at(index: &BlockIndex<'_>, addr: u64) -> Option<Self> {
         let (start, b) = index.containing(addr)?;
@@ -296,7 +324,7 @@ impl Feature for Sharing {
 
     /// Looks up the heap blocks under newly shared lines now, while they
     /// are live: the report may come after the target freed them.
-    fn settle(&mut self, _process: &mut Process, heap: Option<&AllocProfile>) {
+    fn settle(&mut self, process: &mut Process, heap: Option<&AllocProfile>) {
         let new: Vec<u64> = self
             .profile
             .candidates()
@@ -307,10 +335,18 @@ impl Feature for Sharing {
             return;
         }
         let index = heap.map(AllocProfile::block_index);
+        let mut mem = None;
         for line in new {
             // Any byte of the line: a block may start inside it.
             let first = line + u64::from(self.profile.first_offset(line));
-            let block = index.as_ref().and_then(|index| LineBlock::at(index, first));
+            let block = index
+                .as_ref()
+                .and_then(|index| LineBlock::at(index, first))
+                .or_else(|| {
+                    // Not seen allocated: glibc's header says where it is.
+                    let mem = mem.get_or_insert_with(|| ProcMemory::open(process.pid()));
+                    LineBlock::from_chunk(process, mem.as_ref()?, first)
+                });
             self.line_blocks.insert(line, block);
         }
     }

@@ -65,6 +65,9 @@ const DISMISSED_LINES: usize = 8;
 /// The name of a heap block whose allocation the tracker did not see.
 const UNSEEN_BLOCK: &str =
     "heap block allocated before tracing (or while the allocator was not traced)";
+/// The same, with its size from glibc's chunk header (which records the
+/// usable size, not the size asked for).
+const CHUNK_BLOCK: &str = "heap block allocated before tracing (usable size from its malloc chunk)";
 
 /// The kernel's view of the candidate lines, read while the programs are
 /// loaded (and kept once they are gone).
@@ -295,6 +298,11 @@ fn type_object(
     if object.kind == ObjectKind::Heap {
         object.name = match object.name.strip_prefix(UNSEEN_BLOCK) {
             Some(rest) => format!("{label} in a {UNSEEN_BLOCK}{rest}"),
+            None if object.name.ends_with(CHUNK_BLOCK) => object.name.replacen(
+                "heap block allocated",
+                &format!("heap block of {label} allocated"),
+                1,
+            ),
             None => {
                 object
                     .name
@@ -371,8 +379,10 @@ fn object_of(
     if let Some((path, base)) = maps.data_owner(addr) {
         return global_object(&path, base, addr, line, names);
     }
-    if let (Some(b), Some(alloc)) = (block, alloc) {
-        return (heap_object(b, alloc, line, names), None);
+    match (block, alloc) {
+        (Some(b), _) if b.site == LineBlock::UNSEEN => return (chunk_object(b, line), None),
+        (Some(b), Some(alloc)) => return (heap_object(b, alloc, line, names), None),
+        _ => {}
     }
     let (kind, name) = match maps.place(addr) {
         Place::Region { name, .. } if &*name == "[heap]" => {
@@ -435,6 +445,19 @@ fn global_object(
         type_name: None,
     };
     (object, layout)
+}
+
+/// A heap block the tracker did not see allocated, found from glibc's
+/// chunk header: its start and usable size are known, its site is not.
+fn chunk_object(b: LineBlock, line: u64) -> SharedObject {
+    SharedObject {
+        kind: ObjectKind::Heap,
+        name: format!("{}-byte {CHUNK_BLOCK}", b.size),
+        offset: line as i64 - b.start as i64,
+        size: Some(b.size),
+        alloc_site: None,
+        type_name: None,
+    }
 }
 
 /// The heap block under the line, named by its allocation site.
@@ -844,6 +867,44 @@ mod tests {
             e.advice
         );
         assert!(e.advice.ends_with(" (64-byte heap block from prog.c:30)"));
+    }
+
+    /// A block the tracker never saw, found from its chunk header (no
+    /// allocator profile at all): sized and placed, no site claimed.
+    #[test]
+    fn a_block_from_its_chunk_header_is_sized_without_a_site() {
+        let s = Session::new().line(
+            &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 40)),
+            true,
+        );
+        let block = LineBlock {
+            start: HEAP_LINE + 32,
+            size: 56,
+            site: LineBlock::UNSEEN,
+        };
+        let entries = findings(
+            &s.inputs(None, Some(block)),
+            &s.kernel,
+            s.samples,
+            &mut names(),
+        );
+        let o = &entries[0].object;
+        assert_eq!(
+            (
+                o.kind,
+                o.name.as_str(),
+                o.offset,
+                o.size,
+                o.alloc_site.is_none()
+            ),
+            (
+                ObjectKind::Heap,
+                "56-byte heap block allocated before tracing (usable size from its malloc chunk)",
+                -32,
+                Some(56),
+                true
+            )
+        );
     }
 
     /// Two threads write `hits` of their own `struct counters` (8 bytes)

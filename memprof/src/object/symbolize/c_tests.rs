@@ -67,7 +67,7 @@ fn build(dir: &Path) -> Arc<str> {
 
 /// Builds the C `program` as `dir/name` with gcc and `flags` (and
 /// `-pthread`), returns the executable.
-pub(super) fn gcc(dir: &Path, name: &str, program: &str, flags: &[&str]) -> std::path::PathBuf {
+pub(crate) fn gcc(dir: &Path, name: &str, program: &str, flags: &[&str]) -> std::path::PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, program).unwrap();
     let exe = dir.join(name);

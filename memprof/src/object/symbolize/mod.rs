@@ -6,7 +6,7 @@
 //! error: stripped binaries, deleted files and JIT code all still show up.
 
 #[cfg(test)]
-mod c_tests;
+pub(crate) mod c_tests;
 mod demangle;
 pub mod dwarf;
 mod elf;
