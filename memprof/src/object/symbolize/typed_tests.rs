@@ -169,29 +169,37 @@ fn fields_are_named_through_the_pointer_at_o0_and_o2() {
     }
 }
 
+/// The accesses of function `name` at -O0 and -O2: `hits` and `bytes` of
+/// `struct stats` through `variable` (any, if None), and nothing else but
+/// the read of `st` itself from `struct chase`.
+fn assert_stats_typed(name: &str, variable: Option<&str>) {
+    let dir = tempfile::tempdir().unwrap();
+    for opt in ["-O0", "-O2"] {
+        let exe = build(dir.path(), opt);
+        let found = fields(&types_in(&exe, name));
+        for field in ["hits", "bytes"] {
+            assert!(
+                found.iter().any(|(t, f, v)| t == "struct stats"
+                    && f == field
+                    && variable.is_none_or(|var| v == var)),
+                "{name} {opt}: {found:?}"
+            );
+        }
+        assert!(
+            found
+                .iter()
+                .all(|(t, f, _)| t == "struct stats" || (t == "struct chase" && f == "st")),
+            "{name} {opt}: {found:?}"
+        );
+    }
+}
+
 /// `w->st->hits`: the pointer is read from `w`'s member `st`, so the
 /// access is typed by what `st` points to, whether `w` is reloaded from
 /// its stack slot (-O0) or `w->st` kept in a register over the loop (-O2).
 #[test]
 fn a_pointer_read_from_a_member_is_typed_by_the_member() {
-    let dir = tempfile::tempdir().unwrap();
-    for opt in ["-O0", "-O2"] {
-        let exe = build(dir.path(), opt);
-        let tally = fields(&types_in(&exe, "tally"));
-        for field in ["hits", "bytes"] {
-            assert!(
-                tally.contains(&pair("struct stats", field, "w->st")),
-                "{opt}: {tally:?}"
-            );
-        }
-        // Reading `w->st` itself is an access to `struct chase`.
-        assert!(
-            tally
-                .iter()
-                .all(|(t, f, _)| t == "struct stats" || (t == "struct chase" && f == "st")),
-            "{opt}: {tally:?}"
-        );
-    }
+    assert_stats_typed("tally", Some("w->st"));
 }
 
 /// `&g_chases[id]` is an element of a global array: at -O2 no variable
@@ -199,25 +207,7 @@ fn a_pointer_read_from_a_member_is_typed_by_the_member() {
 /// comes from the array's, and `st` from its member.
 #[test]
 fn a_pointer_read_from_a_global_array_s_element_is_typed() {
-    let dir = tempfile::tempdir().unwrap();
-    for opt in ["-O0", "-O2"] {
-        let exe = build(dir.path(), opt);
-        let tally = fields(&types_in(&exe, "tally_global"));
-        for field in ["hits", "bytes"] {
-            assert!(
-                tally
-                    .iter()
-                    .any(|(t, f, _)| t == "struct stats" && f == field),
-                "{opt}: {tally:?}"
-            );
-        }
-        assert!(
-            tally
-                .iter()
-                .all(|(t, f, _)| t == "struct stats" || (t == "struct chase" && f == "st")),
-            "{opt}: {tally:?}"
-        );
-    }
+    assert_stats_typed("tally_global", None);
 }
 
 /// A constant index past the pointer's element is named by index.
