@@ -135,20 +135,29 @@ pub fn chunk_at(mem: &dyn Memory, region: Region, addr: u64) -> Option<Chunk> {
         .find_map(|first| walk(mem, first, end, addr, true))
 }
 
-/// A block whose chunk is the start of its own mapping: glibc writes a
-/// zero `prev_size` and a page-multiple size with only `IS_MMAPPED` set.
+/// A block with a mapping of its own: glibc writes a zero `prev_size` and
+/// a page-multiple size with only `IS_MMAPPED` set at the mapping's start.
+/// Such mappings next to each other are one in the maps (the kernel
+/// merges them), so the chunks are walked from the region's start.
 fn mmapped_chunk(mem: &dyn Memory, region: Region, addr: u64) -> Option<Chunk> {
-    let (prev, size) = (mem.word(region.start)?, mem.word(region.start + 8)?);
-    let bytes = size & !FLAGS;
-    let header =
-        prev == 0 && size & FLAGS == IS_MMAPPED && bytes >= 4096 && bytes.is_multiple_of(4096);
-    let holds = region.start + bytes <= region.end
-        && (region.start + 16..region.start + bytes).contains(&addr);
-    (header && holds).then_some(Chunk {
-        start: region.start + 16,
-        usable: bytes.saturating_sub(16),
-        mmapped: true,
-    })
+    let mut c = region.start;
+    for _ in 0..MAX_CHUNKS {
+        let (prev, size) = (mem.word(c)?, mem.word(c + 8)?);
+        let bytes = size & !FLAGS;
+        let header = prev == 0 && size & FLAGS == IS_MMAPPED && bytes >= 4096;
+        if !header || !bytes.is_multiple_of(4096) || c + bytes > region.end {
+            return None;
+        }
+        if addr < c + bytes {
+            return (addr >= c + 16).then_some(Chunk {
+                start: c + 16,
+                usable: bytes.saturating_sub(16),
+                mmapped: true,
+            });
+        }
+        c += bytes;
+    }
+    None
 }
 
 /// Walks chunks from `first` to exactly `end`; the in-use chunk holding
@@ -242,6 +251,30 @@ mod tests {
         // The top chunk is free space; a chunk header is no block.
         assert_eq!(chunk_at(&mem, region, end - 0x100), None);
         assert_eq!(chunk_at(&mem, region, start + 0x290 + 8), None);
+    }
+
+    /// Two mapped blocks whose mappings the kernel merged into one.
+    #[test]
+    fn mapped_blocks_in_one_merged_mapping_are_told_apart() {
+        let start = 0x7f00_0000_0000;
+        let mem = Words(vec![
+            (start, 0),
+            (start + 8, 0x21000 | IS_MMAPPED),
+            (start + 0x21000, 0),
+            (start + 0x21008, 0x101000 | IS_MMAPPED),
+        ]);
+        let region = Region {
+            start,
+            end: start + 0x122000,
+            brk_heap: false,
+        };
+        let c = chunk_at(&mem, region, start + 0x21000 + 0x500).unwrap();
+        assert_eq!(
+            (c.start, c.usable, c.mmapped),
+            (start + 0x21010, 0x100ff0, true)
+        );
+        let c = chunk_at(&mem, region, start + 0x100).unwrap();
+        assert_eq!((c.start, c.usable), (start + 0x10, 0x20ff0));
     }
 
     #[test]
