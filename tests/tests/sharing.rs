@@ -124,17 +124,22 @@ fn a_global_of_a_stripped_binary_is_named_from_its_debug_file() {
         return;
     }
     let (w, _installed) = split_sharing_workload();
-    let args = [
+    let args = mapreduce_args(&w);
+    let (_, report) = trace("sharing-split", &args);
+    assert_no_programs_left();
+    assert_g_args_named(&report);
+}
+
+/// The tool's arguments to launch `w mapreduce 2 SECONDS`.
+fn mapreduce_args(w: &std::path::Path) -> [&str; 6] {
+    [
         "--no-tui",
         "--",
         w.to_str().expect("UTF-8"),
         "mapreduce",
         "2",
         SECONDS,
-    ];
-    let (_, report) = trace("sharing-split", &args);
-    assert_no_programs_left();
-    assert_g_args_named(&report);
+    ]
 }
 
 /// The mapreduce finding on `g_args`, named with its fields and code line
@@ -234,14 +239,7 @@ fn a_global_of_a_stripped_binary_is_named_from_a_debuginfod_server() {
     let cache = tempfile_dir("debuginfod-cache");
     std::fs::rename(&debug, served.join("sharing-served.debug")).expect("moving the debug file");
     let server = DebuginfodServer::serve(&served, &id);
-    let args = [
-        "--no-tui",
-        "--",
-        w.to_str().expect("UTF-8"),
-        "mapreduce",
-        "2",
-        SECONDS,
-    ];
+    let args = mapreduce_args(&w);
     let url = server.url.clone();
     let env = [
         ("DEBUGINFOD_URLS", std::path::Path::new(&url)),

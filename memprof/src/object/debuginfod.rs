@@ -20,7 +20,10 @@ use std::{
     collections::{HashSet, VecDeque},
     io::Read,
     path::{Path, PathBuf},
-    sync::{Condvar, Mutex, OnceLock},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Condvar, Mutex, OnceLock,
+    },
     time::{Duration, Instant},
 };
 
@@ -93,7 +96,6 @@ struct State {
     unreachable: HashSet<String>,
     busy: bool,
     worker: bool,
-    generation: u64,
     fetched: usize,
     failed: usize,
 }
@@ -159,8 +161,12 @@ pub fn prefetch(binary: &Path) {
 
 /// Bumped each time a debug file lands: names made before may improve.
 pub fn generation() -> u64 {
-    client().map_or(0, |c| c.state.lock().map_or(0, |s| s.generation))
+    GENERATION.load(Ordering::Acquire)
 }
+
+/// Debug files landed this session: read on every symbolizer lookup, so
+/// an atomic rather than the state's lock.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// What waiting for the files still coming gave.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +237,7 @@ fn work(c: &'static Client) {
         match outcome {
             Outcome::Fetched => {
                 s.fetched += 1;
-                s.generation += 1;
+                GENERATION.fetch_add(1, Ordering::Release);
             }
             Outcome::Failed => s.failed += 1,
             Outcome::Nothing => {}

@@ -47,12 +47,7 @@ pub(super) fn member_pointee<'a>(
             let Some(mty) = strip(unit, mty) else {
                 continue;
             };
-            let size = unit
-                .entry(mty)
-                .ok()
-                .and_then(|e| e.attr_value(gimli::DW_AT_byte_size))
-                .and_then(|v| v.udata_value())
-                .unwrap_or(0);
+            let size = type_size(unit, mty).unwrap_or(0);
             if at <= offset && offset < at + size.max(1) {
                 let name = m
                     .attr_value(gimli::DW_AT_name)
