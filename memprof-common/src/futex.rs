@@ -114,7 +114,11 @@ pub mod futex_ctl {
     /// Non-zero: send the traced waits' spans ([`super::WaitSpan`]) for
     /// the unnecessary-contention analysis.
     pub const SPANS: u32 = 1;
-    pub const COUNT: u32 = 2;
+    /// When the hooks' current window opened (`bpf_ktime_get_ns`; 0:
+    /// they were never detached): a wait or kernel lock wait that began
+    /// before is one whose end fell in a gap, and is dropped.
+    pub const WINDOW_START: u32 = 2;
+    pub const COUNT: u32 = 3;
 }
 
 /// Wait spans sent a second at most, all locks together (a token bucket

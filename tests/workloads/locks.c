@@ -55,7 +55,8 @@
  *                                      on the futex nearly every round (and
  *                                      the futex calls run at a high rate).
  *                                      Prints "rounds_per_s X" on stderr;
- *                                      truth: yield_rounds.
+ *                                      truth: yield_rounds, hot_wait_ns
+ *                                      (time inside pthread_mutex_lock).
  *   locks slowholder THREADS SECONDS   g_slow_lock: one thread (slow_holder)
  *                                      takes it (SLOWLOCK) and holds it ~1 ms
  *                                      every 10 ms; THREADS-1 threads
@@ -509,11 +510,13 @@ struct timed {
 /* Lock, give up the CPU while holding the lock, unlock: whoever runs next
  * finds the lock taken and waits on its futex, so nearly every round is a
  * futex wait and a futex wake. */
-__attribute__((noinline)) unsigned long yield_loop(long until_ns)
+__attribute__((noinline)) unsigned long yield_loop(long until_ns, long *waited)
 {
 	unsigned long rounds = 0;
-	while (now_ns() < until_ns) {
+	long now;
+	while ((now = now_ns()) < until_ns) {
 		pthread_mutex_lock(&g_hot_lock); // YIELDLOCK
+		*waited += now_ns() - now;
 		hot_counter++;
 		sched_yield();
 		pthread_mutex_unlock(&g_hot_lock); // YIELDUNLOCK
@@ -525,8 +528,10 @@ __attribute__((noinline)) unsigned long yield_loop(long until_ns)
 static void *yield_thread(void *arg)
 {
 	struct timed *t = arg;
+	long waited = 0;
 	pthread_barrier_wait(&start_line);
-	t->done = yield_loop(t->until_ns);
+	t->done = yield_loop(t->until_ns, &waited);
+	__atomic_fetch_add(&hot_wait_ns, waited, __ATOMIC_RELAXED);
 	return NULL;
 }
 
@@ -556,6 +561,7 @@ static void locks_yield(long threads, double seconds)
 		exit(1);
 	}
 	truth("yield_rounds", rounds);
+	truth("hot_wait_ns", hot_wait_ns);
 }
 
 /* ---- slowholder ---- */

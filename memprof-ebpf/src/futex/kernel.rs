@@ -9,8 +9,8 @@ use aya_ebpf::{
 use memprof_common::{counter, lock_event, ContentionKey, ALLOC_THREADS_CAPACITY};
 
 use super::{
-    contention_of, record_weighted, sample_now, send_sample, site_of, stride_weight, user_ip_sp,
-    Sample,
+    before_window, contention_of, record_weighted, sample_now, send_sample, site_of, stride_weight,
+    user_ip_sp, Sample,
 };
 use crate::maps::{bpf_now, count, count_by, current_ids, target_tgid};
 
@@ -76,7 +76,7 @@ pub fn mp_klock_end(_ctx: RawTracePointContext) -> u32 {
         (*entry).start_ns = 0;
         w
     };
-    if w.start_ns == 0 {
+    if w.start_ns == 0 || before_window(w.start_ns) {
         return 0;
     }
     let (ip, sp) = user_ip_sp();

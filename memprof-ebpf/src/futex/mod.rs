@@ -405,6 +405,13 @@ fn stride_weight() -> Option<u32> {
     }
 }
 
+/// Whether a wait that began at `start_ns` began before the hooks' current
+/// window opened: its end was in a gap, so its length is unknown.
+#[inline(always)]
+fn before_window(start_ns: u64) -> bool {
+    start_ns < CTL.get(futex_ctl::WINDOW_START).copied().unwrap_or(0)
+}
+
 /// Counts `tid` among the threads that waited on `addr`.
 #[inline(always)]
 fn count_waiter(addr: u64, tid: u32) {

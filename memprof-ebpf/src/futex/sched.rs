@@ -36,9 +36,9 @@ use memprof_common::{
 };
 
 use super::{
-    blame_weighted, contention_of, count_waiter, futex_kind, record_weighted, released_at,
-    send_sample, site_of, stride_weight, take_bucket_token, take_sample_token, Sample, CTL,
-    FUTEX_CMD_MASK, SPAN_BUCKET, WAIT_SPANS,
+    before_window, blame_weighted, contention_of, count_waiter, futex_kind, record_weighted,
+    released_at, send_sample, site_of, stride_weight, take_bucket_token, take_sample_token, Sample,
+    CTL, FUTEX_CMD_MASK, SPAN_BUCKET, WAIT_SPANS,
 };
 use crate::{
     locks::call_site,
@@ -324,8 +324,9 @@ fn woke(task: u64) {
         if (*p).task != task || (*p).start_ns == 0 {
             return;
         }
-        if (*p).weight == 0 {
-            // A skipped wait ([`mark_untraced`]).
+        if (*p).weight == 0 || before_window((*p).start_ns) {
+            // A skipped wait ([`mark_untraced`]), or one that slept
+            // before the hooks' window opened (its end unseen).
             (*p).start_ns = 0;
             return;
         }
@@ -396,14 +397,15 @@ pub fn mp_futex_wk(ctx: RawTracePointContext) -> u32 {
         return 0;
     };
     // SAFETY: the pointer comes from the map lookup; plain integers.
-    let (addr, owner, weight) = unsafe {
+    let (addr, owner, weight, start) = unsafe {
         if (*p).task != task || (*p).start_ns == 0 || (*p).woken_ns != 0 {
             return 0;
         }
-        ((*p).addr, (*p).owner, (*p).weight)
+        ((*p).addr, (*p).owner, (*p).weight, (*p).start_ns)
     };
-    if weight == 0 {
-        // A skipped wait: only the waker's release is counted, as cheaply
+    if weight == 0 || before_window(start) {
+        // A skipped wait, or one from before the hooks' window (dropped
+        // when it ends): only the waker's release is counted, as cheaply
         // as it can be (no clock, no registers). A thread of the target
         // that wakes a futex sleeper other than by a futex wake (a
         // signal) is counted too, which only withholds spans.

@@ -37,13 +37,11 @@ const FUTEX_HOOKS_ENV: &str = "MEMPROF_FUTEX_HOOKS";
 pub(super) fn attach_lock_tracepoints(
     ebpf: &mut Ebpf,
     links: &mut OwnedLinks,
+    windowed: &mut ContentionHooks,
 ) -> Result<FutexHooks> {
-    for (prog, event) in [
-        (programs::KLOCK_BEGIN, "contention_begin"),
-        (programs::KLOCK_END, "contention_end"),
-    ] {
+    for (prog, event) in KLOCK_HOOKS {
         match attach_raw(ebpf, prog, event) {
-            Ok(link) => links.push(link),
+            Ok(link) => windowed.push(prog, event, link),
             Err(e) => tracing::info!("lock:{event} unavailable, left out: {e}"),
         }
     }
@@ -53,16 +51,13 @@ pub(super) fn attach_lock_tracepoints(
         "the kernel is older than 5.18 (sched_switch has no task state)".into()
     } else {
         let mut sched = Vec::new();
-        let attached = [
-            (programs::FUTEX_SWITCH, "sched_switch"),
-            (programs::FUTEX_WAKING, "sched_waking"),
-        ]
-        .into_iter()
-        .try_for_each(|(prog, event)| attach_raw(ebpf, prog, event).map(|link| sched.push(link)));
+        let attached = SCHED_HOOKS.into_iter().try_for_each(|(prog, event)| {
+            attach_raw(ebpf, prog, event).map(|link| sched.push((prog, event, link)))
+        });
         match attached {
             Ok(()) => {
-                for link in sched {
-                    links.push(link);
+                for (prog, event, link) in sched {
+                    windowed.push(prog, event, link);
                 }
                 return Ok(FutexHooks {
                     kind: "sched",
@@ -80,6 +75,40 @@ pub(super) fn attach_lock_tracepoints(
         kind: "syscalls",
         why: Some(why),
     })
+}
+
+/// Kernel lock waits (optional: newer kernels).
+const KLOCK_HOOKS: [(&str, &str); 2] = [
+    (programs::KLOCK_BEGIN, "contention_begin"),
+    (programs::KLOCK_END, "contention_end"),
+];
+
+/// Futex waits seen as the sleeps they are.
+const SCHED_HOOKS: [(&str, &str); 2] = [
+    (programs::FUTEX_SWITCH, "sched_switch"),
+    (programs::FUTEX_WAKING, "sched_waking"),
+];
+
+/// The always-on contention hooks that can go in windows (the sched
+/// hooks and the kernel lock waits' raw tracepoints): what was attached,
+/// to attach it again.
+#[derive(Default)]
+pub struct ContentionHooks {
+    /// (program, raw tracepoint) of each hook attached at start-up.
+    hooks: Vec<(&'static str, &'static str)>,
+    links: Vec<RawTracePointLink>,
+}
+
+impl ContentionHooks {
+    fn push(&mut self, prog: &'static str, event: &'static str, link: RawTracePointLink) {
+        self.hooks.push((prog, event));
+        self.links.push(link);
+    }
+
+    /// Whether they are attached.
+    pub fn attached(&self) -> bool {
+        !self.links.is_empty()
+    }
 }
 
 /// Whether the kernel passes the sleeping task's state to `sched_switch`
@@ -129,6 +158,37 @@ fn attach_futex_syscalls(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<()> 
 }
 
 impl Probes {
+    /// Detaches the contention hooks (at once: raw tracepoint links wait
+    /// for no grace period). Waits in progress are dropped when they end
+    /// in a later window ([`Probes::open_contention_window`]).
+    pub fn close_contention_window(&mut self) {
+        self.contention.links.clear();
+    }
+
+    /// Attaches the contention hooks again, after telling the programs
+    /// when this window opens (waits that began before are dropped).
+    pub fn open_contention_window(&mut self) -> Result<()> {
+        if self.contention.attached() {
+            return Ok(());
+        }
+        self.set_futex_window_start(super::windows::ktime_ns());
+        for i in 0..self.contention.hooks.len() {
+            let (name, event) = self.contention.hooks[i];
+            let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
+            let id = prog
+                .attach(event)
+                .map_err(|e| attach_error(e, &format!("raw tracepoint {event}")))?;
+            let link = prog.take_link(id).map_err(anyhow::Error::new)?;
+            self.contention.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Whether the contention hooks are attached now.
+    pub fn contention_window_open(&self) -> bool {
+        self.contention.attached()
+    }
+
     /// Attaches the allocator's syscall programs to the raw `sys_enter`
     /// and `sys_exit` tracepoints; dropping the links detaches them (at
     /// once: raw tracepoint links wait for no grace period).

@@ -76,6 +76,8 @@ pub struct Probes {
     pub link_mode: LinkMode,
     /// How futex waits are hooked.
     pub futex_hooks: super::hooks::FutexHooks,
+    /// The contention hooks, which the governor may attach in windows.
+    pub(super) contention: super::hooks::ContentionHooks,
     /// The tracepoint and perf-event links, taken out of the object so
     /// that they are dropped in parallel (see `Drop`).
     links: OwnedLinks,
@@ -109,7 +111,14 @@ impl Probes {
         // children, by the kernel).
         super::maps::trace_process(&mut ebpf, tgid, 0)?;
         let mut links = OwnedLinks::default();
-        let futex_hooks = attach_programs(&mut ebpf, &mut links, load, multi.is_none())?;
+        let mut contention = super::hooks::ContentionHooks::default();
+        let futex_hooks = attach_programs(
+            &mut ebpf,
+            &mut links,
+            &mut contention,
+            load,
+            multi.is_none(),
+        )?;
         let source = attach_sampler(&mut ebpf, &mut links, frequency_hz, try_hardware)?;
         let mut probes = Self {
             ebpf,
@@ -122,6 +131,7 @@ impl Probes {
             multi,
             link_mode,
             futex_hooks,
+            contention,
             links,
         };
         if let Some(events) = try_hardware
@@ -347,6 +357,7 @@ fn load_multi(ebpf: &Ebpf, load: &Load) -> (Option<MultiPrograms>, LinkMode) {
 fn attach_programs(
     ebpf: &mut Ebpf,
     links: &mut OwnedLinks,
+    contention: &mut super::hooks::ContentionHooks,
     load: &Load,
     single_links: bool,
 ) -> Result<super::hooks::FutexHooks> {
@@ -376,7 +387,7 @@ fn attach_programs(
             }
         }
     }
-    let hooks = super::hooks::attach_lock_tracepoints(ebpf, links)?;
+    let hooks = super::hooks::attach_lock_tracepoints(ebpf, links, contention)?;
     if load.lock_uprobes && single_links {
         for name in [programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK] {
             loaded_uprobe(ebpf, name)?;

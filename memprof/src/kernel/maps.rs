@@ -175,6 +175,15 @@ impl Probes {
         );
     }
 
+    /// Tells the contention programs when their window opened.
+    pub(super) fn set_futex_window_start(&mut self, ns: u64) {
+        self.set_futex_ctl(
+            memprof_common::futex_ctl::WINDOW_START,
+            ns,
+            "the futex window start",
+        );
+    }
+
     /// Asks the sched hooks for the traced waits' spans (or no more).
     pub fn send_wait_spans(&mut self, on: bool) {
         self.set_futex_ctl(memprof_common::futex_ctl::SPANS, on.into(), "wait spans");

@@ -454,6 +454,8 @@ pub fn full_report() -> Report {
         slot_collisions: 1,
         waits_as_sections: 120,
         waits_as_sections_lost: 0,
+        windows: 0,
+        attached_share: 1.0,
     });
     r.locks[0].contention_error = Some(0.05);
     let sharing = report_with_sharing();

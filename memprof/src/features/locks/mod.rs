@@ -10,6 +10,7 @@ pub mod collect;
 pub mod durations;
 pub mod governor;
 pub mod holds;
+pub mod hook_windows;
 pub mod report;
 pub mod sites;
 pub mod traced;
@@ -42,7 +43,8 @@ use crate::{
     },
 };
 use collect::LockCollector;
-use governor::{Governor, Reading};
+use governor::{Governor, Reading, Sampling};
+use hook_windows::{HookWindows, Switch};
 use traced::Scale;
 use tracer::LockLibrary;
 
@@ -134,6 +136,7 @@ impl Plan for LockPlan {
             started: Instant::now(),
             due: Instant::now(),
             pid: self.pid,
+            windows: HookWindows::new(Instant::now()),
         });
         Ok(Box::new(Locks {
             futex,
@@ -228,7 +231,7 @@ impl Feature for Locks {
         // Kept: the tracer computes some deadlines afresh from the clock.
         self.calls_due
             .set(self.calls.as_ref().and_then(|(_, t)| t.deadline()));
-        let governor = self.governed.as_ref().map(|g| g.due);
+        let governor = self.governed.as_ref().map(Governed::deadline);
         match (self.calls_due.get(), governor) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -241,6 +244,9 @@ impl Feature for Locks {
         let now = Instant::now();
         if let Some(g) = self.governed.as_mut().filter(|g| g.due <= now) {
             g.tick(probes);
+        }
+        if let Some(g) = self.governed.as_mut() {
+            g.step_windows(probes, notes);
         }
         if self.calls_due.get().is_none_or(|d| d > now) {
             return;
@@ -266,6 +272,9 @@ impl Feature for Locks {
     }
 
     fn finish(&mut self, probes: &mut Probes, _process: &mut Process) {
+        if let Some(g) = &mut self.governed {
+            g.windows.end(Instant::now());
+        }
         if let Some((_, tracer)) = &mut self.calls {
             tracer.finish(probes);
         }
@@ -276,8 +285,13 @@ impl Feature for Locks {
 
     fn report(&mut self, ctx: &mut ReportContext<'_>, out: &mut Report) {
         let counters = ctx.counters;
+        let sampling = self.sampling(counters);
+        let mut snapshot = self.contention.snapshot();
+        for (_, c) in &mut snapshot {
+            hook_windows::scale(c, sampling.factor);
+        }
         self.collector
-            .rebuild(&self.contention.snapshot(), &self.contention.threads());
+            .rebuild(&snapshot, &self.contention.threads());
         contention_notes(counters, ctx.notes);
         if counters.hold_events_lost > 0 {
             ctx.notes.push(format!(
@@ -315,19 +329,13 @@ impl Feature for Locks {
             ctx.notes
                 .extend(ulcp::report::notes(&out.locks, &u.profile, self.mode));
         }
-        out.lock_contention = Some(self.contention_report(ctx.probes, counters));
+        out.lock_contention = Some(self.contention_report(ctx.probes, counters, &sampling));
         if let Some(c) = &out.lock_contention {
-            estimate_contention(&mut out.locks, c.stride_max);
+            estimate_contention(&mut out.locks, &sampling);
             ctx.notes.extend(stride_note(c, &out.locks));
         }
-        if let Some((base, share)) = self.governed.as_ref().and_then(|g| g.governor.overrun()) {
-            ctx.notes.push(format!(
-                "the always-on lock hooks' base cost (runs on every context switch and wake-up, \
-                 which no sampling lowers) reached {:.1}% of the target's CPU time, above their \
-                 {:.1}% share of the budget: this program switches threads very often",
-                base * 100.0,
-                share * 100.0
-            ));
+        if let Some(g) = &self.governed {
+            ctx.notes.extend(g.windows_note());
         }
         let changed = traced::make_consistent(&mut out.locks);
         ctx.notes.extend(traced::consistency_note(changed));
@@ -350,16 +358,32 @@ impl Feature for Locks {
 }
 
 impl Locks {
+    /// How the waits were sampled: the stride, and the hooks' windows.
+    fn sampling(&self, counters: &crate::kernel::maps::Counters) -> Sampling {
+        let Some(g) = &self.governed else {
+            return Sampling::EXACT;
+        };
+        let now = Instant::now();
+        let waits = counters.futex_waits_traced + counters.futex_waits_skipped;
+        Sampling {
+            stride_max: g.governor.stride_max(),
+            factor: g.windows.factor(now),
+            rate_error: g.windows.rate_error(now, waits),
+        }
+    }
+
     /// How futex waits were traced.
     fn contention_report(
         &self,
         probes: Option<&Probes>,
         counters: &crate::kernel::maps::Counters,
+        sampling: &Sampling,
     ) -> LockContention {
         let (stride, stride_max) = self
             .governed
             .as_ref()
             .map_or((1, 1), |g| (g.governor.stride(), g.governor.stride_max()));
+        let windows = self.governed.as_ref().map_or(0, |g| g.windows.gaps());
         LockContention {
             hooks: probes
                 .map_or(self.hooks, |p| p.futex_hooks.kind)
@@ -371,22 +395,24 @@ impl Locks {
             slot_collisions: counters.futex_slot_collisions,
             waits_as_sections: counters.wait_spans,
             waits_as_sections_lost: counters.wait_spans_lost,
+            windows,
+            attached_share: 1.0 / sampling.factor,
         }
     }
 }
 
 /// Gives each entry its claimed error when the governor traced only some
 /// waits (futex and kernel lock waits alike).
-fn estimate_contention(locks: &mut [LockEntry], stride_max: u64) {
+fn estimate_contention(locks: &mut [LockEntry], sampling: &Sampling) {
     for l in locks.iter_mut() {
         let cv = governor::histogram_cv(&l.wait_histogram);
-        l.contention_error = governor::claimed_error(stride_max, l.contentions, cv);
+        l.contention_error = governor::claimed_error(sampling, l.contentions, cv);
     }
 }
 
 /// Says that futex waits were sampled, and how roughly.
 fn stride_note(c: &LockContention, locks: &[LockEntry]) -> Option<String> {
-    if c.stride_max <= 1 {
+    if c.stride_max <= 1 && c.windows == 0 {
         return None;
     }
     let top = locks
@@ -395,17 +421,32 @@ fn stride_note(c: &LockContention, locks: &[LockEntry]) -> Option<String> {
     let top = top.map_or(String::new(), |(name, e)| {
         format!(" (±{:.0}% for {name})", e * 100.0)
     });
+    let windows = format!(
+        "the hooks attached {:.0}% of the time (in {} windows)",
+        c.attached_share * 100.0,
+        c.windows + 1
+    );
+    let how = match (c.stride_max > 1, c.windows > 0) {
+        (true, true) => format!(
+            "traced with probability down to 1/{}, {windows},",
+            c.stride_max
+        ),
+        (true, false) => format!("traced with probability down to 1/{}", c.stride_max),
+        (false, _) => format!("traced only while {windows},"),
+    };
     Some(format!(
-        "futex waits were traced with probability down to 1/{} to keep the always-on futex \
-         hooks within {:.0}% of the budget: contentions, wait times and holder blame are \
-         estimates, each lock's claimed error in the JSON (contention_error){top}",
-        c.stride_max,
+        "futex waits were {how} to keep the always-on futex hooks within {:.0}% of the budget: \
+         contentions, wait times and holder blame are estimates, each lock's claimed error in \
+         the JSON (contention_error){top}",
         governor::BUDGET_SHARE * 100.0,
     ))
 }
 
 /// How often the governor looks at the futex hooks' cost.
 const GOVERNOR_PERIOD: Duration = Duration::from_secs(1);
+/// The first period, shorter: on a program that switches threads very
+/// often, the hooks cost most before the first reading.
+const FIRST_PERIOD: Duration = Duration::from_millis(250);
 
 /// The governor and what it reads.
 struct Governed {
@@ -413,12 +454,70 @@ struct Governed {
     started: Instant,
     due: Instant,
     pid: u32,
+    /// The hooks' windows (attached throughout while the scale is 1).
+    windows: HookWindows,
 }
 
 impl Governed {
+    /// The next reading or window switch.
+    fn deadline(&self) -> Instant {
+        let scale = self.governor.scale();
+        self.windows
+            .next_switch(scale)
+            .map_or(self.due, |t| t.min(self.due))
+    }
+
+    /// Attaches or detaches the hooks when their windows say so.
+    fn step_windows(&mut self, probes: &mut Probes, notes: &mut Vec<String>) {
+        let counters = probes.counters();
+        let waits = counters.futex_waits_traced + counters.futex_waits_skipped;
+        let now = Instant::now();
+        match self.windows.step(now, self.governor.scale(), waits) {
+            Some(Switch::Detach) => probes.close_contention_window(),
+            Some(Switch::Attach) => {
+                if let Err(e) = probes.open_contention_window() {
+                    tracing::warn!("cannot re-attach the contention hooks: {e}");
+                    notes.push(format!(
+                        "the contention hooks could not be re-attached after a gap ({e}): \
+                         contention after it was not seen"
+                    ));
+                    self.windows.end(now);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Says that the hooks went in windows, or overran the budget even so.
+    fn windows_note(&self) -> Option<String> {
+        let (scale, gaps) = match self.governor.overrun() {
+            Some((base, share)) => {
+                return Some(format!(
+                    "the always-on lock hooks' base cost (runs on every context switch and \
+                     wake-up, which no sampling lowers) reached {:.1}% of the target's CPU time \
+                     while attached, above their {:.1}% share of the budget even attached one \
+                     window in {}: this program switches threads very often",
+                    base * 100.0,
+                    share * 100.0,
+                    self.governor.scale_max()
+                ))
+            }
+            None if self.windows.gaps() > 0 => (self.governor.scale_max(), self.windows.gaps()),
+            None => return None,
+        };
+        Some(format!(
+            "the always-on lock hooks' base cost (runs on every context switch and wake-up, \
+             which no sampling lowers) was above their share of the budget: they were attached \
+             in windows of {} ms, down to one in {scale} ({gaps} gaps), and the waits seen in \
+             them scaled to the session",
+            hook_windows::WINDOW.as_millis()
+        ))
+    }
+
     /// Reads the futex programs' cost and sets the stride it calls for.
     fn tick(&mut self, probes: &mut Probes) {
-        self.due = Instant::now() + GOVERNOR_PERIOD;
+        let first = self.started.elapsed() < FIRST_PERIOD;
+        self.due = Instant::now() + if first { FIRST_PERIOD } else { GOVERNOR_PERIOD };
         let Some(target_cpu_s) = cpu_time(self.pid) else {
             return;
         };
@@ -438,6 +537,7 @@ impl Governed {
             traced: counters.futex_waits_traced,
             skipped: counters.futex_waits_skipped,
             target_cpu_s,
+            attached_s: self.windows.attached_s(Instant::now()),
         });
         if stride != before {
             tracing::debug!("futex hooks: stride {before} -> {stride}");

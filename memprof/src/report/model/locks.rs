@@ -245,7 +245,7 @@ impl LockTracing {
 }
 
 /// How futex waits were traced.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LockContention {
     /// `sched` (each wait seen as the sleep it is, from the scheduler's
     /// raw tracepoints) or `syscalls` (the futex syscall tracepoints).
@@ -266,6 +266,13 @@ pub struct LockContention {
     /// only then, while every wait was traced), and those the ring lost.
     pub waits_as_sections: u64,
     pub waits_as_sections_lost: u64,
+    /// Gaps the hooks were detached for (their base cost, the runs on
+    /// every context switch, above their share of the budget): the waits
+    /// were seen in windows and scaled to the session (0: attached
+    /// throughout).
+    pub windows: u64,
+    /// The share of the session the hooks were attached (1: throughout).
+    pub attached_share: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
