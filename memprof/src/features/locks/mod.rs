@@ -137,6 +137,7 @@ impl Plan for LockPlan {
             due: Instant::now(),
             pid: self.pid,
             windows: HookWindows::new(Instant::now()),
+            ticks: 0,
         });
         Ok(Box::new(Locks {
             futex,
@@ -444,8 +445,9 @@ fn stride_note(c: &LockContention, locks: &[LockEntry]) -> Option<String> {
 
 /// How often the governor looks at the futex hooks' cost.
 const GOVERNOR_PERIOD: Duration = Duration::from_secs(1);
-/// The first period, shorter: on a program that switches threads very
-/// often, the hooks cost most before the first reading.
+/// The first period, shorter, for the windows only: on a program that
+/// switches threads very often, the hooks cost most before the first
+/// reading.
 const FIRST_PERIOD: Duration = Duration::from_millis(250);
 
 /// The governor and what it reads.
@@ -456,6 +458,8 @@ struct Governed {
     pid: u32,
     /// The hooks' windows (attached throughout while the scale is 1).
     windows: HookWindows,
+    /// Readings taken.
+    ticks: u32,
 }
 
 impl Governed {
@@ -516,8 +520,14 @@ impl Governed {
 
     /// Reads the futex programs' cost and sets the stride it calls for.
     fn tick(&mut self, probes: &mut Probes) {
-        let first = self.started.elapsed() < FIRST_PERIOD;
-        self.due = Instant::now() + if first { FIRST_PERIOD } else { GOVERNOR_PERIOD };
+        self.ticks += 1;
+        let early = self.ticks == 2;
+        self.due = Instant::now()
+            + if self.ticks == 1 {
+                FIRST_PERIOD
+            } else {
+                GOVERNOR_PERIOD
+            };
         let Some(target_cpu_s) = cpu_time(self.pid) else {
             return;
         };
@@ -529,7 +539,7 @@ impl Governed {
             programs::KLOCK_END,
         ]);
         let before = self.governor.stride();
-        let stride = self.governor.observe(Reading {
+        let reading = Reading {
             at_s: self.started.elapsed().as_secs_f64(),
             // Zero while traced waits ran: the kernel keeps no run times.
             run_ns: (run_ns > 0 || counters.futex_waits_traced == 0).then_some(run_ns),
@@ -538,7 +548,22 @@ impl Governed {
             skipped: counters.futex_waits_skipped,
             target_cpu_s,
             attached_s: self.windows.attached_s(Instant::now()),
-        });
+        };
+        if early {
+            // This early only windows are decided: the stride waits for
+            // a whole second, as every wait traced at stride 1 may show
+            // its holder's section to the unnecessary-contention analysis
+            // (deciding it after a quarter second halved those here).
+            let mut g = self.governor.clone();
+            g.observe(reading);
+            if g.scale() == 1 {
+                return;
+            }
+            self.governor = g;
+        } else {
+            self.governor.observe(reading);
+        }
+        let stride = self.governor.stride();
         if stride != before {
             tracing::debug!("futex hooks: stride {before} -> {stride}");
             probes.set_futex_stride(stride);
