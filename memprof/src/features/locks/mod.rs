@@ -8,6 +8,7 @@
 pub mod analysis;
 pub mod collect;
 pub mod durations;
+mod governed;
 pub mod governor;
 pub mod holds;
 pub mod hook_windows;
@@ -19,13 +20,12 @@ pub mod tracer;
 use std::{
     cell::Cell,
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
-use memprof_common::{locks::HoldEvent, maps, programs, SampleEvent, WaitSpan, CONTENTION_KEYS};
+use memprof_common::{locks::HoldEvent, maps, SampleEvent, WaitSpan, CONTENTION_KEYS};
 
 use super::{alloc::analysis::AllocProfile, ulcp, Feature, Plan, ReportContext, Target};
-use crate::kernel::cputime::cpu_time;
 use crate::{
     cli::LockMode,
     error::Result,
@@ -43,8 +43,8 @@ use crate::{
     },
 };
 use collect::LockCollector;
-use governor::{Governor, Reading, Sampling};
-use hook_windows::{HookWindows, Switch};
+use governed::Governed;
+use governor::Sampling;
 use traced::Scale;
 use tracer::LockLibrary;
 
@@ -131,14 +131,8 @@ impl Plan for LockPlan {
         } else {
             None
         };
-        let governed = (probes.futex_hooks.kind == "sched").then(|| Governed {
-            governor: Governor::new(self.budget),
-            started: Instant::now(),
-            due: Instant::now(),
-            pid: self.pid,
-            windows: HookWindows::new(Instant::now()),
-            ticks: 0,
-        });
+        let governed =
+            (probes.futex_hooks.kind == "sched").then(|| Governed::new(self.budget, self.pid));
         Ok(Box::new(Locks {
             futex,
             contention,
@@ -243,11 +237,8 @@ impl Feature for Locks {
     /// governor look at the futex hooks' cost.
     fn on_deadline(&mut self, probes: &mut Probes, notes: &mut Vec<String>) {
         let now = Instant::now();
-        if let Some(g) = self.governed.as_mut().filter(|g| g.due <= now) {
-            g.tick(probes);
-        }
         if let Some(g) = self.governed.as_mut() {
-            g.step_windows(probes, notes);
+            g.on_deadline(probes, notes);
         }
         if self.calls_due.get().is_none_or(|d| d > now) {
             return;
@@ -441,134 +432,6 @@ fn stride_note(c: &LockContention, locks: &[LockEntry]) -> Option<String> {
          the JSON (contention_error){top}",
         governor::BUDGET_SHARE * 100.0,
     ))
-}
-
-/// How often the governor looks at the futex hooks' cost.
-const GOVERNOR_PERIOD: Duration = Duration::from_secs(1);
-/// The first period, shorter, for the windows only: on a program that
-/// switches threads very often, the hooks cost most before the first
-/// reading.
-const FIRST_PERIOD: Duration = Duration::from_millis(250);
-
-/// The governor and what it reads.
-struct Governed {
-    governor: Governor,
-    started: Instant,
-    due: Instant,
-    pid: u32,
-    /// The hooks' windows (attached throughout while the scale is 1).
-    windows: HookWindows,
-    /// Readings taken.
-    ticks: u32,
-}
-
-impl Governed {
-    /// The next reading or window switch.
-    fn deadline(&self) -> Instant {
-        let scale = self.governor.scale();
-        self.windows
-            .next_switch(scale)
-            .map_or(self.due, |t| t.min(self.due))
-    }
-
-    /// Attaches or detaches the hooks when their windows say so.
-    fn step_windows(&mut self, probes: &mut Probes, notes: &mut Vec<String>) {
-        let counters = probes.counters();
-        let waits = counters.futex_waits_traced + counters.futex_waits_skipped;
-        let now = Instant::now();
-        match self.windows.step(now, self.governor.scale(), waits) {
-            Some(Switch::Detach) => probes.close_contention_window(),
-            Some(Switch::Attach) => {
-                if let Err(e) = probes.open_contention_window() {
-                    tracing::warn!("cannot re-attach the contention hooks: {e}");
-                    notes.push(format!(
-                        "the contention hooks could not be re-attached after a gap ({e}): \
-                         contention after it was not seen"
-                    ));
-                    self.windows.end(now);
-                }
-            }
-            None => {}
-        }
-    }
-
-    /// Says that the hooks went in windows, or overran the budget even so.
-    fn windows_note(&self) -> Option<String> {
-        let (scale, gaps) = match self.governor.overrun() {
-            Some((base, share)) => {
-                return Some(format!(
-                    "the always-on lock hooks' base cost (runs on every context switch and \
-                     wake-up, which no sampling lowers) reached {:.1}% of the target's CPU time \
-                     while attached, above their {:.1}% share of the budget even attached one \
-                     window in {}: this program switches threads very often",
-                    base * 100.0,
-                    share * 100.0,
-                    self.governor.scale_max()
-                ))
-            }
-            None if self.windows.gaps() > 0 => (self.governor.scale_max(), self.windows.gaps()),
-            None => return None,
-        };
-        Some(format!(
-            "the always-on lock hooks' base cost (runs on every context switch and wake-up, \
-             which no sampling lowers) was above their share of the budget: they were attached \
-             in windows of {} ms, down to one in {scale} ({gaps} gaps), and the waits seen in \
-             them scaled to the session",
-            hook_windows::WINDOW.as_millis()
-        ))
-    }
-
-    /// Reads the futex programs' cost and sets the stride it calls for.
-    fn tick(&mut self, probes: &mut Probes) {
-        self.ticks += 1;
-        let early = self.ticks == 2;
-        self.due = Instant::now()
-            + if self.ticks == 1 {
-                FIRST_PERIOD
-            } else {
-                GOVERNOR_PERIOD
-            };
-        let Some(target_cpu_s) = cpu_time(self.pid) else {
-            return;
-        };
-        let counters = probes.counters();
-        let (_, run_ns) = probes.runs_of(&[
-            programs::FUTEX_SWITCH,
-            programs::FUTEX_WAKING,
-            programs::KLOCK_BEGIN,
-            programs::KLOCK_END,
-        ]);
-        let before = self.governor.stride();
-        let reading = Reading {
-            at_s: self.started.elapsed().as_secs_f64(),
-            // Zero while traced waits ran: the kernel keeps no run times.
-            run_ns: (run_ns > 0 || counters.futex_waits_traced == 0).then_some(run_ns),
-            hit_ns: counters.futex_hit_ns,
-            traced: counters.futex_waits_traced,
-            skipped: counters.futex_waits_skipped,
-            target_cpu_s,
-            attached_s: self.windows.attached_s(Instant::now()),
-        };
-        if early {
-            // This early only windows are decided: the stride waits for
-            // a whole second, as every wait traced at stride 1 may show
-            // its holder's section to the unnecessary-contention analysis
-            // (deciding it after a quarter second halved those here).
-            let mut g = self.governor.clone();
-            g.observe(reading);
-            if g.scale() == 1 {
-                return;
-            }
-            self.governor = g;
-        } else {
-            self.governor.observe(reading);
-        }
-        let stride = self.governor.stride();
-        if stride != before {
-            tracing::debug!("futex hooks: stride {before} -> {stride}");
-            probes.set_futex_stride(stride);
-        }
-    }
 }
 
 /// What the kernel could not aggregate or sample, said in the notes.
