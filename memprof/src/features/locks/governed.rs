@@ -13,10 +13,6 @@ use crate::kernel::{cputime::cpu_time, loader::Probes};
 
 /// How often the governor looks at the futex hooks' cost.
 const GOVERNOR_PERIOD: Duration = Duration::from_secs(1);
-/// The first period, shorter, for the windows only: on a program that
-/// switches threads very often, the hooks cost most before the first
-/// reading.
-const FIRST_PERIOD: Duration = Duration::from_millis(250);
 
 /// The governor and what it reads.
 pub(super) struct Governed {
@@ -26,8 +22,6 @@ pub(super) struct Governed {
     pid: u32,
     /// The hooks' windows (attached throughout while the scale is 1).
     pub(super) windows: HookWindows,
-    /// Readings taken.
-    ticks: u32,
 }
 
 impl Governed {
@@ -41,7 +35,6 @@ impl Governed {
             due: now,
             pid,
             windows: HookWindows::new(now),
-            ticks: 0,
         }
     }
 
@@ -111,14 +104,7 @@ impl Governed {
 
     /// Reads the futex programs' cost and sets the stride it calls for.
     fn tick(&mut self, probes: &mut Probes) {
-        self.ticks += 1;
-        let early = self.ticks == 2;
-        self.due = Instant::now()
-            + if self.ticks == 1 {
-                FIRST_PERIOD
-            } else {
-                GOVERNOR_PERIOD
-            };
+        self.due = Instant::now() + GOVERNOR_PERIOD;
         let Some(target_cpu_s) = cpu_time(self.pid) else {
             return;
         };
@@ -140,20 +126,7 @@ impl Governed {
             target_cpu_s,
             attached_s: self.windows.attached_s(Instant::now()),
         };
-        if early {
-            // This early only windows are decided: the stride waits for
-            // a whole second, as every wait traced at stride 1 may show
-            // its holder's section to the unnecessary-contention analysis
-            // (deciding it after a quarter second halved those here).
-            let mut g = self.governor.clone();
-            g.observe(reading);
-            if g.scale() == 1 {
-                return;
-            }
-            self.governor = g;
-        } else {
-            self.governor.observe(reading);
-        }
+        self.governor.observe(reading);
         let stride = self.governor.stride();
         if stride != before {
             tracing::debug!("futex hooks: stride {before} -> {stride}");
