@@ -3,15 +3,12 @@
 //! (the default) or the futex syscall tracepoints (the fallback), and
 //! the raw syscall tracepoints the allocator attaches with its windows.
 
-use aya::{
-    programs::{raw_trace_point::RawTracePointLink, RawTracePoint},
-    Ebpf,
-};
+use aya::{programs::raw_trace_point::RawTracePointLink, Ebpf};
 use memprof_common::programs;
 
 use super::{
     detach::OwnedLinks,
-    loader::{attach_error, attach_raw, attach_tracepoint, attach_tracepoint_to, program, Probes},
+    loader::{attach_loaded_raw, attach_raw, attach_tracepoint, attach_tracepoint_to, Probes},
 };
 use crate::error::Result;
 
@@ -106,7 +103,7 @@ impl ContentionHooks {
     }
 
     /// Whether they are attached.
-    pub fn attached(&self) -> bool {
+    fn attached(&self) -> bool {
         !self.links.is_empty()
     }
 }
@@ -174,19 +171,10 @@ impl Probes {
         self.set_futex_window_start(super::windows::ktime_ns());
         for i in 0..self.contention.hooks.len() {
             let (name, event) = self.contention.hooks[i];
-            let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
-            let id = prog
-                .attach(event)
-                .map_err(|e| attach_error(e, &format!("raw tracepoint {event}")))?;
-            let link = prog.take_link(id).map_err(anyhow::Error::new)?;
+            let link = attach_loaded_raw(&mut self.ebpf, name, event)?;
             self.contention.links.push(link);
         }
         Ok(())
-    }
-
-    /// Whether the contention hooks are attached now.
-    pub fn contention_window_open(&self) -> bool {
-        self.contention.attached()
     }
 
     /// Attaches the allocator's syscall programs to the raw `sys_enter`
@@ -198,11 +186,7 @@ impl Probes {
             (programs::SYSCALL_EXIT, "sys_exit"),
             (programs::SYSCALL_ENTER, "sys_enter"),
         ] {
-            let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
-            let id = prog
-                .attach(event)
-                .map_err(|e| attach_error(e, &format!("raw tracepoint {event}")))?;
-            links.push(prog.take_link(id).map_err(anyhow::Error::new)?);
+            links.push(attach_loaded_raw(&mut self.ebpf, name, event)?);
         }
         Ok(links)
     }

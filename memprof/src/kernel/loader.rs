@@ -432,6 +432,17 @@ pub(super) fn attach_raw(ebpf: &mut Ebpf, name: &str, event: &str) -> Result<Raw
     let prog: &mut RawTracePoint = program(ebpf, name)?;
     prog.load()
         .map_err(|e| classify(anyhow::Error::new(e).context(format!("loading {name}"))))?;
+    attach_loaded_raw(ebpf, name, event)
+}
+
+/// Attaches the loaded raw tracepoint program `name` to `event` (again:
+/// the windowed hooks); the caller owns the link.
+pub(super) fn attach_loaded_raw(
+    ebpf: &mut Ebpf,
+    name: &str,
+    event: &str,
+) -> Result<RawTracePointLink> {
+    let prog: &mut RawTracePoint = program(ebpf, name)?;
     let id = prog
         .attach(event)
         .map_err(|e| attach_error(e, &format!("raw tracepoint {event}")))?;

@@ -17,7 +17,6 @@ const GOVERNOR_PERIOD: Duration = Duration::from_secs(1);
 /// The governor and what it reads.
 pub(super) struct Governed {
     pub(super) governor: Governor,
-    started: Instant,
     due: Instant,
     pid: u32,
     /// The hooks' windows (attached throughout while the scale is 1).
@@ -31,7 +30,6 @@ impl Governed {
         let now = Instant::now();
         Self {
             governor: Governor::new(budget),
-            started: now,
             due: now,
             pid,
             windows: HookWindows::new(now),
@@ -116,15 +114,16 @@ impl Governed {
             programs::KLOCK_END,
         ]);
         let before = self.governor.stride();
+        let now = Instant::now();
         let reading = Reading {
-            at_s: self.started.elapsed().as_secs_f64(),
+            at_s: self.windows.session_s(now),
             // Zero while traced waits ran: the kernel keeps no run times.
             run_ns: (run_ns > 0 || counters.futex_waits_traced == 0).then_some(run_ns),
             hit_ns: counters.futex_hit_ns,
             traced: counters.futex_waits_traced,
             skipped: counters.futex_waits_skipped,
             target_cpu_s,
-            attached_s: self.windows.attached_s(Instant::now()),
+            attached_s: self.windows.attached_s(now),
         };
         self.governor.observe(reading);
         let stride = self.governor.stride();

@@ -82,6 +82,11 @@ impl HookWindows {
         self.gaps
     }
 
+    /// Seconds since the hooks were first attached, up to `now`.
+    pub fn session_s(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.started).as_secs_f64()
+    }
+
     /// Seconds attached up to `now`.
     pub fn attached_s(&self, now: Instant) -> f64 {
         let open = self
@@ -139,7 +144,7 @@ impl HookWindows {
         }
         let end = self.ended.unwrap_or(now);
         let attached = self.attached_s(end);
-        let session = end.saturating_duration_since(self.started).as_secs_f64();
+        let session = self.session_s(end);
         if attached <= 0.0 {
             return 1.0;
         }
