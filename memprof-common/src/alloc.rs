@@ -22,8 +22,20 @@ pub mod alloc_op {
     pub const NEW_ARRAY: u32 = 11;
     pub const DELETE: u32 = 12;
     pub const DELETE_ARRAY: u32 = 13;
+    /// jemalloc's own API (also defined by other allocators for
+    /// compatibility), which programs built for jemalloc call directly:
+    /// `mallocx(size, flags)`, `rallocx(ptr, size, flags)` (a realloc),
+    /// `xallocx(ptr, size, extra, flags)` (resizes in place, returns the
+    /// usable size), `sdallocx(ptr, size, flags)` and `dallocx(ptr,
+    /// flags)` (frees). They reach the allocator's internals without
+    /// passing through `malloc` or `free`.
+    pub const MALLOCX: u32 = 14;
+    pub const RALLOCX: u32 = 15;
+    pub const XALLOCX: u32 = 16;
+    pub const SDALLOCX: u32 = 17;
+    pub const DALLOCX: u32 = 18;
     /// Number of operations.
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 19;
 
     /// The C symbol of each operation, indexed by its code.
     pub const SYMBOLS: [&str; COUNT as usize] = [
@@ -41,11 +53,57 @@ pub mod alloc_op {
         "_Znam",
         "_ZdlPv",
         "_ZdaPv",
+        "mallocx",
+        "rallocx",
+        "xallocx",
+        "sdallocx",
+        "dallocx",
     ];
+
+    /// Other entry points of an operation, with its arguments where it
+    /// expects them (a size first for `new`, a pointer first for
+    /// `delete`): the C++ operators' sized (C++14, what g++ calls for
+    /// `delete p` of a complete type), aligned (C++17) and `nothrow`
+    /// forms. An allocator that defines them implements each without
+    /// calling `malloc` or `free`, so each is probed.
+    pub const VARIANTS: [(&str, u32); 16] = [
+        ("_ZnwmRKSt9nothrow_t", NEW),
+        ("_ZnwmSt11align_val_t", NEW),
+        ("_ZnwmSt11align_val_tRKSt9nothrow_t", NEW),
+        ("_ZnamRKSt9nothrow_t", NEW_ARRAY),
+        ("_ZnamSt11align_val_t", NEW_ARRAY),
+        ("_ZnamSt11align_val_tRKSt9nothrow_t", NEW_ARRAY),
+        ("_ZdlPvm", DELETE),
+        ("_ZdlPvRKSt9nothrow_t", DELETE),
+        ("_ZdlPvSt11align_val_t", DELETE),
+        ("_ZdlPvmSt11align_val_t", DELETE),
+        ("_ZdaPvm", DELETE_ARRAY),
+        ("_ZdaPvRKSt9nothrow_t", DELETE_ARRAY),
+        ("_ZdaPvSt11align_val_t", DELETE_ARRAY),
+        ("_ZdaPvmSt11align_val_t", DELETE_ARRAY),
+        ("_ZdlPvSt11align_val_tRKSt9nothrow_t", DELETE),
+        ("_ZdaPvSt11align_val_tRKSt9nothrow_t", DELETE_ARRAY),
+    ];
+
+    /// The operation a symbol implements: its own, or the one it is a
+    /// variant of.
+    pub fn of_symbol(name: &str) -> Option<u32> {
+        SYMBOLS
+            .iter()
+            .position(|s| *s == name)
+            .map(|op| op as u32)
+            .or_else(|| VARIANTS.iter().find(|(s, _)| *s == name).map(|&(_, op)| op))
+    }
 
     /// Whether the operation gives a block back (its pointer is arg 0).
     pub const fn is_free(op: u32) -> bool {
-        matches!(op, FREE | DELETE | DELETE_ARRAY)
+        matches!(op, FREE | DELETE | DELETE_ARRAY | SDALLOCX | DALLOCX)
+    }
+
+    /// Whether the operation resizes a block (its pointer is arg 0, the
+    /// new size arg 1).
+    pub const fn is_resize(op: u32) -> bool {
+        matches!(op, REALLOC | RALLOCX | XALLOCX)
     }
 }
 
@@ -310,5 +368,27 @@ mod tests {
         bytes[..4].copy_from_slice(&EVENT_SYSCALL.to_ne_bytes());
         let sys = SyscallEvent::from_bytes(&bytes).map(|s| (s.kind, s.nr));
         assert_eq!(sys, Some((EVENT_SYSCALL, alloc_op::REALLOC)));
+    }
+
+    #[test]
+    fn every_entry_point_names_one_operation() {
+        use alloc_op::*;
+        assert_eq!(of_symbol("malloc"), Some(MALLOC));
+        assert_eq!(of_symbol("sdallocx"), Some(SDALLOCX));
+        assert_eq!(of_symbol("_ZdlPvm"), Some(DELETE));
+        assert_eq!(of_symbol("_ZnamSt11align_val_t"), Some(NEW_ARRAY));
+        assert_eq!(of_symbol("mi_free"), None);
+        // A variant keeps its operation's arguments: frees take the
+        // pointer first, news the size.
+        for (name, op) in VARIANTS {
+            assert!(!SYMBOLS.contains(&name), "{name}");
+            let delete = name.starts_with("_Zd");
+            assert_eq!(is_free(op), delete, "{name}");
+            assert!(
+                matches!(op, NEW | NEW_ARRAY | DELETE | DELETE_ARRAY),
+                "{name}"
+            );
+        }
+        assert!(is_free(DALLOCX) && is_resize(XALLOCX) && !is_free(MALLOCX));
     }
 }

@@ -209,7 +209,7 @@ pub fn mp_alloc_enter(ctx: ProbeContext) -> u32 {
     let arg = |n: usize| ctx.arg::<u64>(n).unwrap_or(0);
     let (size, ptr) = match op {
         alloc_op::CALLOC => (arg(0).wrapping_mul(arg(1)), 0),
-        alloc_op::REALLOC => (arg(1), arg(0)),
+        op if alloc_op::is_resize(op) => (arg(1), arg(0)),
         alloc_op::REALLOCARRAY => (arg(1).wrapping_mul(arg(2)), arg(0)),
         alloc_op::POSIX_MEMALIGN => (arg(2), arg(0)),
         alloc_op::ALIGNED_ALLOC | alloc_op::MEMALIGN => (arg(1), 0),
@@ -303,7 +303,15 @@ pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
             let p = if ret == 0 { read_user_u64(f.ptr) } else { 0 };
             (p, 0, chunk_header(p))
         }
-        alloc_op::REALLOC | alloc_op::REALLOCARRAY => (ret, f.ptr, chunk_header(ret)),
+        alloc_op::REALLOC | alloc_op::REALLOCARRAY | alloc_op::RALLOCX => {
+            (ret, f.ptr, chunk_header(ret))
+        }
+        // Resized in place (or not at all): the block's usable size is
+        // what it returns.
+        alloc_op::XALLOCX => {
+            f.size = ret;
+            (f.ptr, f.ptr, 0)
+        }
         _ => (ret, 0, chunk_header(ret)),
     };
     let mut event = AllocEvent {

@@ -22,9 +22,17 @@ use crate::{
 };
 
 /// Allocation functions we look for, by their C names (and the C++
-/// operators, which preloaded allocators define themselves).
-/// Indexed by operation code (`memprof_common::alloc_op`).
-pub const ENTRY_POINTS: [&str; 14] = memprof_common::alloc_op::SYMBOLS;
+/// operators, which preloaded allocators define themselves): each
+/// operation's own symbol (`memprof_common::alloc_op::SYMBOLS`), then
+/// its variants (`VARIANTS`).
+pub fn entry_point_names() -> Vec<&'static str> {
+    use memprof_common::alloc_op::{SYMBOLS, VARIANTS};
+    SYMBOLS
+        .iter()
+        .copied()
+        .chain(VARIANTS.iter().map(|&(name, _)| name))
+        .collect()
+}
 
 /// The allocator implementations we recognize.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +113,7 @@ pub fn find_for_command(command: &FinalCommand) -> anyhow::Result<Option<Allocat
 
 /// The allocator defined in `path`, if it defines `malloc`.
 fn inspect(inspector: &Inspector, path: &str) -> anyhow::Result<Option<Allocator>> {
-    let Some(entries) = entry_points(inspector, path, &ENTRY_POINTS) else {
+    let Some(entries) = entry_points(inspector, path, &entry_point_names()) else {
         return Ok(None);
     };
     let src = elf_source(path);

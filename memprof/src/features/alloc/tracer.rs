@@ -63,9 +63,10 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, Vec<bool>) {
         .entries
         .iter()
         .filter_map(|entry| {
-            let op = memprof_common::alloc_op::SYMBOLS
+            let op = entry
+                .names
                 .iter()
-                .position(|s| entry.names.first().is_some_and(|n| n == s))?;
+                .find_map(|name| alloc_op::of_symbol(name))? as usize;
             // Enough for early-exit branches to be followed to their `ret`.
             let code = prologue::read_code(&allocator.path, entry.file_offset).unwrap_or_default();
             let (offset, emulated) = prologue::probe_site(&code);

@@ -23,6 +23,12 @@ schema_enum! {
         NewArray = "operator new[]",
         Delete = "operator delete",
         DeleteArray = "operator delete[]",
+        /// jemalloc's own API.
+        Mallocx = "mallocx",
+        Rallocx = "rallocx",
+        Xallocx = "xallocx",
+        Sdallocx = "sdallocx",
+        Dallocx = "dallocx",
         /// A code the profiler does not know.
         Unknown = "unknown",
     }
@@ -47,6 +53,11 @@ impl AllocOp {
             alloc_op::NEW_ARRAY => AllocOp::NewArray,
             alloc_op::DELETE => AllocOp::Delete,
             alloc_op::DELETE_ARRAY => AllocOp::DeleteArray,
+            alloc_op::MALLOCX => AllocOp::Mallocx,
+            alloc_op::RALLOCX => AllocOp::Rallocx,
+            alloc_op::XALLOCX => AllocOp::Xallocx,
+            alloc_op::SDALLOCX => AllocOp::Sdallocx,
+            alloc_op::DALLOCX => AllocOp::Dallocx,
             _ => AllocOp::Unknown,
         }
     }
