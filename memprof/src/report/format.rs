@@ -30,6 +30,15 @@ pub fn format_latency(ns: u64, resolution_ns: Option<u64>) -> String {
     }
 }
 
+/// A latency the report gives as None below `resolution_ns`.
+pub fn format_measured(ns: Option<u64>, resolution_ns: Option<u64>) -> String {
+    match (ns, resolution_ns) {
+        (Some(ns), _) => format_latency(ns, resolution_ns),
+        (None, Some(r)) => format!("<{}", format_ns(r)),
+        (None, None) => "?".to_string(),
+    }
+}
+
 /// `part` as a percentage of `whole`; 0 when `whole` is 0.
 pub fn percent(part: u64, whole: u64) -> f64 {
     if whole == 0 {

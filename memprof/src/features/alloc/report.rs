@@ -290,6 +290,11 @@ fn probe_cost(profile: &AllocProfile) -> Option<ProbeCostReport> {
 
 /// Latency per split, busiest first.
 fn ops(profile: &AllocProfile, scaling: &Scaling) -> Vec<OpStats> {
+    let cost = profile.probe_cost();
+    let resolution = cost
+        .is_calibrated()
+        .then(|| cost.resolution_ns(&profile.probe_kinds()));
+    let measured = |ns: u64| measured(ns, resolution);
     profile
         .splits()
         .into_iter()
@@ -302,10 +307,10 @@ fn ops(profile: &AllocProfile, scaling: &Scaling) -> Vec<OpStats> {
                 phase: key.phase.into(),
                 count: scaling.calls(h.len(), key.op),
                 traced: h.len(),
-                mean_ns: h.mean().round() as u64,
-                p50_ns: h.value_at_quantile(0.5),
-                p99_ns: h.value_at_quantile(0.99),
-                max_ns: h.max(),
+                mean_ns: measured(h.mean().round() as u64),
+                p50_ns: measured(h.value_at_quantile(0.5)),
+                p99_ns: measured(h.value_at_quantile(0.99)),
+                max_ns: measured(h.max()),
                 histogram: log2_histogram(&stats.log2),
                 syscalls: stats.syscalls,
                 syscall_ns: stats.syscall_ns,
@@ -313,6 +318,14 @@ fn ops(profile: &AllocProfile, scaling: &Scaling) -> Vec<OpStats> {
             }
         })
         .collect()
+}
+
+/// A corrected latency, or None below the calibration's `resolution`.
+fn measured(ns: u64, resolution: Option<u64>) -> Option<u64> {
+    match resolution {
+        Some(r) if ns < r => None,
+        _ => Some(ns),
+    }
 }
 
 /// The non-empty log2 buckets: (upper bound in ns, calls).
@@ -571,9 +584,19 @@ mod tests {
             ]
         );
         let first = &ops[0];
-        assert_eq!((first.traced, first.mean_ns, first.max_ns), (2, 200, 300));
+        assert_eq!(
+            (first.traced, first.mean_ns, first.max_ns),
+            (2, Some(200), Some(300))
+        );
         // 100 ns and 300 ns: one call under 128 ns, one under 512 ns.
         assert_eq!(first.histogram, [(128, 1), (512, 1)]);
+    }
+
+    #[test]
+    fn latencies_below_the_resolution_are_not_numbers() {
+        assert_eq!(measured(30, Some(131)), None, "noise of the correction");
+        assert_eq!(measured(131, Some(131)), Some(131));
+        assert_eq!(measured(1, None), Some(1), "uncorrected: the raw duration");
     }
 
     #[test]

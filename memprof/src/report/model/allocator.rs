@@ -232,10 +232,14 @@ pub struct OpStats {
     pub count: Option<u64>,
     /// Calls traced (unscaled).
     pub traced: u64,
-    pub mean_ns: u64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    pub max_ns: u64,
+    /// Latencies with the probes' own cost taken off; null when below the
+    /// calibration's resolution (`probe_cost_ns.resolution_ns`): shorter
+    /// than that, which the probes cannot tell from zero (a number there
+    /// would be the correction's noise, e.g. "1 ns" for glibc's fast path).
+    pub mean_ns: Option<u64>,
+    pub p50_ns: Option<u64>,
+    pub p99_ns: Option<u64>,
+    pub max_ns: Option<u64>,
     /// Latency histogram: (upper bound in ns, calls traced), log2 buckets.
     pub histogram: Vec<(u64, u64)>,
     /// Syscalls made inside the traced calls (mmap, munmap, brk, ...),

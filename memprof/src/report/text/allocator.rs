@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::report::{
-    format::{ellipsize, format_bytes, format_latency, format_ns, group, maybe, percent},
+    format::{ellipsize, format_bytes, format_measured, format_ns, group, maybe, percent},
     model::source_label,
     model::{
         AllocOp, AllocatorReport, BlockOrigin, HeapProfileReport, MemoryReport, OpStats, SiteEntry,
@@ -98,9 +98,9 @@ fn write_ops(out: &mut String, ops: &[OpStats], resolution: Option<u64>) {
             "    {} {:>9} {:>7} {:>7} {:>7}",
             split_label(op),
             maybe(op.count, group),
-            format_latency(op.mean_ns, resolution),
-            format_latency(op.p99_ns, resolution),
-            format_latency(op.max_ns, resolution),
+            format_measured(op.mean_ns, resolution),
+            format_measured(op.p99_ns, resolution),
+            format_measured(op.max_ns, resolution),
         );
     }
     if ops.len() > TOP_OPS {

@@ -14,7 +14,7 @@ use ratatui::{
 };
 
 use crate::report::{
-    format::{format_latency, maybe},
+    format::{format_measured, maybe},
     model::{AllocatorReport, MemoryReport, OpStats, SiteEntry, SyscallStats, TraceMode},
     text::{
         allocator_off, by_time, format_bytes, format_ns, group, library_label, live_label, percent,
@@ -309,10 +309,10 @@ fn ops_table(ops: &[OpStats], resolution: Option<u64>, width: u16) -> Table<'sta
                 op.origin.map_or_else(|| "-".into(), |o| o.to_string()),
                 op.phase.to_string(),
                 maybe(op.count, count_label),
-                format_latency(op.mean_ns, resolution),
-                format_latency(op.p50_ns, resolution),
-                format_latency(op.p99_ns, resolution),
-                format_latency(op.max_ns, resolution),
+                format_measured(op.mean_ns, resolution),
+                format_measured(op.p50_ns, resolution),
+                format_measured(op.p99_ns, resolution),
+                format_measured(op.max_ns, resolution),
             ]
         })
         .collect();
