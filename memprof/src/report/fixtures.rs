@@ -225,6 +225,24 @@ pub fn sample_allocator() -> AllocatorReport {
         always_traced: vec![],
         lost: 0,
         probe_cost_ns: None,
+        cpu: Some(AllocatorCpu {
+            samples: 412,
+            share: 0.0824,
+            functions: vec![
+                AllocatorFunctionCpu {
+                    function: "_int_malloc".into(),
+                    op: None,
+                    samples: 250,
+                    share: 0.05,
+                },
+                AllocatorFunctionCpu {
+                    function: "__GI___libc_free".into(),
+                    op: Some(AllocOp::Free),
+                    samples: 162,
+                    share: 0.0324,
+                },
+            ],
+        }),
         ops: vec![
             op(AllocOp::Malloc, Small, Some(Reused), 60_000, 45),
             op(AllocOp::Free, Small, Some(Reused), 59_000, 30),

@@ -9,6 +9,7 @@ pub mod analysis;
 mod calibrate;
 pub mod classes;
 pub mod collect;
+pub mod cpu_share;
 pub mod heap;
 pub mod heap_report;
 pub mod memory;
@@ -358,6 +359,16 @@ impl Feature for Alloc {
             ctx.kernel_stats,
             |place| symbolizer.code_inlined(place).clone(),
         );
+        // The CPU feature reports first: its hottest functions are known.
+        if let Some(tracer) = tracer {
+            let module = tracer.allocator.path.rsplit('/').next().unwrap_or_default();
+            out.allocator.cpu = cpu_share::cpu_share(
+                &out.hot_functions,
+                tracer.allocator.kind,
+                module,
+                out.sampling.samples,
+            );
+        }
         if let Some(t) = &self.traced {
             out.allocator.named_at_wrapper = t.collector.named_at_wrapper;
             ctx.notes.extend(report::wrapper_note(

@@ -113,6 +113,7 @@ pub fn report(
         sites: sites(profile, &scaling, &mut symbolize),
         heap_profile: None,
         kernel: kernel_threads(kernel),
+        cpu: None, // from the CPU samples, by the caller
     }
 }
 

@@ -178,6 +178,30 @@ pub struct AllocatorReport {
     pub heap_profile: Option<HeapProfileReport>,
     /// Kernel-side cost per thread: page faults and `mmap_lock` waits.
     pub kernel: Vec<KernelThreadEntry>,
+    /// The allocator's share of the CPU samples (every mode: from the
+    /// samples, not the probes); null when no sample was taken.
+    pub cpu: Option<AllocatorCpu>,
+}
+
+/// The CPU samples whose instruction was allocator code (user mode: its
+/// syscalls are in `syscalls`), among the report's hottest functions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AllocatorCpu {
+    pub samples: u64,
+    /// Of all the target's samples (kernel ones included).
+    pub share: f64,
+    /// The allocator's functions that took them, hottest first.
+    pub functions: Vec<AllocatorFunctionCpu>,
+}
+
+/// One allocator function's samples.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AllocatorFunctionCpu {
+    pub function: String,
+    /// The entry point it is (null: an internal function).
+    pub op: Option<AllocOp>,
+    pub samples: u64,
+    pub share: f64,
 }
 
 /// The probes' calibrated cost.

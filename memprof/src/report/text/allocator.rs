@@ -7,8 +7,8 @@ use crate::report::{
     format::{ellipsize, format_bytes, format_measured, format_ns, group, maybe, percent},
     model::source_label,
     model::{
-        AllocOp, AllocatorReport, BlockOrigin, HeapProfileReport, MemoryReport, OpStats, SiteEntry,
-        SyscallStats, TraceMode,
+        AllocOp, AllocatorCpu, AllocatorReport, BlockOrigin, HeapProfileReport, MemoryReport,
+        OpStats, SiteEntry, SyscallStats, TraceMode,
     },
 };
 
@@ -32,6 +32,7 @@ pub(super) fn write_allocator(out: &mut String, a: &AllocatorReport) {
     }
     let _ = writeln!(out, "Allocator: {}", library_label(a));
     write_allocator_mode(out, a);
+    write_cpu(out, a.cpu.as_ref());
     write_ops(
         out,
         &a.ops,
@@ -80,6 +81,28 @@ fn write_allocator_mode(out: &mut String, a: &AllocatorReport) {
 }
 
 /// Latency of the busiest splits.
+/// The allocator's share of the CPU samples, with its hottest functions.
+fn write_cpu(out: &mut String, cpu: Option<&AllocatorCpu>) {
+    let Some(cpu) = cpu else { return };
+    let top: Vec<String> = cpu
+        .functions
+        .iter()
+        .take(2)
+        .map(|f| format!("{} {:.1}%", f.function, f.share * 100.0))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  CPU in its code: {:.1}% of samples ({}){}",
+        cpu.share * 100.0,
+        group(cpu.samples),
+        if top.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", top.join(", "))
+        }
+    );
+}
+
 fn write_ops(out: &mut String, ops: &[OpStats], resolution: Option<u64>) {
     if ops.is_empty() {
         let _ = writeln!(out, "  no allocator calls traced");
