@@ -748,15 +748,26 @@ fn usable_bytes_are_each_allocators_own_account() {
         let memory = &report["allocator"]["memory"];
         assert_eq!(memory["usable_known"], true, "{label}: {memory:#}");
         let usable = memory["usable_end"].as_u64().unwrap_or(0);
-        let own = truth.get("live_usable");
-        let err = usable as f64 / own as f64 - 1.0;
-        assert!(
-            err.abs() <= 0.01,
-            "{label}: usable bytes {usable} against the allocator's {own} ({:+.2}%): {memory:#}",
-            err * 100.0
-        );
+        assert_usable_near(label, usable, truth.get("live_usable"), 0.01, memory);
     }
     assert_no_programs_left();
+}
+
+/// Asserts the tool's live usable bytes are `own` (the allocator's or the
+/// program's account) within `tolerance` (0.01: 1%).
+fn assert_usable_near(
+    label: &str,
+    usable: u64,
+    own: u64,
+    tolerance: f64,
+    memory: &serde_json::Value,
+) {
+    let err = usable as f64 / own as f64 - 1.0;
+    assert!(
+        err.abs() <= tolerance,
+        "{label}: live usable bytes {usable} against {own} ({:+.2}%): {memory:#}",
+        err * 100.0
+    );
 }
 
 /// Proves that in a static executable the allocator is found in the
@@ -1213,8 +1224,9 @@ fn redis_used_memory(port: &str) -> u64 {
 /// from the growth of redis's own count (the issue's target). Redis counts
 /// `malloc_usable_size`, jemalloc's size classes, which the tool computes;
 /// it also counts frees of blocks older than the session, which the tool
-/// cannot: measured 32 bytes apart in 40.5 MB.
-const REDIS_TOLERANCE: f64 = 0.10;
+/// cannot: measured 32 bytes apart in 40.5 MB, and 64 in 40.5 MB (#35,
+/// whose target is 5%).
+const REDIS_TOLERANCE: f64 = 0.05;
 
 /// Proves the allocator profile on a third-party program: attached to a
 /// running redis-server (Debian's, jemalloc dynamically linked), full
@@ -1391,138 +1403,8 @@ fn nonstandard_entry_points_keep_the_allocators_account() {
             }
         }
         let usable = a["memory"]["usable_end"].as_u64().unwrap_or(0);
-        let own = truth.get("live_usable");
-        let err = usable as f64 / own as f64 - 1.0;
-        assert!(
-            err.abs() <= 0.02,
-            "{label}: usable bytes {usable} against the allocator's {own} ({:+.2}%): {:#}",
-            err * 100.0,
-            a["memory"]
-        );
+        assert_usable_near(label, usable, truth.get("live_usable"), 0.02, &a["memory"]);
     }
-    assert_no_programs_left();
-}
-
-/// Debian's redis-server (jemalloc, dynamically linked), started
-/// untraced, then the tool attached with `-p` in full mode while
-/// `redis-benchmark` writes 100 k new keys of 100 bytes (#35): the usable
-/// bytes the tool holds live at the end are the growth of redis's own
-/// `used_memory` (its sum of `malloc_usable_size()` over what it holds)
-/// over the same interval, within 5%. Both are read while nothing else
-/// runs: the benchmark's connections are closed and their buffers freed.
-#[test]
-fn redis_live_bytes_are_its_own_used_memory() {
-    let test = "redis_live_bytes_are_its_own_used_memory";
-    if !require_root(test) {
-        return;
-    }
-    const PORT: &str = "21991";
-    let missing: Vec<_> = [
-        "/usr/bin/redis-server",
-        "/usr/bin/redis-benchmark",
-        "/usr/bin/redis-cli",
-    ]
-    .into_iter()
-    .filter(|p| !std::path::Path::new(p).exists())
-    .collect();
-    if !missing.is_empty() {
-        skip(
-            test,
-            &format!("{missing:?} missing: cargo xtask setup installs them"),
-        );
-        return;
-    }
-    let server = TestProcess::spawn(
-        std::path::Path::new("/usr/bin/redis-server"),
-        &[
-            "--port",
-            PORT,
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-    );
-    let used_memory = || -> u64 {
-        let started = Instant::now();
-        loop {
-            let out = std::process::Command::new("redis-cli")
-                .args(["-p", PORT, "info", "memory"])
-                .output()
-                .expect("running redis-cli");
-            let text = String::from_utf8_lossy(&out.stdout);
-            if let Some(v) = text
-                .lines()
-                .find_map(|l| l.strip_prefix("used_memory:"))
-                .and_then(|v| v.trim().parse().ok())
-            {
-                return v;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis never answered: {text}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    let before_attach = used_memory();
-    let path = report_path(test);
-    let pid = server.pid().to_string();
-    let tool = TracingTool::start(&[
-        "-p",
-        &pid,
-        "--alloc-mode",
-        "full",
-        "--lock-mode",
-        "off",
-        "--json",
-        path.to_str().expect("UTF-8 path"),
-    ]);
-    let before = used_memory();
-    run_ok(std::process::Command::new("redis-benchmark").args([
-        "-p",
-        PORT,
-        "-t",
-        "set",
-        "-n",
-        "100000",
-        "-r",
-        "100000000",
-        "-d",
-        "100",
-        "-P",
-        "16",
-        "-q",
-    ]))
-    .expect("redis-benchmark");
-    let after = used_memory();
-    // SAFETY: kill(2) on the tool's own pid, a process this test started.
-    unsafe { libc::kill(tool.pid() as i32, libc::SIGINT) };
-    let run = tool.finish(Duration::from_secs(120));
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let report = read_report(&path);
-    let memory = &report["allocator"]["memory"];
-    assert_eq!(
-        report["allocator"]["library"]
-            .as_str()
-            .map(|l| l.starts_with("jemalloc")),
-        Some(true)
-    );
-    assert_eq!(report["allocator"]["lost"], 0, "{:#}", report["allocator"]);
-    let growth = after.saturating_sub(before);
-    assert!(
-        growth > 10 * MIB,
-        "redis grew by only {growth} bytes (before attach {before_attach})"
-    );
-    let live = memory["usable_end"].as_u64().unwrap_or(0);
-    let err = live as f64 / growth as f64 - 1.0;
-    assert!(
-        err.abs() <= 0.05,
-        "live usable bytes {live} against used_memory's growth {growth} ({:+.2}%): {memory:#}",
-        err * 100.0
-    );
     assert_no_programs_left();
 }
 
