@@ -16,19 +16,15 @@ use memprof_common::alloc_op;
 use super::allocator::AllocatorKind;
 use crate::report::model::{AllocOp, AllocatorCpu, AllocatorFunctionCpu, HotFunctionEntry};
 
-/// glibc's allocator functions by name, for a libc without debug info
-/// (its exported names and the internal ones its symbol table keeps).
-const GLIBC_MALLOC_NAMES: [&str; 10] = [
-    "malloc",
-    "free",
-    "_int_",
-    "tcache_",
+/// glibc's internal allocator functions, for a libc without debug info
+/// (the entry points themselves are known by [`entry_op`]): whole
+/// families by prefix, and single functions.
+const GLIBC_MALLOC_PREFIXES: [&str; 2] = ["_int_", "tcache_"];
+const GLIBC_MALLOC_INTERNALS: [&str; 4] = [
     "malloc_consolidate",
     "sysmalloc",
     "unlink_chunk",
     "arena_get",
-    "__libc_",
-    "__GI___libc_",
 ];
 
 /// The allocator's CPU share among `hot` (the report's hottest
@@ -64,19 +60,12 @@ fn is_allocator_code(h: &HotFunctionEntry, kind: AllocatorKind) -> bool {
     if kind != AllocatorKind::Glibc {
         return true; // the whole object is the allocator
     }
-    let named = |prefix: &&str| {
-        let name = h.function.as_str();
-        match *prefix {
-            // Prefixes of whole families, or of the exported names.
-            "_int_" | "tcache_" => name.starts_with(prefix),
-            "__libc_" | "__GI___libc_" => name
-                .strip_prefix(prefix)
-                .is_some_and(|rest| alloc_op::of_symbol(rest).is_some()),
-            _ => name == *prefix || alloc_op::of_symbol(name).is_some(),
-        }
-    };
     let in_malloc_sources = h.file.as_deref().is_some_and(|f| f.contains("/malloc/"));
-    in_malloc_sources || GLIBC_MALLOC_NAMES.iter().any(named)
+    let name = h.function.as_str();
+    in_malloc_sources
+        || entry_op(name).is_some()
+        || GLIBC_MALLOC_PREFIXES.iter().any(|p| name.starts_with(p))
+        || GLIBC_MALLOC_INTERNALS.contains(&name)
 }
 
 /// The operation a function is the entry point of (glibc's internal
