@@ -1412,7 +1412,7 @@ fn nonstandard_entry_points_keep_the_allocators_account() {
 /// mode (#35): `alloc loop` does nothing but malloc(64)/free, so in the
 /// default (sampled) mode most of its samples land in glibc's malloc code
 /// (measured: 93%, the rest the loop in main and the probes' traps); a
-/// CPU-bound program that never calls the allocator has none there.
+/// CPU-bound program that only allocates while starting has under 1%.
 #[test]
 fn allocator_cpu_share_comes_from_the_samples() {
     if !require_root("allocator_cpu_share_comes_from_the_samples") {
@@ -1456,9 +1456,11 @@ fn allocator_cpu_share_comes_from_the_samples() {
         "{:#}",
         report["sampling"]
     );
-    assert_eq!(
-        cpu["samples"], 0,
-        "a program that does not allocate: {cpu:#}"
+    // spin allocates only while starting (stdio, its threads): a sample
+    // may land there (seen once: __glibc_morecore), no more than that.
+    assert!(
+        cpu["share"].as_f64().is_some_and(|s| s < 0.01),
+        "a program that allocates only at start-up: {cpu:#}"
     );
     assert_no_programs_left();
 }
