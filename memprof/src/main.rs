@@ -12,6 +12,10 @@ fn main() -> ExitCode {
     if let Ok(fd) = std::env::var(launch::GATE_ENV) {
         launch::run_gate(&fd);
     }
+    // And as the helper that times the target's allocator untraced.
+    if std::env::var_os(memprof::features::alloc::untraced::LOOP_ENV).is_some() {
+        memprof::features::alloc::untraced::run_loop();
+    }
 
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

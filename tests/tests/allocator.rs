@@ -1464,3 +1464,135 @@ fn allocator_cpu_share_comes_from_the_samples() {
     );
     assert_no_programs_left();
 }
+
+/// Claimed errors above this leave counts unknown (the tool's
+/// `MAX_COUNT_ERROR`).
+const MAX_COUNT_ERROR: f64 = 0.3;
+
+/// The workload's own untraced timing of `alloc loop N` (ns per
+/// malloc-free pair), with `preload` (empty: glibc).
+fn untraced_pair_ns(preload: &str) -> f64 {
+    let out = std::process::Command::new(alloc_workload())
+        .args(["loop", "20000000"])
+        .env_remove("MALLOC_CONF")
+        .env("LD_PRELOAD", preload)
+        .output()
+        .expect("running alloc loop");
+    assert!(out.status.success(), "alloc loop: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    err.lines()
+        .find_map(|l| l.strip_prefix("ns_per_pair "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ns_per_pair in {err}"))
+}
+
+/// Counts a program too hot for the windows come from the CPU time in its
+/// allocator: `alloc loop 200000000` (a malloc-free pair at a time,
+/// ~100 M calls/s)
+/// launched in the default mode under glibc and each preloaded
+/// allocator. The allocator's untraced cost the tool timed in its helper
+/// is the workload's own timed loop's (measured side by side,
+/// untraced) within the issue's ±30% or ±20 ns, and not zero (a loop the
+/// compiler had removed); the malloc and free counts are made from the
+/// CPU time and are within their claim of the loop's own count (see the
+/// limit below), numbers for glibc (#35's target), unknown for another
+/// allocator only if its claim is above 30% (mimalloc: a malloc-free
+/// pair costs it twice what separate calls do, a spread it claims). Before #35 they were
+/// null ("claimed error ±100%").
+#[test]
+fn hot_loop_counts_come_from_the_allocators_cpu_time() {
+    let test = "hot_loop_counts_come_from_the_allocators_cpu_time";
+    if !require_root(test) {
+        return;
+    }
+    let cases = [("glibc", "")]
+        .into_iter()
+        .chain(PRELOADED.iter().map(|&(label, path, _)| (label, path)));
+    let program = alloc_workload();
+    for (label, preload) in cases {
+        if !preload.is_empty() && !std::path::Path::new(preload).exists() {
+            skip(test, &format!("{label}: {preload} is not installed"));
+            continue;
+        }
+        let truth_pair = untraced_pair_ns(preload);
+        let preload_var = format!("LD_PRELOAD={preload}");
+        let args = [
+            "--alloc-mode",
+            "sampled",
+            "--lock-mode",
+            "off",
+            "--no-tui",
+            "--",
+            "env",
+            "-u",
+            "MALLOC_CONF",
+            &preload_var,
+            program.to_str().expect("UTF-8 path"),
+            "loop",
+            "200000000",
+        ];
+        let (_, report, truth) = trace_truth(&format!("alloc-hot-{label}"), &args);
+        let a = &report["allocator"];
+        let u = &a["untraced_ns"];
+        let pair = u["pair_ns"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{label}: {a:#}"));
+        let (m, f) = (
+            u["malloc_ns"].as_f64().unwrap_or(0.0),
+            u["free_ns"].as_f64().unwrap_or(0.0),
+        );
+        assert!(
+            pair >= 1.0 && m >= 0.5 && f >= 0.5,
+            "{label}: calls really timed: {u:#}"
+        );
+        let allowed = (0.3 * truth_pair).max(20.0);
+        assert!(
+            (pair - truth_pair).abs() <= allowed,
+            "{label}: helper's pair {pair:.1} ns, the workload's untraced loop {truth_pair:.1} ns"
+        );
+        assert_eq!(a["count_basis"], "cpu_time", "{label}: {a:#}");
+        // The issue's 30% (or the claim, if larger: not for glibc, whose
+        // counts must be known), a fifth more: on a VM's two vCPUs the
+        // helper's pace and the target's differ (-21% to +24% in 10 runs
+        // by hand).
+        let claimed = a["count_error"].as_f64().expect("a claimed error");
+        let limit = 1.2 * claimed.max(MAX_COUNT_ERROR);
+        for op in ["malloc", "free"] {
+            let real = truth.get(op) as f64;
+            let Some(count) = op_count_if_known(&report, op) else {
+                // Unknown only when the claim is too wide to show.
+                assert!(
+                    label != "glibc" && claimed > MAX_COUNT_ERROR,
+                    "{label}: {op} count unknown (claimed ±{claimed:.2}): {a:#}"
+                );
+                continue;
+            };
+            let count = count as f64;
+            assert!(
+                (count - real).abs() <= limit * real,
+                "{label}: {op} count {count}, truth {real}, allowed ±{limit:.2} \
+                 (claimed ±{claimed:.2}): {a:#}"
+            );
+        }
+        let share = a["cpu"]["share"].as_f64().unwrap_or(0.0);
+        assert!(share > 0.5, "{label}: allocator's CPU share {share}");
+    }
+    assert_no_programs_left();
+}
+
+/// The helper times the allocator the target really uses: with slowalloc
+/// preloaded (malloc 3 us, free 1 us), its untraced costs are slowalloc's
+/// within 10% — the issue's bar for shims of known latency.
+#[test]
+fn the_untraced_cost_is_the_targets_allocators() {
+    if !require_root("the_untraced_cost_is_the_targets_allocators") {
+        return;
+    }
+    let report = attach_slowalloc("alloc-slow-untraced");
+    let u = &report["allocator"]["untraced_ns"];
+    for (what, truth) in [("malloc_ns", SLOW_MALLOC_NS), ("free_ns", SLOW_FREE_NS)] {
+        let v = u[what].as_f64().unwrap_or_else(|| panic!("{u:#}"));
+        assert_between(what, v, 0.9 * truth as f64, 1.1 * truth as f64, u);
+    }
+    assert_no_programs_left();
+}

@@ -17,6 +17,20 @@ use super::model::{
     *,
 };
 
+/// The allocator's untraced cost per call, as the helper times it.
+fn sample_untraced() -> UntracedCostReport {
+    UntracedCostReport {
+        size: 64,
+        malloc_ns: 6.5,
+        free_ns: 11.0,
+        calloc_ns: 17.5,
+        pair_ns: 17.0,
+        rounds: 120_000,
+        measurements: 2,
+        drift: 0.03,
+    }
+}
+
 /// A two-and-a-half-second session of `./work 2`: one hot function, one
 /// thread, no other section filled.
 pub fn sample_report() -> Report {
@@ -225,6 +239,8 @@ pub fn sample_allocator() -> AllocatorReport {
         always_traced: vec![],
         lost: 0,
         probe_cost_ns: None,
+        untraced_ns: Some(sample_untraced()),
+        count_basis: None,
         cpu: Some(AllocatorCpu {
             samples: 412,
             share: 0.0824,

@@ -36,6 +36,8 @@ pub struct AllocCollector {
     pub heap: HeapProfile,
     /// Probe windows, as ktime ranges (the last may be open).
     windows: Vec<(u64, Option<u64>)>,
+    /// The same, up to when their links began to be dropped.
+    interior: Vec<(u64, Option<u64>)>,
     unwinder: Unwinder,
     /// Whether the function at each return address returns what the
     /// call returned.
@@ -49,6 +51,19 @@ pub struct AllocCollector {
     /// return address was classified (the cap was spent): named at the
     /// wrapper's line.
     pub named_at_wrapper: u64,
+    /// Calls per operation code that began while every probe was
+    /// attached (not while the window's links were still being attached
+    /// or already being dropped, when one operation's probes may be there
+    /// without another's): the mix of operations, for estimates.
+    pub interior_calls: Vec<u64>,
+}
+
+/// Whether `ktime` falls in one of `ranges` (the last may be open).
+fn in_ranges(ranges: &[(u64, Option<u64>)], ktime: u64) -> bool {
+    ranges
+        .iter()
+        .rev()
+        .any(|&(start, end)| start <= ktime && end.is_none_or(|e| ktime < e))
 }
 
 /// The kernel's form of the call-frame rule at a call inside a wrapper.
@@ -70,11 +85,13 @@ impl AllocCollector {
             profile,
             heap: HeapProfile::new(ALLOC_SAMPLE_MEAN_BYTES),
             windows: Vec::new(),
+            interior: Vec::new(),
             unwinder: Unwinder::default(),
             code: CodeCache::default(),
             sites: FastMap::default(),
             new_sites: Vec::new(),
             named_at_wrapper: 0,
+            interior_calls: vec![0; alloc_op::COUNT as usize],
         }
     }
 
@@ -85,14 +102,24 @@ impl AllocCollector {
         } else if let Some(last) = self.windows.last_mut() {
             last.1.get_or_insert(ktime);
         }
+        if open {
+            self.interior.push((ktime, None));
+        } else {
+            self.window_closing(ktime);
+        }
+    }
+
+    /// The window's links begin to be dropped at `ktime`: calls made from
+    /// now on no longer count in [`Self::interior_calls`].
+    pub fn window_closing(&mut self, ktime: u64) {
+        if let Some(last) = self.interior.last_mut() {
+            last.1.get_or_insert(ktime);
+        }
     }
 
     /// Whether the probes were attached at `ktime`.
     fn traced_at(&self, ktime: u64) -> bool {
-        self.windows
-            .iter()
-            .rev()
-            .any(|&(start, end)| start <= ktime && end.is_none_or(|e| ktime < e))
+        in_ranges(&self.windows, ktime)
     }
 
     /// The thread of an allocator record.
@@ -181,6 +208,11 @@ impl AllocCollector {
                 if !matches!(place, Place::Unmapped { .. }) {
                     self.profile.set_site_place(at, place);
                 }
+            }
+        }
+        if in_ranges(&self.interior, ev.start_ns) {
+            if let Some(n) = self.interior_calls.get_mut(ev.op as usize) {
+                *n += 1;
             }
         }
         self.profile.add_call(AllocCall {
@@ -341,5 +373,12 @@ mod tests {
         assert!(c.traced_at(150));
         assert!(!c.traced_at(250));
         assert!(c.traced_at(1_000), "the last window is still open");
+        // Its links begin to be dropped at 400, and are gone at 500: the
+        // probes were there until 500, all of them only until 400.
+        c.window_closing(400);
+        c.window(false, 500);
+        assert!(c.traced_at(450));
+        assert!(in_ranges(&c.interior, 350) && !in_ranges(&c.interior, 450));
+        assert!(in_ranges(&c.interior, 150) && !in_ranges(&c.interior, 250));
     }
 }

@@ -9,6 +9,7 @@ pub mod analysis;
 mod calibrate;
 pub mod classes;
 pub mod collect;
+pub mod cpu_calls;
 pub mod cpu_share;
 pub mod heap;
 pub mod heap_report;
@@ -17,6 +18,7 @@ pub mod report;
 pub mod site_name;
 pub mod syscalls;
 pub mod tracer;
+pub mod untraced;
 
 use std::{
     task::{Context, Poll},
@@ -31,6 +33,7 @@ use crate::options::AllocSettings;
 use crate::{
     cli::AllocMode,
     error::Result,
+    kernel::calls::CallEstimate,
     kernel::{
         loader::{AllocLoad, Load, Probes},
         rings::{drain_batch, poll_ring, readable, Ring},
@@ -38,7 +41,10 @@ use crate::{
     },
     options::Options,
     process::state::Process,
-    report::Report,
+    report::{
+        model::{AllocatorCpu, CountBasis},
+        Report,
+    },
 };
 use allocator::{Allocator, AllocatorKind};
 use analysis::{AllocProfile, ProbeCost};
@@ -47,6 +53,7 @@ use collect::AllocCollector;
 use heap_report::HeapScale;
 use syscalls::SyscallHooks;
 use tracer::AllocTracer;
+use untraced::UntracedCost;
 
 /// Finds the target's allocator, unless allocator tracing is off. Not
 /// finding one is not an error: the rest of the profile still works.
@@ -129,6 +136,7 @@ impl Plan for AllocPlan {
             let gaps = heap::gaps(ALLOC_SAMPLE_MEAN_BYTES, ALLOC_SAMPLE_GAPS);
             probes.set_alloc_sample_gaps(&gaps);
         }
+        let untraced = untraced_cost(self.settings.mode, &allocator, self.pid);
         let mut tracer = AllocTracer::new(allocator, self.settings, self.pid, trap_cost_s);
         tracer.detach_later(calibration_links);
         let started = tracer.open(probes)?;
@@ -142,8 +150,107 @@ impl Plan for AllocPlan {
                 collector,
                 held,
                 sites,
+                untraced,
             }),
         }))
+    }
+}
+
+/// The allocator's untraced cost per call ([`untraced`]), timed from now
+/// on; None in the benchmark's floor mode, an error saying why it cannot
+/// be timed.
+fn untraced_cost(
+    mode: AllocMode,
+    allocator: &Allocator,
+    pid: u32,
+) -> Option<std::result::Result<untraced::Sampler, String>> {
+    if mode == AllocMode::Floor {
+        return None;
+    }
+    let sampler = untraced::Timer::for_target(allocator, pid)
+        .and_then(|timer| untraced::Sampler::start(&timer))
+        .map_err(|e| format!("{e:#}"));
+    match &sampler {
+        // Its first run before the probes are attached.
+        Ok(s) => s.first_run(),
+        Err(e) => tracing::info!("untraced allocator cost not measured: {e}"),
+    }
+    Some(sampler)
+}
+
+impl Alloc {
+    /// The counts' estimate in sampled mode (the windows', or the one
+    /// from the CPU time in the allocator when it claims less), its
+    /// basis, and the allocator's untraced cost per call.
+    fn estimate(
+        &self,
+        ctx: &mut ReportContext<'_>,
+        out: &Report,
+        cpu: Option<&AllocatorCpu>,
+    ) -> (Option<CallEstimate>, CountBasis, Option<UntracedCost>) {
+        let Some(t) = &self.traced else {
+            return (None, CountBasis::Windows, None);
+        };
+        let timed = t.untraced.as_ref().map(|u| match u {
+            Ok(sampler) => sampler.cost(),
+            Err(why) => Err(why.clone()),
+        });
+        let untraced = match timed {
+            Some(Ok(cost)) => cost,
+            Some(Err(why)) => {
+                ctx.notes.push(format!(
+                    "the allocator's untraced cost per call was not measured: {why}"
+                ));
+                None
+            }
+            None => None,
+        };
+        if self.settings.mode != AllocMode::Sampled {
+            return (None, CountBasis::Windows, untraced);
+        }
+        let windows = t.tracer.call_estimate(ctx.probes);
+        let from_cpu = match (cpu, &untraced) {
+            (Some(c), Some(u)) if windows.error.is_some() => {
+                let time = cpu_calls::AllocatorTime {
+                    samples: c.samples - cpu_calls::outside_calls(c),
+                    received: out.sampling.samples,
+                    lost: out.sampling.lost,
+                    frequency_hz: out.sampling.frequency_hz,
+                };
+                // The mix of operations: of the calls made while every
+                // probe was attached, if any.
+                let interior = &t.collector.interior_calls;
+                let mix = match interior.iter().sum::<u64>() {
+                    0 => report::seen_per_op(&t.collector.profile),
+                    _ => interior.clone(),
+                };
+                cpu_calls::estimate(&windows, &mix, time, u)
+            }
+            _ => None,
+        };
+        let (estimate, basis) = pick_estimate(Some(windows), from_cpu);
+        (estimate, basis, untraced)
+    }
+}
+
+/// The allocator's module as the samples name it: the file the path
+/// leads to (`LD_PRELOAD=.../libtcmalloc_minimal.so.4` maps
+/// `libtcmalloc_minimal.so.4.5.9`).
+fn module_name(path: &str) -> String {
+    let real = std::fs::canonicalize(path).ok();
+    let path = real.as_deref().and_then(|p| p.to_str()).unwrap_or(path);
+    path.rsplit('/').next().unwrap_or_default().to_string()
+}
+
+/// The estimate with the smaller claimed error: the windows' or the one
+/// from the CPU time.
+fn pick_estimate(
+    windows: Option<CallEstimate>,
+    from_cpu: Option<CallEstimate>,
+) -> (Option<CallEstimate>, CountBasis) {
+    match (windows, from_cpu) {
+        (Some(w), Some(c)) if c.error < w.error => (Some(c), CountBasis::CpuTime),
+        (w, _) => (w, CountBasis::Windows),
     }
 }
 
@@ -192,6 +299,9 @@ struct Traced {
     held: Vec<Vec<u8>>,
     /// The kernel's table of classified allocation call sites.
     sites: AllocSites,
+    /// The allocator's cost per call without probes, if measured.
+    /// (Timed again every few seconds, on a thread of its own.)
+    untraced: Option<std::result::Result<untraced::Sampler, String>>,
 }
 
 /// The kernel's table of allocation call sites, written as the collector
@@ -265,6 +375,9 @@ impl Feature for Alloc {
             t.tracer.set_extra_cost(cost);
         }
         let result = t.tracer.on_deadline(probes);
+        if t.tracer.detaching() {
+            t.collector.window_closing(ktime_ns());
+        }
         match t.syscalls.follow(probes, t.tracer.attached()) {
             Ok(true) => t.collector.syscalls_resumed(),
             Ok(false) => {}
@@ -315,6 +428,9 @@ impl Feature for Alloc {
             // (the kernel takes a while), and the session waits for the
             // detach before the process ends.
             t.tracer.finish(probes);
+            if let Some(Ok(sampler)) = &mut t.untraced {
+                sampler.stop();
+            }
         }
     }
 
@@ -340,12 +456,19 @@ impl Feature for Alloc {
                 analysis::MAX_LIVE_BLOCKS
             ));
         }
-        let estimate = tracer
-            .filter(|_| self.settings.mode == AllocMode::Sampled)
-            .map(|t| t.call_estimate(ctx.probes));
+        // The CPU feature reports first: its hottest functions are known.
+        let cpu = tracer.and_then(|t| {
+            cpu_share::cpu_share(
+                &out.hot_functions,
+                t.allocator.kind,
+                &module_name(&t.allocator.path),
+                out.sampling.samples,
+            )
+        });
+        let (estimate, basis, untraced) = self.estimate(ctx, out, cpu.as_ref());
         if let (Some(tracer), Some(e)) = (tracer, &estimate) {
-            tracing::debug!("allocator calls estimated: {e:?}");
-            if let Some(note) = report::estimate_note(tracer, e, self.settings.budget) {
+            tracing::debug!("allocator calls estimated ({basis:?}): {e:?}");
+            if let Some(note) = report::estimate_note(tracer, e, basis, self.settings.budget) {
                 ctx.notes.push(note);
             }
         }
@@ -359,16 +482,9 @@ impl Feature for Alloc {
             ctx.kernel_stats,
             |place| symbolizer.code_inlined(place).clone(),
         );
-        // The CPU feature reports first: its hottest functions are known.
-        if let Some(tracer) = tracer {
-            let module = tracer.allocator.path.rsplit('/').next().unwrap_or_default();
-            out.allocator.cpu = cpu_share::cpu_share(
-                &out.hot_functions,
-                tracer.allocator.kind,
-                module,
-                out.sampling.samples,
-            );
-        }
+        out.allocator.cpu = cpu;
+        out.allocator.count_basis = out.allocator.sampled.then_some(basis);
+        out.allocator.untraced_ns = untraced.map(|u| u.report());
         if let Some(t) = &self.traced {
             out.allocator.named_at_wrapper = t.collector.named_at_wrapper;
             ctx.notes.extend(report::wrapper_note(

@@ -17,9 +17,9 @@ use crate::{
     object::symbolize::Inlined,
     process::maps::Place,
     report::model::{
-        AllocOp, AllocatorReport, BlockOrigin, KernelThreadEntry, MemoryReport, OpStats,
-        ProbeCostReport, ProbeKindCost, SiteEntry, SizeClass, Syscall, SyscallStats, ThreadPhase,
-        TraceMode,
+        AllocOp, AllocatorReport, BlockOrigin, CountBasis, KernelThreadEntry, MemoryReport,
+        OpStats, ProbeCostReport, ProbeKindCost, SiteEntry, SizeClass, Syscall, SyscallStats,
+        ThreadPhase, TraceMode,
     },
     report::names::callers,
 };
@@ -113,7 +113,10 @@ pub fn report(
         sites: sites(profile, &scaling, &mut symbolize),
         heap_profile: None,
         kernel: kernel_threads(kernel),
-        cpu: None, // from the CPU samples, by the caller
+        // From the CPU samples and the helper, by the caller.
+        cpu: None,
+        untraced_ns: None,
+        count_basis: None,
     }
 }
 
@@ -192,17 +195,34 @@ impl Scaling {
 
 /// The note saying how the counts were estimated, or why they are
 /// unknown; None when every call was traced.
-pub fn estimate_note(tracer: &Windowed, e: &CallEstimate, budget: f64) -> Option<String> {
+pub fn estimate_note(
+    tracer: &Windowed,
+    e: &CallEstimate,
+    basis: CountBasis,
+    budget: f64,
+) -> Option<String> {
     let error = e.error?;
-    let how = format!(
+    let traced = format!(
         "allocator calls were traced {:.1}% of the time ({} windows) to stay within the {:.0}% \
-         overhead budget; counts are estimates: the calls the kernel counted while the probes \
-         were attached, extrapolated over each gap at the rate of the window before it \
-         (corrected for the probes' slowdown of the target)",
+         overhead budget; counts are estimates: ",
         e.traced_fraction * 100.0,
         tracer.windows,
         budget * 100.0,
     );
+    let how = match basis {
+        CountBasis::Windows => format!(
+            "{traced}the calls the kernel counted while the probes were attached, extrapolated \
+             over each gap at the rate of the window before it (corrected for the probes' \
+             slowdown of the target)"
+        ),
+        CountBasis::CpuTime => format!(
+            "{traced}the CPU time sampled in the allocator's code divided by what a call costs \
+             it untraced (timed at start, see `untraced_ns`), split by the mix of operations \
+             the windows traced (the windows' own extrapolation claimed more: the probes slow \
+             a target this hot too much to correct for); calls that meet colder caches or \
+             slower paths than the timed loop make these counts high"
+        ),
+    };
     Some(if error <= MAX_COUNT_ERROR {
         format!("{how}; claimed error ±{:.0}%", error * 100.0)
     } else {
@@ -217,7 +237,7 @@ pub fn estimate_note(tracer: &Windowed, e: &CallEstimate, budget: f64) -> Option
 }
 
 /// Calls traced per operation code.
-fn seen_per_op(profile: &AllocProfile) -> Vec<u64> {
+pub fn seen_per_op(profile: &AllocProfile) -> Vec<u64> {
     let mut seen = vec![0; alloc_op::COUNT as usize];
     for (key, stats) in profile.splits() {
         if let Some(n) = seen.get_mut(key.op as usize) {

@@ -459,6 +459,12 @@ impl Windowed {
         matches!(self.state, State::Attached { .. } | State::Detaching { .. })
     }
 
+    /// Whether the window's links are being dropped (some operations'
+    /// probes may already be gone).
+    pub fn detaching(&self) -> bool {
+        matches!(self.state, State::Detaching { .. })
+    }
+
     /// Ends tracing: accounts for the last window or gap and starts
     /// detaching everything; [`Windowed::wait_detached`] waits for it
     /// (about 0.2 s per link: the kernel takes a grace period per link,

@@ -181,6 +181,44 @@ pub struct AllocatorReport {
     /// The allocator's share of the CPU samples (every mode: from the
     /// samples, not the probes); null when no sample was taken.
     pub cpu: Option<AllocatorCpu>,
+    /// What the allocator's small calls cost without a probe, timed at
+    /// start in a helper process running the same allocator; null when
+    /// not measured (a note says why).
+    pub untraced_ns: Option<UntracedCostReport>,
+    /// How the estimated counts were made (null when exact): from the
+    /// windows' rates, or from the CPU time in the allocator over the
+    /// untraced cost per call.
+    pub count_basis: Option<CountBasis>,
+}
+
+/// The allocator's untraced cost per call, in ns: the mean of the
+/// fastest 90% of rounds of six calls of `size` bytes each (six mallocs,
+/// their frees, six callocs; six malloc-free pairs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct UntracedCostReport {
+    pub size: u64,
+    pub malloc_ns: f64,
+    pub free_ns: f64,
+    pub calloc_ns: f64,
+    /// A malloc and its free at once, per pair.
+    pub pair_ns: f64,
+    pub rounds: u64,
+    /// Runs of the loop (at start, and at the end), averaged.
+    pub measurements: u32,
+    /// How far the runs differ, relatively (the machine's pace drifts).
+    pub drift: f64,
+}
+
+/// What estimated counts were extrapolated from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountBasis {
+    /// The calls counted while the probes were attached, extrapolated
+    /// over the gaps at each window's rate.
+    Windows,
+    /// The CPU samples in the allocator's code over the untraced cost of
+    /// a call, split by the mix of operations the windows traced.
+    CpuTime,
 }
 
 /// The CPU samples whose instruction was allocator code (user mode: its

@@ -8,7 +8,7 @@ use crate::report::{
     model::source_label,
     model::{
         AllocOp, AllocatorCpu, AllocatorReport, BlockOrigin, HeapProfileReport, MemoryReport,
-        OpStats, SiteEntry, SyscallStats, TraceMode,
+        OpStats, SiteEntry, SyscallStats, TraceMode, UntracedCostReport,
     },
 };
 
@@ -33,6 +33,7 @@ pub(super) fn write_allocator(out: &mut String, a: &AllocatorReport) {
     let _ = writeln!(out, "Allocator: {}", library_label(a));
     write_allocator_mode(out, a);
     write_cpu(out, a.cpu.as_ref());
+    write_untraced(out, a.untraced_ns.as_ref());
     write_ops(
         out,
         &a.ops,
@@ -100,6 +101,17 @@ fn write_cpu(out: &mut String, cpu: Option<&AllocatorCpu>) {
         } else {
             format!(": {}", top.join(", "))
         }
+    );
+}
+
+/// The allocator's cost per call without probes.
+fn write_untraced(out: &mut String, u: Option<&UntracedCostReport>) {
+    let Some(u) = u else { return };
+    let _ = writeln!(
+        out,
+        "  untraced cost (timed loop, {} B): malloc {:.0} ns · free {:.0} ns · calloc {:.0} ns \
+         · malloc+free pair {:.0} ns",
+        u.size, u.malloc_ns, u.free_ns, u.calloc_ns, u.pair_ns
     );
 }
 
