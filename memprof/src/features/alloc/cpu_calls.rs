@@ -12,7 +12,7 @@
 //! full (resident probes) take their exact share of the time off first.
 //!
 //! The claimed error combines the samples' counting noise, how far the
-//! loop's two call patterns and its two runs (start, end) differ, and how
+//! loop's two call patterns and its runs over the session differ, and how
 //! far a program's calls may cost from the loop's (`STANDIN_ERROR_*`: a
 //! program that does other work between its calls meets colder caches
 //! and the allocator's slower paths, which make the count high).

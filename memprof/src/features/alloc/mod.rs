@@ -66,6 +66,12 @@ pub fn plan(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Box
         allocator,
         pid: target.pid,
         launched: target.launched.is_some(),
+        // A launched command is still our gate (root) when the timing
+        // helper starts: it runs as the command will.
+        run_as: target
+            .launched
+            .and(opts.run_as.as_ref())
+            .map(|r| (r.uid, r.gid)),
     })
 }
 
@@ -93,6 +99,7 @@ struct AllocPlan {
     allocator: Option<Allocator>,
     pid: u32,
     launched: bool,
+    run_as: Option<(u32, u32)>,
 }
 
 impl Plan for AllocPlan {
@@ -136,7 +143,7 @@ impl Plan for AllocPlan {
             let gaps = heap::gaps(ALLOC_SAMPLE_MEAN_BYTES, ALLOC_SAMPLE_GAPS);
             probes.set_alloc_sample_gaps(&gaps);
         }
-        let untraced = untraced_cost(self.settings.mode, &allocator, self.pid);
+        let untraced = untraced_cost(self.settings.mode, &allocator, self.pid, self.run_as);
         let mut tracer = AllocTracer::new(allocator, self.settings, self.pid, trap_cost_s);
         tracer.detach_later(calibration_links);
         let started = tracer.open(probes)?;
@@ -163,14 +170,15 @@ fn untraced_cost(
     mode: AllocMode,
     allocator: &Allocator,
     pid: u32,
+    run_as: Option<(u32, u32)>,
 ) -> Option<std::result::Result<untraced::Sampler, String>> {
     if mode == AllocMode::Floor {
         return None;
     }
-    let sampler = untraced::Timer::for_target(allocator, pid)
+    let mut sampler = untraced::Timer::for_target(allocator, pid, run_as)
         .and_then(|timer| untraced::Sampler::start(&timer))
         .map_err(|e| format!("{e:#}"));
-    match &sampler {
+    match &mut sampler {
         // Its first run before the probes are attached.
         Ok(s) => s.first_run(),
         Err(e) => tracing::info!("untraced allocator cost not measured: {e}"),
@@ -249,7 +257,9 @@ fn pick_estimate(
     from_cpu: Option<CallEstimate>,
 ) -> (Option<CallEstimate>, CountBasis) {
     match (windows, from_cpu) {
-        (Some(w), Some(c)) if c.error < w.error => (Some(c), CountBasis::CpuTime),
+        (Some(w), Some(c)) if matches!((c.error, w.error), (Some(ce), Some(we)) if ce < we) => {
+            (Some(c), CountBasis::CpuTime)
+        }
         (w, _) => (w, CountBasis::Windows),
     }
 }
@@ -300,7 +310,7 @@ struct Traced {
     /// The kernel's table of classified allocation call sites.
     sites: AllocSites,
     /// The allocator's cost per call without probes, if measured.
-    /// (Timed again every few seconds, on a thread of its own.)
+    /// (Timed every 250 ms by a helper process; a thread reads it.)
     untraced: Option<std::result::Result<untraced::Sampler, String>>,
 }
 
@@ -374,9 +384,10 @@ impl Feature for Alloc {
         if let Some(cost) = t.syscalls.cost(probes) {
             t.tracer.set_extra_cost(cost);
         }
+        let before = ktime_ns();
         let result = t.tracer.on_deadline(probes);
         if t.tracer.detaching() {
-            t.collector.window_closing(ktime_ns());
+            t.collector.window_closing(before);
         }
         match t.syscalls.follow(probes, t.tracer.attached()) {
             Ok(true) => t.collector.syscalls_resumed(),

@@ -217,7 +217,7 @@ pub fn estimate_note(
         ),
         CountBasis::CpuTime => format!(
             "{traced}the CPU time sampled in the allocator's code divided by what a call costs \
-             it untraced (timed at start, see `untraced_ns`), split by the mix of operations \
+             it untraced (timed in a helper process all along, see `untraced_ns`), split by the mix of operations \
              the windows traced (the windows' own extrapolation claimed more: the probes slow \
              a target this hot too much to correct for); calls that meet colder caches or \
              slower paths than the timed loop make these counts high"

@@ -1,28 +1,32 @@
-//! What the target's allocator costs without a probe: a short timed loop
-//! of its small calls, run at start in a helper process of ours that
-//! loads the same allocator the way the target does.
+//! What the target's allocator costs without a probe: a timed loop of
+//! its small calls, run all session long in a helper process of ours
+//! that loads the same allocator the way the target does.
 //!
 //! A traced call's latency is the trap's cost plus the allocator's, and
 //! the trap's cost is known to within its calibration's spread (hundreds
 //! of ns on these VMs) — far more than a thread-cache `malloc` (tens of
 //! ns). So the allocator's own fast path is measured where it runs alone:
-//! our own binary is started again with the allocator preloaded (for
-//! glibc, nothing to preload) and the allocator's tuning variables taken
-//! from the target's environment (`MALLOC_CONF`, `GLIBC_TUNABLES`, ...),
-//! and it times `malloc(64)`/`free`/`calloc(1, 64)` in rounds of six
-//! (within glibc's per-thread cache of seven, as a program's hot path
-//! is), for ~30 ms, before any probe of ours is attached. The medians are
-//! the untraced cost per call, reported beside the traced latencies and
-//! used to estimate call counts from the CPU time spent in the allocator
-//! ([`super::cpu_calls`]).
+//! our own binary (`/proc/self/exe`) is started again as the target's
+//! user, in `/`, with the allocator preloaded (for glibc, nothing to
+//! preload; the helper checks that its `malloc` is the one asked for) and
+//! the allocator's tuning variables taken from the target's environment
+//! (`MALLOC_CONF`, `GLIBC_TUNABLES`, ...). It times `malloc(64)`, `free`,
+//! `calloc(1, 64)` and malloc-free pairs in rounds of six (within glibc's
+//! per-thread cache of seven, as a program's hot path is) for 5 ms every
+//! 250 ms, and prints a line per run: the mean of the fastest 90% of its
+//! rounds. The runs' mean is the untraced cost per call, reported beside
+//! the traced latencies and used to estimate call counts from the CPU
+//! time spent in the allocator ([`super::cpu_calls`]). The target's
+//! probes are its pid's only: the helper is never trapped.
 //!
 //! Not measured (None, with the reason) when the allocator is inside the
 //! target's executable (nothing to preload), when the helper cannot load
-//! it, or after 2 s.
+//! it, or gives no run within 2 s.
 
 use std::{
     hint::black_box,
     io::{BufRead, BufReader, Read},
+    os::unix::process::CommandExt,
     path::Path,
     process::{Child, ChildStderr, ChildStdout, Command, Stdio},
     sync::{Arc, Mutex},
@@ -82,7 +86,7 @@ pub struct UntracedCost {
     pub pair_ns: f64,
     /// Timed rounds (each of [`ROUND`] calls of each).
     pub rounds: usize,
-    /// Times the loop was run (every few seconds of the session).
+    /// Runs of the loop (one every 250 ms of the session).
     pub measurements: u32,
     /// How uncertain the mean pace over the session is, relatively (see
     /// [`combine`]).
@@ -194,7 +198,11 @@ impl Sampler {
         let runs = shared.clone();
         let thread = std::thread::Builder::new()
             .name("untraced-loop".into())
-            .spawn(move || read_runs(stdout, stderr, &runs))
+            .spawn(move || {
+                // Capabilities are per thread: this one needs none.
+                crate::privilege::drop_all_in_this_thread();
+                read_runs(stdout, stderr, &runs)
+            })
             .ok();
         Ok(Self {
             shared,
@@ -204,8 +212,9 @@ impl Sampler {
     }
 
     /// Waits up to [`TIMEOUT`] for the first run (or the helper's
-    /// failure), so that a session knows the cost from the start.
-    pub fn first_run(&self) {
+    /// failure), so that a session knows the cost from the start; a
+    /// helper that gave nothing by then is an error, and stopped.
+    pub fn first_run(&mut self) {
         let until = Instant::now() + TIMEOUT;
         while Instant::now() < until {
             let r = self.shared.lock().unwrap_or_else(|e| e.into_inner());
@@ -215,13 +224,23 @@ impl Sampler {
             drop(r);
             std::thread::sleep(Duration::from_millis(5));
         }
+        self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .error
+            .get_or_insert_with(|| format!("the timing helper gave no run within {TIMEOUT:?}"));
+        self.stop();
     }
 
     /// Stops the helper.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            // (CAP_KILL is kept after the drop of capabilities; if the
+            // kill still failed, the helper exits at its next line once
+            // the reader is gone, and is reaped by init.)
+            if child.kill().is_ok() {
+                let _ = child.wait();
+            }
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -275,32 +294,45 @@ impl Drop for Sampler {
 pub struct Timer {
     preload: Option<String>,
     env: Vec<(String, String)>,
+    /// The target's effective user and group: the helper runs the
+    /// target's allocator (a library the target's owner chose) with the
+    /// target's privileges, never the tool's.
+    owner: (u32, u32),
 }
 
 impl Timer {
     /// For the target `pid`'s allocator; an error when it cannot be
     /// loaded apart from the target.
-    pub fn for_target(allocator: &Allocator, pid: u32) -> Result<Self> {
+    /// `run_as`: the user and group a launched command will run as.
+    pub fn for_target(allocator: &Allocator, pid: u32, run_as: Option<(u32, u32)>) -> Result<Self> {
         let preload = match allocator.kind {
             AllocatorKind::Glibc => None,
             _ => Some(preloadable(allocator, pid)?),
         };
+        let owner = match run_as {
+            Some(owner) => owner,
+            None => owner_of(pid).context("reading the target's owner")?,
+        };
         Ok(Self {
             preload,
             env: tuning_environment(pid),
+            owner,
         })
     }
 
     /// Starts the helper process; it prints a run per line.
     fn spawn(&self) -> Result<Child> {
-        let exe = std::env::current_exe().context("finding our own executable")?;
-        let mut cmd = Command::new(exe);
+        // Our own file, reachable whatever the helper's user may open.
+        let mut cmd = Command::new("/proc/self/exe");
         cmd.env_clear()
-            .env(LOOP_ENV, "1")
+            .env(LOOP_ENV, self.preload.as_deref().unwrap_or("1"))
+            .current_dir("/")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // (Run as root, std also clears the supplementary groups.)
+        cmd.uid(self.owner.0).gid(self.owner.1);
         if let Some(path) = &self.preload {
             cmd.env("LD_PRELOAD", path);
         }
@@ -319,6 +351,20 @@ fn preloadable(allocator: &Allocator, pid: u32) -> Result<String> {
         bail!("the allocator is part of the executable ({path}): nothing to preload");
     }
     Ok(path)
+}
+
+/// The effective uid and gid of process `pid`.
+fn owner_of(pid: u32) -> Result<(u32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    owner_in(&status).context("no Uid/Gid lines in its status")
+}
+
+fn owner_in(status: &str) -> Option<(u32, u32)> {
+    let effective = |key: &str| -> Option<u32> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(2)?.parse().ok()
+    };
+    Some((effective("Uid:")?, effective("Gid:")?))
 }
 
 /// The target's allocator-tuning variables (none if unreadable).
@@ -340,6 +386,9 @@ fn tuning_of(raw: &[u8]) -> Vec<(String, String)> {
 
 /// Reads the helper's line: `malloc_ns free_ns calloc_ns pair_ns rounds`.
 fn parse(out: &str) -> Result<UntracedCost> {
+    if let Some(why) = out.trim().strip_prefix("error: ") {
+        bail!("{why}");
+    }
     let fields: Vec<&str> = out.split_whitespace().collect();
     let num = |i: usize| -> Result<f64> {
         let v: f64 = fields
@@ -372,6 +421,22 @@ pub fn run_loop() -> ! {
     // is passed; the helper is killed when the tool dies.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let parent = std::os::unix::process::parent_id();
+    // The allocator timed must be the one asked for: a preload the
+    // loader refused (a path only the target's mount namespace has, a
+    // secure-mode binary) would leave glibc's malloc in place, silently.
+    if let Ok(expected) = std::env::var(LOOP_ENV) {
+        if let Some(why) = wrong_malloc(&expected) {
+            println!("error: {why}");
+            std::process::exit(0);
+        }
+    }
+    // Nothing more on stderr (an allocator told to print statistics
+    // would fill the pipe, which is read only at the end).
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 of two open descriptors; fd 2 is replaced.
+        unsafe { libc::dup2(null.as_raw_fd(), 2) };
+    }
     let timer = timer_overhead();
     // Preallocated: the loop itself allocates nothing.
     let mut runs = Rounds::with_capacity(MAX_ROUNDS);
@@ -474,6 +539,29 @@ impl Rounds {
     }
 }
 
+/// Why the `malloc` this process calls is not `expected`'s (a path, or
+/// "1" for glibc: nothing to check), or None when it is.
+fn wrong_malloc(expected: &str) -> Option<String> {
+    if !expected.starts_with('/') {
+        return None;
+    }
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let malloc: unsafe extern "C" fn(usize) -> *mut libc::c_void = libc::malloc;
+    // SAFETY: dladdr reads the address and fills `info`, whose strings
+    // point into the loader's own memory (read at once below).
+    let found = unsafe { libc::dladdr(malloc as *const libc::c_void, info.as_mut_ptr()) };
+    // SAFETY: zeroed, then filled by dladdr when it returned non-zero.
+    let info = unsafe { info.assume_init() };
+    if found == 0 || info.dli_fname.is_null() {
+        return Some("cannot tell which object defines malloc".into());
+    }
+    // SAFETY: a NUL-terminated string of the loader's.
+    let file = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+    let real = |p: &str| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
+    (real(&file) != real(expected))
+        .then(|| format!("malloc is {file}'s, not {expected}'s: the preload was refused"))
+}
+
 /// What reading the clock twice costs, in ns (taken off each round).
 fn timer_overhead() -> f64 {
     let mut d: Vec<f64> = (0..1000)
@@ -523,6 +611,13 @@ mod tests {
                 )
             ]
         );
+    }
+
+    #[test]
+    fn the_helper_runs_as_the_targets_effective_owner() {
+        let status = "Name:\tx\nUid:\t1000\t1001\t1001\t1001\nGid:\t100\t102\t102\t102\n";
+        assert_eq!(owner_in(status), Some((1001, 102)));
+        assert_eq!(owner_in("Name:\tx\n"), None);
     }
 
     #[test]

@@ -181,9 +181,9 @@ pub struct AllocatorReport {
     /// The allocator's share of the CPU samples (every mode: from the
     /// samples, not the probes); null when no sample was taken.
     pub cpu: Option<AllocatorCpu>,
-    /// What the allocator's small calls cost without a probe, timed at
-    /// start in a helper process running the same allocator; null when
-    /// not measured (a note says why).
+    /// What the allocator's small calls cost without a probe, timed all
+    /// session long in a helper process running the same allocator; null
+    /// when not measured (a note says why).
     pub untraced_ns: Option<UntracedCostReport>,
     /// How the estimated counts were made (null when exact): from the
     /// windows' rates, or from the CPU time in the allocator over the
@@ -203,7 +203,7 @@ pub struct UntracedCostReport {
     /// A malloc and its free at once, per pair.
     pub pair_ns: f64,
     pub rounds: u64,
-    /// Runs of the loop (at start, and at the end), averaged.
+    /// Runs of the loop (one every 250 ms), averaged.
     pub measurements: u32,
     /// How far the runs differ, relatively (the machine's pace drifts).
     pub drift: f64,
