@@ -59,11 +59,12 @@ pub struct AllocCollector {
 }
 
 /// Whether `ktime` falls in one of `ranges` (the last may be open).
+/// The ranges are in time order and apart (windows follow each other):
+/// only the last one starting at or before `ktime` can hold it. Called
+/// for every traced call, so a search, not a scan of all the windows.
 fn in_ranges(ranges: &[(u64, Option<u64>)], ktime: u64) -> bool {
-    ranges
-        .iter()
-        .rev()
-        .any(|&(start, end)| start <= ktime && end.is_none_or(|e| ktime < e))
+    let before = ranges.partition_point(|&(start, _)| start <= ktime);
+    before > 0 && ranges[before - 1].1.is_none_or(|end| ktime < end)
 }
 
 /// The kernel's form of the call-frame rule at a call inside a wrapper.
