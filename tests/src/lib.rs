@@ -293,16 +293,44 @@ pub fn loaded_programs() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Asserts that none of our programs is still loaded. Checked at once:
-/// the tool itself waits, before it exits, until the kernel has freed its
-/// programs (a link's last reference goes a grace period after it is
-/// closed), so one still listed now is one the tool left behind.
+/// Asserts that none of our programs is still loaded, and that no helper
+/// process the tool started (the allocator's untraced timing loop) is
+/// still running. Checked at once: the tool itself waits, before it
+/// exits, until the kernel has freed its programs (a link's last
+/// reference goes a grace period after it is closed) and until its helper
+/// is killed and reaped, so one still listed now is one the tool left
+/// behind.
 pub fn assert_no_programs_left() {
     let left: Vec<String> = loaded_programs()
         .into_iter()
         .filter(|name| PROGRAM_NAMES.contains(&name.as_str()))
         .collect();
     assert!(left.is_empty(), "programs left loaded after exit: {left:?}");
+    let helpers = helper_processes();
+    assert!(
+        helpers.is_empty(),
+        "helper processes left running: {helpers:?}"
+    );
+}
+
+/// The variable the tool's allocator-timing helper runs with (the tool's
+/// own binary in another role; `features::alloc::untraced::LOOP_ENV`).
+const HELPER_ENV: &[u8] = b"MEMPROF_UNTRACED_LOOP=";
+
+/// Pids of processes running as the tool's helper.
+pub fn helper_processes() -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|&b| b == 0)
+                    .any(|var| var.starts_with(HELPER_ENV))
+            })
+        })
+        .collect()
 }
 
 /// The hot-function entry named `function`, if any.
@@ -319,11 +347,17 @@ pub fn hot_function<'a>(
 /// Builds `workloads/NAME.c` as a shared library (`-g -O1 -fPIC -shared`)
 /// and returns its path, `libNAME.so` in the workload directory.
 pub fn build_shared_lib(name: &str) -> anyhow::Result<PathBuf> {
+    build_shared_lib_with(name, name, &[])
+}
+
+/// As [`build_shared_lib`], compiled with `defines` (`-DNAME=VALUE`) into
+/// `lib<out>.so`: a variant of the same source.
+pub fn build_shared_lib_with(name: &str, out: &str, defines: &[String]) -> anyhow::Result<PathBuf> {
     let src = workload_source(name);
-    let out = workload_dir().join(format!("lib{name}.so"));
+    let lib = workload_dir().join(format!("lib{out}.so"));
     // As in build_workload: the old file may be mapped by a running process.
     let tmp = workload_dir().join(format!(
-        ".lib{name}.so.{}.{:?}",
+        ".lib{out}.so.{}.{:?}",
         std::process::id(),
         std::thread::current().id()
     ));
@@ -336,13 +370,14 @@ pub fn build_shared_lib(name: &str) -> anyhow::Result<PathBuf> {
                 "-fPIC",
                 "-shared",
                 "-Wall",
-                "-o",
             ])
+            .args(defines)
+            .arg("-o")
             .arg(&tmp)
             .arg(&src),
     )?;
-    std::fs::rename(&tmp, &out)?;
-    Ok(out)
+    std::fs::rename(&tmp, &lib)?;
+    Ok(lib)
 }
 
 /// One of our BPF programs attached to something, as seen from outside by
