@@ -1089,15 +1089,67 @@ fn latency_tolerance(truth: u64) -> f64 {
 /// preloaded: an allocator whose latencies are known.
 fn attach_slowalloc(name: &str) -> serde_json::Value {
     let lib = build_shared_lib("slowalloc").expect("building libslowalloc.so");
-    let preload = [("LD_PRELOAD", lib.to_str().expect("UTF-8 path"))];
-    let (report, truth) = attach_threads_of(name, "full", "2", "5000", &preload);
+    attach_slowalloc_with(name, &lib, &[])
+}
+
+/// As [`attach_slowalloc`], with `lib` (a build of slowalloc) and more
+/// variables in the target's environment.
+fn attach_slowalloc_with(
+    name: &str,
+    lib: &std::path::Path,
+    env: &[(&str, &str)],
+) -> serde_json::Value {
+    let mut vars = vec![("LD_PRELOAD", lib.to_str().expect("UTF-8 path"))];
+    vars.extend_from_slice(env);
+    let (report, truth) = attach_threads_of(name, "full", "2", "5000", &vars);
     let path = report["allocator"]["path"].as_str().unwrap_or_default();
+    let file = lib.file_name().and_then(|f| f.to_str()).unwrap_or_default();
     assert!(
-        path.ends_with("libslowalloc.so"),
+        path.ends_with(file),
         "the preloaded allocator is traced: {path}"
     );
     assert_attached_full(&report, &truth, 2, "slowalloc");
     report
+}
+
+/// slowalloc built with both its malloc and free busy-waiting `ns`
+/// (`libslowalloc-<ns>.so`).
+fn slowalloc_of(ns: u64) -> std::path::PathBuf {
+    let defines = [
+        format!("-DSLOWALLOC_MALLOC_NS={ns}"),
+        format!("-DSLOWALLOC_FREE_NS={ns}"),
+    ];
+    build_shared_lib_with("slowalloc", &format!("slowalloc-{ns}"), &defines)
+        .expect("building a slowalloc variant")
+}
+
+/// The medians of the small mallocs and frees, weighted by calls, with
+/// where they came from (`p50_basis`); every busy row has one.
+fn small_medians(report: &serde_json::Value, op: &str) -> (u64, Vec<String>) {
+    let rows: Vec<&serde_json::Value> = ops(report)
+        .iter()
+        .filter(|r| r["op"] == op && r["class"] == "small")
+        .collect();
+    let calls: u64 = rows.iter().map(|r| r["traced"].as_u64().unwrap_or(0)).sum();
+    let busy = rows
+        .iter()
+        .filter(|r| r["traced"].as_u64().unwrap_or(0) * 100 >= calls.max(1));
+    let (mut weighted, mut weight, mut bases) = (0, 0, vec![]);
+    for r in busy {
+        let p50 = r["p50_ns"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{op}: a busy row without a median: {r:#}"));
+        let traced = r["traced"].as_u64().unwrap_or(0);
+        weighted += p50 * traced;
+        weight += traced;
+        bases.push(r["p50_basis"].as_str().unwrap_or("null").to_string());
+    }
+    assert!(
+        weight > 0,
+        "no small {op} traced: {:#}",
+        report["allocator"]
+    );
+    (weighted / weight, bases)
 }
 
 /// The p50 latency of `op` over its rows, weighted by calls (ns).
@@ -1135,29 +1187,39 @@ fn a_slow_allocator_is_reported_slow() {
     assert_no_programs_left();
 }
 
-/// The probe's own cost is not the allocator's: slowalloc's malloc (3 us)
-/// and free (1 us) are reported within 20% (or 50 ns), the calibration
-/// that was taken off is in the report, and glibc's own calls (calloc,
-/// realloc: tens of ns) come out below a microsecond. Before #17 malloc
-/// was reported at +0.4 to +0.9 us and free at +0.4 us (the probes' own
-/// traps).
+/// The probe's own cost is not the allocator's, and the program's own
+/// calls are measured: slowalloc built fast (50 ns) but made slow in the
+/// target only (its environment sets malloc 3 us, free 1 us, which the
+/// tool's untraced helper does not inherit) is reported at 3 us and 1 us
+/// within 20% (or 50 ns) from the traced calls (`p50_basis` "traced"),
+/// not at the helper's ~100 ns, and the calibration taken off is in the
+/// report. Before #17 malloc was reported at +0.4 to +0.9 us and free at
+/// +0.4 us (the probes' own traps).
 #[test]
 fn latencies_exclude_the_probes_own_cost() {
     if !require_root("latencies_exclude_the_probes_own_cost") {
         return;
     }
-    let report = attach_slowalloc("alloc-latency");
+    let env = [
+        ("SLOWALLOC_MALLOC_NS", "3000"),
+        ("SLOWALLOC_FREE_NS", "1000"),
+    ];
+    let report = attach_slowalloc_with("alloc-latency", &slowalloc_of(50), &env);
     let a = &report["allocator"];
     for (op, truth) in [("malloc", SLOW_MALLOC_NS), ("free", SLOW_FREE_NS)] {
+        let (p50, bases) = small_medians(&report, op);
+        assert!(bases.iter().all(|b| b == "traced"), "{op}: {bases:?}");
         // The busy-wait plus glibc's own call.
         assert_near(
             &format!("{op} p50 (ns)"),
-            p50(&report, op),
+            p50,
             truth + 20,
             latency_tolerance(truth),
             &a["ops"],
         );
     }
+    let helper = a["untraced_ns"]["malloc_ns"].as_f64().unwrap_or(f64::NAN);
+    assert!(helper < 1000.0, "the helper timed the fast build: {a:#}");
     let cost = &a["probe_cost_ns"];
     let kinds = cost["kinds"].as_array().unwrap_or_else(|| panic!("{a:#}"));
     assert!(
@@ -1170,35 +1232,81 @@ fn latencies_exclude_the_probes_own_cost() {
     assert_no_programs_left();
 }
 
-/// glibc's small malloc takes tens of ns; traced, each call's duration
-/// carries the probes' traps (0.5-0.9 us here): with them taken off, the
-/// median of the hot loop's mallocs must be below 150 ns (the issue's
-/// bound). Until session 11 it failed about one run in five (p50 135-226
-/// ns): this VM's vCPU runs the probes slower in stretches of 50-100 ms,
-/// whatever the process or CPU, and every call in one carried ~300 ns
-/// more than the calibration. Since then each call carries its entry
-/// program's own run time (its pace) and a call run slower than the quiet
-/// calibration calls has the cost scaled by it: p50 1-39 ns in 10 runs of
-/// 10 of 100,000 calls, the slow calls left 50-70 ns high.
+/// Launches `alloc loop N` in full mode with `preload` (nothing: glibc)
+/// and returns the report and the loop's own untraced cost of a
+/// malloc-free pair, timed side by side.
+fn loop_medians(name: &str, preload: &str) -> (serde_json::Value, f64) {
+    let truth_pair = untraced_pair_ns(preload);
+    let (report, _) = launch_preloaded(name, preload, &["loop", "200000"]);
+    (report, truth_pair)
+}
+
+/// Each allocator's small malloc and free are reported at what they cost:
+/// `alloc loop` (a malloc(64)-free pair at a time) in full mode under
+/// glibc, jemalloc, tcmalloc and mimalloc, the medians of malloc plus
+/// free within the issue's ±30% (or ±20 ns) of the workload's own
+/// untraced timed loop. Traced, each call carries the probes' traps
+/// (0.1-0.9 us on these VMs, their spread 10-930 ns): the medians come
+/// from the allocator's untraced cost timed by the helper where the
+/// traced calls cannot tell it apart (`p50_basis` "untraced_loop").
+/// Before #35 glibc's was the correction's noise (1-39 ns, "1 ns" in
+/// the JSON) and the others were not checked.
 #[test]
-fn glibc_small_malloc_is_reported_in_tens_of_ns() {
-    if !require_root("glibc_small_malloc_is_reported_in_tens_of_ns") {
+fn small_malloc_medians_are_each_allocators_untraced_cost() {
+    let test = "small_malloc_medians_are_each_allocators_untraced_cost";
+    if !require_root(test) {
         return;
     }
-    let report = launch(
-        "alloc-glibc-latency",
-        "full",
-        &alloc_workload(),
-        &["small", "20000"],
-    );
-    assert_glibc(&report);
-    assert_between(
-        "glibc malloc p50 (ns)",
-        p50(&report, "malloc") as f64,
-        0.0,
-        150.0,
-        &report["allocator"]["ops"],
-    );
+    let cases = [("glibc", "")]
+        .into_iter()
+        .chain(PRELOADED.iter().map(|&(label, path, _)| (label, path)));
+    for (label, preload) in cases {
+        if !preload.is_empty() && !std::path::Path::new(preload).exists() {
+            skip(test, &format!("{label}: {preload} is not installed"));
+            continue;
+        }
+        let (report, truth_pair) = loop_medians(&format!("alloc-median-{label}"), preload);
+        let (malloc, mb) = small_medians(&report, "malloc");
+        let (free, fb) = small_medians(&report, "free");
+        let pair = (malloc + free) as f64;
+        let allowed = (0.3 * truth_pair).max(20.0);
+        assert!(
+            pair >= 1.0 && (pair - truth_pair).abs() <= allowed,
+            "{label}: malloc {malloc} ns ({mb:?}) + free {free} ns ({fb:?}) against the \
+             loop's pair {truth_pair:.1} ns: {:#}",
+            report["allocator"]
+        );
+    }
+    assert_no_programs_left();
+}
+
+/// Shims of known latency (slowalloc built with malloc and free each
+/// busy-waiting 50 ns, 200 ns, 1 us; a busy-wait's clock reads make them
+/// longer, so the truth is the workload's own untraced pair with the shim
+/// preloaded) are reported within the issue's 10%: the medians of malloc
+/// plus free in full mode under `alloc loop`.
+#[test]
+fn shims_of_known_latency_are_reported_within_ten_percent() {
+    if !require_root("shims_of_known_latency_are_reported_within_ten_percent") {
+        return;
+    }
+    for ns in [50, 200, 1000] {
+        let lib = slowalloc_of(ns);
+        let lib = lib.to_str().expect("UTF-8 path");
+        let (report, truth_pair) = loop_medians(&format!("alloc-shim-{ns}"), lib);
+        let path = report["allocator"]["path"].as_str().unwrap_or_default();
+        assert!(path.ends_with(&format!("libslowalloc-{ns}.so")), "{path}");
+        let (malloc, mb) = small_medians(&report, "malloc");
+        let (free, fb) = small_medians(&report, "free");
+        let a = &report["allocator"];
+        assert_near(
+            &format!("{ns} ns shim: malloc ({mb:?}) + free ({fb:?}) medians"),
+            malloc + free,
+            truth_pair.round() as u64,
+            0.10,
+            &format!("{:#}\n{:#}", a["probe_cost_ns"], a["ops"]),
+        );
+    }
     assert_no_programs_left();
 }
 

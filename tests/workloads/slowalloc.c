@@ -10,13 +10,40 @@
  *
  * calloc, realloc and the aligned allocations are left to glibc: the tests
  * count and time malloc and free only.
+ *
+ * Other latencies: build with -DSLOWALLOC_MALLOC_NS=50 (and _FREE_NS), or
+ * set the variables SLOWALLOC_MALLOC_NS / SLOWALLOC_FREE_NS in the
+ * environment of one process. The tool's helper that times the
+ * allocator untraced does not inherit those (they are not allocator
+ * tuning variables), so with them the traced program's calls are slower
+ * than the same allocator timed alone: what a program whose calls contend
+ * or miss the cache looks like to the tool.
  */
 #define _GNU_SOURCE
 #include <stddef.h>
 #include <time.h>
 
+#include <stdlib.h>
+
+#ifndef SLOWALLOC_MALLOC_NS
 #define SLOWALLOC_MALLOC_NS 3000
+#endif
+#ifndef SLOWALLOC_FREE_NS
 #define SLOWALLOC_FREE_NS 1000
+#endif
+
+static long malloc_ns = SLOWALLOC_MALLOC_NS;
+static long free_ns = SLOWALLOC_FREE_NS;
+
+__attribute__((constructor)) static void slowalloc_init(void)
+{
+	const char *m = getenv("SLOWALLOC_MALLOC_NS");
+	const char *f = getenv("SLOWALLOC_FREE_NS");
+	if (m)
+		malloc_ns = atol(m);
+	if (f)
+		free_ns = atol(f);
+}
 
 extern void *__libc_malloc(size_t size);
 extern void __libc_free(void *ptr);
@@ -37,13 +64,13 @@ static void busy_wait(long ns)
 
 void *malloc(size_t size)
 {
-	busy_wait(SLOWALLOC_MALLOC_NS);
+	busy_wait(malloc_ns);
 	return __libc_malloc(size);
 }
 
 void free(void *ptr)
 {
 	if (ptr)
-		busy_wait(SLOWALLOC_FREE_NS);
+		busy_wait(free_ns);
 	__libc_free(ptr);
 }

@@ -192,6 +192,7 @@ pub fn op(
         traced: count,
         mean_ns: Some(mean_ns),
         p50_ns: Some(mean_ns / 10 * 8),
+        p50_basis: Some(LatencyBasis::Traced),
         p99_ns: Some(mean_ns.saturating_mul(6)),
         max_ns: Some(mean_ns.saturating_mul(40)),
         histogram: vec![

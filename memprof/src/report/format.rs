@@ -39,6 +39,16 @@ pub fn format_measured(ns: Option<u64>, resolution_ns: Option<u64>) -> String {
     }
 }
 
+/// A median that is either measured like [`format_measured`] or, when
+/// `from_loop`, the allocator's untraced cost (`~N ns`: an estimate from
+/// another measurement, shown below the probes' resolution).
+pub fn format_median(ns: Option<u64>, from_loop: bool, resolution_ns: Option<u64>) -> String {
+    match (ns, from_loop) {
+        (Some(ns), true) => format!("~{}", format_ns(ns)),
+        _ => format_measured(ns, resolution_ns),
+    }
+}
+
 /// `part` as a percentage of `whole`; 0 when `whole` is 0.
 pub fn percent(part: u64, whole: u64) -> f64 {
     if whole == 0 {

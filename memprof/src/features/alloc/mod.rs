@@ -11,6 +11,7 @@ pub mod classes;
 pub mod collect;
 pub mod cpu_calls;
 pub mod cpu_share;
+pub mod fast_path;
 pub mod heap;
 pub mod heap_report;
 pub mod memory;
@@ -238,6 +239,40 @@ impl Alloc {
         };
         let (estimate, basis) = pick_estimate(Some(windows), from_cpu);
         (estimate, basis, untraced)
+    }
+}
+
+impl Alloc {
+    /// The allocator's untraced cost, and the small calls' medians that
+    /// come from it ([`fast_path`]).
+    fn report_untraced(
+        &self,
+        notes: &mut Vec<String>,
+        out: &mut Report,
+        untraced: Option<UntracedCost>,
+    ) {
+        if let Some(u) = &untraced {
+            let correction = self.correction();
+            let settled = fast_path::settle_medians(&mut out.allocator.ops, u, correction);
+            notes.extend(report::fast_path_note(settled, correction));
+        }
+        out.allocator.untraced_ns = untraced.map(|u| u.report());
+    }
+
+    /// What the probes' correction took off the traced calls, if the
+    /// probes were calibrated.
+    fn correction(&self) -> Option<fast_path::Correction> {
+        let profile = &self.traced.as_ref()?.collector.profile;
+        let (cost, used) = (profile.probe_cost(), profile.probe_kinds());
+        cost.is_calibrated().then(|| fast_path::Correction {
+            resolution_ns: cost.resolution_ns(&used),
+            added_ns: used
+                .iter()
+                .filter_map(|&k| cost.kind(k))
+                .map(|k| k.added_ns)
+                .max()
+                .unwrap_or(0),
+        })
     }
 }
 
@@ -495,7 +530,7 @@ impl Feature for Alloc {
         );
         out.allocator.cpu = cpu;
         out.allocator.count_basis = out.allocator.sampled.then_some(basis);
-        out.allocator.untraced_ns = untraced.map(|u| u.report());
+        self.report_untraced(ctx.notes, out, untraced);
         if let Some(t) = &self.traced {
             out.allocator.named_at_wrapper = t.collector.named_at_wrapper;
             ctx.notes.extend(report::wrapper_note(

@@ -17,9 +17,9 @@ use crate::{
     object::symbolize::Inlined,
     process::maps::Place,
     report::model::{
-        AllocOp, AllocatorReport, BlockOrigin, CountBasis, KernelThreadEntry, MemoryReport,
-        OpStats, ProbeCostReport, ProbeKindCost, SiteEntry, SizeClass, Syscall, SyscallStats,
-        ThreadPhase, TraceMode,
+        AllocOp, AllocatorReport, BlockOrigin, CountBasis, KernelThreadEntry, LatencyBasis,
+        MemoryReport, OpStats, ProbeCostReport, ProbeKindCost, SiteEntry, SizeClass, Syscall,
+        SyscallStats, ThreadPhase, TraceMode,
     },
     report::names::callers,
 };
@@ -283,6 +283,21 @@ pub fn pace_note(cost: &ProbeCostReport) -> Option<String> {
     })
 }
 
+/// The note saying which medians are the untraced loop's.
+pub fn fast_path_note(
+    settled: usize,
+    correction: Option<super::fast_path::Correction>,
+) -> Option<String> {
+    let c = correction.filter(|_| settled > 0)?;
+    Some(format!(
+        "the median latency of {settled} small malloc/free/calloc row(s) (marked ~) is the \
+         allocator's untraced cost (`untraced_ns`, timed in a helper process): their traced \
+         medians were as near it as the probes' correction can tell (it takes up to {} ns off \
+         a call, calibrated to {} ns); their mean, p99 and max are the traced calls'",
+        c.added_ns, c.resolution_ns
+    ))
+}
+
 /// The calibration taken off the latencies, if any.
 fn probe_cost(profile: &AllocProfile) -> Option<ProbeCostReport> {
     let (cost, used) = (profile.probe_cost(), profile.probe_kinds());
@@ -321,6 +336,7 @@ fn ops(profile: &AllocProfile, scaling: &Scaling) -> Vec<OpStats> {
         .into_iter()
         .map(|(key, stats)| {
             let h = &stats.histogram;
+            let p50_ns = measured(h.value_at_quantile(0.5));
             OpStats {
                 op: AllocOp::from_code(key.op),
                 class: key.class.into(),
@@ -329,7 +345,8 @@ fn ops(profile: &AllocProfile, scaling: &Scaling) -> Vec<OpStats> {
                 count: scaling.calls(h.len(), key.op),
                 traced: h.len(),
                 mean_ns: measured(h.mean().round() as u64),
-                p50_ns: measured(h.value_at_quantile(0.5)),
+                p50_ns,
+                p50_basis: p50_ns.map(|_| LatencyBasis::Traced),
                 p99_ns: measured(h.value_at_quantile(0.99)),
                 max_ns: measured(h.max()),
                 histogram: log2_histogram(&stats.log2),

@@ -221,6 +221,19 @@ pub enum CountBasis {
     CpuTime,
 }
 
+/// What a latency was measured from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LatencyBasis {
+    /// The traced calls, the probes' calibrated cost taken off.
+    Traced,
+    /// The allocator's untraced cost per call, timed in a helper process
+    /// (`untraced_ns`): the traced calls were too short to tell apart
+    /// from the probes' own cost, or agreed with it within the
+    /// calibration's resolution.
+    UntracedLoop,
+}
+
 /// The CPU samples whose instruction was allocator code (user mode: its
 /// syscalls are in `syscalls`), among the report's hottest functions.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -299,7 +312,13 @@ pub struct OpStats {
     /// than that, which the probes cannot tell from zero (a number there
     /// would be the correction's noise, e.g. "1 ns" for glibc's fast path).
     pub mean_ns: Option<u64>,
+    /// The median; for a small malloc, free or calloc whose traced median
+    /// is below the resolution or agrees with the allocator's untraced
+    /// cost within it, that cost (`untraced_ns`), the finer of the two
+    /// measurements: see `p50_basis`.
     pub p50_ns: Option<u64>,
+    /// Where `p50_ns` comes from; null when it is null.
+    pub p50_basis: Option<LatencyBasis>,
     pub p99_ns: Option<u64>,
     pub max_ns: Option<u64>,
     /// Latency histogram: (upper bound in ns, calls traced), log2 buckets.

@@ -14,7 +14,7 @@ pub use super::format::{
 };
 use super::model::Report;
 pub use allocator::{
-    allocator_off, by_time, library_label, live_label, sites_by_bytes, syscall_origin,
+    allocator_off, by_time, from_loop, library_label, live_label, sites_by_bytes, syscall_origin,
 };
 pub use overview::share_of_a_core;
 pub use sharing::word_ranges;

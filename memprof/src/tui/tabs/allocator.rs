@@ -14,11 +14,11 @@ use ratatui::{
 };
 
 use crate::report::{
-    format::{format_measured, maybe},
+    format::{format_measured, format_median, maybe},
     model::{AllocatorReport, MemoryReport, OpStats, SiteEntry, SyscallStats, TraceMode},
     text::{
-        allocator_off, by_time, format_bytes, format_ns, group, library_label, live_label, percent,
-        sites_by_bytes, syscall_origin,
+        allocator_off, by_time, format_bytes, format_ns, from_loop, group, library_label,
+        live_label, percent, sites_by_bytes, syscall_origin,
     },
 };
 use crate::tui::{
@@ -310,7 +310,7 @@ fn ops_table(ops: &[OpStats], resolution: Option<u64>, width: u16) -> Table<'sta
                 op.phase.to_string(),
                 maybe(op.count, count_label),
                 format_measured(op.mean_ns, resolution),
-                format_measured(op.p50_ns, resolution),
+                format_median(op.p50_ns, from_loop(op), resolution),
                 format_measured(op.p99_ns, resolution),
                 format_measured(op.max_ns, resolution),
             ]
