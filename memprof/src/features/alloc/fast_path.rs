@@ -96,7 +96,12 @@ pub fn settle_medians(
         let agrees = row
             .p50_ns
             .is_none_or(|traced| traced.abs_diff(untraced) <= agreement_ns(untraced, correction));
-        if agrees {
+        // One distribution: the median is not above the traced p99 (below
+        // the resolution when that is null).
+        let p99_bound = row
+            .p99_ns
+            .unwrap_or(correction.resolution_ns.saturating_sub(1));
+        if agrees && untraced <= p99_bound {
             row.p50_ns = Some(untraced);
             row.p50_basis = Some(LatencyBasis::UntracedLoop);
             settled += 1;
@@ -188,6 +193,24 @@ mod tests {
         ];
         assert_eq!(settle_medians(&mut ops, &cost(), fine(10)), 1);
         assert_eq!(ops.map(|r| r.p50_ns), [Some(20), Some(95)]);
+    }
+
+    #[test]
+    fn the_median_stays_below_the_traced_p99() {
+        // Two slow frees traced at ~0.9 us (p99 965 ns) and a 1,068 ns
+        // loop: the traced median stays, the rows stay ordered.
+        let mut slow = cost();
+        slow.free_ns = 1_068.0;
+        slow.malloc_ns = 1_068.0;
+        slow.pair_ns = 2_136.0;
+        let mut ops = [row(AllocOp::Free, SizeClass::Small, Some(965))];
+        assert_eq!(settle_medians(&mut ops, &slow, fine(100)), 0);
+        assert_eq!(ops[0].p50_ns, Some(965));
+        // Every traced call below a 100 ns resolution: a 1 us loop is
+        // another distribution.
+        let mut ops = [row(AllocOp::Free, SizeClass::Small, None)];
+        assert_eq!(settle_medians(&mut ops, &slow, fine(100)), 0);
+        assert_eq!(ops[0].p50_ns, None);
     }
 
     #[test]
