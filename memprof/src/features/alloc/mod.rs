@@ -266,12 +266,7 @@ impl Alloc {
         let (cost, used) = (profile.probe_cost(), profile.probe_kinds());
         cost.is_calibrated().then(|| fast_path::Correction {
             resolution_ns: cost.resolution_ns(&used),
-            added_ns: used
-                .iter()
-                .filter_map(|&k| cost.kind(k))
-                .map(|k| k.added_ns)
-                .max()
-                .unwrap_or(0),
+            added_ns: cost.largest_added_ns(&used),
         })
     }
 }

@@ -211,6 +211,16 @@ impl ProbeCost {
         (scaled.round() as u64, true)
     }
 
+    /// The most the probes add to a call, of the calibrated kinds among
+    /// `used` (0 when none is).
+    pub fn largest_added_ns(&self, used: &[ProbeKind]) -> u64 {
+        used.iter()
+            .filter_map(|&kind| self.kind(kind))
+            .map(|k| k.added_ns)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Below this a corrected latency cannot be told from zero: the
     /// largest spread of the calibrated kinds among `used` (at least 1 ns).
     pub fn resolution_ns(&self, used: &[ProbeKind]) -> u64 {
@@ -253,6 +263,10 @@ mod tests {
         assert_eq!(cost.kind(ProbeKind::EmulatedFree), None);
         assert!(cost.is_calibrated());
         assert_eq!(cost.resolution_ns(&ProbeKind::ALL), k.spread_ns);
+        // The stepped free's 900 ns; an uncalibrated kind counts nothing.
+        assert_eq!(cost.largest_added_ns(&ProbeKind::ALL), 900);
+        assert_eq!(cost.largest_added_ns(&[ProbeKind::EmulatedAlloc]), 400);
+        assert_eq!(cost.largest_added_ns(&[ProbeKind::EmulatedFree]), 0);
         // Only the kinds in use count.
         assert_eq!(cost.resolution_ns(&[ProbeKind::EmulatedFree]), 1);
     }
