@@ -702,6 +702,22 @@ fn env_launch_with_a_preloaded_allocator_traces_that_allocator() {
     assert_no_programs_left();
 }
 
+/// glibc (preload "") and each preloaded allocator that is installed,
+/// as (label, preload path); a missing one is a loud skip of `test`.
+fn installed_allocators(test: &str) -> Vec<(&'static str, &'static str)> {
+    let preloaded = PRELOADED.iter().map(|&(label, path, _)| (label, path));
+    std::iter::once(("glibc", ""))
+        .chain(preloaded)
+        .filter(|&(label, path)| {
+            let there = path.is_empty() || std::path::Path::new(path).exists();
+            if !there {
+                skip(test, &format!("{label}: {path} is not installed"));
+            }
+            there
+        })
+        .collect()
+}
+
 /// Launches `env -u MALLOC_CONF LD_PRELOAD=PRELOAD alloc ARGS` in full
 /// mode: the allocator the program finally maps is traced.
 fn launch_preloaded(name: &str, preload: &str, args: &[&str]) -> (serde_json::Value, Truth) {
@@ -733,18 +749,9 @@ fn usable_bytes_are_each_allocators_own_account() {
     if !require_root(test) {
         return;
     }
-    let cases = [("glibc", None)].into_iter().chain(
-        PRELOADED
-            .iter()
-            .map(|&(label, path, _)| (label, Some(path))),
-    );
-    for (label, path) in cases {
-        if let Some(path) = path.filter(|p| !std::path::Path::new(p).exists()) {
-            skip(test, &format!("{label}: {path} is not installed"));
-            continue;
-        }
+    for (label, path) in installed_allocators(test) {
         let name = format!("alloc-sizes-{label}");
-        let (report, truth) = launch_preloaded(&name, path.unwrap_or(""), &["sizes", "3000"]);
+        let (report, truth) = launch_preloaded(&name, path, &["sizes", "3000"]);
         let memory = &report["allocator"]["memory"];
         assert_eq!(memory["usable_known"], true, "{label}: {memory:#}");
         let usable = memory["usable_end"].as_u64().unwrap_or(0);
@@ -1152,22 +1159,6 @@ fn small_medians(report: &serde_json::Value, op: &str) -> (u64, Vec<String>) {
     (weighted / weight, bases)
 }
 
-/// The p50 latency of `op` over its rows, weighted by calls (ns).
-fn p50(report: &serde_json::Value, op: &str) -> u64 {
-    let rows: Vec<&serde_json::Value> = ops(report).iter().filter(|r| r["op"] == op).collect();
-    let calls: u64 = rows.iter().map(|r| r["traced"].as_u64().unwrap_or(0)).sum();
-    assert!(
-        calls > 0,
-        "no {op} traced: {:#}",
-        report["allocator"]["ops"]
-    );
-    let weighted: u64 = rows
-        .iter()
-        .map(|r| r["p50_ns"].as_u64().unwrap_or(0) * r["traced"].as_u64().unwrap_or(0))
-        .sum();
-    weighted / calls
-}
-
 /// Proves that latencies are measured, not made up: an allocator whose
 /// malloc takes 2 us is reported at 2 us or more, and below the 10 us a
 /// wrong pairing of entries and returns would give.
@@ -1179,7 +1170,7 @@ fn a_slow_allocator_is_reported_slow() {
     let report = attach_slowalloc("alloc-slow");
     assert_between(
         "malloc p50 (ns)",
-        p50(&report, "malloc") as f64,
+        small_medians(&report, "malloc").0 as f64,
         SLOW_MALLOC_NS as f64,
         5.0 * SLOW_MALLOC_NS as f64,
         &report["allocator"]["ops"],
@@ -1257,14 +1248,7 @@ fn small_malloc_medians_are_each_allocators_untraced_cost() {
     if !require_root(test) {
         return;
     }
-    let cases = [("glibc", "")]
-        .into_iter()
-        .chain(PRELOADED.iter().map(|&(label, path, _)| (label, path)));
-    for (label, preload) in cases {
-        if !preload.is_empty() && !std::path::Path::new(preload).exists() {
-            skip(test, &format!("{label}: {preload} is not installed"));
-            continue;
-        }
+    for (label, preload) in installed_allocators(test) {
         let (report, truth_pair) = loop_medians(&format!("alloc-median-{label}"), preload);
         let (malloc, mb) = small_medians(&report, "malloc");
         let (free, fb) = small_medians(&report, "free");
@@ -1613,15 +1597,8 @@ fn hot_loop_counts_come_from_the_allocators_cpu_time() {
     if !require_root(test) {
         return;
     }
-    let cases = [("glibc", "")]
-        .into_iter()
-        .chain(PRELOADED.iter().map(|&(label, path, _)| (label, path)));
     let program = alloc_workload();
-    for (label, preload) in cases {
-        if !preload.is_empty() && !std::path::Path::new(preload).exists() {
-            skip(test, &format!("{label}: {preload} is not installed"));
-            continue;
-        }
+    for (label, preload) in installed_allocators(test) {
         let truth_pair = untraced_pair_ns(preload);
         let preload_var = format!("LD_PRELOAD={preload}");
         let args = [
