@@ -146,6 +146,8 @@ pub const EVENT_ALLOC: u32 = 1;
 pub const EVENT_SYSCALL: u32 = 2;
 /// [`AllocStackEvent`]: an allocation whose call chain was sampled.
 pub const EVENT_ALLOC_STACK: u32 = 3;
+/// [`AllocCpuEvent`]: a CPU sample that landed in the allocator's code.
+pub const EVENT_ALLOC_CPU: u32 = 4;
 
 /// Mean bytes allocated between two allocations whose call chain is
 /// copied (jemalloc's and tcmalloc's byte sampling): each thread counts
@@ -190,6 +192,41 @@ pub struct AllocStackEvent {
     pub bp: u64,
     pub stack: [u64; ALLOC_STACK_WORDS],
 }
+
+/// A CPU sample whose instruction was in the allocator's code (a range
+/// of [`maps::ALLOC_TEXT`](crate::maps::ALLOC_TEXT)), with the thread's
+/// registers and the top of its stack: the loader unwinds it to the
+/// allocation call that is spending the time (the site's share of the
+/// allocator's CPU), which the frame-pointer walk of the sample cannot
+/// (glibc's and the allocators' code keeps no frame pointer).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocCpuEvent {
+    /// [`EVENT_ALLOC_CPU`].
+    pub kind: u32,
+    pub tid: u32,
+    pub tgid: u32,
+    pub _pad: u32,
+    pub time_ns: u64,
+    /// The sampled instruction, stack and frame pointers.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Stack words from `sp` up (zero when they could not be read).
+    pub stack: [u64; ALLOC_STACK_WORDS],
+}
+
+/// An executable range of the allocator's object in one process (values
+/// of [`maps::ALLOC_TEXT`](crate::maps::ALLOC_TEXT)).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TextRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Processes whose allocator's code range the sampler checks.
+pub const ALLOC_TEXT_CAPACITY: u32 = 1024;
 
 /// One allocator call, from entry to return.
 #[repr(C)]
@@ -329,18 +366,23 @@ const _: () = assert!(core::mem::size_of::<SiteRule>() == 16);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
 const _: () = assert!(core::mem::size_of::<AllocStackEvent>() == 112 + 8 * ALLOC_STACK_WORDS);
+const _: () = assert!(core::mem::size_of::<AllocCpuEvent>() == 48 + 8 * ALLOC_STACK_WORDS);
+const _: () = assert!(core::mem::size_of::<TextRange>() == 16);
 
-// SAFETY: all five are `#[repr(C)]` and made of integers only, naturally
+// SAFETY: all seven are `#[repr(C)]` and made of integers only, naturally
 // aligned so without padding (sizes asserted above): `AllocEvent` is four
 // u32, seven u64, two u32 and a u64, `SyscallEvent` four u32, two u64,
 // `[u64; 4]` and an i64, `KernelStats` five u64, `AllocStackEvent` an
-// `AllocEvent` and u64s, `SiteRule` a u32 and three i32. Any bit pattern
-// is a valid value.
+// `AllocEvent` and u64s, `AllocCpuEvent` four u32 and u64s, `TextRange`
+// two u64, `SiteRule` a u32 and three i32. Any bit pattern is a valid
+// value.
 records!(
     AllocEvent,
     SyscallEvent,
     KernelStats,
     AllocStackEvent,
+    AllocCpuEvent,
+    TextRange,
     SiteRule
 );
 

@@ -22,6 +22,9 @@ pub const ALLOC_SAMPLE_GAPS: &str = "ALLOC_SAMPLE_GAPS";
 /// Hash: return address of an allocation call → [`crate::SiteRule`],
 /// written by the loader as it classifies new call sites.
 pub const ALLOC_SITES: &str = "ALLOC_SITES";
+/// Hash: process id → [`crate::TextRange`] of its allocator's code, where
+/// a CPU sample also sends its stack ([`crate::AllocCpuEvent`]).
+pub const ALLOC_TEXT: &str = "ALLOC_TEXT";
 /// Per-thread kernel-side statistics ([`crate::KernelStats`]).
 pub const KERNEL_STATS: &str = "KERNEL_STATS";
 /// Ring buffer of [`crate::LockEvent`] (stack samples).

@@ -20,11 +20,12 @@ use aya_ebpf::{
     EbpfContext, Global,
 };
 use memprof_common::{
-    alloc_flag, alloc_op, counter, site_base, take_token, AllocEvent, AllocStackEvent, KernelStats,
-    SiteRule, SyscallEvent, ALLOC_CTL_GENERATION, ALLOC_RING_BYTES, ALLOC_SAMPLE_GAPS,
-    ALLOC_SITES_CAPACITY, ALLOC_SITE_CHAINS_PER_S, ALLOC_STACKS_PER_S, ALLOC_STACK_WORDS,
-    ALLOC_THREADS_CAPACITY, ALLOC_WAKEUP_BYTES, ALLOC_WRAPPER_DEPTH, EVENT_ALLOC,
-    EVENT_ALLOC_STACK, EVENT_SYSCALL,
+    alloc_flag, alloc_op, counter, site_base, take_token, AllocCpuEvent, AllocEvent,
+    AllocStackEvent, KernelStats, SiteRule, SyscallEvent, TextRange, ALLOC_CTL_GENERATION,
+    ALLOC_RING_BYTES, ALLOC_SAMPLE_GAPS, ALLOC_SITES_CAPACITY, ALLOC_SITE_CHAINS_PER_S,
+    ALLOC_STACKS_PER_S, ALLOC_STACK_WORDS, ALLOC_TEXT_CAPACITY, ALLOC_THREADS_CAPACITY,
+    ALLOC_WAKEUP_BYTES, ALLOC_WRAPPER_DEPTH, EVENT_ALLOC, EVENT_ALLOC_CPU, EVENT_ALLOC_STACK,
+    EVENT_SYSCALL,
 };
 
 use crate::maps::{bpf_now, count, current_ids, target_tgid};
@@ -55,6 +56,11 @@ static STACK_BUCKET: Array<u64> = Array::with_max_entries(4, 0);
 /// sites, and calls inside wrappers with the way out of their frame.
 #[map(name = "ALLOC_SITES")]
 static ALLOC_SITES: HashMap<u64, SiteRule> = HashMap::with_max_entries(ALLOC_SITES_CAPACITY, 0);
+
+/// Each traced process's allocator code (written by the loader once the
+/// allocator is mapped): CPU samples there also send their stack.
+#[map(name = "ALLOC_TEXT")]
+static ALLOC_TEXT: HashMap<u32, TextRange> = HashMap::with_max_entries(ALLOC_TEXT_CAPACITY, 0);
 
 #[map(name = "KERNEL_STATS")]
 static KERNEL_STATS: LruHashMap<u32, KernelStats> =
@@ -457,6 +463,48 @@ fn submit_stack(call: &AllocEvent, sp: u64, bp: u64) {
     } else {
         BPF_RB_NO_WAKEUP as u64
     });
+}
+
+/// A CPU sample of user code at `ip`: when it is the allocator's code,
+/// sends the thread's registers and stack top, for the loader to find the
+/// allocation call the time is spent for. No frame pointer can be
+/// trusted there, so the stack is copied rather than walked.
+#[inline(always)]
+pub fn sample_in_allocator(tgid: u32, tid: u32, time_ns: u64, ip: u64, sp: u64, bp: u64) {
+    // SAFETY: a read of a map value, copied out at once.
+    let Some(range) = (unsafe { ALLOC_TEXT.get(tgid) }).copied() else {
+        return;
+    };
+    if ip < range.start || ip >= range.end {
+        return;
+    }
+    let Some(mut entry) = ALLOC_EVENTS.reserve::<AllocCpuEvent>(0) else {
+        count(counter::ALLOC_EVENTS_LOST);
+        return;
+    };
+    let e = entry.as_mut_ptr();
+    // SAFETY: `e` points at the reserved record, valid and exclusively ours
+    // until submit; every field is written before it.
+    unsafe {
+        (*e).kind = EVENT_ALLOC_CPU;
+        (*e).tid = tid;
+        (*e).tgid = tgid;
+        (*e)._pad = 0;
+        (*e).time_ns = time_ns;
+        (*e).ip = ip;
+        (*e).sp = sp;
+        (*e).bp = bp;
+        let stack = (*e).stack.as_mut_ptr() as *mut core::ffi::c_void;
+        let size = (ALLOC_STACK_WORDS * 8) as u32;
+        let from = sp as *const core::ffi::c_void;
+        if aya_ebpf::helpers::generated::bpf_probe_read_user(stack, size, from) != 0 {
+            // Near the top of the stack, or not resident: a smaller read.
+            if aya_ebpf::helpers::generated::bpf_probe_read_user(stack, size / 4, from) != 0 {
+                (*e).stack[0] = 0;
+            }
+        }
+    }
+    entry.submit(BPF_RB_NO_WAKEUP as u64);
 }
 
 /// The cheapest possible entry probe: for the benchmark's "bare uprobe

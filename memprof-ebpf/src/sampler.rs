@@ -13,6 +13,7 @@ use memprof_common::{
 };
 
 use crate::{
+    alloc::sample_in_allocator,
     maps::{bpf_now, count, current_ids, traced_layout},
     sharing::{precise_mode, sample_access, Access},
 };
@@ -42,7 +43,10 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
 
     // SAFETY: the kernel passes a valid `bpf_perf_event_data` whose `regs`
     // are the interrupted context's registers; reading them is allowed.
-    let (ip, cs) = unsafe { ((*ctx.ctx).regs.rip, (*ctx.ctx).regs.cs) };
+    let (ip, cs, sp, bp) = unsafe {
+        let regs = &(*ctx.ctx).regs;
+        (regs.rip, regs.cs, regs.rsp, regs.rbp)
+    };
     let in_kernel = cs & 3 != 3;
 
     // The user stack is walked by the kernel from the thread's saved user
@@ -99,6 +103,9 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     } else {
         BPF_RB_NO_WAKEUP as u64
     });
+    if !in_kernel {
+        sample_in_allocator(tgid, tid, time_ns, ip, sp, bp);
+    }
 }
 
 /// A precise memory event (PEBS, IBS) of any thread: records the access of

@@ -1557,6 +1557,83 @@ fn allocator_cpu_share_comes_from_the_samples() {
     assert_no_programs_left();
 }
 
+/// The allocator's CPU time is split by the call it was spent for
+/// (#35 item 3), in the default mode, for glibc and each preloaded
+/// allocator: `alloc split 3` calls malloc(64)/free three times from
+/// split_a() (SPLIT_A) for each time from split_b() (SPLIT_B, through
+/// xmalloc), so 3/4 of the time in the allocator is SPLIT_A's. The
+/// samples' stacks are unwound from the allocator's code, which keeps no
+/// frame pointer; before, the sample's own stack skipped the caller.
+#[test]
+fn allocator_cpu_is_split_by_call_site() {
+    let test = "allocator_cpu_is_split_by_call_site";
+    if !require_root(test) {
+        return;
+    }
+    let program = alloc_workload();
+    let (line_a, line_b) = (
+        marked_line("alloc", "// SPLIT_A"),
+        marked_line("alloc", "// SPLIT_B"),
+    );
+    for (label, preload) in installed_allocators(test) {
+        let preload = format!("LD_PRELOAD={preload}");
+        let (_, report) = trace(
+            &format!("alloc-cpu-split-{label}"),
+            &[
+                "--alloc-mode",
+                "sampled",
+                "--no-tui",
+                "--",
+                "env",
+                "-u",
+                "MALLOC_CONF",
+                &preload,
+                program.to_str().expect("UTF-8 path"),
+                "split",
+                "3",
+            ],
+        );
+        let cpu = &report["allocator"]["cpu"];
+        let samples = cpu["site_samples"].as_u64().unwrap_or(0);
+        let unknown = cpu["sites_unknown"].as_u64().unwrap_or(0);
+        assert!(samples >= 300, "{label}: too few samples to judge: {cpu:#}");
+        assert!(
+            unknown as f64 <= 0.2 * samples as f64,
+            "{label}: stacks not unwound out of the allocator: {cpu:#}"
+        );
+        let at = |line: u32| -> u64 {
+            report_array(cpu, "sites")
+                .iter()
+                .filter(|s| {
+                    s["site"]["line"].as_u64() == Some(line.into())
+                        && s["site"]["file"]
+                            .as_str()
+                            .is_some_and(|f| f.ends_with("alloc.c"))
+                })
+                .map(|s| s["samples"].as_u64().unwrap_or(0))
+                .sum()
+        };
+        let (a, b) = (at(line_a), at(line_b));
+        assert!(
+            (a + b) as f64 >= 0.8 * (samples - unknown) as f64,
+            "{label}: the two sites take the allocator's time ({a} + {b} of {samples}): {cpu:#}"
+        );
+        let share = a as f64 / (a + b).max(1) as f64;
+        assert!(
+            (0.62..=0.88).contains(&share),
+            "{label}: SPLIT_A's share {share:.3}, 0.75 expected: {cpu:#}"
+        );
+        let via_xmalloc = report_array(cpu, "sites").iter().any(|s| {
+            s["site"]["line"].as_u64() == Some(line_b.into()) && s["site"]["via"] == "xmalloc"
+        });
+        assert!(
+            via_xmalloc,
+            "{label}: SPLIT_B's malloc named past xmalloc: {cpu:#}"
+        );
+    }
+    assert_no_programs_left();
+}
+
 /// Claimed errors above this leave counts unknown (the tool's
 /// `MAX_COUNT_ERROR`).
 const MAX_COUNT_ERROR: f64 = 0.3;

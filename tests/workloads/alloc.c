@@ -45,6 +45,11 @@
  *                            of hashing (a moderate load; default 0).
  *                            Prints "ns_per_iter X". Truth:
  *                            chain_iterations, cache_live_blocks
+ *   alloc split SECONDS      malloc(64)/free pairs for SECONDS from two
+ *                            sites: split_a() three times an iteration
+ *                            (SPLIT_A), split_b() once, through xmalloc()
+ *                            (SPLIT_B): 3/4 of the allocator's time is
+ *                            spent for SPLIT_A. Truth: split_iterations
  *   alloc work N [HASH]      a moderate, more realistic load: N iterations
  *                            of (malloc 32..512 bytes, fill it, HASH rounds
  *                            of hashing (default 4096, a few microseconds),
@@ -103,7 +108,8 @@ static double now(void)
 static void usage(void)
 {
 	fprintf(stderr, "usage: alloc reuse N | large N SIZE | small N | mixed THREADS N"
-			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | work N [HASH]"
+			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | split SECONDS"
+			" | work N [HASH]"
 			" | sizes N | chains SECONDS [SPIN]\n");
 	exit(2);
 }
@@ -445,6 +451,31 @@ static void alloc_chains(double seconds, long spin)
 	truth("cache_live_blocks", live);
 }
 
+__attribute__((noinline)) void split_a(void)
+{
+	sink = malloc(64); free(sink); // SPLIT_A
+}
+
+__attribute__((noinline)) void split_b(void)
+{
+	sink = xmalloc(64); free(sink); // SPLIT_B
+}
+
+static void alloc_split(double seconds)
+{
+	double started = now();
+	long i = 0;
+	while ((i & 1023) != 0 || now() - started < seconds) {
+		split_a();
+		split_a();
+		split_a();
+		split_b();
+		i++;
+	}
+	counted(4 * i, 4 * i, 0, 0);
+	truth("split_iterations", i);
+}
+
 enum { WORK_LIVE = 1024 };
 static void *work_ring[WORK_LIVE];
 static unsigned char work_table[4096];
@@ -559,6 +590,12 @@ int main(int argc, char **argv)
 			usage();
 		start();
 		alloc_chains(seconds, spin);
+	} else if (strcmp(mode, "split") == 0 && argc == 3) {
+		double seconds = atof(argv[2]);
+		if (seconds <= 0)
+			usage();
+		start();
+		alloc_split(seconds);
 	} else if (strcmp(mode, "work") == 0 && (argc == 3 || argc == 4)) {
 		long n = count_arg(argv[2], 1L << 40);
 		if (argc == 4)

@@ -242,24 +242,7 @@ pub fn sample_allocator() -> AllocatorReport {
         probe_cost_ns: None,
         untraced_ns: Some(sample_untraced()),
         count_basis: None,
-        cpu: Some(AllocatorCpu {
-            samples: 412,
-            share: 0.0824,
-            functions: vec![
-                AllocatorFunctionCpu {
-                    function: "_int_malloc".into(),
-                    op: None,
-                    samples: 250,
-                    share: 0.05,
-                },
-                AllocatorFunctionCpu {
-                    function: "__GI___libc_free".into(),
-                    op: Some(AllocOp::Free),
-                    samples: 162,
-                    share: 0.0324,
-                },
-            ],
-        }),
+        cpu: Some(sample_cpu()),
         ops: vec![
             op(AllocOp::Malloc, Small, Some(Reused), 60_000, 45),
             op(AllocOp::Free, Small, Some(Reused), 59_000, 30),
@@ -536,4 +519,51 @@ pub fn full_report() -> Report {
     ];
     r.notes.push("a note".into());
     r
+}
+
+/// An allocation call site in `prog.c`.
+fn site_ref(function: &str, line: u32, via: Option<&str>) -> CodeRef {
+    CodeRef {
+        function: function.into(),
+        file: Some("prog.c".into()),
+        line: Some(line),
+        inlined_into: vec![],
+        via: via.map(Into::into),
+    }
+}
+
+/// The allocator's CPU share, by function and by call site.
+fn sample_cpu() -> AllocatorCpu {
+    AllocatorCpu {
+        samples: 412,
+        share: 0.0824,
+        functions: vec![
+            AllocatorFunctionCpu {
+                function: "_int_malloc".into(),
+                op: None,
+                samples: 250,
+                share: 0.05,
+            },
+            AllocatorFunctionCpu {
+                function: "__GI___libc_free".into(),
+                op: Some(AllocOp::Free),
+                samples: 162,
+                share: 0.0324,
+            },
+        ],
+        sites: vec![
+            AllocatorSiteCpu {
+                site: site_ref("parse_line", 88, Some("xmalloc")),
+                samples: 290,
+                share: 0.7,
+            },
+            AllocatorSiteCpu {
+                site: site_ref("main", 41, None),
+                samples: 100,
+                share: 0.24,
+            },
+        ],
+        site_samples: 415,
+        sites_unknown: 25,
+    }
 }

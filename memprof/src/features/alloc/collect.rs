@@ -3,12 +3,13 @@
 //! its probes were attached then.
 
 use memprof_common::{
-    alloc_flag, alloc_op, record_kind, site_base, AllocEvent, AllocStackEvent, SiteRule,
-    SyscallEvent, ALLOC_SAMPLE_MEAN_BYTES, ALLOC_SITES_CAPACITY, EVENT_ALLOC, EVENT_ALLOC_STACK,
-    EVENT_SYSCALL,
+    alloc_flag, alloc_op, record_kind, site_base, AllocCpuEvent, AllocEvent, AllocStackEvent,
+    SiteRule, SyscallEvent, ALLOC_SAMPLE_MEAN_BYTES, ALLOC_SITES_CAPACITY, EVENT_ALLOC,
+    EVENT_ALLOC_CPU, EVENT_ALLOC_STACK, EVENT_SYSCALL,
 };
 
 use super::analysis::{AllocCall, AllocProfile, SyscallCall};
+use super::cpu_sites::{CallSite, CpuSites};
 use super::heap::{HeapFrame, HeapProfile};
 use crate::{
     features::FastMap,
@@ -56,6 +57,8 @@ pub struct AllocCollector {
     /// or already being dropped, when one operation's probes may be there
     /// without another's): the mix of operations, for estimates.
     pub interior_calls: Vec<u64>,
+    /// The allocator's CPU samples by the call they were spent for.
+    pub cpu_sites: CpuSites,
 }
 
 /// Whether `ktime` falls in one of `ranges` (the last may be open).
@@ -93,6 +96,7 @@ impl AllocCollector {
             new_sites: Vec::new(),
             named_at_wrapper: 0,
             interior_calls: vec![0; alloc_op::COUNT as usize],
+            cpu_sites: CpuSites::default(),
         }
     }
 
@@ -128,6 +132,7 @@ impl AllocCollector {
         match record_kind(bytes) {
             Some(EVENT_ALLOC | EVENT_ALLOC_STACK) => AllocEvent::from_bytes(bytes).map(|ev| ev.tid),
             Some(EVENT_SYSCALL) => SyscallEvent::from_bytes(bytes).map(|ev| ev.tid),
+            Some(EVENT_ALLOC_CPU) => AllocCpuEvent::from_bytes(bytes).map(|ev| ev.tid),
             _ => None,
         }
     }
@@ -149,7 +154,7 @@ impl AllocCollector {
                     // Sent because the kernel met a return address not
                     // classified yet: the site is found here, from the chain.
                     let site = (ev.call.flags & alloc_flag::UNCLASSIFIED != 0)
-                        .then(|| self.site_of_chain(&chain, ev.call.start_ns, process))
+                        .then(|| self.site_of_chain(&chain.returns, ev.call.start_ns, process))
                         .flatten();
                     self.on_alloc(&ev.call, site, process);
                     if ev.call.flags & alloc_flag::SAMPLED != 0 {
@@ -160,6 +165,11 @@ impl AllocCollector {
             Some(EVENT_SYSCALL) => {
                 if let Some(ev) = SyscallEvent::from_bytes(bytes) {
                     self.on_syscall(&ev, process);
+                }
+            }
+            Some(EVENT_ALLOC_CPU) => {
+                if let Some(ev) = AllocCpuEvent::from_bytes(bytes) {
+                    self.on_cpu_sample(&ev, process);
                 }
             }
             other => tracing::warn!("unknown allocator record kind {other:?}"),
@@ -241,21 +251,9 @@ impl AllocCollector {
         if let Some(&wrapper) = self.sites.get(&ra) {
             return wrapper;
         }
-        let at = call_of(ra);
-        let place = process.code_place(at, time_ns);
-        let rule = match &place {
-            // Not mapped in our snapshot: asked again at its next call.
-            Place::Unmapped { .. } => return false,
-            Place::File { path, file_offset }
-                if self
-                    .code
-                    .returns_result(&mut process.files, path, file_offset + 1) =>
-            {
-                self.unwinder
-                    .rule(&mut process.files, path, *file_offset)
-                    .and_then(site_rule)
-            }
-            _ => None,
+        // Not mapped in our snapshot: asked again at its next call.
+        let Some(rule) = self.wrapper_rule(ra, time_ns, process) else {
+            return false;
         };
         if self.sites.len() >= ALLOC_SITES_CAPACITY as usize {
             return false;
@@ -265,15 +263,94 @@ impl AllocCollector {
         rule.is_some()
     }
 
-    /// The first return address of a chain outside the wrappers (the
+    /// The way out of the wrapper's frame if the call returning to `ra`
+    /// is inside a wrapper (Some(None): it is not; None: not mapped).
+    fn wrapper_rule(
+        &mut self,
+        ra: u64,
+        time_ns: u64,
+        process: &mut Process,
+    ) -> Option<Option<SiteRule>> {
+        let rule = match process.code_place(call_of(ra), time_ns) {
+            Place::Unmapped { .. } => return None,
+            Place::File { path, file_offset }
+                if self
+                    .code
+                    .returns_result(&mut process.files, &path, file_offset + 1) =>
+            {
+                self.unwinder
+                    .rule(&mut process.files, &path, file_offset)
+                    .and_then(site_rule)
+            }
+            _ => None,
+        };
+        Some(rule)
+    }
+
+    /// The first of a chain's return addresses outside the wrappers (the
     /// outermost reached if all are wrappers).
-    fn site_of_chain(&mut self, chain: &Walk, time_ns: u64, process: &mut Process) -> Option<u64> {
-        for &ra in &chain.returns {
+    fn site_of_chain(
+        &mut self,
+        returns: &[u64],
+        time_ns: u64,
+        process: &mut Process,
+    ) -> Option<u64> {
+        for &ra in returns {
             if !self.classify(ra, time_ns, process) {
                 return Some(ra);
             }
         }
-        chain.returns.last().copied()
+        returns.last().copied()
+    }
+
+    /// A CPU sample in the allocator's code: counted for the allocation
+    /// call its stack unwinds to, past the allocator's own frames (those
+    /// in the sampled instruction's object) and the wrappers.
+    fn on_cpu_sample(&mut self, ev: &AllocCpuEvent, process: &mut Process) {
+        if process.before_launch(ev.time_ns) {
+            return;
+        }
+        let ip = process.code_place(ev.ip, ev.time_ns);
+        let Place::File { path: object, .. } = &ip else {
+            return; // the allocator's code is a file's
+        };
+        let object = object.clone();
+        let copy = StackCopy {
+            ip: ev.ip,
+            sp: ev.sp,
+            bp: ev.bp,
+            words: &ev.stack,
+            ip_returned: false,
+        };
+        let chain = walk(&mut self.unwinder, &copy, process, CHAIN_FRAMES);
+        let own = chain
+            .frames
+            .iter()
+            .take_while(|f| matches!(f, Place::File { path, .. } if *path == object))
+            .count();
+        let returns = &chain.returns[own..];
+        // Classified as the calls' own chains are, but not sent to the
+        // kernel's table: the call may be of libc code other than the
+        // allocator's (its range holds both), told apart at the report.
+        let wrapper = |c: &mut Self, ra: u64, process: &mut Process| match c.sites.get(&ra) {
+            Some(&w) => w,
+            None => matches!(c.wrapper_rule(ra, ev.time_ns, process), Some(Some(_))),
+        };
+        let mut site = returns.last().copied();
+        for &ra in returns {
+            if !wrapper(self, ra, process) {
+                site = Some(ra);
+                break;
+            }
+        }
+        let site = site.map(|ra| {
+            let first = returns[0];
+            CallSite {
+                site: process.code_place(call_of(ra), ev.time_ns),
+                via: (ra != first).then(|| process.code_place(call_of(first), ev.time_ns)),
+            }
+        });
+        self.cpu_sites.add(ip, site);
     }
 
     /// The call chain of an allocation sent with its stack, walked from

@@ -40,7 +40,11 @@ pub fn cpu_share(
     }
     let functions: Vec<AllocatorFunctionCpu> = hot
         .iter()
-        .filter(|h| h.samples > 0 && h.module == module && is_allocator_code(h, kind))
+        .filter(|h| {
+            h.samples > 0
+                && h.module == module
+                && is_allocator_code(&h.function, h.file.as_deref(), kind)
+        })
         .map(|h| AllocatorFunctionCpu {
             function: h.function.clone(),
             op: entry_op(&h.function).map(AllocOp::from_code),
@@ -53,15 +57,17 @@ pub fn cpu_share(
         samples: in_allocator,
         share: in_allocator as f64 / samples as f64,
         functions,
+        ..AllocatorCpu::default()
     })
 }
 
-fn is_allocator_code(h: &HotFunctionEntry, kind: AllocatorKind) -> bool {
+/// Whether `function` (of source `file`) in the allocator's object is
+/// allocator code.
+pub fn is_allocator_code(name: &str, file: Option<&str>, kind: AllocatorKind) -> bool {
     if kind != AllocatorKind::Glibc {
         return true; // the whole object is the allocator
     }
-    let in_malloc_sources = h.file.as_deref().is_some_and(|f| f.contains("/malloc/"));
-    let name = h.function.as_str();
+    let in_malloc_sources = file.is_some_and(|f| f.contains("/malloc/"));
     in_malloc_sources
         || entry_op(name).is_some()
         || GLIBC_MALLOC_PREFIXES.iter().any(|p| name.starts_with(p))

@@ -11,6 +11,7 @@ pub mod classes;
 pub mod collect;
 pub mod cpu_calls;
 pub mod cpu_share;
+pub mod cpu_sites;
 pub mod fast_path;
 pub mod heap;
 pub mod heap_report;
@@ -40,6 +41,7 @@ use crate::{
         rings::{drain_batch, poll_ring, readable, Ring},
         windows::{ktime_ns, Detaching},
     },
+    object::symbolize::Symbolizer,
     options::Options,
     process::state::Process,
     report::{
@@ -127,6 +129,7 @@ impl Plan for AllocPlan {
             "the allocator ring buffer",
         )?;
         let sites = AllocSites::take(probes)?;
+        let text = tracer::AllocText::take(probes)?;
         let mut ring = ring;
         let mut held = Vec::new();
         // Before the calibration, whose cost per call must include them.
@@ -158,6 +161,7 @@ impl Plan for AllocPlan {
                 collector,
                 held,
                 sites,
+                text,
                 untraced,
             }),
         }))
@@ -261,6 +265,22 @@ impl Alloc {
 
     /// What the probes' correction took off the traced calls, if the
     /// probes were calibrated.
+    /// The allocator's CPU share, by function and by call site. The CPU
+    /// feature reports first: its hottest functions are known.
+    fn cpu(&self, out: &Report, symbolizer: &mut Symbolizer) -> Option<AllocatorCpu> {
+        let t = self.traced.as_ref()?;
+        let allocator = &t.tracer.allocator;
+        let mut cpu = cpu_share::cpu_share(
+            &out.hot_functions,
+            allocator.kind,
+            &module_name(&allocator.path),
+            out.sampling.samples,
+        )?;
+        cpu_sites::fill(&mut cpu, &t.collector.cpu_sites, allocator.kind, symbolizer);
+        cpu_sites::count_all(&mut cpu, out.sampling.samples);
+        Some(cpu)
+    }
+
     fn correction(&self) -> Option<fast_path::Correction> {
         let profile = &self.traced.as_ref()?.collector.profile;
         let (cost, used) = (profile.probe_cost(), profile.probe_kinds());
@@ -339,6 +359,7 @@ struct Traced {
     held: Vec<Vec<u8>>,
     /// The kernel's table of classified allocation call sites.
     sites: AllocSites,
+    text: tracer::AllocText,
     /// The allocator's cost per call without probes, if measured.
     /// (Timed every 250 ms by a helper process; a thread reads it.)
     untraced: Option<std::result::Result<untraced::Sampler, String>>,
@@ -400,6 +421,7 @@ impl Feature for Alloc {
             }
         });
         t.sites.write(&mut collector.new_sites);
+        t.text.update(process, &t.tracer.allocator.path);
         more || waiting
     }
 
@@ -497,15 +519,7 @@ impl Feature for Alloc {
                 analysis::MAX_LIVE_BLOCKS
             ));
         }
-        // The CPU feature reports first: its hottest functions are known.
-        let cpu = tracer.and_then(|t| {
-            cpu_share::cpu_share(
-                &out.hot_functions,
-                t.allocator.kind,
-                &module_name(&t.allocator.path),
-                out.sampling.samples,
-            )
-        });
+        let cpu = self.cpu(out, ctx.symbolizer);
         let (estimate, basis, untraced) = self.estimate(ctx, out, cpu.as_ref());
         if let (Some(tracer), Some(e)) = (tracer, &estimate) {
             tracing::debug!("allocator calls estimated ({basis:?}): {e:?}");

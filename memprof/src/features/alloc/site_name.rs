@@ -13,6 +13,7 @@
 use super::{analysis::AllocProfile, heap::is_wrapper_name};
 use crate::{
     object::symbolize::{Frame, Inlined},
+    process::maps::Place,
     report::{model::CodeRef, names::code_ref, names::Names},
 };
 
@@ -68,11 +69,21 @@ pub fn past_inline_helpers(mut chain: Inlined) -> (Inlined, Option<String>) {
 
 /// The name of allocation site `site` (a key of the allocator profile).
 pub fn site_name(alloc: &AllocProfile, site: u64, names: &mut dyn Names) -> SiteName {
-    let (chain, inline_via) = past_inline_helpers(names.code_inlined(&alloc.site_place(site)));
-    let via = alloc.site_via(site).map(|p| {
+    name_at(
+        &alloc.site_place(site),
+        alloc.site_via(site).as_ref(),
+        names,
+    )
+}
+
+/// The name of the allocation call at `site`, reached through the call
+/// inside a wrapper at `via`, if any.
+pub fn name_at(site: &Place, via: Option<&Place>, names: &mut dyn Names) -> SiteName {
+    let (chain, inline_via) = past_inline_helpers(names.code_inlined(site));
+    let via = via.map(|p| {
         // The call inside the wrapper: named by the wrapper's function
         // (its outermost, if that call was inlined too).
-        names.code_inlined(&p).outermost().function.clone()
+        names.code_inlined(p).outermost().function.clone()
     });
     SiteName {
         chain,

@@ -194,6 +194,67 @@ impl AllocTracer {
     }
 }
 
+/// The kernel's table of each process's allocator code, where CPU samples
+/// also send their stack ([`super::cpu_sites`]): written once the
+/// allocator is in the process's memory map.
+pub struct AllocText {
+    map: aya::maps::HashMap<aya::maps::MapData, u32, memprof_common::TextRange>,
+    written: crate::features::FastSet<u32>,
+    /// The allocator file's inode (0: unknown), once looked up.
+    inode: Option<u64>,
+}
+
+impl AllocText {
+    pub fn take(probes: &mut crate::kernel::loader::Probes) -> anyhow::Result<Self> {
+        let map = probes.take_map(memprof_common::maps::ALLOC_TEXT)?;
+        Ok(Self {
+            map: aya::maps::HashMap::try_from(map)?,
+            written: Default::default(),
+            inode: None,
+        })
+    }
+
+    /// Writes the range of `allocator`'s executable mappings in `process`
+    /// if not done yet and they are mapped.
+    pub fn update(&mut self, process: &crate::process::state::Process, allocator: &str) {
+        use crate::process::maps::short_name;
+        let pid = process.pid();
+        if self.written.contains(&pid) || process.awaiting_exec() {
+            return;
+        }
+        // By name or by inode: the allocator's path may be a symbolic
+        // link (`libtcmalloc_minimal.so.4`) to the file mapped.
+        let name = short_name(allocator);
+        let inode = *self.inode.get_or_insert_with(|| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(allocator).map_or(0, |m| m.ino())
+        });
+        let code = process.maps().mappings().iter().filter(|m| {
+            m.executable
+                && m.is_file()
+                && (short_name(&m.name) == name || (inode != 0 && m.inode == inode))
+        });
+        let Some(range) = code.fold(None, |r: Option<memprof_common::TextRange>, m| {
+            Some(r.map_or(
+                memprof_common::TextRange {
+                    start: m.start,
+                    end: m.end,
+                },
+                |r| memprof_common::TextRange {
+                    start: r.start.min(m.start),
+                    end: r.end.max(m.end),
+                },
+            ))
+        }) else {
+            return;
+        };
+        if let Err(e) = self.map.insert(pid, range, 0) {
+            tracing::debug!("allocator code range of {pid} not written: {e}");
+        }
+        self.written.insert(pid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::{source_label, CallerRef, TraceMode};
+use super::{source_label, CallerRef, CodeRef, TraceMode};
 
 schema_enum! {
     /// An allocator entry point.
@@ -243,6 +243,24 @@ pub struct AllocatorCpu {
     pub share: f64,
     /// The allocator's functions that took them, hottest first.
     pub functions: Vec<AllocatorFunctionCpu>,
+    /// The allocation calls that took them, by the call site the copied
+    /// stack was unwound to (past allocation wrappers), hottest first.
+    pub sites: Vec<AllocatorSiteCpu>,
+    /// The allocator's samples that came with a stack copy: the sites'
+    /// shares are of these.
+    pub site_samples: u64,
+    /// Of those, samples whose stack could not be unwound out of the
+    /// allocator.
+    pub sites_unknown: u64,
+}
+
+/// The allocator's CPU samples spent for the calls of one site.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AllocatorSiteCpu {
+    pub site: CodeRef,
+    pub samples: u64,
+    /// Of `site_samples`.
+    pub share: f64,
 }
 
 /// One allocator function's samples.

@@ -104,6 +104,39 @@ fn write_cpu(out: &mut String, cpu: Option<&AllocatorCpu>) {
             format!(": {}", top.join(", "))
         }
     );
+    if cpu.site_samples == 0 {
+        return;
+    }
+    let sites: Vec<String> = cpu
+        .sites
+        .iter()
+        .take(3)
+        .map(|s| {
+            let at = source_label(s.site.file.as_deref(), s.site.line, &s.site.function);
+            let via = s
+                .site
+                .via
+                .as_ref()
+                .map(|v| format!(" via {v}"))
+                .unwrap_or_default();
+            format!("{at}{via} {:.0}%", s.share * 100.0)
+        })
+        .collect();
+    let unknown = cpu.sites_unknown as f64 / cpu.site_samples as f64;
+    let _ = writeln!(
+        out,
+        "    for the calls at: {}{}",
+        if sites.is_empty() {
+            "no site found".to_string()
+        } else {
+            sites.join(", ")
+        },
+        if unknown >= 0.005 {
+            format!(" (not unwound {:.0}%)", unknown * 100.0)
+        } else {
+            String::new()
+        }
+    );
 }
 
 /// The allocator's cost per call without probes.
