@@ -427,6 +427,25 @@ fn take_bucket_token(first: u32, now: u64, per_s: u64) -> bool {
     }
 }
 
+/// Copies the user stack from `sp` into `stack`: all of it, or, near the
+/// top of the stack (or where it is not resident), the first quarter;
+/// when neither can be read, the first word is zero and the loader knows.
+#[inline(always)]
+fn copy_stack_top(stack: &mut [u64; ALLOC_STACK_WORDS], sp: u64) {
+    let to = stack.as_mut_ptr() as *mut core::ffi::c_void;
+    let size = (ALLOC_STACK_WORDS * 8) as u32;
+    let from = sp as *const core::ffi::c_void;
+    // SAFETY: `to` is `size` writable bytes; bpf_probe_read_user checks the
+    // user address and fails cleanly (leaving zeroes) when it cannot read.
+    unsafe {
+        if aya_ebpf::helpers::generated::bpf_probe_read_user(to, size, from) != 0
+            && aya_ebpf::helpers::generated::bpf_probe_read_user(to, size / 4, from) != 0
+        {
+            stack[0] = 0;
+        }
+    }
+}
+
 /// Sends an allocation with its caller's stack: `sp` and `bp` are the
 /// caller's right after the return, `call.caller` its next instruction.
 #[inline(always)]
@@ -446,15 +465,7 @@ fn submit_stack(call: &AllocEvent, sp: u64, bp: u64) {
         (*e).ip = call.caller;
         (*e).sp = sp;
         (*e).bp = bp;
-        let stack = (*e).stack.as_mut_ptr() as *mut core::ffi::c_void;
-        let size = (ALLOC_STACK_WORDS * 8) as u32;
-        let from = sp as *const core::ffi::c_void;
-        if aya_ebpf::helpers::generated::bpf_probe_read_user(stack, size, from) != 0 {
-            // Near the top of the stack: keep what fits in a smaller read.
-            if aya_ebpf::helpers::generated::bpf_probe_read_user(stack, size / 4, from) != 0 {
-                (*e).stack[0] = 0;
-            }
-        }
+        copy_stack_top(&mut (*e).stack, sp);
     }
     // A return address met for the first time: the loader classifies it
     // now rather than at its next drain, so few calls go unclassified.
@@ -494,15 +505,7 @@ pub fn sample_in_allocator(tgid: u32, tid: u32, time_ns: u64, ip: u64, sp: u64, 
         (*e).ip = ip;
         (*e).sp = sp;
         (*e).bp = bp;
-        let stack = (*e).stack.as_mut_ptr() as *mut core::ffi::c_void;
-        let size = (ALLOC_STACK_WORDS * 8) as u32;
-        let from = sp as *const core::ffi::c_void;
-        if aya_ebpf::helpers::generated::bpf_probe_read_user(stack, size, from) != 0 {
-            // Near the top of the stack, or not resident: a smaller read.
-            if aya_ebpf::helpers::generated::bpf_probe_read_user(stack, size / 4, from) != 0 {
-                (*e).stack[0] = 0;
-            }
-        }
+        copy_stack_top(&mut (*e).stack, sp);
     }
     entry.submit(BPF_RB_NO_WAKEUP as u64);
 }

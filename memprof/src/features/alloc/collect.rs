@@ -153,8 +153,13 @@ impl AllocCollector {
                     let chain = self.chain(&ev, process);
                     // Sent because the kernel met a return address not
                     // classified yet: the site is found here, from the chain.
+                    let time = ev.call.start_ns;
                     let site = (ev.call.flags & alloc_flag::UNCLASSIFIED != 0)
-                        .then(|| self.site_of_chain(&chain.returns, ev.call.start_ns, process))
+                        .then(|| {
+                            self.site_of_chain(&chain.returns, process, |c, ra, p| {
+                                c.classify(ra, time, p)
+                            })
+                        })
                         .flatten();
                     self.on_alloc(&ev.call, site, process);
                     if ev.call.flags & alloc_flag::SAMPLED != 0 {
@@ -287,16 +292,16 @@ impl AllocCollector {
         Some(rule)
     }
 
-    /// The first of a chain's return addresses outside the wrappers (the
-    /// outermost reached if all are wrappers).
+    /// The first of a chain's return addresses that `wrapper` says is not
+    /// inside a wrapper (the outermost reached if all are).
     fn site_of_chain(
         &mut self,
         returns: &[u64],
-        time_ns: u64,
         process: &mut Process,
+        mut wrapper: impl FnMut(&mut Self, u64, &mut Process) -> bool,
     ) -> Option<u64> {
         for &ra in returns {
-            if !self.classify(ra, time_ns, process) {
+            if !wrapper(self, ra, process) {
                 return Some(ra);
             }
         }
@@ -336,14 +341,7 @@ impl AllocCollector {
             Some(&w) => w,
             None => matches!(c.wrapper_rule(ra, ev.time_ns, process), Some(Some(_))),
         };
-        let mut site = returns.last().copied();
-        for &ra in returns {
-            if !wrapper(self, ra, process) {
-                site = Some(ra);
-                break;
-            }
-        }
-        let site = site.map(|ra| {
+        let site = self.site_of_chain(returns, process, wrapper).map(|ra| {
             let first = returns[0];
             CallSite {
                 site: process.code_place(call_of(ra), ev.time_ns),

@@ -234,20 +234,11 @@ impl AllocText {
                 && m.is_file()
                 && (short_name(&m.name) == name || (inode != 0 && m.inode == inode))
         });
-        let Some(range) = code.fold(None, |r: Option<memprof_common::TextRange>, m| {
-            Some(r.map_or(
-                memprof_common::TextRange {
-                    start: m.start,
-                    end: m.end,
-                },
-                |r| memprof_common::TextRange {
-                    start: r.start.min(m.start),
-                    end: r.end.max(m.end),
-                },
-            ))
-        }) else {
-            return;
-        };
+        let (start, end) = code.fold((u64::MAX, 0), |(s, e), m| (s.min(m.start), e.max(m.end)));
+        if start >= end {
+            return; // not mapped yet
+        }
+        let range = memprof_common::TextRange { start, end };
         if let Err(e) = self.map.insert(pid, range, 0) {
             tracing::debug!("allocator code range of {pid} not written: {e}");
         }
