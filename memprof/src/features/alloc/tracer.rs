@@ -2,6 +2,7 @@
 //! probes are attached in windows by [`Windowed`] (`kernel::windows`),
 //! shared with the lock probes.
 
+use iced_x86::Register;
 use std::time::Duration;
 
 use super::allocator::{Allocator, AllocatorKind};
@@ -54,6 +55,23 @@ pub fn calibrated_trap_cost(cost: &ProbeCost, emulated: &[bool]) -> Option<f64> 
     (kind.cpu_ns > 0).then_some(kind.cpu_ns as f64 * 1e-9)
 }
 
+/// The registers the entry probe of `op` reads (`mp_alloc_enter`): the
+/// stack pointer, the arguments it takes the size and block from, and,
+/// for what allocates, the frame pointer its walk past wrappers starts
+/// from (frees walk nothing).
+fn registers_read(op: u32) -> &'static [Register] {
+    use Register::{RBP, RDI, RDX, RSI, RSP};
+    match op {
+        op if alloc_op::is_free(op) => &[RSP, RDI],
+        alloc_op::CALLOC => &[RSP, RBP, RDI, RSI],
+        op if alloc_op::is_resize(op) => &[RSP, RBP, RDI, RSI],
+        alloc_op::REALLOCARRAY => &[RSP, RBP, RDI, RSI, RDX],
+        alloc_op::POSIX_MEMALIGN => &[RSP, RBP, RDI, RDX],
+        alloc_op::ALIGNED_ALLOC | alloc_op::MEMALIGN => &[RSP, RBP, RSI],
+        _ => &[RSP, RBP, RDI],
+    }
+}
+
 /// Where to probe each entry point of `allocator`, and whether the kernel
 /// emulates the probed instruction, by operation code (true for those not
 /// probed).
@@ -69,7 +87,7 @@ pub fn probe_points(allocator: &Allocator) -> (Vec<ProbePoint>, Vec<bool>) {
                 .find_map(|name| alloc_op::of_symbol(name))? as usize;
             // Enough for early-exit branches to be followed to their `ret`.
             let code = prologue::read_code(&allocator.path, entry.file_offset).unwrap_or_default();
-            let (offset, emulated) = prologue::probe_site(&code);
+            let (offset, emulated) = prologue::probe_site(&code, registers_read(op as u32));
             emulated_by_op[op] = emulated;
             tracing::debug!(
                 "probing {} at {:#x}+{offset} (kernel-emulated: {emulated})",
