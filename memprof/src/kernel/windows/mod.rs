@@ -18,6 +18,7 @@ use std::{
 
 mod first;
 mod resident;
+mod stime;
 
 use super::detach::detach;
 pub use super::detach::Detaching;
@@ -25,7 +26,7 @@ pub use super::detach::Detaching;
 use super::{
     budget::{BudgetConfig, DutyCycle},
     calls::{CallCounter, CallEstimate},
-    cputime::{cpu_time, online_cpus, system_time, threads},
+    cputime::{cpu_time, online_cpus, threads},
     loader::Probes,
     uprobes::{Family, HotLink, ProbePoint},
 };
@@ -48,11 +49,6 @@ fn rate_since(seen: u64, opened: Instant) -> f64 {
 /// Traced calls in a window below which its system time says too little
 /// about the cost of a call.
 pub(super) const MIN_CALLS_TO_MEASURE: u64 = 1000;
-/// System time a window must have taken for it to measure the cost of a
-/// call: the kernel counts it in 10 ms ticks, so a 20 ms first window
-/// measured 4.0 µs a call where the calibration said 2.2 (and its gap
-/// doubled).
-const MIN_STIME_TO_MEASURE: f64 = 0.05;
 /// How often to check whether a window's probes are gone.
 const DETACH_POLL: Duration = Duration::from_millis(5);
 /// An operation whose traced calls cost less than this share of the
@@ -115,7 +111,6 @@ enum State {
         links: Links,
         opened: Instant,
         calls_at_open: u64,
-        stime_at_open: Option<f64>,
     },
     /// Being detached: the target traps until every drop has finished.
     Detaching {
@@ -124,7 +119,6 @@ enum State {
         /// How long the probes trapped: until the detach began.
         trapping: Duration,
         calls_at_open: u64,
-        stime_at_open: Option<f64>,
     },
     /// Detached until `until`.
     Gap { since: Instant, until: Instant },
@@ -175,6 +169,8 @@ pub struct Windowed {
     counter: CallCounter,
     /// The target's CPU time when first attached, and last read.
     cpu: Option<[(Instant, f64); 2]>,
+    /// Its system time, for the cost of a traced call.
+    stime: stime::OwnSystemTime,
 }
 
 impl Windowed {
@@ -218,6 +214,7 @@ impl Windowed {
             windows: 0,
             counter: CallCounter::new(family.counters().1 as usize, settings.trap_cost_error),
             cpu: None,
+            stime: stime::OwnSystemTime::new(pid),
         }
     }
 
@@ -256,11 +253,11 @@ impl Windowed {
             .attached(Instant::now(), &probes.op_calls(self.family));
         self.read_cpu();
         self.windows += 1;
+        self.stime.window_opened();
         self.state = State::Attached {
             links,
             opened: Instant::now(),
             calls_at_open,
-            stime_at_open: system_time(self.pid),
         };
         Ok(ktime_ns())
     }
@@ -302,7 +299,6 @@ impl Windowed {
                 links,
                 opened,
                 calls_at_open,
-                stime_at_open,
             } => {
                 let calls = probes.calls(self.family);
                 let seen = calls.saturating_sub(calls_at_open);
@@ -339,7 +335,6 @@ impl Windowed {
                     opened,
                     trapping: opened.elapsed(),
                     calls_at_open,
-                    stime_at_open,
                 };
                 Ok(None)
             }
@@ -348,7 +343,6 @@ impl Windowed {
                 opened,
                 trapping,
                 calls_at_open,
-                stime_at_open,
             } => {
                 if handles.iter().any(|h| !h.is_finished()) {
                     self.state = State::Detaching {
@@ -356,7 +350,6 @@ impl Windowed {
                         opened,
                         trapping,
                         calls_at_open,
-                        stime_at_open,
                     };
                     return Ok(None);
                 }
@@ -364,7 +357,7 @@ impl Windowed {
                     let _ = h.join();
                 }
                 self.reattach_resident(probes)?;
-                self.window_ended(probes, opened, trapping, calls_at_open, stime_at_open);
+                self.window_ended(probes, opened, trapping, calls_at_open);
                 Ok(Some(false))
             }
             State::Gap { since, .. } => {
@@ -405,18 +398,13 @@ impl Windowed {
         opened: Instant,
         trapping: Duration,
         calls_at_open: u64,
-        stime_at_open: Option<f64>,
     ) {
         // The target trapped until now: all of it was traced time.
         let len = opened.elapsed();
         let traced = probes.calls(self.family).saturating_sub(calls_at_open);
-        if let (Some(before), Some(after)) = (stime_at_open, system_time(self.pid)) {
-            if traced >= MIN_CALLS_TO_MEASURE && after - before >= MIN_STIME_TO_MEASURE {
-                self.cycle.measured_trap_cost(
-                    (after - before) / traced as f64,
-                    self.settings.trap_cost_s,
-                );
-            }
+        if let Some(cost) = self.stime.window_closed(len, traced) {
+            self.cycle
+                .measured_trap_cost(cost, self.settings.trap_cost_s);
         }
         self.cycle.observe_window(traced, trapping, len);
         let gap = self.cycle.gap_after(traced, len).max(DETACH_POLL);
@@ -450,8 +438,8 @@ impl Windowed {
             links,
             opened: Instant::now(),
             calls_at_open: calls,
-            stime_at_open: system_time(self.pid),
         };
+        self.stime.window_restarted();
     }
 
     /// Whether the windowed probes are attached now.
