@@ -41,7 +41,30 @@ pub struct Walk {
     pub slots: Vec<u16>,
 }
 
-impl StackCopy<'_> {
+impl<'a> StackCopy<'a> {
+    /// A copy taken where the thread was stopped: `ip` is the instruction
+    /// about to run.
+    pub fn sampled(ip: u64, sp: u64, bp: u64, words: &'a [u64]) -> Self {
+        Self {
+            ip,
+            sp,
+            bp,
+            words,
+            ip_returned: false,
+        }
+    }
+
+    /// A copy taken as a call returned: `ip` is its return address.
+    pub fn returned(ip: u64, sp: u64, bp: u64, words: &'a [u64]) -> Self {
+        Self {
+            ip,
+            sp,
+            bp,
+            words,
+            ip_returned: true,
+        }
+    }
+
     /// The copied word at address `addr`, if it was copied.
     fn word(&self, addr: u64) -> Option<u64> {
         let i = usize::try_from(addr.checked_sub(self.sp)? / 8).ok()?;

@@ -320,13 +320,7 @@ impl AllocCollector {
             return; // the allocator's code is a file's
         };
         let object = object.clone();
-        let copy = StackCopy {
-            ip: ev.ip,
-            sp: ev.sp,
-            bp: ev.bp,
-            words: &ev.stack,
-            ip_returned: false,
-        };
+        let copy = StackCopy::sampled(ev.ip, ev.sp, ev.bp, &ev.stack);
         let chain = walk(&mut self.unwinder, &copy, process, CHAIN_FRAMES);
         let own = chain
             .frames
@@ -358,13 +352,7 @@ impl AllocCollector {
         if process.find(ev.ip).is_none() {
             process.refresh_maps_within(MAPS_REFRESH_MIN_INTERVAL);
         }
-        let copy = StackCopy {
-            ip: ev.ip,
-            sp: ev.sp,
-            bp: ev.bp,
-            words: &ev.stack,
-            ip_returned: true,
-        };
+        let copy = StackCopy::returned(ev.ip, ev.sp, ev.bp, &ev.stack);
         walk(&mut self.unwinder, &copy, process, CHAIN_FRAMES)
     }
 

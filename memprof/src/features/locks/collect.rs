@@ -277,13 +277,7 @@ impl LockCollector {
     /// Walks the futex call's stack with the objects' call-frame
     /// information, as far as the copied stack words go.
     fn unwind(&mut self, ev: &LockEvent, process: &mut Process) -> Walk {
-        let copy = StackCopy {
-            ip: ev.ip,
-            sp: ev.sp,
-            bp: ev.bp,
-            words: &ev.stack,
-            ip_returned: false,
-        };
+        let copy = StackCopy::sampled(ev.ip, ev.sp, ev.bp, &ev.stack);
         walk(&mut self.unwinder, &copy, process, CHAIN_FRAMES)
     }
 }
