@@ -4,16 +4,21 @@
 //!
 //! The binary is a thin shell around [`run`]; tests drive the same code.
 //!
-//! Layout, in the order data flows:
-//! - [`session`]: checks, target (attach or launch), probes, event loop;
+//! Layout, in the order data flows (docs/architecture.md draws it):
+//! - [`cli`] and [`options`]: the command line and the `MEMPROF_*`
+//!   switches, parsed once into [`options::Options`];
+//! - [`session`]: checks, target (attach or launch), the generic runner;
+//! - [`kernel`]: the BPF loader, uprobe windows and their budget;
 //! - [`process`]: the target's memory map and the places in it
 //!   ([`process::maps::Place`]), shared by all the layers below;
-//! - [`collect`]: kernel records → plain events (addresses resolved against
-//!   the target's memory map);
-//! - [`analysis`]: pure computations over those events;
-//! - [`symbolize`]: addresses → functions, source lines, variables;
-//! - [`report`]: the model and its text and JSON forms;
-//! - [`tui`]: the live dashboard, rendering the same model.
+//! - [`object`]: the target's object files: code, call-frame information,
+//!   symbols, debug info;
+//! - [`features`]: the analyses, one directory each behind the
+//!   [`features::Feature`] seam (events → pure analysis → report section);
+//! - [`report`]: the model and its text and JSON forms, exports and pushes;
+//! - [`tui`]: the live dashboard, rendering the same model;
+//! - [`privilege`] and [`output`]: capabilities kept after attach, and the
+//!   files the tool writes.
 
 pub mod cli;
 pub mod error;
@@ -176,6 +181,7 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
         None if json_to_stdout => process::launch::Output::StdoutToStderr,
         None => process::launch::Output::Inherit,
     };
+    let experimental = options::Experimental::from_env().map_err(Error::Usage)?;
     let opts = options::Options {
         target,
         extra_pids,
@@ -186,11 +192,7 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
         frequency_hz: cli.sample_freq,
         command_output,
         run_as,
-        alloc: options::AllocSettings {
-            mode: cli.alloc_mode,
-            large_threshold: cli.alloc_large_threshold,
-            budget: cli.budget / 100.0,
-        },
+        alloc: experimental.alloc(alloc_settings(cli)),
         lock_mode: cli.lock_mode,
         export_stacks: cli.pprof.is_some() || cli.flamegraph.is_some() || cli.push.is_some(),
         push: cli.push.clone().map(|url| report::push::PushSettings {
@@ -198,6 +200,7 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
             app: cli.app.clone(),
             every: cli.push_every,
         }),
+        experimental,
     };
     let outputs = Outputs {
         json_to_stdout,
@@ -209,6 +212,16 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
         captured,
     };
     Ok((opts, outputs))
+}
+
+/// The allocator settings on the command line.
+fn alloc_settings(cli: &cli::Cli) -> options::AllocSettings {
+    options::AllocSettings {
+        mode: cli.alloc_mode,
+        large_threshold: cli.alloc_large_threshold,
+        budget: cli.budget / 100.0,
+        ..options::AllocSettings::default()
+    }
 }
 
 /// Whether the JSON report goes to stdout (`--json -`), else its file,

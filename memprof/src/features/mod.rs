@@ -41,10 +41,23 @@ pub fn plans(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Ve
     vec![
         cpu::plan(opts),
         sharing::plan(),
-        cache::plan(),
+        cache::plan(opts),
         alloc::plan(opts, target, notes),
         locks::plan(opts, target, notes),
     ]
+}
+
+/// What the session loads: what every session needs, and what each
+/// feature asks for.
+pub fn load(opts: &Options, plans: &[Box<dyn Plan>]) -> Load {
+    let mut load = Load {
+        follow_children: opts.follow_children,
+        single_links: opts.experimental.single_uprobe_links,
+        syscall_futex_hooks: opts.experimental.syscall_futex_hooks,
+        ..Load::default()
+    };
+    plans.iter().for_each(|p| p.load(&mut load));
+    load
 }
 
 /// What a feature may look at while it plans: the process it will trace.

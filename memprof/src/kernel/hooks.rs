@@ -23,18 +23,16 @@ pub struct FutexHooks {
     pub why: Option<String>,
 }
 
-/// Set to `syscalls` to trace futex waits at the futex syscalls (the
-/// fallback path) instead of at the sleeps.
-const FUTEX_HOOKS_ENV: &str = "MEMPROF_FUTEX_HOOKS";
-
 /// Kernel lock contention (optional: newer kernels) and futex waits
 /// (required: every contended user lock ends in one): by the scheduler's
 /// raw tracepoints where the kernel passes `sched_switch` the sleeping
-/// task's state (5.18+), else by the futex syscall tracepoints.
+/// task's state (5.18+), else (or when `syscalls_asked`) by the futex
+/// syscall tracepoints.
 pub(super) fn attach_lock_tracepoints(
     ebpf: &mut Ebpf,
     links: &mut OwnedLinks,
     windowed: &mut ContentionHooks,
+    syscalls_asked: bool,
 ) -> Result<FutexHooks> {
     for (prog, event) in KLOCK_HOOKS {
         match attach_raw(ebpf, prog, event) {
@@ -42,8 +40,8 @@ pub(super) fn attach_lock_tracepoints(
             Err(e) => tracing::info!("lock:{event} unavailable, left out: {e}"),
         }
     }
-    let why = if std::env::var(FUTEX_HOOKS_ENV).is_ok_and(|v| v == "syscalls") {
-        format!("{FUTEX_HOOKS_ENV}=syscalls")
+    let why = if syscalls_asked {
+        "MEMPROF_FUTEX_HOOKS=syscalls".to_string()
     } else if !sched_hooks_kernel() {
         "the kernel is older than 5.18 (sched_switch has no task state)".into()
     } else {

@@ -245,6 +245,12 @@ pub struct Load {
     pub lock_windowed: bool,
     /// Trace the children the traced processes fork.
     pub follow_children: bool,
+    /// One link per probe point, as on kernels before 6.6, which have no
+    /// `uprobe_multi` links (`MEMPROF_UPROBE_LINKS=single`).
+    pub single_links: bool,
+    /// Futex waits at the futex syscalls (the fallback path) instead of at
+    /// the sleeps (`MEMPROF_FUTEX_HOOKS=syscalls`).
+    pub syscall_futex_hooks: bool,
 }
 
 type Logger = Option<aya_log::EbpfLogger<&'static dyn log::Log>>;
@@ -296,10 +302,6 @@ fn load_object(
     Ok((ebpf, logger, multi))
 }
 
-/// Set to `single` to attach one link per probe point (as on kernels
-/// before 6.6, which have no `uprobe_multi` links).
-const LINKS_ENV: &str = "MEMPROF_UPROBE_LINKS";
-
 /// The hot programs `load` asks for, loaded for `uprobe_multi` links; or
 /// why the session uses single links.
 fn load_multi(ebpf: &Ebpf, load: &Load) -> (Option<MultiPrograms>, LinkMode) {
@@ -329,8 +331,8 @@ fn load_multi(ebpf: &Ebpf, load: &Load) -> (Option<MultiPrograms>, LinkMode) {
         };
         return (None, mode);
     }
-    if std::env::var(LINKS_ENV).is_ok_and(|v| v == "single") {
-        return single(format!("{LINKS_ENV}=single"));
+    if load.single_links {
+        return single("MEMPROF_UPROBE_LINKS=single".into());
     }
     match MultiPrograms::load(OBJECT, ebpf, &names) {
         Ok(multi) => {
@@ -387,7 +389,8 @@ fn attach_programs(
             }
         }
     }
-    let hooks = super::hooks::attach_lock_tracepoints(ebpf, links, contention)?;
+    let hooks =
+        super::hooks::attach_lock_tracepoints(ebpf, links, contention, load.syscall_futex_hooks)?;
     if load.lock_uprobes && single_links {
         for name in [programs::LOCK_ENTER, programs::LOCK_EXIT, programs::UNLOCK] {
             loaded_uprobe(ebpf, name)?;

@@ -23,7 +23,7 @@ use crate::{
     features::{self, Target as FeatureTarget},
     kernel::{
         cost::BpfStats,
-        loader::{Load, Probes, SamplingSource},
+        loader::{Probes, SamplingSource},
         preflight,
         rings::{decoded, drain, readable, Ring},
         windows::Detaching,
@@ -155,7 +155,8 @@ pub async fn run(
 /// Checks the system, finds or launches the target, loads the programs
 /// and starts every feature.
 async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
-    let mut notes = Vec::new();
+    // A report made with a part left out, or a fallback forced, says so.
+    let mut notes = opts.experimental.notes();
     let root = Path::new("/");
     let tracefs_dir = preflight::check_system(root, opts.frequency_hz)?;
     let (mut target, command, last) = TargetHandle::open(
@@ -175,11 +176,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         },
         &mut notes,
     );
-    let mut load = Load {
-        follow_children: opts.follow_children,
-        ..Load::default()
-    };
-    plans.iter().for_each(|p| p.load(&mut load));
+    let load = features::load(opts, &plans);
     // On any error from here on, dropping `target` kills a launched command
     // (kill_on_drop), so it never runs on untraced.
     let has_pmu = preflight::has_hardware_pmu(root);

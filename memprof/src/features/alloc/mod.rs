@@ -135,15 +135,14 @@ impl Plan for AllocPlan {
         // Before the calibration, whose cost per call must include them.
         let mut syscalls = SyscallHooks::new(self.pid);
         syscalls.follow(probes, true)?;
-        let (cost, calibration_links) =
-            calibration(self.settings.mode, probes, &mut ring, &mut held);
+        let (cost, calibration_links) = calibration(&self.settings, probes, &mut ring, &mut held);
         let rule = tracer::large_rule(allocator.kind, self.settings.large_threshold);
         let mut profile = AllocProfile::new(rule, self.launched, SizeClasses::of(allocator.kind));
         let (_, emulated) = tracer::probe_points(&allocator);
         let trap_cost_s = tracer::calibrated_trap_cost(&cost, &emulated);
         profile.set_probe_cost(cost, &emulated);
         let mut collector = AllocCollector::new(profile);
-        if sample_chains(self.settings.mode) {
+        if sample_chains(&self.settings) {
             let gaps = heap::gaps(ALLOC_SAMPLE_MEAN_BYTES, ALLOC_SAMPLE_GAPS);
             probes.set_alloc_sample_gaps(&gaps);
         }
@@ -315,24 +314,23 @@ fn pick_estimate(
 }
 
 /// Whether allocations' call chains are sampled: not in the benchmark's
-/// floor mode, nor with `MEMPROF_ALLOC_CHAINS=off` (to measure their
+/// floor mode, nor when the settings leave them out (to measure their
 /// cost).
-fn sample_chains(mode: AllocMode) -> bool {
-    mode != AllocMode::Floor && !std::env::var("MEMPROF_ALLOC_CHAINS").is_ok_and(|v| v == "off")
+fn sample_chains(settings: &AllocSettings) -> bool {
+    settings.mode != AllocMode::Floor && settings.chains
 }
 
 /// The probes' own cost on this machine, and the calibration's links
-/// (nothing to subtract in the benchmark's floor mode, or with
-/// `MEMPROF_ALLOC_CALIBRATION=off`; a failed calibration is a warning, and
-/// latencies are then raw).
+/// (nothing to subtract in the benchmark's floor mode, or when the
+/// settings leave it out; a failed calibration is a warning, and latencies
+/// are then raw).
 fn calibration(
-    mode: AllocMode,
+    settings: &AllocSettings,
     probes: &mut Probes,
     ring: &mut Ring,
     held: &mut Vec<Vec<u8>>,
 ) -> (ProbeCost, calibrate::Links) {
-    let off = std::env::var("MEMPROF_ALLOC_CALIBRATION").is_ok_and(|v| v == "off");
-    if off || mode == AllocMode::Floor {
+    if !settings.calibrate || settings.mode == AllocMode::Floor {
         return (ProbeCost::default(), Vec::new());
     }
     calibrate::run(probes, ring, held).unwrap_or_else(|e| {
@@ -549,7 +547,7 @@ impl Feature for Alloc {
         }
         let cost = out.allocator.probe_cost_ns.as_ref();
         ctx.notes.extend(cost.and_then(report::pace_note));
-        if let (Some(t), true) = (&self.traced, sample_chains(self.settings.mode)) {
+        if let (Some(t), true) = (&self.traced, sample_chains(&self.settings)) {
             let scale = HeapScale {
                 sent: ctx.counters.alloc_stacks,
                 capped: ctx.counters.alloc_stacks_capped,

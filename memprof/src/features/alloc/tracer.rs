@@ -161,11 +161,8 @@ impl AllocTracer {
         let (mut probes, emulated_by_op) = probe_points(&allocator);
         let emulated = emulated_by_op[alloc_op::MALLOC as usize];
         // For experiments and benchmarks: probe only the named operations.
-        if let Ok(only) = std::env::var("MEMPROF_ALLOC_OPS") {
-            probes.retain(|p| {
-                only.split(',')
-                    .any(|name| memprof_common::alloc_op::SYMBOLS[p.op as usize] == name)
-            });
+        if let Some(only) = settings.only_ops {
+            probes.retain(|p| only & (1 << p.op) != 0);
         }
         let trap_cost_s = calibrated_trap_s
             .unwrap_or(TRAP_COST_S + if emulated { 0.0 } else { SINGLE_STEP_COST_S });

@@ -16,14 +16,17 @@ use memprof_common::{sharing::recipe, SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG
 
 use super::{alloc::analysis::AllocProfile, sharing::LineBlock, FastMap};
 use super::{Feature, Plan, ReportContext};
-use crate::{error::Result, kernel::loader::Probes, process::state::Process, report::Report};
+use crate::{
+    error::Result, kernel::loader::Probes, options::Options, process::state::Process,
+    report::Report,
+};
 use analysis::CacheProfile;
 
 /// `MEMPROF_CACHE_USE=off` leaves the analysis out (the benchmark's
 /// comparison: it adds no kernel work, only the loader's).
-pub fn plan() -> Box<dyn Plan> {
+pub fn plan(opts: &Options) -> Box<dyn Plan> {
     Box::new(CachePlan {
-        off: std::env::var("MEMPROF_CACHE_USE").is_ok_and(|v| v == "off"),
+        off: opts.experimental.cache_use_off,
     })
 }
 

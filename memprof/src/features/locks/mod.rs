@@ -61,6 +61,7 @@ pub fn plan(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Box
         mode: opts.lock_mode,
         budget: opts.alloc.budget,
         pid: target.pid,
+        ulcp: !opts.experimental.ulcp_off,
     })
 }
 
@@ -87,6 +88,10 @@ struct LockPlan {
     mode: LockMode,
     budget: f64,
     pid: u32,
+    /// The unnecessary-contention analysis runs (not with `MEMPROF_ULCP=off`,
+    /// the benchmark's comparison: it adds no kernel work, only the
+    /// loader's).
+    ulcp: bool,
 }
 
 impl Plan for LockPlan {
@@ -114,14 +119,11 @@ impl Plan for LockPlan {
             }
             None => None,
         };
-        // `MEMPROF_ULCP=off` leaves the analysis out (the benchmark's
-        // comparison: it adds no kernel work, only the loader's).
-        let off = std::env::var("MEMPROF_ULCP").is_ok_and(|v| v == "off");
         // The sched hooks' waits show the holders' sections between lock
         // windows, and with no lock call traced at all (the syscall path
         // has no waker's thread).
         let sched = probes.futex_hooks.kind == "sched";
-        let ulcp = ((calls.is_some() || sched) && !off).then(ulcp::Ulcp::default);
+        let ulcp = ((calls.is_some() || sched) && self.ulcp).then(ulcp::Ulcp::default);
         // In full mode every section is traced: the waits would only
         // repeat them.
         let spans = if ulcp.is_some() && sched && self.mode != LockMode::Full {
