@@ -4,19 +4,6 @@
 //! task runs it first, so a bare machine needs nothing installed by hand.
 
 mod bench;
-mod bench_alloc;
-mod bench_alloc_heap;
-mod bench_alloc_latency;
-mod bench_alloc_redis;
-mod bench_cache;
-mod bench_containers;
-mod bench_corpus;
-mod bench_export;
-mod bench_locks;
-mod bench_locks_attach;
-mod bench_locks_load;
-mod bench_sharing;
-mod bench_ulcp;
 mod fuzz;
 mod limits;
 mod setup;
@@ -69,15 +56,10 @@ enum Task {
         /// configuration once; about a minute per round).
         #[arg(long, default_value_t = 3)]
         alloc_rounds: usize,
-        /// Run only this part: "foundation", "allocator", "locks" (which
-        /// ends with "ulcp", the unnecessary-contention analysis) or
-        /// "sharing" (which ends with "cache", the cache-use analysis),
-        /// "export" (--pprof and --flamegraph at the end), "containers"
-        /// (a target in a private mount namespace vs run directly); or a
-        /// piece of one: "latency", "heap" and "redis" (of "allocator"),
-        /// "corpus" (the false-sharing corpus that "sharing" ends with).
-        #[arg(long)]
-        only: Option<String>,
+        /// Run only this part (default: every part; a piece also runs at
+        /// the end of the part it belongs to).
+        #[arg(long, value_enum)]
+        only: Option<bench::Part>,
     },
     /// Fuzz the parsers of target-controlled data (ELF symbols, DWARF,
     /// .eh_frame, /proc/PID/maps, machine code), optimised, for longer than
@@ -117,7 +99,7 @@ fn run(args: Args) -> Result<()> {
             runs,
             alloc_rounds,
             only,
-        } => bench::run(runs, alloc_rounds, only.as_deref()),
+        } => bench::run(runs, alloc_rounds, only),
         Task::Fuzz {
             seconds,
             seed,

@@ -189,9 +189,9 @@ pub fn run(rounds: usize) -> Result<Value> {
         verdict("locks: loader peak RSS on the bench workloads", rss <= (100u64 << 20) as f64)
     );
     results.insert("loader_peak_rss_bytes_max".into(), json!(rss as u64));
-    let attached = crate::bench_locks_attach::run(&tool, &json, rounds)?;
+    let attached = super::locks_attach::run(&tool, &json, rounds)?;
     results.insert("attached_sysbench".into(), attached);
-    let load = crate::bench_locks_load::run(&locks, &tool, &json)?;
+    let load = super::locks_load::run(&locks, &tool, &json)?;
     results.insert("load".into(), load);
     Ok(Value::Object(results))
 }

@@ -169,7 +169,7 @@ fn threads_200(locks: &Path, tool: &Path, json: &Path, mode: &str) -> Result<Val
 fn loader_cpu(locks: &Path, tool: &Path, json: &Path) -> Result<Value> {
     let l = locks.to_str().context("UTF-8 path")?;
     let args = [l, "yield", "2", LOAD_S];
-    let rate = crate::bench_locks::futex_rate(&args.map(String::from))?;
+    let rate = super::locks::futex_rate(&args.map(String::from))?;
     let _ = std::fs::remove_file(json);
     let mut child = Command::new(tool)
         .arg("--json")

@@ -8,9 +8,24 @@
 //! peak memory come from its report. Results also go to
 //! target/bench/foundation.json.
 
+mod alloc;
+mod alloc_heap;
+mod alloc_latency;
+mod alloc_redis;
+mod cache;
+mod containers;
+mod corpus;
+mod export;
+mod locks;
+mod locks_attach;
+mod locks_load;
+mod sharing;
+mod ulcp;
+
 use std::{path::Path, process::Command};
 
 use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
 
 use crate::{cargo, is_root, root};
 
@@ -59,7 +74,36 @@ pub fn tool() -> std::path::PathBuf {
         .unwrap_or_else(|| root().join("target/release/memprof-ebpf"))
 }
 
-pub fn run(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
+/// A part of the benchmarks (`--only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Part {
+    /// Sampling alone: a two-thread CPU-bound workload.
+    Foundation,
+    /// The allocator profiler; ends with its pieces below.
+    Allocator,
+    /// Of "allocator": reported latencies against shims of known cost.
+    Latency,
+    /// Of "allocator": the heap profile's chains and their cost.
+    Heap,
+    /// Of "allocator": Debian's redis-server under redis-benchmark.
+    Redis,
+    /// The lock profiler; ends with "ulcp".
+    Locks,
+    /// The unnecessary-contention analysis, with it and without.
+    Ulcp,
+    /// False sharing; ends with "corpus" and "cache".
+    Sharing,
+    /// Of "sharing": the false-sharing corpus.
+    Corpus,
+    /// Of "sharing": the cache-use analysis, with it and without.
+    Cache,
+    /// --pprof and --flamegraph at the end of a session.
+    Export,
+    /// A target in a private mount namespace against one run directly.
+    Containers,
+}
+
+pub fn run(runs: usize, alloc_rounds: usize, only: Option<Part>) -> Result<()> {
     if !is_root() {
         bail!("benchmarks load eBPF programs: run them as root (sudo -E cargo xtask bench)");
     }
@@ -78,50 +122,45 @@ pub fn run(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()> {
+fn run_parts(runs: usize, alloc_rounds: usize, only: Option<Part>) -> Result<()> {
     match only {
-        Some("foundation") => foundation(runs),
-        Some("allocator") => allocator(alloc_rounds),
-        Some("locks") => locks(alloc_rounds),
-        Some("redis") => {
+        Some(Part::Foundation) => foundation(runs),
+        Some(Part::Allocator) => allocator(alloc_rounds),
+        Some(Part::Locks) => locks(alloc_rounds),
+        Some(Part::Redis) => {
             let dir = root().join("target/bench");
             std::fs::create_dir_all(&dir)?;
-            let summary = crate::bench_alloc_redis::run(&tool(), &dir)?;
+            let summary = alloc_redis::run(&tool(), &dir)?;
             std::fs::write(
                 dir.join("redis.json"),
                 serde_json::to_string_pretty(&summary)? + "\n",
             )?;
             Ok(())
         }
-        Some("cache") => {
+        Some(Part::Cache) => {
             let dir = root().join("target/bench");
             std::fs::create_dir_all(&dir)?;
-            crate::bench_cache::run(alloc_rounds, &tool(), &dir).map(drop)
+            cache::run(alloc_rounds, &tool(), &dir).map(drop)
         }
-        Some("heap") => {
+        Some(Part::Heap) => {
             let dir = root().join("target/bench");
             std::fs::create_dir_all(&dir)?;
-            crate::bench_alloc_heap::run(&tool(), &dir).map(drop)
+            alloc_heap::run(&tool(), &dir).map(drop)
         }
-        Some("latency") => {
+        Some(Part::Latency) => {
             let dir = root().join("target/bench");
             std::fs::create_dir_all(&dir)?;
-            crate::bench_alloc_latency::run(&tool(), &dir).map(drop)
+            alloc_latency::run(&tool(), &dir).map(drop)
         }
-        Some("ulcp") => {
+        Some(Part::Ulcp) => {
             let dir = root().join("target/bench");
             std::fs::create_dir_all(&dir)?;
-            crate::bench_ulcp::run(alloc_rounds, &tool(), &dir).map(drop)
+            ulcp::run(alloc_rounds, &tool(), &dir).map(drop)
         }
-        Some("sharing") => sharing(alloc_rounds),
-        Some("export") => export(),
-        Some("containers") => containers(alloc_rounds),
-        Some("corpus") => corpus(alloc_rounds),
-        Some(other) => {
-            bail!(
-                "--only takes foundation, allocator, latency, heap, redis, locks, ulcp, sharing, corpus, cache, export or containers, not {other}"
-            )
-        }
+        Some(Part::Sharing) => sharing(alloc_rounds),
+        Some(Part::Export) => export(),
+        Some(Part::Containers) => containers(alloc_rounds),
+        Some(Part::Corpus) => corpus(alloc_rounds),
         None => {
             foundation(runs)?;
             allocator(alloc_rounds)?;
@@ -134,11 +173,11 @@ fn run_parts(runs: usize, alloc_rounds: usize, only: Option<&str>) -> Result<()>
 }
 
 fn sharing(rounds: usize) -> Result<()> {
-    let mut summary = crate::bench_sharing::run(rounds)?;
+    let mut summary = sharing::run(rounds)?;
     let out = root().join("target/bench/sharing.json");
     let dir = out.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    summary["cache_use"] = crate::bench_cache::run(rounds, &tool(), dir)?;
+    summary["cache_use"] = cache::run(rounds, &tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
     Ok(())
@@ -149,7 +188,7 @@ fn corpus(rounds: usize) -> Result<()> {
     println!("false-sharing corpus");
     let json = root().join("target/bench/sharing-corpus-report.json");
     std::fs::create_dir_all(json.parent().unwrap_or(Path::new(".")))?;
-    let summary = crate::bench_corpus::run(rounds, &tool(), &json)?;
+    let summary = corpus::run(rounds, &tool(), &json)?;
     let out = root().join("target/bench/sharing-corpus.json");
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
@@ -160,7 +199,7 @@ fn export() -> Result<()> {
     let out = root().join("target/bench/export.json");
     let dir = out.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let summary = crate::bench_export::run(&tool(), dir)?;
+    let summary = export::run(&tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     Ok(())
 }
@@ -169,17 +208,17 @@ fn containers(rounds: usize) -> Result<()> {
     let out = root().join("target/bench/containers.json");
     let dir = out.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let summary = crate::bench_containers::run(rounds, &tool(), dir)?;
+    let summary = containers::run(rounds, &tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     Ok(())
 }
 
 fn locks(rounds: usize) -> Result<()> {
-    let mut summary = crate::bench_locks::run(rounds)?;
+    let mut summary = locks::run(rounds)?;
     let out = root().join("target/bench/locks.json");
     let dir = out.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    summary["unnecessary"] = crate::bench_ulcp::run(rounds, &tool(), dir)?;
+    summary["unnecessary"] = ulcp::run(rounds, &tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
     Ok(())
@@ -190,10 +229,10 @@ fn allocator(rounds: usize) -> Result<()> {
     let dir = out.parent().unwrap_or(Path::new("."));
     // The runs write their reports there: on a fresh clone it is not there.
     std::fs::create_dir_all(dir)?;
-    let mut summary = crate::bench_alloc::run(rounds)?;
-    summary["latency"] = crate::bench_alloc_latency::run(&tool(), dir)?;
-    summary["heap"] = crate::bench_alloc_heap::run(&tool(), dir)?;
-    summary["redis"] = crate::bench_alloc_redis::run(&tool(), dir)?;
+    let mut summary = alloc::run(rounds)?;
+    summary["latency"] = alloc_latency::run(&tool(), dir)?;
+    summary["heap"] = alloc_heap::run(&tool(), dir)?;
+    summary["redis"] = alloc_redis::run(&tool(), dir)?;
     std::fs::write(&out, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("  (written to {})", out.display());
     Ok(())

@@ -17,7 +17,7 @@
 //!   attached to the running `array` workload (target < 10% of a core;
 //!   short launched runs would mostly measure start-up and symbolization);
 //! - *corpus*: workloads with known answers in the shapes real code has,
-//!   recall, precision and predicted vs measured gain (`bench_corpus.rs`).
+//!   recall, precision and predicted vs measured gain (`corpus.rs`).
 //!
 //! Results also go to target/bench/sharing.json.
 
@@ -211,7 +211,7 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
     results.insert("first_finding_s".into(), serde_json::json!(first));
 
     let corpus_json = root().join("target/bench/sharing-corpus-report.json");
-    let corpus = crate::bench_corpus::run(rounds, &tool, &corpus_json)?;
+    let corpus = super::corpus::run(rounds, &tool, &corpus_json)?;
     results.insert("corpus".into(), corpus);
     Ok(serde_json::Value::Object(results))
 }
