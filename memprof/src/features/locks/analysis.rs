@@ -1,8 +1,10 @@
 //! Lock contention from the kernel's side: futex waits per futex word,
 //! who waited where and for how long, who woke them, and kernel lock waits.
 //!
-//! Pure: the collector turns records into [`FutexWait`], [`FutexWake`] and
-//! [`KernelWait`] with their call chains already resolved to places; which
+//! Pure: the collector hands it waits, wakes and kernel lock waits
+//! ([`LockProfile::add_waits`], [`LockProfile::add_wakes`],
+//! [`LockProfile::add_kernel_waits`]) with their call chains already
+//! resolved to places ([`Chain`]); which
 //! frames belong to the lock implementation, what kind of lock a futex is
 //! and what it is called are decided at report time, with symbols.
 

@@ -67,7 +67,7 @@ pub struct Participant {
     pub sampled_sections: u64,
     pub accesses: u64,
     /// Accesses sampled outside every known section at this lock's
-    /// section code ([`SectionCode`]), in `words` and `private` but not
+    /// section code ([`super::analysis::SectionCode`]), in `words` and `private` but not
     /// in `accesses`.
     pub inferred: u64,
     /// Accesses known not to conflict ([`Access::private`]).

@@ -2,7 +2,7 @@
 //! the pointer it goes through: `a->sum += x` stores 8 bytes into a
 //! `struct args`, at its member `sum`. What perf's data-type profiling
 //! does with a precise sample's DWARF location; here the pointer is found
-//! by evaluating the code before the instruction ([`x86::pointer`]), so a
+//! by evaluating the code before the instruction ([`crate::object::x86::pointer`]), so a
 //! timer sample serves, and a pointer reloaded from its stack slot at -O0
 //! is found as well as one kept in a register at -O2.
 

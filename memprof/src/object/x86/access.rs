@@ -64,7 +64,7 @@ impl Decoded {
 ///
 /// When the instruction before the IP overwrote its own base register
 /// (`mov 0x8(%rax),%rax`), its address is computed again by a backward
-/// slice through the straight-line code before it ([`slice`]); a load
+/// slice through the straight-line code before it ([`mod@slice`]); a load
 /// that the same code stores back to is a write too.
 pub fn decode(code: &[u8], code_ip: u64, ip: u64, precise: bool) -> Decoded {
     let Some(at_off) = ip.checked_sub(code_ip).map(|o| o as usize) else {
