@@ -35,7 +35,7 @@ fn sample_untraced() -> UntracedCostReport {
 /// thread, no other section filled.
 pub fn sample_report() -> Report {
     Report {
-        schema: SCHEMA,
+        schema: Schema,
         target: Target {
             pid: 42,
             command: "./work 2".into(),
@@ -342,7 +342,7 @@ pub fn holder(function: &str, line: u32, count: u64) -> HolderSite {
 pub fn report_with_locks() -> Report {
     let mut r = sample_report();
     let mutex = LockEntry {
-        address: "0x5555aaaa0040".into(),
+        address: LockAddress::At(0x5555_aaaa_0040),
         name: Some("g_hot_lock".into()),
         kind: LockKind::Mutex,
         acquisitions: None,
@@ -372,7 +372,7 @@ pub fn report_with_locks() -> Report {
         ..LockEntry::default()
     };
     let kernel = LockEntry {
-        address: "kernel".into(),
+        address: LockAddress::Kernel,
         name: Some("kernel rwsem (read)".into()),
         kind: LockKind::Kernel,
         contentions: 12,
@@ -391,7 +391,7 @@ pub fn report_with_locks() -> Report {
         ..mutex.clone()
     };
     let condvar = LockEntry {
-        address: "0x7f00deadbe00".into(),
+        address: LockAddress::At(0x7f00_dead_be00),
         name: None,
         kind: LockKind::Condvar,
         contentions: 40,

@@ -377,7 +377,7 @@ fn lock(report: &Report) -> StackProfile {
             .into(),
     );
     for lock in &report.locks {
-        let name = lock.name.clone().unwrap_or_else(|| lock.address.clone());
+        let name = lock.label();
         let labels = |role: &str| {
             vec![
                 ("lock", Label::Str(name.clone())),

@@ -18,7 +18,7 @@ use crate::{
         threads::ThreadEvent,
     },
     report::{
-        model::{AddressSampling, AllocatorReport, Loader, SampleSource, Sampling, Target, SCHEMA},
+        model::{AddressSampling, AllocatorReport, Loader, SampleSource, Sampling, Schema, Target},
         Report,
     },
 };
@@ -31,7 +31,7 @@ pub fn empty_report(
     (source, frequency_hz): (SampleSource, u64),
 ) -> Report {
     Report {
-        schema: SCHEMA,
+        schema: Schema,
         target,
         duration_s,
         sampling: Sampling {

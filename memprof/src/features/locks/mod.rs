@@ -411,7 +411,7 @@ fn stride_note(c: &LockContention, locks: &[LockEntry]) -> Option<String> {
     }
     let top = locks
         .iter()
-        .find_map(|l| Some((l.name.as_deref().unwrap_or(&l.address), l.contention_error?)));
+        .find_map(|l| Some((l.label(), l.contention_error?)));
     let top = top.map_or(String::new(), |(name, e)| {
         format!(" (±{:.0}% for {name})", e * 100.0)
     });

@@ -23,7 +23,7 @@ use crate::{
     },
     process::maps::{is_libc, ProcMaps},
     report::{
-        model::{LockEntry, LockKind},
+        model::{LockAddress, LockEntry, LockKind},
         names::Names,
     },
 };
@@ -180,7 +180,7 @@ fn kernel_entries(profile: &LockProfile, names: &mut dyn Names) -> Vec<LockEntry
         }
         let waiters = waiter_sites(sites);
         entries.push(LockEntry {
-            address: "kernel".into(),
+            address: LockAddress::Kernel,
             name: Some(kernel_lock_kind(flags).into()),
             kind: LockKind::Kernel,
             contentions: k.waits.count(),
@@ -268,7 +268,7 @@ impl Merged {
     fn entry(self) -> LockEntry {
         let owners = owner_entries(self.owners);
         let mut entry = LockEntry {
-            address: format!("{:#x}", self.address),
+            address: LockAddress::At(self.address),
             name: self.name,
             kind: self.kind,
             contentions: self.waits.count(),
@@ -558,18 +558,19 @@ mod tests {
         let alloc = alloc();
         add_waits(&mut p, waits);
         let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
+        use LockAddress::{At, Kernel};
         let summary: Vec<_> = entries
             .iter()
-            .map(|e| (e.address.as_str(), e.name.as_deref(), e.kind, e.contentions))
+            .map(|e| (e.address, e.name.as_deref(), e.kind, e.contentions))
             .collect();
         assert_eq!(
             summary,
             [
-                ("0x555555558040", Some("g_lock"), LockKind::Mutex, 4),
-                ("0x7f0000000100", None, LockKind::Futex, 2),
-                ("kernel", Some("kernel rwsem (read)"), LockKind::Kernel, 1),
+                (At(0x5555_5555_8040), Some("g_lock"), LockKind::Mutex, 4),
+                (At(0x7f00_0000_0100), None, LockKind::Futex, 2),
+                (Kernel, Some("kernel rwsem (read)"), LockKind::Kernel, 1),
                 (
-                    "0x55555555a110",
+                    At(0x5555_5555_a110),
                     Some("heap block from prog.c:30"),
                     LockKind::Condvar,
                     1
@@ -657,7 +658,7 @@ mod tests {
         let lock = &entries[0];
         assert_eq!(lock.name.as_deref(), Some("heap block from prog.c:30"));
         // The busiest word names it.
-        assert_eq!(lock.address, "0x55555555a210");
+        assert_eq!(lock.address, LockAddress::At(0x55555555a210));
         assert_eq!(
             (lock.contentions, lock.wait_total_ns, lock.threads),
             (2, 4000, 1)
@@ -754,8 +755,8 @@ mod tests {
         );
         let rw = &entries[1];
         assert_eq!(
-            (rw.address.as_str(), rw.kind),
-            ("0x7f0000000200", LockKind::Rwlock)
+            (rw.address, rw.kind),
+            (LockAddress::At(0x7f00_0000_0200), LockKind::Rwlock)
         );
         assert_eq!((rw.contentions, rw.acquisitions), (1, Some(1)));
     }
@@ -787,7 +788,7 @@ mod tests {
         assert_eq!(holds, expected, "the least held is not listed alone");
         // It counts in the "other locks" entry, with its sections.
         let other = entries.last().unwrap();
-        assert_eq!(other.address, "other");
+        assert_eq!(other.address, LockAddress::Other);
         assert_eq!(
             other.name.as_deref(),
             Some("other locks (1 taken, aggregated by lock call site)")

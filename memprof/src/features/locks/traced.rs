@@ -22,7 +22,9 @@ use crate::{
         windows::{Mode, Windowed},
     },
     report::{
-        model::{source_label, LockEntry, LockKind, LockTracing, SectionEntry, TraceMode},
+        model::{
+            source_label, LockAddress, LockEntry, LockKind, LockTracing, SectionEntry, TraceMode,
+        },
         names::Names,
     },
 };
@@ -244,9 +246,6 @@ impl Traced {
     }
 }
 
-/// The address the "other locks" entry shows.
-pub const OTHER_ADDRESS: &str = "other";
-
 /// The name of the entry of the locks not listed one by one.
 pub fn other_locks_name(locks: usize, lower_bound: bool) -> String {
     let plus = if lower_bound { "+" } else { "" };
@@ -283,7 +282,7 @@ pub(super) fn other_locks_entry(
         mutexes += mutex_taken(h);
     }
     let mut entry = LockEntry {
-        address: OTHER_ADDRESS.into(),
+        address: LockAddress::Other,
         name: Some(other_locks_name(
             aggregated + unlisted.len(),
             lower_bound || other.stats.threads_more,

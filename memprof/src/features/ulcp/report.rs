@@ -16,8 +16,8 @@ use crate::{
     report::{
         format::format_ns,
         model::{
-            source_label, ClassShare, ContentionClass, LockEntry, LockKind, SectionEvidence,
-            Unnecessary,
+            source_label, ClassShare, ContentionClass, LockAddress, LockEntry, LockKind,
+            SectionEvidence, Unnecessary,
         },
         names::Names,
     },
@@ -47,7 +47,7 @@ pub fn annotate(entries: &mut [LockEntry], inputs: &Inputs<'_>, names: &mut dyn 
         if !matches!(entry.kind, LockKind::Mutex | LockKind::Rwlock) {
             continue;
         }
-        let Some(lock) = parse_address(&entry.address) else {
+        let LockAddress::At(lock) = entry.address else {
             continue;
         };
         let (Some(l), Some(v)) = (inputs.profile.lock(lock), inputs.profile.verdict(lock)) else {
@@ -111,10 +111,6 @@ fn note(entries: &[LockEntry], profile: &UlcpProfile, mode: LockMode) -> Option<
          showing their holder's section); {how}",
         profile.joined, profile.inferred, profile.waits
     ))
-}
-
-fn parse_address(s: &str) -> Option<u64> {
-    u64::from_str_radix(s.strip_prefix("0x")?, 16).ok()
 }
 
 fn class_of(c: Class) -> ContentionClass {
@@ -382,7 +378,7 @@ mod tests {
 
     fn entry(address: u64, kind: LockKind) -> LockEntry {
         LockEntry {
-            address: format!("{address:#x}"),
+            address: LockAddress::At(address),
             kind,
             contentions: 50,
             wait_total_ns: 2_000_000,

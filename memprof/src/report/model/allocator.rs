@@ -1,7 +1,7 @@
 //! The allocator part: latency per split, syscalls, the memory account,
 //! allocation sites and kernel-side cost per thread.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{source_label, CallerRef, CodeRef, TraceMode};
 
@@ -124,7 +124,7 @@ impl Syscall {
 }
 
 /// What the allocator profiler found.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AllocatorReport {
     /// "glibc 2.36", "jemalloc 5.3.0", ...; null when none was found or
     /// allocator tracing was off.
@@ -194,7 +194,7 @@ pub struct AllocatorReport {
 /// The allocator's untraced cost per call, in ns: the mean of the
 /// fastest 90% of rounds of six calls of `size` bytes each (six mallocs,
 /// their frees, six callocs; six malloc-free pairs).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UntracedCostReport {
     pub size: u64,
     pub malloc_ns: f64,
@@ -210,7 +210,7 @@ pub struct UntracedCostReport {
 }
 
 /// What estimated counts were extrapolated from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CountBasis {
     /// The calls counted while the probes were attached, extrapolated
@@ -222,7 +222,7 @@ pub enum CountBasis {
 }
 
 /// What a latency was measured from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LatencyBasis {
     /// The traced calls, the probes' calibrated cost taken off.
@@ -236,7 +236,7 @@ pub enum LatencyBasis {
 
 /// The CPU samples whose instruction was allocator code (user mode: its
 /// syscalls are in `syscalls`), among the report's hottest functions.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AllocatorCpu {
     pub samples: u64,
     /// Of all the target's samples (kernel ones included).
@@ -255,7 +255,7 @@ pub struct AllocatorCpu {
 }
 
 /// The allocator's CPU samples spent for the calls of one site.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AllocatorSiteCpu {
     pub site: CodeRef,
     pub samples: u64,
@@ -264,7 +264,7 @@ pub struct AllocatorSiteCpu {
 }
 
 /// One allocator function's samples.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AllocatorFunctionCpu {
     pub function: String,
     /// The entry point it is (null: an internal function).
@@ -274,7 +274,7 @@ pub struct AllocatorFunctionCpu {
 }
 
 /// The probes' calibrated cost.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProbeCostReport {
     /// Latencies below this cannot be told from zero (the calibration's
     /// spread): the summary shows them as "< N ns".
@@ -288,7 +288,7 @@ pub struct ProbeCostReport {
 }
 
 /// The calibration of one probe kind.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProbeKindCost {
     /// "emulated, allocation", "single-stepped, free", ...: how the kernel
     /// handles the probed instruction, and which programs run.
@@ -308,7 +308,7 @@ pub struct ProbeKindCost {
 }
 
 /// Latency of one split of one operation.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpStats {
     /// "malloc", "free", "calloc", "realloc", "operator new", ...
     pub op: AllocOp,
@@ -349,7 +349,7 @@ pub struct OpStats {
 }
 
 /// One syscall, split by the allocator operation it ran inside.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SyscallStats {
     /// "mmap", "munmap", "mremap", "madvise", "brk", "mprotect".
     pub name: Syscall,
@@ -367,7 +367,7 @@ pub struct SyscallStats {
 }
 
 /// Where the allocator's memory went, at the moment of peak mapped memory.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MemoryReport {
     /// Highest live requested bytes at any moment.
     pub requested_peak: u64,
@@ -394,7 +394,7 @@ pub struct MemoryReport {
 }
 
 /// One allocation site (the caller of the allocation function).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SiteEntry {
     /// The innermost function making the call, at the call's line.
     pub function: String,
@@ -430,7 +430,7 @@ impl SiteEntry {
 /// The byte-sampled heap profile: estimates of all allocations per site,
 /// from a sample of them (pprof's `alloc_space`, `alloc_objects`,
 /// `inuse_space`, `inuse_objects`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HeapProfileReport {
     /// Mean bytes allocated between two samples (per thread).
     pub sample_mean_bytes: u64,
@@ -447,7 +447,7 @@ pub struct HeapProfileReport {
 
 /// One allocation site of the heap profile: the first frame outside the
 /// allocation wrappers of the chains that end there.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeapSite {
     /// The function making the call (innermost, when inlined), at the
     /// call's line.
@@ -478,7 +478,7 @@ pub struct HeapSite {
 }
 
 /// What one thread suffered in the kernel.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelThreadEntry {
     pub tid: u32,
     pub page_faults: u64,

@@ -1,12 +1,12 @@
 //! The cache-use section: objects whose accesses use little of each cache
 //! line they bring in (hot fields interleaved with cold ones).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{CodeRef, ObjectKind};
 
 /// One object whose lines are poorly used.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CacheUseEntry {
     /// As in `false_sharing`: the global's name, or the heap blocks'
     /// size and allocation site.
@@ -42,7 +42,7 @@ pub struct CacheUseEntry {
 }
 
 /// The line use of one window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WindowUse {
     /// Seconds from the session's first sampled access.
     pub start_s: f64,
@@ -51,7 +51,7 @@ pub struct WindowUse {
 }
 
 /// One field of the element.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldUse {
     pub name: String,
     pub offset: u64,

@@ -1,7 +1,7 @@
 //! How the session sampled, and what the CPU profile found: hot
 //! functions and threads.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::source_label;
 
@@ -40,7 +40,7 @@ impl From<crate::kernel::loader::SamplingSource> for SampleSource {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sampling {
     /// The sampling event ("cpu-clock", "cycles"), or the precise memory
     /// events ("pebs", "ibs") when they gave the data addresses.
@@ -62,7 +62,7 @@ pub struct Sampling {
 }
 
 /// Where the data addresses of samples came from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AddressMode {
     /// Computed from the sampled registers and the decoded instruction
@@ -83,7 +83,7 @@ impl std::fmt::Display for AddressMode {
 }
 
 /// Data addresses of samples (the false-sharing input).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AddressSampling {
     /// "decoded" or "precise" (see [`AddressMode`]).
     pub mode: AddressMode,
@@ -112,7 +112,7 @@ pub struct AddressSampling {
     pub lines_evicted: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HotFunctionEntry {
     pub function: String,
     /// Source file of the hottest line in the function, when known.
@@ -147,7 +147,7 @@ impl HotFunctionEntry {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThreadEntry {
     /// The thread's id, as this machine (the tracer's pid namespace) sees
     /// it.
@@ -156,7 +156,7 @@ pub struct ThreadEntry {
     pub pid: u32,
     /// Its id in the target's pid namespace (a container's), when that
     /// differs.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_tid: Option<u32>,
     pub name: String,
     pub samples: u64,

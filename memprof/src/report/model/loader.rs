@@ -1,11 +1,11 @@
 //! The profiler's own cost: its CPU and memory, the records it read from
 //! the programs' rings, and how long its BPF programs ran.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::kernel::cost::KernelCost;
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Loader {
     /// CPU seconds the profiler itself used (user + system).
     pub cpu_s: f64,
@@ -47,7 +47,7 @@ pub struct Loader {
 
 /// Which of a feature's ways of hooking the kernel was used, and why not
 /// the first choice.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mechanism {
     pub kind: String,
     /// Why not the first choice (null when it was used).
@@ -55,7 +55,7 @@ pub struct Mechanism {
 }
 
 /// Records read from one ring.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RingCost {
     /// The ring's map, in lower case (`lock_events`).
     pub name: String,
@@ -64,7 +64,7 @@ pub struct RingCost {
 }
 
 /// How often and how long one program ran.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProgramCost {
     pub name: String,
     pub runs: u64,

@@ -1,7 +1,7 @@
 //! The locks part: what threads waited for, and what the lock uprobes
 //! saw of the same locks.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::TraceMode;
 
@@ -35,12 +35,65 @@ impl LockKind {
     }
 }
 
+/// Where a lock entry's lock is. JSON: the address in hex, `"kernel"` or
+/// `"other"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LockAddress {
+    /// The (first) futex word's address.
+    At(u64),
+    /// Kernel locks (one entry per kind).
+    Kernel,
+    /// The locks aggregated by call site (a table's overflow).
+    #[default]
+    Other,
+}
+
+impl std::fmt::Display for LockAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockAddress::At(a) => f.pad(&format!("{a:#x}")),
+            LockAddress::Kernel => f.pad("kernel"),
+            LockAddress::Other => f.pad("other"),
+        }
+    }
+}
+
+impl std::str::FromStr for LockAddress {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kernel" => Ok(LockAddress::Kernel),
+            "other" => Ok(LockAddress::Other),
+            _ => s
+                .strip_prefix("0x")
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+                .map(LockAddress::At)
+                .ok_or_else(|| format!("not a lock address: {s:?}")),
+        }
+    }
+}
+
+impl Serialize for LockAddress {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for LockAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// One lock (or futex word, or kind of kernel lock) threads waited for.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LockEntry {
     /// Address of the (first) futex word, hex; for kernel locks, "kernel";
     /// for the locks aggregated by call site, "other".
-    pub address: String,
+    pub address: LockAddress,
     /// Global symbol, heap block ("heap block from file:line"), kernel
     /// lock kind, or null.
     pub name: Option<String>,
@@ -101,6 +154,15 @@ pub struct LockEntry {
     pub unnecessary: Option<Unnecessary>,
 }
 
+impl LockEntry {
+    /// The lock's name, or its address when it has none.
+    pub fn label(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| self.address.to_string())
+    }
+}
+
 schema_enum! {
     /// PerfPlay's classes of two critical sections of one lock.
     #[derive(Default)]
@@ -120,7 +182,7 @@ schema_enum! {
 }
 
 /// Unnecessary lock contention on one lock.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Unnecessary {
     /// The class of the hand-offs holding most of the wait.
     pub class: ContentionClass,
@@ -148,7 +210,7 @@ pub struct Unnecessary {
 }
 
 /// The hand-offs of one class.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassShare {
     pub class: ContentionClass,
     pub pairs: u64,
@@ -157,7 +219,7 @@ pub struct ClassShare {
 }
 
 /// What one critical-section site was sampled touching.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SectionEvidence {
     /// The lock call, "function (file:line)".
     pub section: String,
@@ -184,7 +246,7 @@ pub struct SectionEvidence {
 }
 
 /// One critical-section site: the lock call and the release.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SectionEntry {
     /// The lock call.
     pub function: String,
@@ -207,7 +269,7 @@ pub struct SectionEntry {
 }
 
 /// How the lock uprobes ran.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LockTracing {
     /// "full" or "sampled".
     pub mode: TraceMode,
@@ -245,7 +307,7 @@ impl LockTracing {
 }
 
 /// How futex waits were traced.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LockContention {
     /// `sched` (each wait seen as the sleep it is, from the scheduler's
     /// raw tracepoints) or `syscalls` (the futex syscall tracepoints).
@@ -275,13 +337,13 @@ pub struct LockContention {
     pub attached_share: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnerEntry {
     pub tid: u32,
     pub count: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WaiterSite {
     pub function: String,
     pub file: Option<String>,
@@ -294,7 +356,7 @@ pub struct WaiterSite {
     pub chain: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderSite {
     pub function: String,
     pub file: Option<String>,

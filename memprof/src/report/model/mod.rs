@@ -2,7 +2,7 @@
 //! all render. Field names are the versioned JSON schema ([`SCHEMA`]);
 //! each feature's part of it has its own file.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// An enum whose JSON form is one fixed string per variant: `name()` is
 /// that string (also the `Display` form, which honours width and
@@ -15,7 +15,7 @@ macro_rules! schema_enum {
         }
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ::serde::Serialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ::serde::Serialize, Deserialize)]
         pub enum $name {
             $($(#[$vmeta])* #[serde(rename = $text)] $variant,)+
         }
@@ -62,8 +62,31 @@ pub use sharing::*;
 /// Version tag of the JSON form. Bump on incompatible changes.
 pub const SCHEMA: &str = "memprof-ebpf/1";
 
+/// The report's `schema` field: written as [`SCHEMA`]; a report of
+/// another version is not read as this one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Schema;
+
+impl Serialize for Schema {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(SCHEMA)
+    }
+}
+
+impl<'de> Deserialize<'de> for Schema {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let tag = String::deserialize(d)?;
+        if tag == SCHEMA {
+            Ok(Schema)
+        } else {
+            let why = format!("a report of schema {tag}; this reads {SCHEMA}");
+            Err(serde::de::Error::custom(why))
+        }
+    }
+}
+
 /// How a family of uprobes (the allocator's, the locks') ran.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TraceMode {
     /// Not traced.
@@ -104,9 +127,9 @@ impl std::fmt::Display for TraceMode {
 /// controller's own timing leaves a sliver untraced).
 pub const FULLY_TRACED: f64 = 0.999;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
-    pub schema: &'static str,
+    pub schema: Schema,
     pub target: Target,
     /// Seconds traced.
     pub duration_s: f64,
@@ -148,7 +171,7 @@ pub struct Report {
     pub alloc_chains: Option<Vec<crate::report::profiles::AllocChain>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Target {
     pub pid: u32,
     pub command: String,
@@ -163,12 +186,12 @@ pub struct Target {
 }
 
 /// One traced process.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessEntry {
     /// As this machine sees it.
     pub pid: u32,
     /// In its own pid namespace (a container's), when that differs.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_pid: Option<u32>,
     /// Empty when it was never read (the process had exited).
     pub command: String,
@@ -187,7 +210,7 @@ impl ProcessEntry {
 }
 
 /// A function that code was inlined into, at the line of the inlined call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallerRef {
     pub function: String,
     pub file: Option<String>,
@@ -222,6 +245,11 @@ impl Report {
         // Serializing plain structs of strings and numbers cannot fail; a
         // non-finite float becomes null.
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// A report from its JSON form (what `--json` wrote).
+    pub fn from_json(text: &str) -> serde_json::Result<Self> {
+        serde_json::from_str(text)
     }
 }
 
@@ -343,6 +371,53 @@ pub(crate) mod tests {
         }
         assert!(v["allocator"].is_object());
         assert!(v["false_sharing"].is_array() && v["locks"].is_array());
+    }
+
+    #[test]
+    fn a_report_reads_back_as_it_was_written() {
+        let reports = [
+            sample_report(),
+            crate::report::fixtures::report_with_allocator(),
+        ];
+        for report in reports {
+            let json = report.to_json();
+            let back = Report::from_json(&json).expect("the report reads back");
+            // Not assert_eq: the two texts would fill the screen.
+            assert!(back.to_json() == json, "differs: {}", back.to_json());
+        }
+    }
+
+    #[test]
+    fn lock_addresses_read_back_as_written() {
+        for (a, text) in [
+            (LockAddress::At(0x7f00_1234), "\"0x7f001234\""),
+            (LockAddress::Kernel, "\"kernel\""),
+            (LockAddress::Other, "\"other\""),
+        ] {
+            assert_eq!(serde_json::to_string(&a).unwrap(), text);
+            assert_eq!(serde_json::from_str::<LockAddress>(text).unwrap(), a);
+        }
+        assert!(serde_json::from_str::<LockAddress>("\"0xzz\"").is_err());
+        assert!(serde_json::from_str::<LockAddress>("\"1234\"").is_err());
+    }
+
+    #[test]
+    fn fields_left_out_when_empty_read_back_empty() {
+        let mut report = sample_report();
+        report.false_sharing = vec![crate::report::fixtures::false_sharing_entry()];
+        report.false_sharing[0].processes.clear();
+        let json = report.to_json();
+        let back = Report::from_json(&json).expect("reads back");
+        assert!(back.false_sharing[0].processes.is_empty());
+    }
+
+    #[test]
+    fn a_report_of_another_schema_is_not_read() {
+        let json = sample_report()
+            .to_json()
+            .replace("\"memprof-ebpf/1\"", "\"memprof-ebpf/0\"");
+        let e = Report::from_json(&json).unwrap_err().to_string();
+        assert!(e.contains("memprof-ebpf/0"), "{e}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The false-sharing part: contended cache lines, what lies on them, the
 //! code touching them, and the busy lines that were cleared.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::CallerRef;
 
@@ -59,7 +59,7 @@ schema_enum! {
 }
 
 /// A cache line several threads contend for.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SharingEntry {
     /// Address of the line, hex.
     pub line: String,
@@ -86,7 +86,7 @@ pub struct SharingEntry {
     pub threads: Vec<u32>,
     /// The threads by process, when some are not the main process's
     /// (several processes traced); absent otherwise.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<ProcessThreads>,
     pub object: SharedObject,
     /// Words (4 bytes) touched, by offset in the line.
@@ -100,7 +100,7 @@ pub struct SharingEntry {
 
 /// Cheetah's assessment, by sampling: the accesses' samples in excess of
 /// the neighbouring instructions' rate are the contention's time.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PredictedGain {
     /// Speedup range of the accessing threads' work (1.0: none).
     pub low: f64,
@@ -110,14 +110,14 @@ pub struct PredictedGain {
 }
 
 /// The threads of one process on a line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessThreads {
     pub pid: u32,
     pub threads: Vec<u32>,
 }
 
 /// A busy line that is not a finding.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DismissedLine {
     /// Address of the line, hex.
     pub line: String,
@@ -136,7 +136,7 @@ pub struct DismissedLine {
 }
 
 /// What lies on a shared line.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SharedObject {
     /// "global", "heap", "stack", "mapped", "shared" or "unknown".
     pub kind: ObjectKind,
@@ -178,7 +178,7 @@ impl SharedObject {
 }
 
 /// A place in the source, at its innermost inlined function.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeRef {
     pub function: String,
     pub file: Option<String>,
@@ -191,7 +191,7 @@ pub struct CodeRef {
     pub via: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WordEntry {
     pub offset: u32,
     pub reads: u64,
@@ -202,7 +202,7 @@ pub struct WordEntry {
     pub field: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SharingCode {
     pub function: String,
     pub file: Option<String>,
@@ -218,7 +218,7 @@ pub struct SharingCode {
     pub offset: u32,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dependences {
     pub read_after_write: u64,
     pub write_after_write: u64,

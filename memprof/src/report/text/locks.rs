@@ -34,7 +34,7 @@ pub(super) fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option
         "lock", "kind", "waits", "total", "p99", "max"
     );
     for l in locks.iter().take(TOP_LOCKS) {
-        let name = l.name.clone().unwrap_or_else(|| l.address.clone());
+        let name = l.label();
         let _ = writeln!(
             out,
             "    {:<20} {:<9} {:>8} {:>9} {:>9} {:>9}",

@@ -51,8 +51,7 @@ pub type LocksState = Selection;
 /// entries merge every futex word of that name, and the address shown is
 /// whichever came first, so the name is what stays.
 pub fn same_lock(a: &LockEntry, b: &LockEntry) -> bool {
-    a.kind == b.kind
-        && a.name.as_ref().unwrap_or(&a.address) == b.name.as_ref().unwrap_or(&b.address)
+    a.kind == b.kind && a.label() == b.label()
 }
 
 /// Draws the tab.
@@ -102,7 +101,7 @@ fn locks_table(locks: &[LockEntry], area: Rect) -> Table<'static> {
     let name_width = usize::from(first_width(&LOCK_COLUMNS, width));
     let rows = locks.iter().map(|l| {
         let cells = vec![
-            ellipsize(lock_name(l), name_width),
+            ellipsize(&l.label(), name_width),
             l.kind.to_string(),
             count_label(l.contentions),
             format_ns(l.wait_total_ns),
@@ -118,11 +117,6 @@ fn locks_table(locks: &[LockEntry], area: Rect) -> Table<'static> {
         (cells, style)
     });
     styled_table(&LOCK_COLUMNS, rows, width).block(block)
-}
-
-/// The lock's name, or its address when it has none.
-fn lock_name(l: &LockEntry) -> &str {
-    l.name.as_deref().unwrap_or(&l.address)
 }
 
 /// Threads that waited; unknown (0) for kernel locks.
