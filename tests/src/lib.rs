@@ -265,7 +265,27 @@ pub fn read_report(path: &Path) -> serde_json::Value {
     let v: serde_json::Value =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON: {e}\n{text}"));
     assert_eq!(v["schema"], "memprof-ebpf/1", "schema tag");
+    // Every report a test reads also reads as the typed model, and writes
+    // back the same: the model and its JSON form do not drift apart.
+    let typed = memprof::report::Report::from_json(&text)
+        .unwrap_or_else(|e| panic!("report does not read as the model: {e}"));
+    let again: serde_json::Value = serde_json::from_str(&typed.to_json()).expect("JSON");
+    assert!(again == v, "the model writes the report back differently");
     v
+}
+
+/// Reads a JSON report as the typed model (checked as [`read_report`]
+/// checks it).
+pub fn read_typed(path: &Path) -> memprof::report::Report {
+    read_report(path);
+    let text = std::fs::read_to_string(path).expect("the report was just read");
+    memprof::report::Report::from_json(&text).expect("the report was just read as the model")
+}
+
+/// A report already read (by [`trace`] or [`read_report`]) as the typed
+/// model, which tests index by field instead of by string.
+pub fn typed(report: &serde_json::Value) -> memprof::report::Report {
+    serde_json::from_value(report.clone()).expect("read_report checked it reads as the model")
 }
 
 /// A fresh path for a report file.

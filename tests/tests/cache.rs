@@ -6,6 +6,10 @@
 //! as the false-sharing detector's (timer samples decoded here, or PEBS
 //! and IBS where there are).
 
+use memprof::report::{
+    model::{CacheUseEntry, ObjectKind},
+    Report,
+};
 use memprof_tests::*;
 
 /// How far the share of each line used may be from the truth (the
@@ -14,12 +18,12 @@ const LINE_USE_TOLERANCE: f64 = 0.05;
 
 /// Launches `cacheuse MODE 3` under the tool (allocator and locks off:
 /// the workload has neither) and returns the report.
-fn launch(test: &str, mode: &str) -> serde_json::Value {
+fn launch(test: &str, mode: &str) -> Report {
     launch_alloc(test, "off", mode)
 }
 
 /// As [`launch`], with the allocator traced in `alloc_mode`.
-fn launch_alloc(test: &str, alloc_mode: &str, mode: &str) -> serde_json::Value {
+fn launch_alloc(test: &str, alloc_mode: &str, mode: &str) -> Report {
     let w = build_workload("cacheuse", Variant::Debug).expect("building cacheuse");
     let args = [
         "--no-tui",
@@ -34,37 +38,28 @@ fn launch_alloc(test: &str, alloc_mode: &str, mode: &str) -> serde_json::Value {
     ];
     let (_, report) = trace(test, &args);
     assert_no_programs_left();
-    report
+    typed(&report)
 }
 
-fn findings(report: &serde_json::Value) -> &[serde_json::Value] {
-    report_array(report, "cache_utilization")
-}
-
-fn finding<'a>(report: &'a serde_json::Value, object: &str) -> &'a serde_json::Value {
-    findings(report)
+fn finding<'a>(report: &'a Report, object: &str) -> &'a CacheUseEntry {
+    let findings = &report.cache_utilization;
+    findings
         .iter()
-        .find(|f| f["object"] == object)
-        .unwrap_or_else(|| panic!("no finding on {object}: {:#?}", findings(report)))
+        .find(|f| f.object == object)
+        .unwrap_or_else(|| panic!("no finding on {object}: {findings:#?}"))
 }
 
 /// The fields of a finding with sampled accesses, most first.
-fn hot_fields(f: &serde_json::Value) -> Vec<&str> {
-    let mut hot: Vec<&serde_json::Value> = f["fields"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|x| x["accesses"].as_u64().unwrap_or(0) > 0)
-        .collect();
-    hot.sort_by_key(|x| std::cmp::Reverse(x["accesses"].as_u64()));
-    hot.iter().filter_map(|x| x["name"].as_str()).collect()
+fn hot_fields(f: &CacheUseEntry) -> Vec<&str> {
+    let mut hot: Vec<_> = f.fields.iter().filter(|x| x.accesses > 0).collect();
+    hot.sort_by_key(|x| std::cmp::Reverse(x.accesses));
+    hot.iter().map(|x| x.name.as_str()).collect()
 }
 
-fn assert_line_use(f: &serde_json::Value, truth: f64) {
-    let got = f["line_use"].as_f64().unwrap_or(-1.0);
+fn assert_line_use(got: f64, truth: f64, f: &CacheUseEntry) {
     assert!(
         (got - truth).abs() <= LINE_USE_TOLERANCE,
-        "line use {got} against {truth}: {f:#}"
+        "line use {got} against {truth}: {f:#?}"
     );
 }
 
@@ -78,21 +73,20 @@ fn a_key_scan_uses_an_eighth_of_each_line() {
     }
     let report = launch("cache-records", "records");
     let f = finding(&report, "g_records");
-    assert_eq!(f["object_kind"], "global", "{f:#}");
-    assert_eq!(f["element_size"], 64, "{f:#}");
-    assert_line_use(f, 0.125);
-    assert_eq!(hot_fields(f), ["key"], "{f:#}");
-    assert!(f["accesses"].as_u64().unwrap_or(0) >= 100, "{f:#}");
+    assert_eq!(f.object_kind, ObjectKind::Global, "{f:#?}");
+    assert_eq!(f.element_size, 64, "{f:#?}");
+    assert_line_use(f.line_use, 0.125, f);
+    assert_eq!(hot_fields(f), ["key"], "{f:#?}");
+    assert!(f.accesses >= 100, "{f:#?}");
     // The scan is the same every second: so is each window's line use.
-    let windows = f["windows"].as_array().unwrap();
-    assert!(windows.len() >= 2, "{f:#}");
-    for w in windows {
-        assert_line_use(w, 0.125);
+    assert!(f.windows.len() >= 2, "{f:#?}");
+    for w in &f.windows {
+        assert_line_use(w.line_use, 0.125, f);
     }
-    let advice = f["advice"].as_str().unwrap_or_default();
     assert!(
-        advice.contains("payload") && advice.contains("separate"),
-        "{advice}"
+        f.advice.contains("payload") && f.advice.contains("separate"),
+        "{}",
+        f.advice
     );
 }
 
@@ -106,27 +100,23 @@ fn a_key_scan_on_the_heap_finds_its_element() {
         return;
     }
     let report = launch_alloc("cache-heap", "full", "heap");
-    let f = findings(&report)
+    let findings = &report.cache_utilization;
+    let f = findings
         .iter()
-        .find(|f| f["object_kind"] == "heap")
-        .unwrap_or_else(|| panic!("no heap finding: {:#?}", findings(&report)));
-    let object = f["object"].as_str().unwrap_or_default();
+        .find(|f| f.object_kind == ObjectKind::Heap)
+        .unwrap_or_else(|| panic!("no heap finding: {findings:#?}"));
     let line = marked_line("cacheuse", "// HEAP_RECORDS");
     assert!(
-        object.starts_with("2097152-byte heap blocks from cacheuse.c:")
-            && object.ends_with(&format!(":{line}")),
-        "{f:#}"
+        f.object
+            .starts_with("2097152-byte heap blocks from cacheuse.c:")
+            && f.object.ends_with(&format!(":{line}")),
+        "{f:#?}"
     );
-    assert_eq!(f["element_size"], 64, "{f:#}");
-    assert_line_use(f, 0.125);
-    assert_eq!(hot_fields(f), ["key"], "{f:#}");
-    let fields: Vec<&str> = f["fields"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|x| x["name"].as_str())
-        .collect();
-    assert_eq!(fields, ["key", "payload"], "{f:#}");
+    assert_eq!(f.element_size, 64, "{f:#?}");
+    assert_line_use(f.line_use, 0.125, f);
+    assert_eq!(hot_fields(f), ["key"], "{f:#?}");
+    let fields: Vec<&str> = f.fields.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(fields, ["key", "payload"], "{f:#?}");
 }
 
 /// The same keys in their own array use whole lines: nothing to report.
@@ -136,16 +126,11 @@ fn keys_in_their_own_array_are_no_finding() {
         return;
     }
     let report = launch("cache-split", "split");
-    assert!(
-        findings(&report).is_empty(),
-        "whole lines are used: {:#?}",
-        findings(&report)
-    );
+    let findings = &report.cache_utilization;
+    assert!(findings.is_empty(), "whole lines are used: {findings:#?}");
     // Not because nothing was sampled: the keys' loads gave addresses.
-    let with_address = report["sampling"]["addresses"]["with_address"]
-        .as_u64()
-        .unwrap_or(0);
-    assert!(with_address >= 100, "{:#}", report["sampling"]);
+    let sampling = &report.sampling;
+    assert!(sampling.addresses.with_address >= 100, "{sampling:#?}");
 }
 
 /// Two hot fields 56 bytes apart in a 128-byte struct, cold fields
@@ -158,23 +143,21 @@ fn hot_fields_apart_are_moved_together() {
     }
     let report = launch("cache-pair", "pair");
     let f = finding(&report, "g_pairs");
-    assert_eq!(f["element_size"], 128, "{f:#}");
-    assert_line_use(f, 16.0 / 128.0);
+    assert_eq!(f.element_size, 128, "{f:#?}");
+    assert_line_use(f.line_use, 16.0 / 128.0, f);
     let mut hot = hot_fields(f);
     hot.sort_unstable();
-    assert_eq!(hot, ["hot_a", "hot_b"], "{f:#}");
-    assert_eq!(f["lines_per_element"], 2, "{f:#}");
-    assert_eq!(f["packed_lines"], 1, "{f:#}");
-    let pairs = f["affinity"].as_array().unwrap();
+    assert_eq!(hot, ["hot_a", "hot_b"], "{f:#?}");
+    assert_eq!((f.lines_per_element, f.packed_lines), (2, 1), "{f:#?}");
     assert!(
-        pairs
+        f.affinity
             .iter()
-            .any(|p| p[0] == "hot_a" && p[1] == "hot_b" && p[2].as_u64().unwrap_or(0) > 0),
-        "the two hot fields are accessed together: {f:#}"
+            .any(|(a, b, times)| a == "hot_a" && b == "hot_b" && *times > 0),
+        "the two hot fields are accessed together: {f:#?}"
     );
-    let advice = f["advice"].as_str().unwrap_or_default();
     assert!(
-        advice.contains("together") && advice.contains("instead of 2"),
-        "{advice}"
+        f.advice.contains("together") && f.advice.contains("instead of 2"),
+        "{}",
+        f.advice
     );
 }

@@ -13,7 +13,16 @@ use std::{
     time::{Duration, Instant},
 };
 
+use memprof::report::{
+    model::{AllocOp, HotFunctionEntry, LockKind},
+    Report,
+};
 use memprof_tests::*;
+
+/// The hot-function entry named `function`, if any.
+fn hot_entry<'a>(report: &'a Report, function: &str) -> Option<&'a HotFunctionEntry> {
+    report.hot_functions.iter().find(|h| h.function == function)
+}
 
 /// Runs `program` (with `env` and `args`) in a private mount namespace
 /// from a tmpfs mounted at `dir`, which only that namespace sees, with
@@ -96,46 +105,64 @@ fn can_unshare(test: &str) -> bool {
 /// directly or from its own root: the hot user function, g_hot_lock's
 /// finding (a mutex, waited for at the WAIT line, released at RELEASE,
 /// every acquisition counted), and libc's functions named.
-fn assert_locks_findings(report: &serde_json::Value, truth: &Truth, how: &str) {
-    let hot = report["hot_functions"].as_array().expect("hot functions");
+fn assert_locks_findings(report: &Report, truth: &Truth, how: &str) {
+    let hot = &report.hot_functions;
     let top_user = hot
         .iter()
-        .find(|h| h["module"] == "locks")
+        .find(|h| h.module == "locks")
         .unwrap_or_else(|| panic!("{how}: no function of the workload: {hot:#?}"));
-    assert_eq!(top_user["function"], "busy_ns", "{how}: {hot:#?}");
+    assert_eq!(top_user.function, "busy_ns", "{how}: {hot:#?}");
     assert!(
-        top_user["file"]
-            .as_str()
+        top_user
+            .file
+            .as_deref()
             .is_some_and(|f| f.ends_with("locks.c")),
-        "{how}: {top_user:#}"
+        "{how}: {top_user:#?}"
     );
     assert!(
-        hot.iter().any(|h| h["module"] == "libc.so.6"
-            && h["function"].as_str().is_some_and(|f| !f.contains("+0x"))),
+        hot.iter()
+            .any(|h| h.module == "libc.so.6" && !h.function.contains("+0x")),
         "{how}: libc's functions are named: {hot:#?}"
     );
-    let locks = report["locks"].as_array().expect("locks");
+    let locks = &report.locks;
     let lock = locks
         .iter()
-        .find(|l| l["name"] == "g_hot_lock")
+        .find(|l| l.name.as_deref() == Some("g_hot_lock"))
         .unwrap_or_else(|| panic!("{how}: g_hot_lock is listed: {locks:#?}"));
-    assert_eq!(lock["kind"], "mutex", "{how}: {lock:#}");
-    for (list, marker) in [("waiters", "// WAIT"), ("holders", "// RELEASE")] {
+    assert_eq!(lock.kind, LockKind::Mutex, "{how}: {lock:#?}");
+    let waiters: Vec<(&str, Option<u32>)> = lock
+        .waiters
+        .iter()
+        .map(|s| (s.function.as_str(), s.line))
+        .collect();
+    let holders: Vec<(&str, Option<u32>)> = lock
+        .holders
+        .iter()
+        .map(|s| (s.function.as_str(), s.line))
+        .collect();
+    for (list, marker, sites, shown) in [
+        (
+            "waiters",
+            "// WAIT",
+            waiters,
+            &lock.waiters as &dyn std::fmt::Debug,
+        ),
+        ("holders", "// RELEASE", holders, &lock.holders),
+    ] {
         let line = marked_line("locks", marker);
         assert!(
-            lock[list].as_array().is_some_and(|sites| sites
+            sites
                 .iter()
-                .any(|s| s["function"] == "contend_hot" && s["line"] == line)),
-            "{how}: {list} at contend_hot locks.c:{line}: {:#}",
-            lock[list]
+                .any(|&(function, at)| function == "contend_hot" && at == Some(line)),
+            "{how}: {list} at contend_hot locks.c:{line}: {shown:#?}"
         );
     }
     assert_near(
         &format!("{how}: g_hot_lock acquisitions"),
-        lock["acquisitions"].as_u64().unwrap_or(0),
+        lock.acquisitions.unwrap_or(0),
         truth.get("hot_acquisitions"),
         0.01,
-        lock,
+        &format!("{lock:#?}"),
     );
 }
 
@@ -155,7 +182,7 @@ fn a_private_mount_namespace_gives_the_same_findings() {
     let flags = ["--lock-mode", "full", "--alloc-mode", "off"];
     let args = ["contended", "4", "2"];
     let direct = attach_gated("ns-direct", &flags, &locks, &args, &[]);
-    assert_locks_findings(&direct.report, &direct.truth, "direct");
+    assert_locks_findings(&typed(&direct.report), &direct.truth, "direct");
 
     let dir = workload_dir().join("ns-root");
     let libc = our_libc();
@@ -176,7 +203,7 @@ fn a_private_mount_namespace_gives_the_same_findings() {
         !dir.join("locks").exists() && !dir.join("libc.so.6").exists(),
         "our namespace does not see the target's files"
     );
-    assert_locks_findings(&run.report, &run.truth, "private root");
+    assert_locks_findings(&typed(&run.report), &run.truth, "private root");
     let _ = std::fs::remove_dir(&dir);
     assert_no_programs_left();
 }
@@ -211,42 +238,44 @@ fn allocator_latency_in_a_private_mount_namespace() {
         &args,
         &[],
     );
-    let a = &run.report["allocator"];
+    let report = typed(&run.report);
+    let a = &report.allocator;
     assert_eq!(
-        a["path"].as_str(),
+        a.path.as_deref(),
         Some(format!("{}/libslowalloc.so", dir.display()).as_str()),
-        "the target's own copy is traced: {a:#}"
+        "the target's own copy is traced: {a:#?}"
     );
-    for (op, truth_ns) in [("malloc", 3_020u64), ("free", 1_020)] {
-        let rows: Vec<&serde_json::Value> = a["ops"]
-            .as_array()
-            .expect("ops")
-            .iter()
-            .filter(|r| r["op"] == op)
-            .collect();
-        let traced: u64 = rows.iter().map(|r| r["traced"].as_u64().unwrap_or(0)).sum();
-        assert!(traced > 0, "{op} traced: {a:#}");
+    for (op, truth_ns) in [(AllocOp::Malloc, 3_020u64), (AllocOp::Free, 1_020)] {
+        let rows: Vec<_> = a.ops.iter().filter(|r| r.op == op).collect();
+        let traced: u64 = rows.iter().map(|r| r.traced).sum();
+        assert!(traced > 0, "{op} traced: {a:#?}");
         let p50 = rows
             .iter()
-            .map(|r| r["p50_ns"].as_u64().unwrap_or(0) * r["traced"].as_u64().unwrap_or(0))
+            .map(|r| r.p50_ns.unwrap_or(0) * r.traced)
             .sum::<u64>()
             / traced;
         // As in the allocator suite: 20% (the bench judges the 10%).
-        assert_near(&format!("{op} p50 (ns)"), p50, truth_ns, 0.2, &a["ops"]);
+        assert_near(
+            &format!("{op} p50 (ns)"),
+            p50,
+            truth_ns,
+            0.2,
+            &format!("{:#?}", a.ops),
+        );
     }
     let _ = std::fs::remove_dir(&dir);
     assert_no_programs_left();
 }
 
 /// The tool attached to `pid` for 2 s: its run and report (`name`).
-fn attach_for_2s(name: &str, pid: &str) -> (ToolRun, serde_json::Value) {
+fn attach_for_2s(name: &str, pid: &str) -> (ToolRun, Report) {
     let json = report_path(name);
     let args = ["-p", pid, "--duration", "2s", "--no-tui", "--json"];
     let mut all: Vec<&str> = args.to_vec();
     all.push(json.to_str().expect("UTF-8 path"));
     let run = run_tool(&all, Duration::from_secs(60));
     assert_eq!(run.code(), 0, "{}", run.stderr);
-    (run, read_report(&json))
+    (run, read_typed(&json))
 }
 
 /// Proves a binary deleted after it started is read from the mapping, not
@@ -270,12 +299,12 @@ fn a_deleted_binary_is_still_symbolized() {
         "the kernel says the mapped file is deleted"
     );
     let (_, report) = attach_for_2s("deleted-binary", &target.pid().to_string());
-    let hot = hot_function(&report, "spin_worker")
-        .unwrap_or_else(|| panic!("spin_worker is named: {:#}", report["hot_functions"]));
-    assert_eq!(hot["module"], "spin-deleted", "{hot:#}");
+    let hot = hot_entry(&report, "spin_worker")
+        .unwrap_or_else(|| panic!("spin_worker is named: {:#?}", report.hot_functions));
+    assert_eq!(hot.module, "spin-deleted", "{hot:#?}");
     assert!(
-        hot["file"].as_str().is_some_and(|f| f.ends_with("spin.c")) && hot["line"].is_u64(),
-        "with its source line: {hot:#}"
+        hot.file.as_deref().is_some_and(|f| f.ends_with("spin.c")) && hot.line.is_some(),
+        "with its source line: {hot:#?}"
     );
     assert_no_programs_left();
 }
@@ -301,11 +330,11 @@ fn a_replaced_binary_is_read_from_its_mapping() {
     std::fs::copy(&locks, &upgrade).expect("copying locks");
     std::fs::rename(&upgrade, &path).expect("replacing the binary");
     let (_, report) = attach_for_2s("replaced-binary", &target.pid().to_string());
-    let hot = hot_function(&report, "spin_worker")
-        .unwrap_or_else(|| panic!("spin_worker is named: {:#}", report["hot_functions"]));
+    let hot = hot_entry(&report, "spin_worker")
+        .unwrap_or_else(|| panic!("spin_worker is named: {:#?}", report.hot_functions));
     assert!(
-        hot["file"].as_str().is_some_and(|f| f.ends_with("spin.c")),
-        "spin's source: {hot:#}"
+        hot.file.as_deref().is_some_and(|f| f.ends_with("spin.c")),
+        "spin's source: {hot:#?}"
     );
     drop(target);
     let _ = std::fs::remove_file(&path);
@@ -370,16 +399,16 @@ fn a_pid_namespace_shows_both_ids() {
         return;
     };
     let (run, report) = attach_for_2s("pid-namespace", &pid);
-    let processes = report["target"]["processes"].as_array().expect("processes");
+    let processes = &report.target.processes;
     assert_eq!(processes.len(), 1, "{processes:#?}");
-    assert_eq!(processes[0]["pid"].as_u64(), pid.parse().ok());
-    assert_eq!(processes[0]["ns_pid"], 1, "{processes:#?}");
-    let threads = report["threads"].as_array().expect("threads");
+    assert_eq!(Some(processes[0].pid), pid.parse().ok());
+    assert_eq!(processes[0].ns_pid, Some(1), "{processes:#?}");
+    let threads = &report.threads;
     assert_eq!(threads.len(), 3, "main and two workers: {threads:#?}");
     for t in threads {
-        let ns = t["ns_tid"].as_u64().unwrap_or_else(|| panic!("{t:#}"));
-        assert!((1..=3).contains(&ns) && t["tid"] != ns, "{t:#}");
-        assert_eq!(t["pid"].as_u64(), pid.parse().ok(), "{t:#}");
+        let ns = t.ns_tid.unwrap_or_else(|| panic!("{t:#?}"));
+        assert!((1..=3).contains(&ns) && t.tid != ns, "{t:#?}");
+        assert_eq!(Some(t.pid), pid.parse().ok(), "{t:#?}");
     }
     assert!(
         run.stdout.contains(&format!("pid {pid} (ns 1)")),
@@ -484,44 +513,39 @@ fn a_cgroup_is_traced_with_a_process_started_later() {
     cgroup.join(third.pid());
     let run = tool.finish(Duration::from_secs(60));
     assert_eq!(run.code(), 0, "{}", run.stderr);
-    let report = read_report(&json);
-    let processes = report["target"]["processes"].as_array().expect("processes");
+    let report = read_typed(&json);
+    let processes = &report.target.processes;
     let by_pid = |pid: u32| {
         processes
             .iter()
-            .find(|p| p["pid"] == pid)
+            .find(|p| p.pid == pid)
             .unwrap_or_else(|| panic!("pid {pid} is listed: {processes:#?}"))
     };
-    for (process, threads) in [(&first, 2u64), (&second, 3)] {
+    for (process, threads) in [(&first, 2usize), (&second, 3)] {
         let p = by_pid(process.pid());
-        assert_eq!(p["threads"], threads, "main and workers: {p:#}");
-        assert!(p["samples"].as_u64().unwrap_or(0) > 500, "{p:#}");
-        assert!(
-            p["command"]
-                .as_str()
-                .is_some_and(|c| c.contains("spin time")),
-            "{p:#}"
-        );
+        assert_eq!(p.threads, threads, "main and workers: {p:#?}");
+        assert!(p.samples > 500, "{p:#?}");
+        assert!(p.command.contains("spin time"), "{p:#?}");
     }
     let moved = by_pid(third.pid());
-    assert_eq!(moved["threads"], 2, "{moved:#}");
-    assert!(moved["samples"].as_u64().unwrap_or(0) > 100, "{moved:#}");
+    assert_eq!(moved.threads, 2, "{moved:#?}");
+    assert!(moved.samples > 100, "{moved:#?}");
     assert_eq!(processes.len(), 3, "{processes:#?}");
-    let threads = report["threads"].as_array().expect("threads");
-    let of = |pid: u32| threads.iter().filter(|t| t["pid"] == pid).count();
+    let threads = &report.threads;
+    let of = |pid: u32| threads.iter().filter(|t| t.pid == pid).count();
     assert_eq!(
         (of(first.pid()), of(second.pid()), of(third.pid())),
         (2, 3, 2),
         "{threads:#?}"
     );
-    let notes = report["notes"].to_string();
+    let notes = &report.notes;
     let joined = format!(
         "2 process(es) that joined the cgroup (pid {}, {})",
         second.pid(),
         third.pid()
     );
-    assert!(notes.contains(&joined), "{notes}");
-    assert!(hot_function(&report, "spin_worker").is_some());
+    assert!(notes.iter().any(|n| n.contains(&joined)), "{notes:#?}");
+    assert!(hot_entry(&report, "spin_worker").is_some());
     drop(cgroup);
     assert_no_programs_left();
 }

@@ -2,11 +2,15 @@
 //! the same workload with the same arguments, and this test asserts that the
 //! report has each bug where `workloads/demo.c` put it, and nothing made up.
 
+use memprof::report::{
+    model::{AllocOp, LockKind, ObjectKind, SharingKind, TraceMode},
+    Report,
+};
 use memprof_tests::*;
 
 /// Traces the demo workload with the profiler's `options` and returns the
 /// report and what the workload printed about itself.
-fn trace_demo(name: &str, options: &[&str]) -> (serde_json::Value, String) {
+fn trace_demo(name: &str, options: &[&str]) -> (Report, String) {
     let program = build_workload(DEMO_WORKLOAD, Variant::Debug).expect("building the demo");
     let seconds = DEMO_SECONDS.to_string();
     let mut args = vec!["--no-tui"];
@@ -14,11 +18,11 @@ fn trace_demo(name: &str, options: &[&str]) -> (serde_json::Value, String) {
     args.extend(["--", program.to_str().expect("UTF-8 path"), &seconds]);
     let (run, report) = trace(name, &args);
     assert_no_programs_left();
-    (report, run.stderr)
+    (typed(&report), run.stderr)
 }
 
 /// The demo as `cargo xtask demo` runs it.
-fn demo_report() -> (serde_json::Value, String) {
+fn demo_report() -> (Report, String) {
     trace_demo("demo-test", DEMO_TOOL_ARGS)
 }
 
@@ -40,8 +44,8 @@ fn truth(stderr: &str, key: &str) -> u64 {
     panic!("no {key} in {line:?}")
 }
 
-fn ends_with(v: &serde_json::Value, suffix: &str) -> bool {
-    v.as_str().is_some_and(|s| s.ends_with(suffix))
+fn ends_with(v: Option<&str>, suffix: &str) -> bool {
+    v.is_some_and(|s| s.ends_with(suffix))
 }
 
 #[test]
@@ -53,44 +57,41 @@ fn demo_shows_false_sharing_contention_and_a_leak() {
 
     // 1. False sharing on the heap: struct stats, named by its malloc line,
     //    written by the two workers on different words, at STATS_WRITE.
-    let sharing = report["false_sharing"]
-        .as_array()
-        .unwrap_or_else(|| panic!("false_sharing: {report:#}"));
+    let sharing = &report.false_sharing;
     assert_eq!(
         sharing.len(),
         1,
         "exactly one contended line (struct stats): {sharing:#?}"
     );
     let fs = &sharing[0];
-    assert_eq!(fs["kind"], "false", "{fs:#}");
-    let object = &fs["object"];
-    assert_eq!(object["kind"], "heap", "{fs:#}");
+    assert_eq!(fs.kind, SharingKind::False, "{fs:#?}");
+    let object = &fs.object;
+    assert_eq!(object.kind, ObjectKind::Heap, "{fs:#?}");
+    let alloc_site = object.alloc_site.as_ref();
     assert!(
-        ends_with(&object["alloc_site"]["file"], "demo.c"),
-        "{object:#}"
+        ends_with(alloc_site.and_then(|a| a.file.as_deref()), "demo.c"),
+        "{object:#?}"
     );
     assert_eq!(
-        object["alloc_site"]["line"],
-        marked_line("demo", "/* STATS_ALLOC */"),
-        "{object:#}"
+        alloc_site.and_then(|a| a.line),
+        Some(marked_line("demo", "/* STATS_ALLOC */")),
+        "{object:#?}"
     );
     let write = marked_line("demo", "/* STATS_WRITE */");
     assert!(
-        fs["code"]
-            .as_array()
-            .expect("code")
+        fs.code
             .iter()
-            .any(|c| ends_with(&c["file"], "demo.c") && c["line"] == write),
-        "code at demo.c:{write}: {:#}",
-        fs["code"]
+            .any(|c| ends_with(c.file.as_deref(), "demo.c") && c.line == Some(write)),
+        "code at demo.c:{write}: {:#?}",
+        fs.code
     );
     // .served and .failed: each word written by one thread, not the same.
-    let words = fs["words"].as_array().expect("words");
-    let mut owners: Vec<u64> = Vec::new();
+    let words = &fs.words;
+    let mut owners: Vec<u32> = Vec::new();
     for w in words {
-        let threads = w["threads"].as_array().expect("threads");
-        assert_eq!(threads.len(), 1, "each word has one thread: {w:#}");
-        owners.push(threads[0].as_u64().expect("tid"));
+        let threads = &w.threads;
+        assert_eq!(threads.len(), 1, "each word has one thread: {w:#?}");
+        owners.push(threads[0]);
     }
     owners.sort_unstable();
     owners.dedup();
@@ -100,102 +101,108 @@ fn demo_shows_false_sharing_contention_and_a_leak() {
         "two workers on different words: {words:#?}"
     );
     assert!(
-        fs["advice"].as_str().is_some_and(|f| f.contains("64")),
-        "the advice says to pad or align to 64 bytes: {fs:#}"
+        fs.advice.contains("64"),
+        "the advice says to pad or align to 64 bytes: {fs:#?}"
     );
 
     // 2. The contended mutex, named, with the waiter at TABLE_LOCK and the
     //    releaser at TABLE_UNLOCK; it is the top lock.
-    let locks = report["locks"].as_array().expect("locks");
+    let locks = &report.locks;
     let lock = locks
         .first()
-        .unwrap_or_else(|| panic!("no locks: {report:#}"));
-    assert_eq!(lock["name"], "g_table_lock", "{lock:#}");
-    assert_eq!(lock["kind"], "mutex", "{lock:#}");
-    assert!(
-        lock["contentions"].as_u64().unwrap_or(0) >= 20,
-        "contended: {lock:#}"
-    );
-    let at = |list: &str, marker: &str| {
+        .unwrap_or_else(|| panic!("no locks: {report:#?}"));
+    assert_eq!(lock.name.as_deref(), Some("g_table_lock"), "{lock:#?}");
+    assert_eq!(lock.kind, LockKind::Mutex, "{lock:#?}");
+    assert!(lock.contentions >= 20, "contended: {lock:#?}");
+    // The (file, line) of the waiter and holder sites.
+    let waiters: Vec<(Option<&str>, Option<u32>)> = lock
+        .waiters
+        .iter()
+        .map(|s| (s.file.as_deref(), s.line))
+        .collect();
+    let holders: Vec<(Option<&str>, Option<u32>)> = lock
+        .holders
+        .iter()
+        .map(|s| (s.file.as_deref(), s.line))
+        .collect();
+    let at = |sites: &[(Option<&str>, Option<u32>)], marker: &str| {
         let line = marked_line("demo", marker);
-        lock[list]
-            .as_array()
-            .expect(list)
+        sites
             .iter()
-            .any(|s| ends_with(&s["file"], "demo.c") && s["line"] == line)
+            .any(|&(file, at)| ends_with(file, "demo.c") && at == Some(line))
     };
-    assert!(at("waiters", "/* TABLE_LOCK */"), "waiter line: {lock:#}");
+    assert!(at(&waiters, "/* TABLE_LOCK */"), "waiter line: {lock:#?}");
     assert!(
-        at("holders", "/* TABLE_UNLOCK */"),
-        "releaser line: {lock:#}"
+        at(&holders, "/* TABLE_UNLOCK */"),
+        "releaser line: {lock:#?}"
     );
 
     assert!(
-        lock["acquisitions"].is_null(),
-        "lock uprobes off: acquisitions are unknown, not a number: {lock:#}"
+        lock.acquisitions.is_none(),
+        "lock uprobes off: acquisitions are unknown, not a number: {lock:#?}"
     );
 
     // 3. The allocator, traced in full: malloc and free latency rows, and
     //    the leaking site on top of the live bytes with exactly what the
     //    workload says it leaked.
-    let alloc = &report["allocator"];
-    assert_eq!(alloc["mode"], "full", "{alloc:#}");
+    let alloc = &report.allocator;
+    assert_eq!(alloc.mode, TraceMode::Full, "{alloc:#?}");
     assert_eq!(
-        alloc["lost"], 0,
-        "allocator events lost: the exact counts below cannot hold: {alloc:#}"
+        alloc.lost, 0,
+        "allocator events lost: the exact counts below cannot hold: {alloc:#?}"
     );
-    let ops = alloc["ops"].as_array().expect("allocator ops");
-    for op in ["malloc", "free"] {
+    let ops = &alloc.ops;
+    for op in [AllocOp::Malloc, AllocOp::Free] {
         let row = ops
             .iter()
-            .find(|r| r["op"] == op && r["traced"].as_u64().unwrap_or(0) > 0)
+            .find(|r| r.op == op && r.traced > 0)
             .unwrap_or_else(|| panic!("no traced {op} row: {ops:#?}"));
         // Null: below the probes' resolution, which the report then gives.
-        match row["p50_ns"].as_u64() {
-            Some(p50) => assert!(p50 > 0 && Some(p50) <= row["max_ns"].as_u64(), "{row}"),
+        match row.p50_ns {
+            Some(p50) => assert!(p50 > 0 && Some(p50) <= row.max_ns, "{row:#?}"),
             None => assert!(
-                row["p50_ns"].is_null()
-                    && alloc["probe_cost_ns"]["resolution_ns"].as_u64() > Some(0),
-                "{row}"
+                row.p50_ns.is_none()
+                    && alloc.probe_cost_ns.as_ref().map(|p| p.resolution_ns) > Some(0),
+                "{row:#?}"
             ),
         }
     }
-    let sites = alloc["sites"].as_array().expect("sites");
+    let sites = &alloc.sites;
     let leak = sites
         .iter()
-        .max_by_key(|s| s["live_bytes"].as_u64().unwrap_or(0))
-        .unwrap_or_else(|| panic!("no sites: {alloc:#}"));
-    assert!(ends_with(&leak["file"], "demo.c"), "{leak}");
+        .max_by_key(|s| s.live_bytes)
+        .unwrap_or_else(|| panic!("no sites: {alloc:#?}"));
+    assert!(ends_with(leak.file.as_deref(), "demo.c"), "{leak:#?}");
     // open_session() returns malloc's block: a wrapper, so the leak is
     // named at the line that calls it.
     assert_eq!(
-        leak["line"],
-        marked_line("demo", "/* SESSION_OPEN */"),
-        "{leak}"
+        leak.line,
+        Some(marked_line("demo", "/* SESSION_OPEN */")),
+        "{leak:#?}"
     );
-    assert_eq!(leak["via"], "open_session", "{leak}");
+    assert_eq!(leak.via.as_deref(), Some("open_session"), "{leak:#?}");
     assert_eq!(
-        leak["live_bytes"].as_u64(),
-        Some(truth(&stderr, "leaked_bytes")),
-        "live bytes at the leak site: {leak} / {stderr}"
+        leak.live_bytes,
+        truth(&stderr, "leaked_bytes"),
+        "live bytes at the leak site: {leak:#?} / {stderr}"
     );
     assert_eq!(
-        leak["live_blocks"].as_u64(),
-        Some(truth(&stderr, "leaked_blocks")),
-        "live blocks at the leak site: {leak} / {stderr}"
+        leak.live_blocks,
+        truth(&stderr, "leaked_blocks"),
+        "live blocks at the leak site: {leak:#?} / {stderr}"
     );
     let churn = sites
         .iter()
-        .find(|s| s["line"] == marked_line("demo", "/* REQUEST_ALLOC */"))
+        .find(|s| s.line == Some(marked_line("demo", "/* REQUEST_ALLOC */")))
         .unwrap_or_else(|| panic!("the request buffers' site is listed: {sites:#?}"));
     assert_eq!(
-        churn["live_bytes"], 0,
-        "freed request buffers are no leak: {churn}"
+        churn.live_bytes, 0,
+        "freed request buffers are no leak: {churn:#?}"
     );
     assert_eq!(
-        churn["count"].as_u64(),
+        churn.count,
         Some(16 * truth(&stderr, "rounds")),
-        "16 request buffers a round, every call traced: {churn}"
+        "16 request buffers a round, every call traced: {churn:#?}"
     );
 }
 
@@ -212,24 +219,20 @@ fn sampled_mode_keeps_every_traced_block_of_a_leaking_site_live() {
         return;
     }
     let (report, _) = trace_demo("demo-sampled", &[]);
-    assert_eq!(
-        report["allocator"]["sampled"], true,
-        "{:#}",
-        report["allocator"]
-    );
+    assert!(report.allocator.sampled, "{:#?}", report.allocator);
     let line = marked_line("demo", "/* SESSION_OPEN */");
-    let site = report["allocator"]["sites"]
-        .as_array()
-        .expect("sites")
+    let site = report
+        .allocator
+        .sites
         .iter()
-        .find(|s| ends_with(&s["file"], "demo.c") && s["line"] == line)
-        .unwrap_or_else(|| panic!("no site at demo.c:{line}: {:#}", report["allocator"]));
+        .find(|s| ends_with(s.file.as_deref(), "demo.c") && s.line == Some(line))
+        .unwrap_or_else(|| panic!("no site at demo.c:{line}: {:#?}", report.allocator));
     // The calls traced here, not the estimate of all calls (which may be
     // unknown: the demo's allocator is hot).
-    assert!(site["traced"].as_u64().unwrap_or(0) > 0, "{site}");
+    assert!(site.traced > 0, "{site:#?}");
     assert_eq!(
-        site["live_blocks"], site["traced"],
-        "nothing allocated at the session site is ever freed: {site}"
+        site.live_blocks, site.traced,
+        "nothing allocated at the session site is ever freed: {site:#?}"
     );
 }
 
@@ -252,28 +255,30 @@ fn default_lock_mode_counts_the_demo_lock_acquisitions() {
         return;
     }
     let (report, stderr) = trace_demo("demo-locks", &[]);
-    let lock = report["locks"]
-        .as_array()
-        .expect("locks")
+    let lock = report
+        .locks
         .iter()
-        .find(|l| l["name"] == "g_table_lock")
-        .unwrap_or_else(|| panic!("g_table_lock: {:#}", report["locks"]));
+        .find(|l| l.name.as_deref() == Some("g_table_lock"))
+        .unwrap_or_else(|| panic!("g_table_lock: {:#?}", report.locks));
     let rounds = truth(&stderr, "rounds") as f64;
-    let claimed = report["lock_tracing"]["acquisitions_error"]
-        .as_f64()
+    let claimed = report
+        .lock_tracing
+        .as_ref()
+        .and_then(|t| t.acquisitions_error)
         .unwrap_or(0.0);
     if claimed > 0.5 {
-        let notes = report["notes"].to_string();
+        let notes = &report.notes;
         assert!(
-            lock["acquisitions"].is_null() && notes.contains("acquisitions are unknown"),
-            "claimed ±{claimed:.3}: acquisitions must be unknown, with a note: {lock:#} {notes}"
+            lock.acquisitions.is_none()
+                && notes.iter().any(|n| n.contains("acquisitions are unknown")),
+            "claimed ±{claimed:.3}: acquisitions must be unknown, with a note: {lock:#?} {notes:#?}"
         );
         eprintln!("default_lock_mode_counts_the_demo_lock_acquisitions: claimed ±{claimed:.3}, acquisitions unknown");
         return;
     }
-    let acquisitions = lock["acquisitions"].as_u64().expect("acquisitions") as f64;
+    let acquisitions = lock.acquisitions.expect("acquisitions") as f64;
     assert!(
         (acquisitions / rounds - 1.0).abs() <= claimed.max(0.25),
-        "{acquisitions} acquisitions for {rounds} rounds (claimed ±{claimed:.3}): {lock:#}"
+        "{acquisitions} acquisitions for {rounds} rounds (claimed ±{claimed:.3}): {lock:#?}"
     );
 }

@@ -7,11 +7,12 @@
 
 use std::{path::PathBuf, process::Command, sync::OnceLock};
 
+use memprof::report::Report;
 use memprof_tests::*;
 
 /// The traced demo: the JSON report and the profile files' template.
 struct Exported {
-    report: serde_json::Value,
+    report: Report,
     dir: PathBuf,
 }
 
@@ -46,7 +47,10 @@ fn exported() -> &'static Exported {
         args.extend(["--", program.to_str().unwrap(), &seconds]);
         let (_, report) = trace("export-demo", &args);
         assert_no_programs_left();
-        Exported { report, dir }
+        Exported {
+            report: typed(&report),
+            dir,
+        }
     })
 }
 
@@ -157,11 +161,13 @@ fn total(totals: &[(String, i64)], kind: &str) -> i64 {
         .1
 }
 
-fn sum(items: &serde_json::Value, key: &str) -> i64 {
-    items
-        .as_array()
-        .map(|a| a.iter().filter_map(|i| i[key].as_i64()).sum())
-        .unwrap_or(0)
+/// A report's count as pprof's signed values (None beyond their range).
+fn signed(n: u64) -> Option<i64> {
+    i64::try_from(n).ok()
+}
+
+fn sum<T>(items: &[T], value: impl Fn(&T) -> u64) -> i64 {
+    items.iter().filter_map(|i| signed(value(i))).sum()
 }
 
 #[test]
@@ -174,12 +180,12 @@ fn cpu_profile_has_every_sample_and_the_hot_function() {
     let e = exported();
     let file = e.pprof("cpu");
     let totals = raw_totals(&file);
-    let samples = e.report["sampling"]["samples"].as_i64().unwrap();
+    let samples = signed(e.report.sampling.samples).unwrap();
     assert!(samples > 1000, "an 8 s demo at 999 Hz: {samples}");
     assert_eq!(total(&totals, "samples"), samples, "{totals:?}");
-    let period = 1_000_000_000 / e.report["sampling"]["frequency_hz"].as_i64().unwrap();
+    let period = 1_000_000_000 / signed(e.report.sampling.frequency_hz).unwrap();
     assert_eq!(total(&totals, "cpu"), samples * period);
-    let hot = e.report["hot_functions"][0]["function"].as_str().unwrap();
+    let hot = e.report.hot_functions[0].function.as_str();
     let top = pprof(&["-top", "-sample_index=samples"], &file);
     assert!(top.contains(hot), "{hot} not in:\n{top}");
     // Stacks reach the worker's entry: main's thread start or the worker.
@@ -200,38 +206,38 @@ fn alloc_profile_matches_the_heap_profile() {
         return;
     }
     let e = exported();
-    let sites = &e.report["allocator"]["heap_profile"]["sites"];
+    let heap = e.report.allocator.heap_profile.as_ref();
     assert!(
-        sites.as_array().is_some_and(|s| !s.is_empty()),
-        "the demo has a heap profile: {:#}",
-        e.report["allocator"]["heap_profile"]
+        heap.is_some_and(|h| !h.sites.is_empty()),
+        "the demo has a heap profile: {heap:#?}"
     );
+    let sites = &heap.unwrap().sites;
     let file = e.pprof("alloc");
     // The profile has every sampled chain; each site the JSON lists is the
     // sum of its chains (labelled with the site).
     let totals = raw_totals(&file);
-    for site in sites.as_array().unwrap() {
-        let function = site["function"].as_str().unwrap();
+    for site in sites {
+        let function = site.function.as_str();
         // The label the exporter gives a site: function (file:line).
-        let source = site["file"].as_str().and_then(|f| f.rsplit('/').next());
-        let label = match (source, site["line"].as_u64()) {
+        let source = site.file.as_deref().and_then(|f| f.rsplit('/').next());
+        let label = match (source, site.line) {
             (Some(source), Some(line)) => format!("{function} ({source}:{line})"),
             _ => function.to_string(),
         };
         let focus = format!("-tagfocus=alloc_site=^{}$", regex_escape(&label));
         let of_site = raw_totals_with(&[&focus], &file);
-        for kind in [
-            "alloc_space",
-            "alloc_objects",
-            "inuse_space",
-            "inuse_objects",
+        for (kind, value) in [
+            ("alloc_space", site.alloc_space),
+            ("alloc_objects", site.alloc_objects),
+            ("inuse_space", site.inuse_space),
+            ("inuse_objects", site.inuse_objects),
         ] {
-            let want = site[kind].as_i64().unwrap();
+            let want = value.and_then(signed).unwrap();
             assert_eq!(total(&of_site, kind), want, "{function} {kind}");
             assert!(total(&totals, kind) >= want);
         }
     }
-    let top_site = sites[0]["function"].as_str().unwrap();
+    let top_site = sites[0].function.as_str();
     let top = pprof(&["-top", "-sample_index=alloc_space"], &file);
     assert!(top.contains(top_site), "{top_site} not in:\n{top}");
     let svg = std::fs::read_to_string(e.svg("alloc")).unwrap();
@@ -246,12 +252,12 @@ fn lock_profile_has_the_waits_at_the_waiter() {
         return;
     }
     let e = exported();
-    let locks = e.report["locks"].as_array().unwrap();
+    let locks = &e.report.locks;
     let (mut count, mut delay, mut caused) = (0, 0, 0);
     for l in locks {
-        count += sum(&l["waiters"], "count");
-        delay += sum(&l["waiters"], "wait_ns");
-        caused += sum(&l["holders"], "delay_caused_ns");
+        count += sum(&l.waiters, |w| w.count);
+        delay += sum(&l.waiters, |w| w.wait_ns);
+        caused += sum(&l.holders, |h| h.delay_caused_ns);
     }
     assert!(count > 0, "the demo's mutex is contended: {locks:#?}");
     let file = e.pprof("lock");
@@ -259,7 +265,7 @@ fn lock_profile_has_the_waits_at_the_waiter() {
     assert_eq!(total(&totals, "contentions"), count);
     assert_eq!(total(&totals, "delay"), delay);
     assert_eq!(total(&totals, "caused_delay"), caused);
-    let waiter = locks[0]["waiters"][0]["function"].as_str().unwrap();
+    let waiter = locks[0].waiters[0].function.as_str();
     // Every node: the main thread's join waits the whole run, and pprof
     // drops by default what is under 0.5% of the total (the demo's lock
     // waits were 30 ms of 8 s in one CI run).
@@ -278,19 +284,19 @@ fn sharing_profile_has_the_writers_of_the_shared_line() {
         return;
     }
     let e = exported();
-    let entries = e.report["false_sharing"].as_array().unwrap();
+    let entries = &e.report.false_sharing;
     assert!(!entries.is_empty(), "the demo has a falsely shared line");
     let accesses: i64 = entries
         .iter()
-        .flat_map(|e| e["code"].as_array().unwrap())
-        .map(|c| c["reads"].as_i64().unwrap() + c["writes"].as_i64().unwrap())
+        .flat_map(|e| &e.code)
+        .map(|c| signed(c.reads).unwrap() + signed(c.writes).unwrap())
         .sum();
     let file = e.pprof("sharing");
     let totals = raw_totals(&file);
     assert_eq!(total(&totals, "accesses"), accesses);
     assert_eq!(
         total(&totals, "invalidations"),
-        sum(&e.report["false_sharing"], "invalidations")
+        sum(&e.report.false_sharing, |e| e.invalidations)
     );
     let top = pprof(&["-top", "-sample_index=invalidations"], &file);
     assert!(
@@ -454,7 +460,7 @@ fn push_sends_pprof_to_an_ingest_endpoint() {
     let last = parts(cpu[cpu.len() - 1]);
     let file = workload_dir().join("export-push-cpu.pb.gz");
     std::fs::write(&file, &last.iter().find(|(n, _)| n == "profile").unwrap().1).unwrap();
-    let samples = report["sampling"]["samples"].as_i64().unwrap();
+    let samples = signed(typed(&report).sampling.samples).unwrap();
     assert_eq!(
         total(&raw_totals(&file), "samples"),
         samples,
@@ -498,23 +504,21 @@ fn a_concern_without_findings_exports_an_empty_profile() {
         ],
     );
     assert_no_programs_left();
-    assert!(report["false_sharing"]
-        .as_array()
-        .is_some_and(Vec::is_empty));
+    let report = typed(&report);
+    assert!(report.false_sharing.is_empty());
     let totals = raw_totals(&dir.join("sharing.pb.gz"));
     assert_eq!(totals.len(), 2, "sample types are declared: {totals:?}");
     assert!(totals.iter().all(|(_, v)| *v == 0), "{totals:?}");
-    let waits: i64 = report["locks"]
-        .as_array()
-        .unwrap()
+    let waits: i64 = report
+        .locks
         .iter()
-        .map(|l| sum(&l["waiters"], "count"))
+        .map(|l| sum(&l.waiters, |w| w.count))
         .sum();
     assert_eq!(
         total(&raw_totals(&dir.join("lock.pb.gz")), "contentions"),
         waits
     );
-    let samples = report["sampling"]["samples"].as_i64().unwrap();
+    let samples = signed(report.sampling.samples).unwrap();
     assert_eq!(
         total(&raw_totals(&dir.join("cpu.pb.gz")), "samples"),
         samples

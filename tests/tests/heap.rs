@@ -8,6 +8,10 @@
 //! alloc.c), whose four sites allocate known bytes per iteration and
 //! which counts its iterations, and checks the report against that.
 
+use memprof::report::{
+    model::{HeapSite, TraceMode},
+    Report,
+};
 use memprof_tests::*;
 use workloads::{build_workload, Variant};
 
@@ -33,33 +37,36 @@ const SITES: [(&str, &str, Option<&str>, u64, u64); 4] = [
     ("fill_cache", "// CHAIN_CACHE", None, 4096, 1),
 ];
 
-fn heap_sites(report: &serde_json::Value) -> &[serde_json::Value] {
-    report["allocator"]["heap_profile"]["sites"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no heap profile: {:#}", report["allocator"]))
+fn heap_sites(report: &Report) -> &[HeapSite] {
+    report
+        .allocator
+        .heap_profile
+        .as_ref()
+        .map(|h| h.sites.as_slice())
+        .unwrap_or_else(|| panic!("no heap profile: {:#?}", report.allocator))
 }
 
-fn heap_site<'a>(report: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
+fn heap_site<'a>(report: &'a Report, function: &str) -> &'a HeapSite {
     heap_sites(report)
         .iter()
-        .find(|s| s["function"] == function)
+        .find(|s| s.function == function)
         .unwrap_or_else(|| panic!("no heap site {function}: {:#?}", heap_sites(report)))
 }
 
 /// `got` is within [`STANDARD_ERRORS`] of `truth`, the error of an
 /// estimate from the samples expected in `truth_bytes`.
-fn within(got: u64, truth: u64, truth_bytes: u64, what: &str, site: &serde_json::Value) {
+fn within(got: u64, truth: u64, truth_bytes: u64, what: &str, site: &HeapSite) {
     let expected = truth_bytes as f64 / SAMPLE_MEAN;
     assert!(
         expected >= MIN_EXPECTED_SAMPLES,
-        "{what}: {expected:.0} samples expected, too few to judge: {site:#}"
+        "{what}: {expected:.0} samples expected, too few to judge: {site:#?}"
     );
     let tolerance = STANDARD_ERRORS / expected.sqrt();
     let err = got as f64 / truth as f64 - 1.0;
     assert!(
         err.abs() <= tolerance,
         "{what}: {got} against {truth} ({:+.1}%, bound ±{:.1}% for {expected:.0} \
-         expected samples): {site:#}",
+         expected samples): {site:#?}",
         err * 100.0,
         tolerance * 100.0
     );
@@ -67,44 +74,34 @@ fn within(got: u64, truth: u64, truth_bytes: u64, what: &str, site: &serde_json:
 
 /// Every site is named past its wrapper at its marked line, and no
 /// wrapper is a site.
-fn assert_sites_past_wrappers(report: &serde_json::Value) {
+fn assert_sites_past_wrappers(report: &Report) {
     for (function, marker, wrapper, _, _) in SITES {
         let site = heap_site(report, function);
         assert!(
-            site["file"]
-                .as_str()
+            site.file
+                .as_deref()
                 .unwrap_or_default()
                 .ends_with("alloc.c"),
-            "{site:#}"
+            "{site:#?}"
         );
-        assert_eq!(site["line"], marked_line("alloc", marker), "{site:#}");
-        let wrappers: Vec<&str> = site["wrappers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|w| w.as_str())
-            .collect();
+        assert_eq!(site.line, Some(marked_line("alloc", marker)), "{site:#?}");
+        let wrappers: Vec<&str> = site.wrappers.iter().map(String::as_str).collect();
         assert_eq!(
             wrappers,
             wrapper.into_iter().collect::<Vec<_>>(),
-            "{site:#}"
+            "{site:#?}"
         );
-        let chain: Vec<&str> = site["chain"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|f| f["function"].as_str())
-            .collect();
+        let chain: Vec<&str> = site.chain.iter().map(|f| f.function.as_str()).collect();
         assert!(
             chain.contains(&function) && chain.contains(&"main"),
             "the chain goes through the site up to main: {chain:?}"
         );
     }
     for s in heap_sites(report) {
-        let f = s["function"].as_str().unwrap_or_default();
+        let f = s.function.as_str();
         assert!(
             f != "xmalloc" && f != "node_new" && f != "malloc",
-            "a wrapper is not a site: {s:#}"
+            "a wrapper is not a site: {s:#?}"
         );
     }
 }
@@ -125,13 +122,18 @@ fn full_mode_chains(name: &str, variant: Variant) {
         iterations > 10_000,
         "too little work to sample: {iterations}"
     );
+    let report = typed(&report);
     assert_sites_past_wrappers(&report);
-    let heap = &report["allocator"]["heap_profile"];
-    assert_eq!(heap["sample_mean_bytes"], 512 << 10, "{heap:#}");
+    let heap = report.allocator.heap_profile.as_ref();
+    assert_eq!(
+        heap.map(|h| h.sample_mean_bytes),
+        Some(512 << 10),
+        "{heap:#?}"
+    );
     for (function, _, _, bytes, blocks) in SITES {
         let site = heap_site(&report, function);
-        let space = site["alloc_space"].as_u64().expect("known in full mode");
-        let objects = site["alloc_objects"].as_u64().expect("known in full mode");
+        let space = site.alloc_space.expect("known in full mode");
+        let objects = site.alloc_objects.expect("known in full mode");
         let truth_bytes = bytes * iterations;
         within(space, truth_bytes, truth_bytes, "bytes allocated", site);
         within(
@@ -141,12 +143,12 @@ fn full_mode_chains(name: &str, variant: Variant) {
             "blocks allocated",
             site,
         );
-        let inuse = site["inuse_space"].as_u64().expect("known in full mode");
+        let inuse = site.inuse_space.expect("known in full mode");
         if function == "fill_cache" {
             let live = truth.get("cache_live_blocks") * 4096;
             within(inuse, live, live, "bytes in use", site);
         } else {
-            assert_eq!(inuse, 0, "every block freed: {site:#}");
+            assert_eq!(inuse, 0, "every block freed: {site:#?}");
         }
     }
     assert_no_programs_left();
@@ -193,41 +195,30 @@ fn attached_default_mode_ranks_the_sites_by_share() {
         &["chains", "25", "40000"],
         &[],
     );
-    let report = &run.report;
+    let report = &typed(&run.report);
     assert_eq!(
-        report["allocator"]["mode"], "sampled",
-        "{:#}",
-        report["allocator"]
+        report.allocator.mode,
+        TraceMode::Sampled,
+        "{:#?}",
+        report.allocator
     );
-    let samples = report["allocator"]["heap_profile"]["samples"]
-        .as_u64()
-        .unwrap_or(0);
-    assert!(
-        samples >= 80,
-        "too few samples to judge: {:#}",
-        report["allocator"]["heap_profile"]
-    );
+    let heap = report.allocator.heap_profile.as_ref();
+    let samples = heap.map_or(0, |h| h.samples);
+    assert!(samples >= 80, "too few samples to judge: {heap:#?}");
     assert_sites_past_wrappers(report);
     let index = heap_site(report, "build_index");
-    let share = index["alloc_share"].as_f64().unwrap();
+    let share = index.alloc_share;
     let sigma = (0.25 / samples as f64).sqrt();
     assert!(
         (share - 0.5).abs() <= 3.0 * sigma,
-        "half of all bytes, ±{:.3}: {index:#}",
+        "half of all bytes, ±{:.3}: {index:#?}",
         3.0 * sigma
     );
-    let count_known = report["allocator"]["count_error"]
-        .as_f64()
-        .is_some_and(|e| e <= 0.3);
-    let basis = report["allocator"]["heap_profile"]["basis"]
-        .as_str()
-        .unwrap();
+    let count_known = report.allocator.count_error.is_some_and(|e| e <= 0.3);
+    let basis = heap.map(|h| h.basis.as_str()).unwrap();
     for s in heap_sites(report) {
-        assert_eq!(s["alloc_space"].is_null(), !count_known, "{s:#}");
-        assert!(
-            s["inuse_space"].is_null(),
-            "frees were not all traced: {s:#}"
-        );
+        assert_eq!(s.alloc_space.is_none(), !count_known, "{s:#?}");
+        assert!(s.inuse_space.is_none(), "frees were not all traced: {s:#?}");
     }
     assert!(basis.contains("in-use figures are null"), "{basis}");
     if !count_known {

@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use memprof::report::{model::AllocOp, Report};
 use memprof_tests::*;
 use workloads::{build_workload, Variant};
 
@@ -37,7 +38,7 @@ fn kernel_has_uprobe_multi() -> Option<bool> {
 /// Runs the tool on `alloc hold 10` in full allocator and lock modes for
 /// 3 s with `env`, and returns the report and every attachment of our hot
 /// programs seen while it ran, one list per look.
-fn watch(name: &str, env: &[(&str, &str)]) -> (serde_json::Value, Vec<Vec<Attached>>) {
+fn watch(name: &str, env: &[(&str, &str)]) -> (Report, Vec<Vec<Attached>>) {
     let alloc = build_workload("alloc", Variant::Debug).expect("building alloc");
     let json = report_path(name);
     let tool = Command::new(tool())
@@ -75,16 +76,16 @@ fn watch(name: &str, env: &[(&str, &str)]) -> (serde_json::Value, Vec<Vec<Attach
     });
     let run = finish(tool, start, Duration::from_secs(60));
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    (read_report(&json), looks)
+    (read_typed(&json), looks)
 }
 
-fn malloc_traced(report: &serde_json::Value) -> u64 {
-    report["allocator"]["ops"]
-        .as_array()
-        .expect("ops")
+fn malloc_traced(report: &Report) -> u64 {
+    report
+        .allocator
+        .ops
         .iter()
-        .filter(|o| o["op"] == "malloc")
-        .map(|o| o["traced"].as_u64().unwrap_or(0))
+        .filter(|o| o.op == AllocOp::Malloc)
+        .map(|o| o.traced)
         .sum()
 }
 
@@ -126,11 +127,12 @@ fn hot_probes_are_one_uprobe_multi_link_per_program() {
         HOT.len()
     );
     assert_eq!(
-        report["loader"]["uprobe_links"]["kind"], "uprobe_multi",
-        "{:#}",
-        report["loader"]
+        report.loader.uprobe_links.as_ref().map(|l| l.kind.as_str()),
+        Some("uprobe_multi"),
+        "{:#?}",
+        report.loader
     );
-    assert!(malloc_traced(&report) > 1000, "{:#}", report["allocator"]);
+    assert!(malloc_traced(&report) > 1000, "{:#?}", report.allocator);
     assert_no_programs_left();
 }
 
@@ -155,14 +157,14 @@ fn single_links_are_the_fallback() {
     // One link per probe point: far more than one per program.
     let most = looks.iter().map(Vec::len).max().unwrap_or(0);
     assert!(most > HOT.len(), "only {most} links at once: {looks:?}");
-    let links = &report["loader"]["uprobe_links"];
-    assert_eq!(links["kind"], "single", "{links:#}");
+    let links = report.loader.uprobe_links.as_ref();
+    assert_eq!(links.map(|l| l.kind.as_str()), Some("single"), "{links:#?}");
     assert!(
-        links["why"]
-            .as_str()
+        links
+            .and_then(|l| l.why.as_deref())
             .is_some_and(|w| w.contains("MEMPROF_UPROBE_LINKS")),
-        "{links:#}"
+        "{links:#?}"
     );
-    assert!(malloc_traced(&report) > 1000, "{:#}", report["allocator"]);
+    assert!(malloc_traced(&report) > 1000, "{:#?}", report.allocator);
     assert_no_programs_left();
 }

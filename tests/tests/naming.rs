@@ -5,6 +5,10 @@
 //! inline` helper, out of line at -O0 and inlined at -O2). In the default
 //! mode, launched and attached.
 
+use memprof::report::{
+    model::{ObjectKind, SharingEntry, SharingKind, TraceMode},
+    Report,
+};
 use memprof_tests::*;
 
 /// The workload's own allocation lines, which must name nothing.
@@ -68,26 +72,36 @@ fn assert_no_wrapper_line(report: &serde_json::Value, summary: &str) {
 /// are named by the line marked `calls` in main, through `via`; the
 /// scratch buffer's line (`scratch`) calls the same wrapper and is a site
 /// of its own.
-fn assert_named_by_caller(report: &serde_json::Value, calls: &str, scratch: &str, via: &str) {
-    let line = u64::from(marked_line("wrapper", calls));
-    let heap: Vec<&serde_json::Value> = report_array(report, "false_sharing")
+fn assert_named_by_caller(report: &Report, calls: &str, scratch: &str, via: &str) {
+    let line = marked_line("wrapper", calls);
+    let heap: Vec<&SharingEntry> = report
+        .false_sharing
         .iter()
-        .filter(|e| e["object"]["kind"] == "heap")
+        .filter(|e| e.object.kind == ObjectKind::Heap)
         .collect();
     let found = heap
         .iter()
-        .find(|e| e["object"]["alloc_site"]["line"] == line)
+        .find(|e| e.object.alloc_site.as_ref().and_then(|s| s.line) == Some(line))
         .unwrap_or_else(|| {
             panic!(
-                "no heap finding named by wrapper.c:{line}: {:#}",
-                report["false_sharing"]
+                "no heap finding named by wrapper.c:{line}: {:#?}",
+                report.false_sharing
             )
         });
-    let object = &found["object"];
-    assert_eq!(found["kind"], "false", "{found:#}");
-    assert_eq!(object["alloc_site"]["function"], "main", "{object:#}");
-    assert_eq!(object["alloc_site"]["via"], via, "{object:#}");
-    let name = object["name"].as_str().unwrap_or_default();
+    let object = &found.object;
+    let alloc_site = object.alloc_site.as_ref();
+    assert_eq!(found.kind, SharingKind::False, "{found:#?}");
+    assert_eq!(
+        alloc_site.map(|s| s.function.as_str()),
+        Some("main"),
+        "{object:#?}"
+    );
+    assert_eq!(
+        alloc_site.and_then(|s| s.via.as_deref()),
+        Some(via),
+        "{object:#?}"
+    );
+    let name = object.name.as_str();
     assert!(
         name.contains(&format!("wrapper.c:{line} via {via}")),
         "{name}"
@@ -95,39 +109,42 @@ fn assert_named_by_caller(report: &serde_json::Value, calls: &str, scratch: &str
     // Typed from the pointer the threads write through (`c->hits++`),
     // a variable declared in the worker and assigned from a global set
     // on another line.
-    assert_eq!(object["type"], "struct counters", "{object:#}");
+    assert_eq!(
+        object.type_name.as_deref(),
+        Some("struct counters"),
+        "{object:#?}"
+    );
     assert!(
         name.contains("heap block of struct counters from"),
         "{name}"
     );
-    let written: Vec<&serde_json::Value> = report_array(found, "words")
-        .iter()
-        .filter(|w| w["writes"].as_u64().is_some_and(|n| n > 0))
-        .collect();
-    assert!(written.len() >= 2, "both threads' words: {found:#}");
+    let written: Vec<_> = found.words.iter().filter(|w| w.writes > 0).collect();
+    assert!(written.len() >= 2, "both threads' words: {found:#?}");
     for w in written {
-        assert_eq!(w["field"], "hits", "{found:#}");
+        assert_eq!(w.field.as_deref(), Some("hits"), "{found:#?}");
     }
-    let sites = report_array(&report["allocator"], "sites");
+    let sites = &report.allocator.sites;
     for marker in [calls, scratch] {
-        let at = u64::from(marked_line("wrapper", marker));
+        let at = marked_line("wrapper", marker);
         let site = sites
             .iter()
             .find(|s| {
-                s["line"] == at && s["file"].as_str().is_some_and(|f| f.ends_with("wrapper.c"))
+                s.line == Some(at) && s.file.as_deref().is_some_and(|f| f.ends_with("wrapper.c"))
             })
             .unwrap_or_else(|| panic!("no allocator site at wrapper.c:{at}: {sites:#?}"));
-        assert_eq!(site["function"], "main", "{site:#}");
-        assert_eq!(site["via"], via, "{site:#}");
+        assert_eq!(site.function, "main", "{site:#?}");
+        assert_eq!(site.via.as_deref(), Some(via), "{site:#?}");
     }
 }
 
-fn launch(test: &str, variant: Variant, mode: &str) -> (serde_json::Value, String) {
+/// The report of the run, typed and as the JSON it was written (for
+/// [`assert_no_wrapper_line`]), and the summary.
+fn launch(test: &str, variant: Variant, mode: &str) -> (Report, serde_json::Value, String) {
     let w = build_workload("wrapper", variant).expect("building wrapper");
     let args = ["--no-tui", "--", w.to_str().expect("UTF-8"), mode, "3"];
     let (run, report) = trace(test, &args);
     assert_no_programs_left();
-    (report, run.stdout)
+    (typed(&report), report, run.stdout)
 }
 
 /// An out-of-line wrapper that returns its block 64 bytes past a header,
@@ -137,15 +154,19 @@ fn a_block_through_a_header_adding_wrapper_is_named_by_its_caller() {
     if !require_root("a_block_through_a_header_adding_wrapper_is_named_by_its_caller") {
         return;
     }
-    let (report, summary) = launch("naming-header-O0", Variant::Unoptimized, "header");
-    assert_eq!(report["allocator"]["mode"], "sampled", "the default mode");
+    let (report, json, summary) = launch("naming-header-O0", Variant::Unoptimized, "header");
+    assert_eq!(
+        report.allocator.mode,
+        TraceMode::Sampled,
+        "the default mode"
+    );
     assert_named_by_caller(
         &report,
         "/* HEADER_CALLS_WRAPPER */",
         "/* SCRATCH_CALLS_WRAPPER */",
         "xalloc_hdr",
     );
-    assert_no_wrapper_line(&report, &summary);
+    assert_no_wrapper_line(&json, &summary);
 }
 
 /// The same, attached with `-p` to the running program before it
@@ -159,7 +180,7 @@ fn attached_a_block_through_a_wrapper_is_named_by_its_caller() {
     let run = attach_gated("naming-attached", &[], &w, &["header", "3"], &[]);
     assert!(run.truth.get("iterations") > 0);
     assert_named_by_caller(
-        &run.report,
+        &typed(&run.report),
         "/* HEADER_CALLS_WRAPPER */",
         "/* SCRATCH_CALLS_WRAPPER */",
         "xalloc_hdr",
@@ -180,13 +201,13 @@ fn a_static_inline_helper_in_a_header_is_passed_over_at_o0_and_o2() {
         (Variant::Unoptimized, "naming-inline-O0"),
         (Variant::Optimized, "naming-inline-O2"),
     ] {
-        let (report, summary) = launch(name, variant, "inline");
+        let (report, json, summary) = launch(name, variant, "inline");
         assert_named_by_caller(
             &report,
             "/* INLINE_CALLS_WRAPPER */",
             "/* SCRATCH_CALLS_HELPER */",
             "CALLOC",
         );
-        assert_no_wrapper_line(&report, &summary);
+        assert_no_wrapper_line(&json, &summary);
     }
 }

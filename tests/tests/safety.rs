@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use memprof::report::{model::TraceMode, Report};
 use memprof_tests::*;
 
 const CANARY_TEXT: &str = "canary: must stay as it is\n";
@@ -141,8 +142,8 @@ fn files_belong_to_the_sudo_user_and_u_runs_the_command_as_that_user() {
             path.display()
         );
     }
-    let report = read_report(&json);
-    assert_eq!(report["target"]["exited"], true, "{:#}", report["target"]);
+    let report = read_typed(&json);
+    assert!(report.target.exited, "{:#?}", report.target);
     let printed = std::fs::read_to_string(&output).expect("the command's output");
     assert_eq!(printed, "65534\n65534\n", "the command ran as nobody");
     let logged = std::fs::read_to_string(&log).expect("the log");
@@ -167,12 +168,7 @@ fn caps_line(status: &str, key: &str) -> u64 {
 /// capabilities, checks every thread against `kept` (the session thread
 /// holds exactly it), the bounding set and no-new-privileges. Returns the
 /// report.
-fn check_capabilities(
-    name: &str,
-    target: &TestProcess,
-    options: &[&str],
-    kept: u64,
-) -> serde_json::Value {
+fn check_capabilities(name: &str, target: &TestProcess, options: &[&str], kept: u64) -> Report {
     let json = report_path(name);
     let child = Command::new(tool())
         .args(["--no-tui", "-p", &target.pid().to_string()])
@@ -238,7 +234,7 @@ fn check_capabilities(
         run.stderr
     );
     assert_no_programs_left();
-    read_report(&json)
+    read_typed(&json)
 }
 
 /// Once attached, the tool keeps only the capabilities it documents, in
@@ -265,11 +261,7 @@ fn capabilities_after_attach_are_the_documented_ones() {
         ],
         kept,
     );
-    assert!(
-        report["sampling"]["samples"].as_u64().unwrap_or(0) > 1000,
-        "{:#}",
-        report["sampling"]
-    );
+    assert!(report.sampling.samples > 1000, "{:#?}", report.sampling);
 }
 
 /// In the default (sampled) allocator mode the probes are re-attached in
@@ -314,9 +306,10 @@ fn sampled_mode_keeps_what_re_attaching_its_windows_needs() {
         "a second window was attached: {logged}"
     );
     assert_eq!(
-        report["allocator"]["mode"], "sampled",
-        "{:#}",
-        report["allocator"]
+        report.allocator.mode,
+        TraceMode::Sampled,
+        "{:#?}",
+        report.allocator
     );
 }
 

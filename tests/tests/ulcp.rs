@@ -6,16 +6,20 @@
 //! called unnecessary. The classes rest on the data addresses the CPU
 //! sampler recovers inside the critical sections the lock uprobes see.
 
+use memprof::report::{
+    model::{ContentionClass, LockEntry, Unnecessary},
+    Report,
+};
 use memprof_tests::*;
 
 /// The workload's locks, the class each must get, and the marker of its
 /// lock call.
-const LOCKS: [(&str, &str, &str); 5] = [
-    ("g_null_lock", "null", "LOCK_NULL"),
-    ("g_table_lock", "read-read", "LOCK_TABLE"),
-    ("g_slots_lock", "disjoint-write", "LOCK_SLOTS"),
-    ("g_flag_lock", "benign", "LOCK_FLAG"),
-    ("g_counter_lock", "true", "LOCK_COUNTER"),
+const LOCKS: [(&str, ContentionClass, &str); 5] = [
+    ("g_null_lock", ContentionClass::Null, "LOCK_NULL"),
+    ("g_table_lock", ContentionClass::ReadRead, "LOCK_TABLE"),
+    ("g_slots_lock", ContentionClass::DisjointWrite, "LOCK_SLOTS"),
+    ("g_flag_lock", ContentionClass::Benign, "LOCK_FLAG"),
+    ("g_counter_lock", ContentionClass::True, "LOCK_COUNTER"),
 ];
 
 /// The confidence a claim of a lock traced in full for 5 s must reach
@@ -23,37 +27,37 @@ const LOCKS: [(&str, &str, &str); 5] = [
 /// weak).
 const MIN_CONFIDENCE: f64 = 0.5;
 
-fn lock<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    report_array(report, "locks")
+fn lock<'a>(report: &'a Report, name: &str) -> &'a LockEntry {
+    report
+        .locks
         .iter()
-        .find(|l| l["name"] == name)
-        .unwrap_or_else(|| panic!("no lock {name} in {:#}", report["locks"]))
+        .find(|l| l.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no lock {name} in {:#?}", report.locks))
 }
 
-fn verdict<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+fn verdict<'a>(report: &'a Report, name: &str) -> &'a Unnecessary {
     let l = lock(report, name);
-    let u = &l["unnecessary"];
-    assert!(
-        u.is_object(),
-        "{name} has no unnecessary-contention verdict: {l:#}"
-    );
-    u
+    l.unnecessary
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name} has no unnecessary-contention verdict: {l:#?}"))
 }
 
 /// The shared words named in the evidence of a verdict.
-fn words(u: &serde_json::Value) -> Vec<String> {
-    u["evidence"]
-        .as_array()
-        .unwrap()
+fn words(u: &Unnecessary) -> Vec<String> {
+    u.evidence
         .iter()
-        .flat_map(|e| e["shared_words"].as_array().unwrap().iter())
-        .filter_map(|w| w.as_str().map(String::from))
+        .flat_map(|e| e.shared_words.iter().cloned())
         .collect()
+}
+
+/// The section of a verdict's first evidence ("" when there is none).
+fn first_section(u: &Unnecessary) -> &str {
+    u.evidence.first().map_or("", |e| e.section.as_str())
 }
 
 /// Launches `ulcp 5 4 MODE` built as `variant` with every lock call
 /// traced (allocator off: the workload allocates once per thread).
-fn launch(test: &str, variant: Variant, mode: &str) -> serde_json::Value {
+fn launch(test: &str, variant: Variant, mode: &str) -> Report {
     let w = build_workload("ulcp", variant).expect("building ulcp");
     let args = [
         "--no-tui",
@@ -69,50 +73,50 @@ fn launch(test: &str, variant: Variant, mode: &str) -> serde_json::Value {
     ];
     let (_, report) = trace(test, &args);
     assert_no_programs_left();
-    report
+    typed(&report)
 }
 
 /// Every lock of the workload has its class, with the evidence that
 /// makes it: the right shared words, none for the null lock, the lock
 /// call's source line, and a confident claim.
-fn assert_classes(report: &serde_json::Value) {
+fn assert_classes(report: &Report) {
     for (name, class, marker) in LOCKS {
         let u = verdict(report, name);
-        assert_eq!(u["class"], class, "{name}: {u:#}");
-        let confidence = u["confidence"].as_f64().unwrap();
-        assert!(confidence >= MIN_CONFIDENCE, "{name}: weak claim {u:#}");
+        assert_eq!(u.class, class, "{name}: {u:#?}");
+        let confidence = u.confidence;
+        assert!(confidence >= MIN_CONFIDENCE, "{name}: weak claim {u:#?}");
         let line = format!("ulcp.c:{}", marked_line("ulcp", marker));
-        let section = u["evidence"][0]["section"].as_str().unwrap_or("");
+        let section = first_section(u);
         assert!(
             section.contains(&line),
             "{name}: section {section} is not at {line}"
         );
         let words = words(u);
-        let wasted = u["wasted_wait_ns"].as_u64().unwrap();
+        let wasted = u.wasted_wait_ns;
         match class {
-            "null" => assert!(words.is_empty(), "{name} touched shared {words:?}"),
-            "true" => {
-                assert_eq!(wasted, 0, "{name}: {u:#}");
+            ContentionClass::Null => assert!(words.is_empty(), "{name} touched shared {words:?}"),
+            ContentionClass::True => {
+                assert_eq!(wasted, 0, "{name}: {u:#?}");
                 assert!(words.iter().any(|w| w == "g_counter"), "{name}: {words:?}");
             }
             _ => {
                 let data = match class {
-                    "read-read" => "g_table",
-                    "benign" => "g_flag",
+                    ContentionClass::ReadRead => "g_table",
+                    ContentionClass::Benign => "g_flag",
                     _ => "g_slots",
                 };
                 assert!(
                     !words.is_empty() && words.iter().all(|w| w.starts_with(data)),
                     "{name}: shared words {words:?}, not {data}'s"
                 );
-                assert!(wasted > 0, "{name}: no waste in {u:#}");
+                assert!(wasted > 0, "{name}: no waste in {u:#?}");
             }
         }
-        if class != "true" {
-            let share = u["wasted_share"].as_f64().unwrap();
+        if class != ContentionClass::True {
+            let share = u.wasted_share;
             assert!(
                 share > 0.9,
-                "{name}: only {share} of the waits unnecessary: {u:#}"
+                "{name}: only {share} of the waits unnecessary: {u:#?}"
             );
         }
     }
@@ -154,14 +158,15 @@ fn needed_contention_is_not_called_unnecessary() {
     }
     let report = launch("ulcp-true", Variant::Debug, "true");
     let u = verdict(&report, "g_counter_lock");
-    assert_eq!(u["class"], "true", "{u:#}");
-    assert_eq!(u["wasted_wait_ns"], 0, "{u:#}");
-    for l in report_array(&report, "locks") {
-        let class = &l["unnecessary"]["class"];
+    assert_eq!(u.class, ContentionClass::True, "{u:#?}");
+    assert_eq!(u.wasted_wait_ns, 0, "{u:#?}");
+    for l in &report.locks {
         assert!(
-            class.is_null() || class == "true",
-            "{} called unnecessary: {l:#}",
-            l["name"]
+            l.unnecessary
+                .as_ref()
+                .is_none_or(|u| u.class == ContentionClass::True),
+            "{:?} called unnecessary: {l:#?}",
+            l.name
         );
     }
 }
@@ -178,27 +183,30 @@ fn attached_default_mode_claims_are_right_or_called_weak() {
     }
     let w = build_workload("ulcp", Variant::Debug).expect("building ulcp");
     let run = attach_gated("ulcp-attached", &[], &w, &["20", "4"], &[]);
+    let report = typed(&run.report);
     let mut verdicts = 0;
     for (name, class, _) in LOCKS {
-        let u = &lock(&run.report, name)["unnecessary"];
-        if u.is_null() {
+        let Some(u) = &lock(&report, name).unnecessary else {
             continue;
-        }
+        };
         verdicts += 1;
-        let confidence = u["confidence"].as_f64().unwrap();
-        let basis = u["confidence_basis"].as_str().unwrap();
-        if u["class"] != class {
+        let confidence = u.confidence;
+        let basis = u.confidence_basis.as_str();
+        if u.class != class {
             assert!(
                 confidence < MIN_CONFIDENCE && basis.starts_with("weak"),
-                "{name}: confidently wrong: {u:#}"
+                "{name}: confidently wrong: {u:#?}"
             );
         }
     }
-    let notes = run.report["notes"].to_string();
+    let notes = &report.notes;
     assert!(
-        verdicts >= 2 || notes.contains("no unnecessary-contention verdict"),
-        "no verdict and no note saying why: {:#}",
-        run.report["locks"]
+        verdicts >= 2
+            || notes
+                .iter()
+                .any(|n| n.contains("no unnecessary-contention verdict")),
+        "no verdict and no note saying why: {:#?}",
+        report.locks
     );
 }
 
@@ -229,40 +237,51 @@ fn futex_waits_alone_give_the_classes() {
     ];
     let (_, report) = trace("ulcp-futex-waits", &args);
     assert_no_programs_left();
-    let contention = &report["lock_contention"];
-    if contention["hooks"] != "sched" {
-        eprintln!(
-            "SKIP futex_waits_alone_give_the_classes: futex waits are traced at the syscalls \
-             here ({}), which do not see the waker's thread: {:#}",
-            report["loader"]["futex_hooks"]["why"], contention
-        );
-        return;
-    }
+    let report = typed(&report);
+    let contention = match &report.lock_contention {
+        Some(c) if c.hooks == "sched" => c,
+        other => {
+            eprintln!(
+                "SKIP futex_waits_alone_give_the_classes: futex waits are traced at the syscalls \
+                 here ({:?}), which do not see the waker's thread: {:#?}",
+                report
+                    .loader
+                    .futex_hooks
+                    .as_ref()
+                    .and_then(|h| h.why.as_deref()),
+                other
+            );
+            return;
+        }
+    };
     assert!(
-        contention["waits_as_sections"].as_u64().unwrap_or(0) > 0,
-        "no wait was given as its holder's section: {contention:#}"
+        contention.waits_as_sections > 0,
+        "no wait was given as its holder's section: {contention:#?}"
     );
     let mut right = Vec::new();
     for (name, class, _) in LOCKS {
-        let u = &lock(&report, name)["unnecessary"];
-        if u.is_null() {
+        let Some(u) = &lock(&report, name).unnecessary else {
             continue;
-        }
-        let section = u["evidence"][0]["section"].as_str().unwrap_or("");
+        };
+        let section = first_section(u);
         assert!(
             section.contains("futex waits"),
-            "{name}: evidence not from the waits: {u:#}"
+            "{name}: evidence not from the waits: {u:#?}"
         );
         if name == "g_counter_lock" {
-            assert_eq!(u["class"], "true", "needed waits called unnecessary: {u:#}");
+            assert_eq!(
+                u.class,
+                ContentionClass::True,
+                "needed waits called unnecessary: {u:#?}"
+            );
         }
-        if u["class"] == class {
+        if u.class == class {
             right.push(name);
         }
     }
     assert!(
         right.len() >= 4,
-        "only {right:?} got their class: {:#}",
-        report["locks"]
+        "only {right:?} got their class: {:#?}",
+        report.locks
     );
 }
