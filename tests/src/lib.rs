@@ -355,13 +355,10 @@ pub fn helper_processes() -> Vec<u32> {
 
 /// The hot-function entry named `function`, if any.
 pub fn hot_function<'a>(
-    report: &'a serde_json::Value,
+    report: &'a memprof::report::Report,
     function: &str,
-) -> Option<&'a serde_json::Value> {
-    report["hot_functions"]
-        .as_array()?
-        .iter()
-        .find(|h| h["function"] == function)
+) -> Option<&'a memprof::report::model::HotFunctionEntry> {
+    report.hot_functions.iter().find(|h| h.function == function)
 }
 
 /// Builds `workloads/NAME.c` as a shared library (`-g -O1 -fPIC -shared`)

@@ -14,6 +14,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use memprof::report::{
+    model::{
+        AllocOp, BlockOrigin, CountBasis, LatencyBasis, MemoryReport, OpStats, SiteEntry,
+        SizeClass, Syscall, ThreadPhase, TraceMode,
+    },
+    Report,
+};
 use memprof_tests::*;
 
 /// Allocator calls a launched process may make besides the workload's own:
@@ -80,7 +87,7 @@ fn alloc_workload() -> PathBuf {
 }
 
 /// Launches `program args` under the tool in `mode` and returns the report.
-fn launch(name: &str, mode: &str, program: &std::path::Path, args: &[&str]) -> serde_json::Value {
+fn launch(name: &str, mode: &str, program: &std::path::Path, args: &[&str]) -> Report {
     launch_truth(name, mode, program, args).0
 }
 
@@ -90,7 +97,7 @@ fn launch_truth(
     mode: &str,
     program: &std::path::Path,
     args: &[&str],
-) -> (serde_json::Value, Truth) {
+) -> (Report, Truth) {
     let mut all = vec![
         "--alloc-mode",
         mode,
@@ -100,155 +107,155 @@ fn launch_truth(
     ];
     all.extend_from_slice(args);
     let (_, report, truth) = trace_truth(name, &all);
-    (report, truth)
+    (typed(&report), truth)
 }
 
 /// The workload's malloc and free calls (its truth) are the report's,
 /// give or take libc's own: a few (stdio, start-up), and for each of its
 /// `threads` the blocks glibc's per-thread cache returns with free() when
 /// the thread exits (measured 37-66 per thread).
-fn assert_calls_truth(report: &serde_json::Value, truth: &Truth, threads: u64) {
+fn assert_calls_truth(report: &Report, truth: &Truth, threads: u64) {
     let extra = LIBC_EXTRA_CALLS + threads * LIBC_EXTRA_CALLS_PER_THREAD;
-    for op in ["malloc", "free"] {
-        in_range(op_count(report, op), truth.get(op), extra, op, report);
+    for op in [AllocOp::Malloc, AllocOp::Free] {
+        in_range(
+            op_count(report, op),
+            truth.get(op.name()),
+            extra,
+            op.name(),
+            report,
+        );
     }
 }
 
-/// The report's `ops` rows.
-fn ops(report: &serde_json::Value) -> &[serde_json::Value] {
-    report["allocator"]["ops"]
-        .as_array()
-        .unwrap_or_else(|| panic!("allocator.ops is not an array: {report:#}"))
+/// The `count` of an `ops` row (a null one, unknown in sampled mode, is
+/// a failure).
+fn count(row: &OpStats) -> u64 {
+    row.count.unwrap_or_else(|| panic!("count of {row:#?}"))
 }
 
-/// Sum of `field` ("count" or "traced") over the `ops` rows of `op` that
-/// pass `filter`.
+/// Sum of `field` ([`count`] or the traced calls) over the `ops` rows of
+/// `op` that pass `filter`.
 fn sum_ops(
-    report: &serde_json::Value,
-    op: &str,
-    field: &str,
-    filter: impl Fn(&serde_json::Value) -> bool,
+    report: &Report,
+    op: AllocOp,
+    field: impl Fn(&OpStats) -> u64,
+    filter: impl Fn(&OpStats) -> bool,
 ) -> u64 {
-    ops(report)
+    report
+        .allocator
+        .ops
         .iter()
-        .filter(|row| row["op"] == op && filter(row))
-        .map(|row| {
-            row[field]
-                .as_u64()
-                .unwrap_or_else(|| panic!("{field} of {row}"))
-        })
+        .filter(|row| row.op == op && filter(row))
+        .map(field)
         .sum()
 }
 
 /// Calls of `op` (all splits).
-fn op_count(report: &serde_json::Value, op: &str) -> u64 {
-    sum_ops(report, op, "count", |_| true)
+fn op_count(report: &Report, op: AllocOp) -> u64 {
+    sum_ops(report, op, count, |_| true)
 }
 
 /// Calls of `op`, or None when the report says they are unknown (a null
 /// count in sampled mode: no estimate within 30%).
-fn op_count_if_known(report: &serde_json::Value, op: &str) -> Option<u64> {
-    ops(report)
+fn op_count_if_known(report: &Report, op: AllocOp) -> Option<u64> {
+    report
+        .allocator
+        .ops
         .iter()
-        .filter(|row| row["op"] == op)
-        .all(|row| !row["count"].is_null())
+        .filter(|row| row.op == op)
+        .all(|row| row.count.is_some())
         .then(|| op_count(report, op))
 }
 
-/// Calls of `op` in the splits whose `key` is `value`.
-fn op_count_where(report: &serde_json::Value, op: &str, key: &str, value: &str) -> u64 {
-    sum_ops(report, op, "count", |row| row[key] == value)
+/// Calls of `op` in the splits that pass `filter` (by origin, class or
+/// phase).
+fn op_count_where(report: &Report, op: AllocOp, filter: impl Fn(&OpStats) -> bool) -> u64 {
+    sum_ops(report, op, count, filter)
 }
 
 /// (count, bytes) of syscall `name` made inside allocator operation
 /// `inside`, over all its rows.
-fn syscall(report: &serde_json::Value, name: &str, inside: &str) -> (u64, u64) {
-    report["allocator"]["syscalls"]
-        .as_array()
-        .unwrap_or_else(|| panic!("allocator.syscalls is not an array: {report:#}"))
+fn syscall(report: &Report, name: Syscall, inside: AllocOp) -> (u64, u64) {
+    report
+        .allocator
+        .syscalls
         .iter()
-        .filter(|s| s["name"] == name && s["inside"] == inside)
+        .filter(|s| s.name == name && s.inside == Some(inside))
         .fold((0, 0), |(count, bytes), s| {
-            (
-                count + s["count"].as_u64().unwrap(),
-                bytes + s["bytes"].as_u64().unwrap(),
-            )
+            (count + s.count, bytes + s.bytes)
         })
 }
 
 /// The site at `line` of a file whose name ends with `file`.
-fn site_at<'a>(
-    report: &'a serde_json::Value,
-    file: &str,
-    line: u32,
-) -> Option<&'a serde_json::Value> {
-    report["allocator"]["sites"]
-        .as_array()
-        .unwrap_or_else(|| panic!("allocator.sites is not an array: {report:#}"))
+fn site_at<'a>(report: &'a Report, file: &str, line: u32) -> Option<&'a SiteEntry> {
+    report
+        .allocator
+        .sites
         .iter()
-        .find(|s| s["file"].as_str().is_some_and(|f| f.ends_with(file)) && s["line"] == line)
+        .find(|s| s.file.as_deref().is_some_and(|f| f.ends_with(file)) && s.line == Some(line))
 }
 
 /// Every latency row is ordered: p50 ≤ p99 ≤ max, mean ≤ max, and the
 /// histogram holds the traced calls.
-fn check_latency_rows(report: &serde_json::Value) {
-    for row in ops(report) {
-        let get = |k: &str| row[k].as_u64().unwrap_or_else(|| panic!("{k} of {row}"));
+fn check_latency_rows(report: &Report) {
+    for row in &report.allocator.ops {
         // A latency below the calibration's resolution is null, never a
         // made-up number: it is below any given one at or above the
         // resolution, and a given one below the resolution (a median from
         // the untraced loop) is below a null one.
-        let resolution = report["allocator"]["probe_cost_ns"]["resolution_ns"].as_u64();
-        let ordered = |low: &str, high: &str| match (row[low].as_u64(), row[high].as_u64()) {
-            (_, Some(h)) => row[low].as_u64().is_none_or(|l| l <= h),
-            (l, None) => {
+        let resolution = report
+            .allocator
+            .probe_cost_ns
+            .as_ref()
+            .map(|p| p.resolution_ns);
+        let ordered = |low: Option<u64>, high: Option<u64>, high_name: &str| match high {
+            Some(h) => low.is_none_or(|l| l <= h),
+            None => {
                 assert!(
                     resolution > Some(0),
-                    "{high} null without a resolution: {row}"
+                    "{high_name} null without a resolution: {row:#?}"
                 );
-                l.is_none_or(|l| Some(l) < resolution)
+                low.is_none_or(|l| Some(l) < resolution)
             }
         };
         assert!(
-            ordered("p50_ns", "p99_ns") && ordered("p99_ns", "max_ns"),
-            "percentiles out of order: {row}"
+            ordered(row.p50_ns, row.p99_ns, "p99_ns") && ordered(row.p99_ns, row.max_ns, "max_ns"),
+            "percentiles out of order: {row:#?}"
         );
-        assert!(ordered("mean_ns", "max_ns"), "mean above max: {row}");
+        assert!(
+            ordered(row.mean_ns, row.max_ns, "max_ns"),
+            "mean above max: {row:#?}"
+        );
         // A count may be unknown (null) in sampled mode; when given, it
         // covers what was traced.
-        if !row["count"].is_null() {
-            assert!(get("traced") <= get("count"), "traced above count: {row}");
+        if let Some(count) = row.count {
+            assert!(row.traced <= count, "traced above count: {row:#?}");
         }
-        let in_histogram: u64 = row["histogram"]
-            .as_array()
-            .unwrap_or_else(|| panic!("histogram of {row}"))
-            .iter()
-            .map(|bucket| bucket[1].as_u64().unwrap())
-            .sum();
-        assert_eq!(in_histogram, get("traced"), "histogram total: {row}");
+        let in_histogram: u64 = row.histogram.iter().map(|&(_, calls)| calls).sum();
+        assert_eq!(in_histogram, row.traced, "histogram total: {row:#?}");
     }
 }
 
 /// Asserts full mode: every call traced, nothing scaled.
-fn assert_full(report: &serde_json::Value) {
-    let a = &report["allocator"];
-    assert_eq!(a["mode"], "full", "{a:#}");
-    assert_eq!(a["traced_fraction"].as_f64(), Some(1.0), "{a:#}");
-    assert_eq!(a["sampled"], false, "{a:#}");
+fn assert_full(report: &Report) {
+    let a = &report.allocator;
+    assert_eq!(a.mode, TraceMode::Full, "{a:#?}");
+    assert_eq!(a.traced_fraction, 1.0, "{a:#?}");
+    assert!(!a.sampled, "{a:#?}");
 }
 
-fn assert_glibc(report: &serde_json::Value) {
-    let library = report["allocator"]["library"].as_str().unwrap_or_default();
+fn assert_glibc(report: &Report) {
+    let library = report.allocator.library.as_deref().unwrap_or_default();
     assert!(library.starts_with("glibc"), "library: {library:?}");
 }
 
-fn in_range(value: u64, low: u64, extra: u64, what: &str, report: &serde_json::Value) {
+fn in_range(value: u64, low: u64, extra: u64, what: &str, report: &Report) {
     assert!(
         (low..=low + extra).contains(&value),
-        "{what}: {value}, expected {low}..={} (lost: {}); ops: {:#}",
+        "{what}: {value}, expected {low}..={} (lost: {}); ops: {:#?}",
         low + extra,
-        report["allocator"]["lost"],
-        report["allocator"]["ops"]
+        report.allocator.lost,
+        report.allocator.ops
     );
 }
 
@@ -274,42 +281,48 @@ fn reuse_split_in_full_mode() {
     assert_full(&report);
     assert_calls_truth(&report, &truth, 0);
     let least = (N as f64 * ORIGIN_SHARE) as u64;
-    let new = op_count_where(&report, "malloc", "origin", "new");
-    let reused = op_count_where(&report, "malloc", "origin", "reused");
+    let new = op_count_where(&report, AllocOp::Malloc, |r| {
+        r.origin == Some(BlockOrigin::New)
+    });
+    let reused = op_count_where(&report, AllocOp::Malloc, |r| {
+        r.origin == Some(BlockOrigin::Reused)
+    });
     assert!(
         new >= least && reused >= least,
-        "new {new}, reused {reused} (expected ≥ {least} each): {:#}",
-        report["allocator"]["ops"]
+        "new {new}, reused {reused} (expected ≥ {least} each): {:#?}",
+        report.allocator.ops
     );
-    for row in ops(&report).iter().filter(|r| r["op"] == "malloc") {
-        assert_eq!(row["class"], "small", "{row}");
-        assert_eq!(row["phase"], "serial", "one thread: {row}");
+    for row in report
+        .allocator
+        .ops
+        .iter()
+        .filter(|r| r.op == AllocOp::Malloc)
+    {
+        assert_eq!(row.class, SizeClass::Small, "{row:#?}");
+        assert_eq!(row.phase, ThreadPhase::Serial, "one thread: {row:#?}");
     }
     check_latency_rows(&report);
-    let memory = &report["allocator"]["memory"];
-    assert!(memory.is_object(), "full mode measures memory: {memory}");
-    let get = |k: &str| {
-        memory[k]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{k}: {memory}"))
-    };
+    let memory = report
+        .allocator
+        .memory
+        .as_ref()
+        .unwrap_or_else(|| panic!("full mode measures memory: {:#?}", report.allocator.memory));
     // 20000 blocks of 64 bytes live at once, and (frees counted) never
     // more than that and libc's stdio buffers.
     assert_between(
         "requested_peak",
-        get("requested_peak") as f64,
+        memory.requested_peak as f64,
         (N * 64) as f64,
         (N * 64 + LIBC_EXTRA_BYTES) as f64,
-        memory,
+        &format!("{memory:#?}"),
     );
     assert_eq!(
-        get("requested_end"),
-        0,
-        "every block of the workload was freed: {memory}"
+        memory.requested_end, 0,
+        "every block of the workload was freed: {memory:#?}"
     );
     assert!(
-        get("usable_peak") >= get("requested_at_peak"),
-        "a block is at least what was asked: {memory}"
+        memory.usable_peak >= memory.requested_at_peak,
+        "a block is at least what was asked: {memory:#?}"
     );
     assert_no_programs_left();
 }
@@ -333,59 +346,61 @@ fn large_blocks_show_their_mmap_and_munmap() {
     assert_calls_truth(&report, &truth, 0);
     assert_glibc(&report);
     assert_full(&report);
-    let large = op_count_where(&report, "malloc", "class", "large");
+    let large = op_count_where(&report, AllocOp::Malloc, |r| r.class == SizeClass::Large);
     assert!(
         large >= N,
-        "large mallocs: {large}; {:#}",
-        report["allocator"]
+        "large mallocs: {large}; {:#?}",
+        report.allocator
     );
-    let small = op_count_where(&report, "malloc", "class", "small");
+    let small = op_count_where(&report, AllocOp::Malloc, |r| r.class == SizeClass::Small);
     assert!(
         small < 20,
-        "small mallocs: {small}; {:#}",
-        report["allocator"]
+        "small mallocs: {small}; {:#?}",
+        report.allocator
     );
-    for (name, inside) in [("mmap", "malloc"), ("munmap", "free")] {
+    for (name, inside) in [
+        (Syscall::Mmap, AllocOp::Malloc),
+        (Syscall::Munmap, AllocOp::Free),
+    ] {
         let (count, bytes) = syscall(&report, name, inside);
         // One per call; a block is 1 MiB and a page of header.
         assert!(
             (N..=N + 2).contains(&count) && (N * MIB..=N * (MIB + 8192)).contains(&bytes),
-            "{name} inside {inside}: {count} calls, {bytes} bytes; syscalls: {:#}",
-            report["allocator"]["syscalls"]
+            "{name} inside {inside}: {count} calls, {bytes} bytes; syscalls: {:#?}",
+            report.allocator.syscalls
         );
     }
     check_latency_rows(&report);
     // The same syscalls by latency split: the large mallocs' rows hold
     // the mmaps and the page fault of writing each new chunk's header; the
     // large frees' the munmaps; the small calls none.
-    let split = |op: &str, class: &str| {
-        ops(&report)
+    let split = |op: AllocOp, class: SizeClass| {
+        report
+            .allocator
+            .ops
             .iter()
-            .filter(|r| r["op"] == op && r["class"] == class)
-            .fold((0, 0), |(s, f), r| {
-                let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("no {k}: {r}"));
-                (s + n("syscalls"), f + n("page_faults"))
-            })
+            .filter(|r| r.op == op && r.class == class)
+            .fold((0, 0), |(s, f), r| (s + r.syscalls, f + r.page_faults))
     };
-    let (sys, faults) = split("malloc", "large");
+    let (sys, faults) = split(AllocOp::Malloc, SizeClass::Large);
     assert!(
         (N..=N + 2).contains(&sys) && (N..=4 * N).contains(&faults),
         "large mallocs: {sys} syscalls, {faults} page faults; {:#?}",
-        ops(&report)
+        report.allocator.ops
     );
-    let (sys, _) = split("free", "large");
+    let (sys, _) = split(AllocOp::Free, SizeClass::Large);
     assert!((N..=N + 2).contains(&sys), "large frees: {sys} syscalls");
-    let (sys, _) = split("malloc", "small");
+    let (sys, _) = split(AllocOp::Malloc, SizeClass::Small);
     assert_eq!(sys, 0, "small mallocs make no syscall here");
     // One 1 MiB block at a time: the peak is one block (and the heap),
     // not fifty (munmaps ignored).
-    let memory = &report["allocator"]["memory"];
+    let memory = report.allocator.memory.as_ref();
     assert_between(
         "mapped_peak",
-        memory["mapped_peak"].as_u64().unwrap_or(0) as f64,
+        memory.map_or(0, |m| m.mapped_peak) as f64,
         MIB as f64,
         (4 * MIB) as f64,
-        memory,
+        &format!("{memory:#?}"),
     );
     assert_no_programs_left();
 }
@@ -408,21 +423,25 @@ fn mixed_threads_split_serial_and_parallel() {
     );
     assert_full(&report);
     assert_calls_truth(&report, &truth, 2);
-    let serial = op_count_where(&report, "malloc", "phase", "serial");
-    let parallel = op_count_where(&report, "malloc", "phase", "parallel");
+    let serial = op_count_where(&report, AllocOp::Malloc, |r| r.phase == ThreadPhase::Serial);
+    let parallel = op_count_where(&report, AllocOp::Malloc, |r| {
+        r.phase == ThreadPhase::Parallel
+    });
     let serial_least = (N as f64 / 10.0 * PARALLEL_SHARE) as u64;
     let parallel_least = (THREADS as f64 * N as f64 * PARALLEL_SHARE) as u64;
     assert!(
         serial >= serial_least && parallel >= parallel_least,
-        "serial {serial} (≥ {serial_least}), parallel {parallel} (≥ {parallel_least}): {:#}",
-        report["allocator"]["ops"]
+        "serial {serial} (≥ {serial_least}), parallel {parallel} (≥ {parallel_least}): {:#?}",
+        report.allocator.ops
     );
     assert!(
-        ops(&report)
+        report
+            .allocator
+            .ops
             .iter()
-            .any(|r| r["op"] == "malloc" && r["class"] == "large"),
-        "the 1 MiB blocks make a large split: {:#}",
-        report["allocator"]["ops"]
+            .any(|r| r.op == AllocOp::Malloc && r.class == SizeClass::Large),
+        "the 1 MiB blocks make a large split: {:#?}",
+        report.allocator.ops
     );
     check_latency_rows(&report);
     assert_no_programs_left();
@@ -440,23 +459,27 @@ fn leak_site_is_named_by_file_and_line() {
     const N: u64 = 500;
     let (report, truth) = launch_truth("alloc-leak", "full", &alloc_workload(), &["leak", "500"]);
     assert_calls_truth(&report, &truth, 0);
-    let sites = report["allocator"]["sites"].as_array().unwrap();
+    let sites = &report.allocator.sites;
     let top = sites
         .iter()
-        .max_by_key(|s| s["live_bytes"].as_u64().unwrap())
-        .unwrap_or_else(|| panic!("no sites: {:#}", report["allocator"]));
-    let file = top["file"].as_str().unwrap_or_default();
-    assert!(file.ends_with("alloc.c"), "leaking site: {top}");
-    assert_eq!(top["line"], marked_line("alloc", "// LEAK"), "{top}");
-    assert_eq!(top["function"], "leak_some", "{top}");
-    assert_eq!(top["live_blocks"], truth.get("live_blocks"), "{top}");
-    assert_eq!(top["live_bytes"], truth.get("live_bytes"), "{top}");
+        .max_by_key(|s| s.live_bytes)
+        .unwrap_or_else(|| panic!("no sites: {:#?}", report.allocator));
+    let file = top.file.as_deref().unwrap_or_default();
+    assert!(file.ends_with("alloc.c"), "leaking site: {top:#?}");
+    assert_eq!(top.line, Some(marked_line("alloc", "// LEAK")), "{top:#?}");
+    assert_eq!(top.function, "leak_some", "{top:#?}");
+    assert_eq!(top.live_blocks, truth.get("live_blocks"), "{top:#?}");
+    assert_eq!(top.live_bytes, truth.get("live_bytes"), "{top:#?}");
     let churn = site_at(&report, "alloc.c", marked_line("alloc", "// NOLEAK"))
         .unwrap_or_else(|| panic!("the malloc(200) site is listed: {sites:#?}"));
-    assert_eq!(churn["live_bytes"], 0, "freed blocks are no leak: {churn}");
-    assert_eq!(churn["live_blocks"], 0, "{churn}");
-    assert_eq!(churn["count"], N, "full mode counts every call: {churn}");
-    assert_eq!(churn["bytes"], N * 200, "{churn}");
+    assert_eq!(churn.live_bytes, 0, "freed blocks are no leak: {churn:#?}");
+    assert_eq!(churn.live_blocks, 0, "{churn:#?}");
+    assert_eq!(
+        churn.count,
+        Some(N),
+        "full mode counts every call: {churn:#?}"
+    );
+    assert_eq!(churn.bytes, Some(N * 200), "{churn:#?}");
     assert_no_programs_left();
 }
 
@@ -479,14 +502,14 @@ fn dlopened_library_allocations_are_attributed() {
     let line = marked_line("allocator_lib", "// LIBLEAK");
     let site = site_at(&report, "allocator_lib.c", line).unwrap_or_else(|| {
         panic!(
-            "no site at allocator_lib.c:{line}: {:#}",
-            report["allocator"]["sites"]
+            "no site at allocator_lib.c:{line}: {:#?}",
+            report.allocator.sites
         )
     });
-    assert_eq!(site["function"], "lib_leak", "{site}");
-    assert_eq!(site["module"], "liballocator_lib.so", "{site}");
-    assert_eq!(site["live_blocks"], truth.get("live_blocks"), "{site}");
-    assert_eq!(site["live_bytes"], truth.get("live_bytes"), "{site}");
+    assert_eq!(site.function, "lib_leak", "{site:#?}");
+    assert_eq!(site.module, "liballocator_lib.so", "{site:#?}");
+    assert_eq!(site.live_blocks, truth.get("live_blocks"), "{site:#?}");
+    assert_eq!(site.live_bytes, truth.get("live_bytes"), "{site:#?}");
     assert_no_programs_left();
 }
 
@@ -498,7 +521,7 @@ const ATTACH_PAIRS: &str = "20000";
 /// Attaches to `alloc threads 4 20000` (with `env`) held at its start
 /// gate, in allocator mode `mode`: every call of its work is made while
 /// traced.
-fn attach_threads(name: &str, mode: &str, env: &[(&str, &str)]) -> (serde_json::Value, Truth) {
+fn attach_threads(name: &str, mode: &str, env: &[(&str, &str)]) -> (Report, Truth) {
     attach_threads_of(name, mode, ATTACH_THREADS, ATTACH_PAIRS, env)
 }
 
@@ -509,7 +532,7 @@ fn attach_threads_of(
     threads: &str,
     pairs: &str,
     env: &[(&str, &str)],
-) -> (serde_json::Value, Truth) {
+) -> (Report, Truth) {
     let r = attach_gated(
         name,
         &["--alloc-mode", mode, "--lock-mode", "off"],
@@ -517,19 +540,16 @@ fn attach_threads_of(
         &["threads", threads, pairs],
         env,
     );
-    assert_eq!(
-        r.report["target"]["exited"], true,
-        "{:#}",
-        r.report["target"]
-    );
-    (r.report, r.truth)
+    let report = typed(&r.report);
+    assert!(report.target.exited, "{:#?}", report.target);
+    (report, r.truth)
 }
 
 /// Full mode, attached: the calls are the workload's, exactly (and libc's
 /// thread start-up), the blocks it keeps are live at the KEEP_CALL line in
 /// exactly the number and bytes it counted, and the other sites leak
 /// nothing.
-fn assert_attached_full(report: &serde_json::Value, truth: &Truth, threads: u64, label: &str) {
+fn assert_attached_full(report: &Report, truth: &Truth, threads: u64, label: &str) {
     assert_full(report);
     assert_calls_truth(report, truth, threads);
     check_latency_rows(report);
@@ -537,40 +557,39 @@ fn assert_attached_full(report: &serde_json::Value, truth: &Truth, threads: u64,
     let line = marked_line("alloc", "// KEEP_CALL");
     let keep = site_at(report, "alloc.c", line).unwrap_or_else(|| {
         panic!(
-            "{label}: no site at alloc.c:{line}: {:#}",
-            report["allocator"]["sites"]
+            "{label}: no site at alloc.c:{line}: {:#?}",
+            report.allocator.sites
         )
     });
-    assert_eq!(keep["via"], "keep_block", "{label}: {keep}");
+    assert_eq!(
+        keep.via.as_deref(),
+        Some("keep_block"),
+        "{label}: {keep:#?}"
+    );
     // Every call of the burst was named past the wrapper, even those made
     // before the loader classified its return address.
     assert_eq!(
-        report["allocator"]["named_at_wrapper"], 0,
-        "{label}: {:#}",
-        report["notes"]
+        report.allocator.named_at_wrapper, 0,
+        "{label}: {:#?}",
+        report.notes
     );
     assert_eq!(
-        keep["live_blocks"],
+        keep.live_blocks,
         truth.get("live_blocks"),
-        "{label}: {keep}"
+        "{label}: {keep:#?}"
     );
     assert_eq!(
-        keep["live_bytes"],
+        keep.live_bytes,
         truth.get("live_bytes"),
-        "{label}: {keep}"
+        "{label}: {keep:#?}"
     );
-    let live: u64 = report["allocator"]["sites"]
-        .as_array()
-        .expect("sites")
-        .iter()
-        .map(|s| s["live_bytes"].as_u64().unwrap_or(0))
-        .sum();
+    let live: u64 = report.allocator.sites.iter().map(|s| s.live_bytes).sum();
     assert_between(
         &format!("{label}: live bytes of all sites"),
         live as f64,
         truth.get("live_bytes") as f64,
         (truth.get("live_bytes") + LIBC_EXTRA_BYTES) as f64,
-        &report["allocator"]["sites"],
+        &format!("{:#?}", report.allocator.sites),
     );
 }
 
@@ -587,11 +606,11 @@ fn attached_full_mode_matches_the_workload_counts() {
     // All the counted work is done by the four threads at once; only the
     // main thread's own calls after it joined them (writing its truth
     // file) run alone.
-    let serial = op_count_where(&report, "malloc", "phase", "serial");
+    let serial = op_count_where(&report, AllocOp::Malloc, |r| r.phase == ThreadPhase::Serial);
     assert!(
         serial <= LIBC_EXTRA_CALLS,
-        "serial mallocs {serial}: the workers' calls must be parallel: {:#}",
-        report["allocator"]["ops"]
+        "serial mallocs {serial}: the workers' calls must be parallel: {:#?}",
+        report.allocator.ops
     );
     assert_no_programs_left();
 }
@@ -616,8 +635,8 @@ fn preloaded_allocator_is_named(label: &str, path: &str, prefix: &str) {
         "full",
         &[("LD_PRELOAD", path)],
     );
-    let a = &report["allocator"];
-    let library = a["library"].as_str().unwrap_or_default();
+    let a = &report.allocator;
+    let library = a.library.as_deref().unwrap_or_default();
     assert!(library.starts_with(prefix), "{label}: library {library:?}");
     let file = std::path::Path::new(path)
         .file_name()
@@ -625,9 +644,9 @@ fn preloaded_allocator_is_named(label: &str, path: &str, prefix: &str) {
         .to_str()
         .unwrap();
     assert!(
-        a["path"].as_str().unwrap_or_default().contains(file),
-        "{label}: path {} should name {file}",
-        a["path"]
+        a.path.as_deref().unwrap_or_default().contains(file),
+        "{label}: path {:#?} should name {file}",
+        a.path
     );
     assert_attached_full(&report, &truth, 4, label);
     assert_no_programs_left();
@@ -675,15 +694,15 @@ fn env_launch_with_a_preloaded_allocator_traces_that_allocator() {
         path,
         &["threads", ATTACH_THREADS, ATTACH_PAIRS],
     );
-    let a = &report["allocator"];
-    let library = a["library"].as_str().unwrap_or_default();
-    assert!(library.starts_with(prefix), "library {library:?}: {a:#}");
+    let a = &report.allocator;
+    let library = a.library.as_deref().unwrap_or_default();
+    assert!(library.starts_with(prefix), "library {library:?}: {a:#?}");
     assert!(
-        a["path"]
-            .as_str()
+        a.path
+            .as_deref()
             .unwrap_or_default()
             .ends_with("libjemalloc.so.2"),
-        "{a:#}"
+        "{a:#?}"
     );
     // Launched, the start-up's blocks are seen too (libstdc++'s emergency
     // pool, which jemalloc's C++ runtime brings): the workload's own sites
@@ -691,14 +710,13 @@ fn env_launch_with_a_preloaded_allocator_traces_that_allocator() {
     assert_full(&report);
     assert_calls_truth(&report, &truth, ATTACH_THREADS.parse().expect("a number"));
     check_latency_rows(&report);
-    let live: u64 = a["sites"]
-        .as_array()
-        .expect("sites")
+    let live: u64 = a
+        .sites
         .iter()
-        .filter(|s| s["module"] == "alloc")
-        .map(|s| s["live_bytes"].as_u64().unwrap_or(0))
+        .filter(|s| s.module == "alloc")
+        .map(|s| s.live_bytes)
         .sum();
-    assert_eq!(live, truth.get("live_bytes"), "{:#}", a["sites"]);
+    assert_eq!(live, truth.get("live_bytes"), "{:#?}", a.sites);
     assert_no_programs_left();
 }
 
@@ -720,7 +738,7 @@ fn installed_allocators(test: &str) -> Vec<(&'static str, &'static str)> {
 
 /// Launches `env -u MALLOC_CONF LD_PRELOAD=PRELOAD alloc ARGS` in full
 /// mode: the allocator the program finally maps is traced.
-fn launch_preloaded(name: &str, preload: &str, args: &[&str]) -> (serde_json::Value, Truth) {
+fn launch_preloaded(name: &str, preload: &str, args: &[&str]) -> (Report, Truth) {
     let program = alloc_workload();
     let preload = format!("LD_PRELOAD={preload}");
     let mut command = vec![
@@ -732,7 +750,7 @@ fn launch_preloaded(name: &str, preload: &str, args: &[&str]) -> (serde_json::Va
     ];
     command.extend_from_slice(args);
     let (_, report, truth) = trace_truth(name, &full_alloc_launch(&command));
-    (report, truth)
+    (typed(&report), truth)
 }
 
 /// Usable bytes follow each allocator's own size classes: `alloc sizes
@@ -752,9 +770,12 @@ fn usable_bytes_are_each_allocators_own_account() {
     for (label, path) in installed_allocators(test) {
         let name = format!("alloc-sizes-{label}");
         let (report, truth) = launch_preloaded(&name, path, &["sizes", "3000"]);
-        let memory = &report["allocator"]["memory"];
-        assert_eq!(memory["usable_known"], true, "{label}: {memory:#}");
-        let usable = memory["usable_end"].as_u64().unwrap_or(0);
+        let memory = report.allocator.memory.as_ref();
+        assert!(
+            memory.is_some_and(|m| m.usable_known),
+            "{label}: {memory:#?}"
+        );
+        let usable = memory.map_or(0, |m| m.usable_end);
         assert_usable_near(label, usable, truth.get("live_usable"), 0.01, memory);
     }
     assert_no_programs_left();
@@ -767,12 +788,12 @@ fn assert_usable_near(
     usable: u64,
     own: u64,
     tolerance: f64,
-    memory: &serde_json::Value,
+    memory: Option<&MemoryReport>,
 ) {
     let err = usable as f64 / own as f64 - 1.0;
     assert!(
         err.abs() <= tolerance,
-        "{label}: live usable bytes {usable} against {own} ({:+.2}%): {memory:#}",
+        "{label}: live usable bytes {usable} against {own} ({:+.2}%): {memory:#?}",
         err * 100.0
     );
 }
@@ -787,9 +808,9 @@ fn static_binary_allocator_is_the_executable() {
     let alloc = build_workload("alloc", Variant::Static).expect("building alloc statically");
     let report = launch("alloc-static", "full", &alloc, &["reuse", "5000"]);
     assert_glibc(&report);
-    let path = report["allocator"]["path"].as_str().unwrap_or_default();
+    let path = report.allocator.path.as_deref().unwrap_or_default();
     assert!(path.ends_with("alloc-static"), "path: {path:?}");
-    let mallocs = op_count(&report, "malloc");
+    let mallocs = op_count(&report, AllocOp::Malloc);
     assert!(mallocs >= 10_000, "malloc calls: {mallocs}");
     assert_no_programs_left();
 }
@@ -835,36 +856,37 @@ fn sampled_mode_stays_within_budget_and_labels_counts() {
         target.child.try_wait().unwrap().is_none(),
         "the target must survive the session"
     );
-    let a = &report["allocator"];
-    assert_eq!(a["mode"], "sampled", "the default: {a:#}");
-    assert_eq!(a["sampled"], true, "{a:#}");
-    let fraction = a["traced_fraction"].as_f64().unwrap();
+    let report = typed(&report);
+    let a = &report.allocator;
+    assert_eq!(a.mode, TraceMode::Sampled, "the default: {a:#?}");
+    assert!(a.sampled, "{a:#?}");
+    let fraction = a.traced_fraction;
     assert!(
         fraction > 0.0 && fraction <= SAMPLED_MAX_FRACTION,
         "traced_fraction {fraction}: the budget must force gaps"
     );
     assert!(
-        a["memory"].is_null(),
-        "no memory composition from a sample: {}",
-        a["memory"]
+        a.memory.is_none(),
+        "no memory composition from a sample: {:#?}",
+        a.memory
     );
     assert!(
         cpu / wall <= SAMPLED_MAX_TARGET_CPU,
         "the target used {cpu:.2} s of CPU in {wall:.2} s while traced"
     );
-    let traced = sum_ops(&report, "malloc", "traced", |_| true);
-    assert!(traced > 0, "mallocs traced in the windows: {:#}", a["ops"]);
+    let traced = sum_ops(&report, AllocOp::Malloc, |row| row.traced, |_| true);
+    assert!(traced > 0, "mallocs traced in the windows: {:#?}", a.ops);
     // The workload makes at most ~1000 pairs per ms of wall time; whether
     // the estimate is right is checked against its own count in
     // sampled_counts_are_within_their_claimed_error. This loop is hot
     // enough that the count may be unknown (null): then nothing to check.
-    if let Some(count) = op_count_if_known(&report, "malloc") {
+    if let Some(count) = op_count_if_known(&report, AllocOp::Malloc) {
         assert_between(
             "malloc count (estimate)",
             count as f64,
             traced as f64,
             wall * 1e6,
-            &a["ops"],
+            &format!("{:#?}", a.ops),
         );
     }
     check_latency_rows(&report);
@@ -882,17 +904,17 @@ fn off_mode_attaches_no_allocator_probes() {
     }
     let alloc = alloc_workload();
     let report = launch("alloc-off", "off", &alloc, &["small", "1000"]);
-    let a = &report["allocator"];
-    assert_eq!(a["mode"], "off", "{a:#}");
-    for key in ["ops", "syscalls", "sites"] {
-        assert_eq!(
-            a[key].as_array().map(Vec::len),
-            Some(0),
-            "{key} must be empty: {a:#}"
-        );
+    let a = &report.allocator;
+    assert_eq!(a.mode, TraceMode::Off, "{a:#?}");
+    for (key, len) in [
+        ("ops", a.ops.len()),
+        ("syscalls", a.syscalls.len()),
+        ("sites", a.sites.len()),
+    ] {
+        assert_eq!(len, 0, "{key} must be empty: {a:#?}");
     }
-    assert_eq!(a["calls_traced"], 0, "{a:#}");
-    assert!(a["memory"].is_null(), "{a:#}");
+    assert_eq!(a.calls_traced, 0, "{a:#?}");
+    assert!(a.memory.is_none(), "{a:#?}");
     assert_no_programs_left();
 
     // The same on a process that allocates all the time, watched from
@@ -923,7 +945,7 @@ fn off_mode_attaches_no_allocator_probes() {
     });
     let run = finish(tool, start, Duration::from_secs(60));
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    assert_eq!(read_report(&json)["allocator"]["mode"], "off");
+    assert_eq!(read_typed(&json).allocator.mode, TraceMode::Off);
     assert!(
         seen.iter().any(|p| p.prog_type == "perf_event"),
         "the CPU sampler was never seen attached, so this check sees nothing: {seen:?}"
@@ -961,24 +983,37 @@ fn attached_default_mode_traces_in_windows() {
         &["threads", "2", "2000000"],
         &[],
     );
-    let a = &r.report["allocator"];
-    assert_eq!(a["mode"], "sampled", "the default: {a:#}");
-    let fraction = a["traced_fraction"].as_f64().unwrap_or(-1.0);
-    assert_between("traced_fraction", fraction, 0.001, SAMPLED_MAX_FRACTION, a);
-    assert!(a["memory"].is_null(), "no memory composition from a sample");
+    let report = typed(&r.report);
+    let a = &report.allocator;
+    assert_eq!(a.mode, TraceMode::Sampled, "the default: {a:#?}");
+    let fraction = a.traced_fraction;
+    assert_between(
+        "traced_fraction",
+        fraction,
+        0.001,
+        SAMPLED_MAX_FRACTION,
+        &format!("{a:#?}"),
+    );
+    assert!(a.memory.is_none(), "no memory composition from a sample");
     let real = r.truth.get("malloc");
-    let traced = sum_ops(&r.report, "malloc", "traced", |_| true);
-    assert_between("mallocs traced", traced as f64, 1.0, real as f64, &a["ops"]);
-    if let Some(count) = op_count_if_known(&r.report, "malloc") {
+    let traced = sum_ops(&report, AllocOp::Malloc, |row| row.traced, |_| true);
+    assert_between(
+        "mallocs traced",
+        traced as f64,
+        1.0,
+        real as f64,
+        &format!("{:#?}", a.ops),
+    );
+    if let Some(count) = op_count_if_known(&report, AllocOp::Malloc) {
         assert_between(
             "malloc count (estimate)",
             count as f64,
             traced as f64,
             2.0 * real as f64,
-            &a["ops"],
+            &format!("{:#?}", a.ops),
         );
     }
-    check_latency_rows(&r.report);
+    check_latency_rows(&report);
     assert_no_programs_left();
 }
 
@@ -1008,19 +1043,20 @@ fn sampled_counts_are_within_their_claimed_error() {
         &["work", "600000", "8192"],
         &[],
     );
-    let a = &r.report["allocator"];
-    assert_eq!(a["mode"], "sampled", "{a:#}");
-    let (estimate, real) = (op_count(&r.report, "malloc"), r.truth.get("malloc"));
+    let report = typed(&r.report);
+    let a = &report.allocator;
+    assert_eq!(a.mode, TraceMode::Sampled, "{a:#?}");
+    let (estimate, real) = (op_count(&report, AllocOp::Malloc), r.truth.get("malloc"));
     assert_near(
         "malloc calls (estimate)",
         estimate,
         real,
         SAMPLED_COUNT_TOLERANCE,
-        &a["ops"],
+        &format!("{:#?}", a.ops),
     );
-    let claimed = a["count_error"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("the report claims no error for its estimates: {a:#}"));
+    let claimed = a
+        .count_error
+        .unwrap_or_else(|| panic!("the report claims no error for its estimates: {a:#?}"));
     assert!(
         (estimate as f64 - real as f64).abs() <= claimed * real as f64,
         "estimate {estimate}, truth {real}: outside the claimed ±{claimed}"
@@ -1046,33 +1082,30 @@ fn hot_allocator_counts_are_unknown_rather_than_wrong() {
         &["threads", "2", "20000000"],
         &[],
     );
-    let a = &r.report["allocator"];
-    assert_eq!(
-        (&a["mode"], &a["sampled"]),
-        (&"sampled".into(), &true.into()),
-        "{a:#}"
-    );
+    let report = typed(&r.report);
+    let a = &report.allocator;
+    assert_eq!((a.mode, a.sampled), (TraceMode::Sampled, true), "{a:#?}");
     let real = r.truth.get("malloc");
-    for row in ops(&r.report).iter().filter(|row| row["op"] == "malloc") {
-        let traced = row["traced"].as_u64().unwrap_or_else(|| panic!("{row}"));
-        match row["count"].as_u64() {
+    for row in a.ops.iter().filter(|row| row.op == AllocOp::Malloc) {
+        let traced = row.traced;
+        match row.count {
             // A number is only allowed if it is right within its claim.
             Some(_) => {
-                let count = op_count(&r.report, "malloc");
-                let claimed = a["count_error"].as_f64().expect("a claimed error");
+                let count = op_count(&report, AllocOp::Malloc);
+                let claimed = a.count_error.expect("a claimed error");
                 assert!(
                     (count as f64 - real as f64).abs() <= claimed * real as f64,
-                    "count {count}, truth {real}, claimed ±{claimed}: {a:#}"
+                    "count {count}, truth {real}, claimed ±{claimed}: {a:#?}"
                 );
                 return;
             }
-            None => assert!(row["count"].is_null() && traced > 0, "{row}"),
+            None => assert!(row.count.is_none() && traced > 0, "{row:#?}"),
         }
     }
-    let notes = r.report["notes"].to_string();
+    let notes = &report.notes;
     assert!(
-        notes.contains("unknown"),
-        "a note says why the counts are unknown: {notes}"
+        notes.iter().any(|n| n.contains("unknown")),
+        "a note says why the counts are unknown: {notes:#?}"
     );
     assert_no_programs_left();
 }
@@ -1094,22 +1127,18 @@ fn latency_tolerance(truth: u64) -> f64 {
 
 /// Attaches in full mode to `alloc threads 2 5000` with slowalloc
 /// preloaded: an allocator whose latencies are known.
-fn attach_slowalloc(name: &str) -> serde_json::Value {
+fn attach_slowalloc(name: &str) -> Report {
     let lib = build_shared_lib("slowalloc").expect("building libslowalloc.so");
     attach_slowalloc_with(name, &lib, &[])
 }
 
 /// As [`attach_slowalloc`], with `lib` (a build of slowalloc) and more
 /// variables in the target's environment.
-fn attach_slowalloc_with(
-    name: &str,
-    lib: &std::path::Path,
-    env: &[(&str, &str)],
-) -> serde_json::Value {
+fn attach_slowalloc_with(name: &str, lib: &std::path::Path, env: &[(&str, &str)]) -> Report {
     let mut vars = vec![("LD_PRELOAD", lib.to_str().expect("UTF-8 path"))];
     vars.extend_from_slice(env);
     let (report, truth) = attach_threads_of(name, "full", "2", "5000", &vars);
-    let path = report["allocator"]["path"].as_str().unwrap_or_default();
+    let path = report.allocator.path.as_deref().unwrap_or_default();
     let file = lib.file_name().and_then(|f| f.to_str()).unwrap_or_default();
     assert!(
         path.ends_with(file),
@@ -1132,30 +1161,26 @@ fn slowalloc_of(ns: u64) -> std::path::PathBuf {
 
 /// The medians of the small mallocs and frees, weighted by calls, with
 /// where they came from (`p50_basis`); every busy row has one.
-fn small_medians(report: &serde_json::Value, op: &str) -> (u64, Vec<String>) {
-    let rows: Vec<&serde_json::Value> = ops(report)
+fn small_medians(report: &Report, op: AllocOp) -> (u64, Vec<Option<LatencyBasis>>) {
+    let rows: Vec<&OpStats> = report
+        .allocator
+        .ops
         .iter()
-        .filter(|r| r["op"] == op && r["class"] == "small")
+        .filter(|r| r.op == op && r.class == SizeClass::Small)
         .collect();
-    let calls: u64 = rows.iter().map(|r| r["traced"].as_u64().unwrap_or(0)).sum();
-    let busy = rows
-        .iter()
-        .filter(|r| r["traced"].as_u64().unwrap_or(0) * 100 >= calls.max(1));
+    let calls: u64 = rows.iter().map(|r| r.traced).sum();
+    let busy = rows.iter().filter(|r| r.traced * 100 >= calls.max(1));
     let (mut weighted, mut weight, mut bases) = (0, 0, vec![]);
     for r in busy {
-        let p50 = r["p50_ns"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{op}: a busy row without a median: {r:#}"));
-        let traced = r["traced"].as_u64().unwrap_or(0);
+        let p50 = r
+            .p50_ns
+            .unwrap_or_else(|| panic!("{op}: a busy row without a median: {r:#?}"));
+        let traced = r.traced;
         weighted += p50 * traced;
         weight += traced;
-        bases.push(r["p50_basis"].as_str().unwrap_or("null").to_string());
+        bases.push(r.p50_basis);
     }
-    assert!(
-        weight > 0,
-        "no small {op} traced: {:#}",
-        report["allocator"]
-    );
+    assert!(weight > 0, "no small {op} traced: {:#?}", report.allocator);
     (weighted / weight, bases)
 }
 
@@ -1170,10 +1195,10 @@ fn a_slow_allocator_is_reported_slow() {
     let report = attach_slowalloc("alloc-slow");
     assert_between(
         "malloc p50 (ns)",
-        small_medians(&report, "malloc").0 as f64,
+        small_medians(&report, AllocOp::Malloc).0 as f64,
         SLOW_MALLOC_NS as f64,
         5.0 * SLOW_MALLOC_NS as f64,
-        &report["allocator"]["ops"],
+        &format!("{:#?}", report.allocator.ops),
     );
     assert_no_programs_left();
 }
@@ -1196,37 +1221,40 @@ fn latencies_exclude_the_probes_own_cost() {
         ("SLOWALLOC_FREE_NS", "1000"),
     ];
     let report = attach_slowalloc_with("alloc-latency", &slowalloc_of(50), &env);
-    let a = &report["allocator"];
-    for (op, truth) in [("malloc", SLOW_MALLOC_NS), ("free", SLOW_FREE_NS)] {
+    let a = &report.allocator;
+    for (op, truth) in [
+        (AllocOp::Malloc, SLOW_MALLOC_NS),
+        (AllocOp::Free, SLOW_FREE_NS),
+    ] {
         let (p50, bases) = small_medians(&report, op);
-        assert!(bases.iter().all(|b| b == "traced"), "{op}: {bases:?}");
+        assert!(
+            bases.iter().all(|&b| b == Some(LatencyBasis::Traced)),
+            "{op}: {bases:?}"
+        );
         // The busy-wait plus glibc's own call.
         assert_near(
             &format!("{op} p50 (ns)"),
             p50,
             truth + 20,
             latency_tolerance(truth),
-            &a["ops"],
+            &format!("{:#?}", a.ops),
         );
     }
-    let helper = a["untraced_ns"]["malloc_ns"].as_f64().unwrap_or(f64::NAN);
-    assert!(helper < 1000.0, "the helper timed the fast build: {a:#}");
-    let cost = &a["probe_cost_ns"];
-    let kinds = cost["kinds"].as_array().unwrap_or_else(|| panic!("{a:#}"));
+    let helper = a.untraced_ns.as_ref().map_or(f64::NAN, |u| u.malloc_ns);
+    assert!(helper < 1000.0, "the helper timed the fast build: {a:#?}");
+    let cost = a.probe_cost_ns.as_ref().unwrap_or_else(|| panic!("{a:#?}"));
     assert!(
-        kinds
-            .iter()
-            .any(|k| k["added_ns"].as_u64().unwrap_or(0) > 0),
-        "the correction is reported: {cost:#}"
+        cost.kinds.iter().any(|k| k.added_ns > 0),
+        "the correction is reported: {cost:#?}"
     );
-    assert!(cost["resolution_ns"].as_u64().unwrap_or(0) > 0, "{cost:#}");
+    assert!(cost.resolution_ns > 0, "{cost:#?}");
     assert_no_programs_left();
 }
 
 /// Launches `alloc loop N` in full mode with `preload` (nothing: glibc)
 /// and returns the report and the loop's own untraced cost of a
 /// malloc-free pair, timed side by side.
-fn loop_medians(name: &str, preload: &str) -> (serde_json::Value, f64) {
+fn loop_medians(name: &str, preload: &str) -> (Report, f64) {
     let truth_pair = untraced_pair_ns(preload);
     let (report, _) = launch_preloaded(name, preload, &["loop", "200000"]);
     (report, truth_pair)
@@ -1250,15 +1278,15 @@ fn small_malloc_medians_are_each_allocators_untraced_cost() {
     }
     for (label, preload) in installed_allocators(test) {
         let (report, truth_pair) = loop_medians(&format!("alloc-median-{label}"), preload);
-        let (malloc, mb) = small_medians(&report, "malloc");
-        let (free, fb) = small_medians(&report, "free");
+        let (malloc, mb) = small_medians(&report, AllocOp::Malloc);
+        let (free, fb) = small_medians(&report, AllocOp::Free);
         let pair = (malloc + free) as f64;
         let allowed = (0.3 * truth_pair).max(20.0);
         assert!(
             pair >= 1.0 && (pair - truth_pair).abs() <= allowed,
             "{label}: malloc {malloc} ns ({mb:?}) + free {free} ns ({fb:?}) against the \
-             loop's pair {truth_pair:.1} ns: {:#}",
-            report["allocator"]
+             loop's pair {truth_pair:.1} ns: {:#?}",
+            report.allocator
         );
     }
     assert_no_programs_left();
@@ -1278,17 +1306,17 @@ fn shims_of_known_latency_are_reported_within_ten_percent() {
         let lib = slowalloc_of(ns);
         let lib = lib.to_str().expect("UTF-8 path");
         let (report, truth_pair) = loop_medians(&format!("alloc-shim-{ns}"), lib);
-        let path = report["allocator"]["path"].as_str().unwrap_or_default();
+        let path = report.allocator.path.as_deref().unwrap_or_default();
         assert!(path.ends_with(&format!("libslowalloc-{ns}.so")), "{path}");
-        let (malloc, mb) = small_medians(&report, "malloc");
-        let (free, fb) = small_medians(&report, "free");
-        let a = &report["allocator"];
+        let (malloc, mb) = small_medians(&report, AllocOp::Malloc);
+        let (free, fb) = small_medians(&report, AllocOp::Free);
+        let a = &report.allocator;
         assert_near(
             &format!("{ns} ns shim: malloc ({mb:?}) + free ({fb:?}) medians"),
             malloc + free,
             truth_pair.round() as u64,
             0.10,
-            &format!("{:#}\n{:#}", a["probe_cost_ns"], a["ops"]),
+            &format!("{:#?}\n{:#?}", a.probe_cost_ns, a.ops),
         );
     }
     assert_no_programs_left();
@@ -1409,26 +1437,27 @@ fn redis_heap_growth_matches_its_own_count() {
     unsafe { libc::kill(tool.pid() as i32, libc::SIGINT) };
     let run = tool.finish(Duration::from_secs(60));
     assert_eq!(run.code(), 0, "{}", run.stderr);
-    let report = read_report(&json);
-    let a = &report["allocator"];
+    let report = read_typed(&json);
+    let a = &report.allocator;
     assert!(
-        a["library"]
-            .as_str()
+        a.library
+            .as_deref()
             .unwrap_or_default()
             .starts_with("jemalloc"),
-        "redis uses jemalloc: {}",
-        a["library"]
+        "redis uses jemalloc: {:#?}",
+        a.library
     );
-    assert_eq!(a["memory"]["usable_known"], true, "{:#}", a["memory"]);
-    let live = a["memory"]["usable_end"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("allocator.memory.usable_end: {a:#}"));
+    let memory = a.memory.as_ref();
+    assert!(memory.is_some_and(|m| m.usable_known), "{memory:#?}");
+    let live = memory
+        .map(|m| m.usable_end)
+        .unwrap_or_else(|| panic!("allocator.memory.usable_end: {a:#?}"));
     assert_near(
         "usable bytes allocated and not freed",
         live,
         after.saturating_sub(before),
         REDIS_TOLERANCE,
-        &a["memory"],
+        &format!("{memory:#?}"),
     );
     drop(server);
     assert_no_programs_left();
@@ -1469,33 +1498,38 @@ fn nonstandard_entry_points_keep_the_allocators_account() {
         ];
         let (_, report, truth) =
             trace_truth(&format!("allocapi-{label}"), &full_alloc_launch(&command));
-        let a = &report["allocator"];
+        let report = typed(&report);
+        let a = &report.allocator;
         assert_full(&report);
         // Every call through them is counted, once (a plain delete that
         // jumps to the allocator's free is counted as that free), besides
         // libc's few (the truth file's stdio).
-        let calls: u64 = ops(&report)
-            .iter()
-            .map(|o| o["count"].as_u64().unwrap_or(0))
-            .sum();
+        let calls: u64 = a.ops.iter().map(|o| o.count.unwrap_or(0)).sum();
         assert_between(
             &format!("{label}: allocator calls"),
             calls as f64,
             truth.get("api_calls") as f64,
             (truth.get("api_calls") + 2 * LIBC_EXTRA_CALLS) as f64,
-            &a["ops"],
+            &format!("{:#?}", a.ops),
         );
         if label == "jemalloc" {
-            for op in ["mallocx", "rallocx", "xallocx", "sdallocx", "dallocx"] {
+            for op in [
+                AllocOp::Mallocx,
+                AllocOp::Rallocx,
+                AllocOp::Xallocx,
+                AllocOp::Sdallocx,
+                AllocOp::Dallocx,
+            ] {
                 assert!(
                     op_count(&report, op) > 0,
-                    "{label}: no {op} call: {:#}",
-                    a["ops"]
+                    "{label}: no {op} call: {:#?}",
+                    a.ops
                 );
             }
         }
-        let usable = a["memory"]["usable_end"].as_u64().unwrap_or(0);
-        assert_usable_near(label, usable, truth.get("live_usable"), 0.02, &a["memory"]);
+        let memory = a.memory.as_ref();
+        let usable = memory.map_or(0, |m| m.usable_end);
+        assert_usable_near(label, usable, truth.get("live_usable"), 0.02, memory);
     }
     assert_no_programs_left();
 }
@@ -1516,17 +1550,22 @@ fn allocator_cpu_share_comes_from_the_samples() {
         &alloc_workload(),
         &["loop", "50000000"],
     );
-    let cpu = &report["allocator"]["cpu"];
-    let share = cpu["share"].as_f64().unwrap_or(0.0);
+    let cpu = report.allocator.cpu.as_ref();
+    let share = cpu.map_or(0.0, |c| c.share);
     assert!(
         share >= 0.7,
-        "allocator CPU share {share} of a malloc/free loop: {cpu:#}"
+        "allocator CPU share {share} of a malloc/free loop: {cpu:#?}"
     );
-    let ops: Vec<&str> = report_array(cpu, "functions")
+    let ops: Vec<AllocOp> = cpu
+        .unwrap_or_else(|| panic!("functions is not an array: {cpu:#?}"))
+        .functions
         .iter()
-        .filter_map(|f| f["op"].as_str())
+        .filter_map(|f| f.op)
         .collect();
-    assert!(ops.contains(&"malloc") && ops.contains(&"free"), "{cpu:#}");
+    assert!(
+        ops.contains(&AllocOp::Malloc) && ops.contains(&AllocOp::Free),
+        "{cpu:#?}"
+    );
     let spin = build_workload("spin", Variant::Debug).expect("building spin");
     let spin = spin.to_str().expect("UTF-8 path");
     let (_, report) = trace(
@@ -1542,17 +1581,14 @@ fn allocator_cpu_share_comes_from_the_samples() {
             "1",
         ],
     );
-    let cpu = &report["allocator"]["cpu"];
-    assert!(
-        report["sampling"]["samples"].as_u64() > Some(100),
-        "{:#}",
-        report["sampling"]
-    );
+    let report = typed(&report);
+    let cpu = report.allocator.cpu.as_ref();
+    assert!(report.sampling.samples > 100, "{:#?}", report.sampling);
     // spin allocates only while starting (stdio, its threads): a sample
     // may land there (seen once: __glibc_morecore), no more than that.
     assert!(
-        cpu["share"].as_f64().is_some_and(|s| s < 0.01),
-        "a program that allocates only at start-up: {cpu:#}"
+        cpu.is_some_and(|c| c.share < 0.01),
+        "a program that allocates only at start-up: {cpu:#?}"
     );
     assert_no_programs_left();
 }
@@ -1593,42 +1629,50 @@ fn allocator_cpu_is_split_by_call_site() {
                 "3",
             ],
         );
-        let cpu = &report["allocator"]["cpu"];
-        let samples = cpu["site_samples"].as_u64().unwrap_or(0);
-        let unknown = cpu["sites_unknown"].as_u64().unwrap_or(0);
-        assert!(samples >= 300, "{label}: too few samples to judge: {cpu:#}");
+        let report = typed(&report);
+        let cpu = report.allocator.cpu.as_ref();
+        let samples = cpu.map_or(0, |c| c.site_samples);
+        let unknown = cpu.map_or(0, |c| c.sites_unknown);
+        assert!(
+            samples >= 300,
+            "{label}: too few samples to judge: {cpu:#?}"
+        );
         assert!(
             unknown as f64 <= 0.2 * samples as f64,
-            "{label}: stacks not unwound out of the allocator: {cpu:#}"
+            "{label}: stacks not unwound out of the allocator: {cpu:#?}"
         );
+        let sites = cpu
+            .map(|c| c.sites.as_slice())
+            .unwrap_or_else(|| panic!("sites is not an array: {cpu:#?}"));
         let at = |line: u32| -> u64 {
-            report_array(cpu, "sites")
+            sites
                 .iter()
                 .filter(|s| {
-                    s["site"]["line"].as_u64() == Some(line.into())
-                        && s["site"]["file"]
-                            .as_str()
+                    s.site.line == Some(line)
+                        && s.site
+                            .file
+                            .as_deref()
                             .is_some_and(|f| f.ends_with("alloc.c"))
                 })
-                .map(|s| s["samples"].as_u64().unwrap_or(0))
+                .map(|s| s.samples)
                 .sum()
         };
         let (a, b) = (at(line_a), at(line_b));
         assert!(
             (a + b) as f64 >= 0.8 * (samples - unknown) as f64,
-            "{label}: the two sites take the allocator's time ({a} + {b} of {samples}): {cpu:#}"
+            "{label}: the two sites take the allocator's time ({a} + {b} of {samples}): {cpu:#?}"
         );
         let share = a as f64 / (a + b).max(1) as f64;
         assert!(
             (0.62..=0.88).contains(&share),
-            "{label}: SPLIT_A's share {share:.3}, 0.75 expected: {cpu:#}"
+            "{label}: SPLIT_A's share {share:.3}, 0.75 expected: {cpu:#?}"
         );
-        let via_xmalloc = report_array(cpu, "sites").iter().any(|s| {
-            s["site"]["line"].as_u64() == Some(line_b.into()) && s["site"]["via"] == "xmalloc"
-        });
+        let via_xmalloc = sites
+            .iter()
+            .any(|s| s.site.line == Some(line_b) && s.site.via.as_deref() == Some("xmalloc"));
         assert!(
             via_xmalloc,
-            "{label}: SPLIT_B's malloc named past xmalloc: {cpu:#}"
+            "{label}: SPLIT_B's malloc named past xmalloc: {cpu:#?}"
         );
     }
     assert_no_programs_left();
@@ -1694,38 +1738,36 @@ fn hot_loop_counts_come_from_the_allocators_cpu_time() {
             "200000000",
         ];
         let (_, report, truth) = trace_truth(&format!("alloc-hot-{label}"), &args);
-        let a = &report["allocator"];
-        let u = &a["untraced_ns"];
-        let pair = u["pair_ns"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("{label}: {a:#}"));
-        let (m, f) = (
-            u["malloc_ns"].as_f64().unwrap_or(0.0),
-            u["free_ns"].as_f64().unwrap_or(0.0),
-        );
+        let report = typed(&report);
+        let a = &report.allocator;
+        let u = a.untraced_ns.as_ref();
+        let pair = u
+            .map(|u| u.pair_ns)
+            .unwrap_or_else(|| panic!("{label}: {a:#?}"));
+        let (m, f) = (u.map_or(0.0, |u| u.malloc_ns), u.map_or(0.0, |u| u.free_ns));
         assert!(
             pair >= 1.0 && m >= 0.5 && f >= 0.5,
-            "{label}: calls really timed: {u:#}"
+            "{label}: calls really timed: {u:#?}"
         );
         let allowed = (0.3 * truth_pair).max(20.0);
         assert!(
             (pair - truth_pair).abs() <= allowed,
             "{label}: helper's pair {pair:.1} ns, the workload's untraced loop {truth_pair:.1} ns"
         );
-        assert_eq!(a["count_basis"], "cpu_time", "{label}: {a:#}");
+        assert_eq!(a.count_basis, Some(CountBasis::CpuTime), "{label}: {a:#?}");
         // The issue's 30% (or the claim, if larger: not for glibc, whose
         // counts must be known), a fifth more: on a VM's two vCPUs the
         // helper's pace and the target's differ (-21% to +24% in 10 runs
         // by hand).
-        let claimed = a["count_error"].as_f64().expect("a claimed error");
+        let claimed = a.count_error.expect("a claimed error");
         let limit = 1.2 * claimed.max(MAX_COUNT_ERROR);
-        for op in ["malloc", "free"] {
-            let real = truth.get(op) as f64;
+        for op in [AllocOp::Malloc, AllocOp::Free] {
+            let real = truth.get(op.name()) as f64;
             let Some(count) = op_count_if_known(&report, op) else {
                 // Unknown only when the claim is too wide to show.
                 assert!(
                     label != "glibc" && claimed > MAX_COUNT_ERROR,
-                    "{label}: {op} count unknown (claimed ±{claimed:.2}): {a:#}"
+                    "{label}: {op} count unknown (claimed ±{claimed:.2}): {a:#?}"
                 );
                 continue;
             };
@@ -1733,10 +1775,10 @@ fn hot_loop_counts_come_from_the_allocators_cpu_time() {
             assert!(
                 (count - real).abs() <= limit * real,
                 "{label}: {op} count {count}, truth {real}, allowed ±{limit:.2} \
-                 (claimed ±{claimed:.2}): {a:#}"
+                 (claimed ±{claimed:.2}): {a:#?}"
             );
         }
-        let share = a["cpu"]["share"].as_f64().unwrap_or(0.0);
+        let share = a.cpu.as_ref().map_or(0.0, |c| c.share);
         assert!(share > 0.5, "{label}: allocator's CPU share {share}");
     }
     assert_no_programs_left();
@@ -1751,10 +1793,19 @@ fn the_untraced_cost_is_the_targets_allocators() {
         return;
     }
     let report = attach_slowalloc("alloc-slow-untraced");
-    let u = &report["allocator"]["untraced_ns"];
-    for (what, truth) in [("malloc_ns", SLOW_MALLOC_NS), ("free_ns", SLOW_FREE_NS)] {
-        let v = u[what].as_f64().unwrap_or_else(|| panic!("{u:#}"));
-        assert_between(what, v, 0.9 * truth as f64, 1.1 * truth as f64, u);
+    let u = report.allocator.untraced_ns.as_ref();
+    for (what, truth, value) in [
+        ("malloc_ns", SLOW_MALLOC_NS, u.map(|u| u.malloc_ns)),
+        ("free_ns", SLOW_FREE_NS, u.map(|u| u.free_ns)),
+    ] {
+        let v = value.unwrap_or_else(|| panic!("{u:#?}"));
+        assert_between(
+            what,
+            v,
+            0.9 * truth as f64,
+            1.1 * truth as f64,
+            &format!("{u:#?}"),
+        );
     }
     assert_no_programs_left();
 }

@@ -14,15 +14,10 @@ use std::{
 };
 
 use memprof::report::{
-    model::{AllocOp, HotFunctionEntry, LockKind},
+    model::{AllocOp, LockKind},
     Report,
 };
 use memprof_tests::*;
-
-/// The hot-function entry named `function`, if any.
-fn hot_entry<'a>(report: &'a Report, function: &str) -> Option<&'a HotFunctionEntry> {
-    report.hot_functions.iter().find(|h| h.function == function)
-}
 
 /// Runs `program` (with `env` and `args`) in a private mount namespace
 /// from a tmpfs mounted at `dir`, which only that namespace sees, with
@@ -299,7 +294,7 @@ fn a_deleted_binary_is_still_symbolized() {
         "the kernel says the mapped file is deleted"
     );
     let (_, report) = attach_for_2s("deleted-binary", &target.pid().to_string());
-    let hot = hot_entry(&report, "spin_worker")
+    let hot = hot_function(&report, "spin_worker")
         .unwrap_or_else(|| panic!("spin_worker is named: {:#?}", report.hot_functions));
     assert_eq!(hot.module, "spin-deleted", "{hot:#?}");
     assert!(
@@ -330,7 +325,7 @@ fn a_replaced_binary_is_read_from_its_mapping() {
     std::fs::copy(&locks, &upgrade).expect("copying locks");
     std::fs::rename(&upgrade, &path).expect("replacing the binary");
     let (_, report) = attach_for_2s("replaced-binary", &target.pid().to_string());
-    let hot = hot_entry(&report, "spin_worker")
+    let hot = hot_function(&report, "spin_worker")
         .unwrap_or_else(|| panic!("spin_worker is named: {:#?}", report.hot_functions));
     assert!(
         hot.file.as_deref().is_some_and(|f| f.ends_with("spin.c")),
@@ -545,7 +540,7 @@ fn a_cgroup_is_traced_with_a_process_started_later() {
         third.pid()
     );
     assert!(notes.iter().any(|n| n.contains(&joined)), "{notes:#?}");
-    assert!(hot_entry(&report, "spin_worker").is_some());
+    assert!(hot_function(&report, "spin_worker").is_some());
     drop(cgroup);
     assert_no_programs_left();
 }

@@ -6,34 +6,34 @@
 
 use std::{process::Command, time::Duration};
 
+use memprof::report::{
+    model::{Loader, SampleSource, Schema},
+    Report,
+};
 use memprof_tests::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// Checks the report names `function` as the hottest, with the marked line
 /// of spin.c as its hottest source line.
-fn assert_hot(report: &serde_json::Value, function: &str) {
-    let top = &report["hot_functions"][0];
+fn assert_hot(report: &Report, function: &str) {
+    let top = report
+        .hot_functions
+        .first()
+        .unwrap_or_else(|| panic!("no hot functions; report: {report:#?}"));
     assert_eq!(
-        top["function"], function,
-        "hottest function; report: {report:#}"
+        top.function, function,
+        "hottest function; report: {report:#?}"
     );
-    let file = top["file"].as_str().unwrap_or_default();
+    let file = top.file.as_deref().unwrap_or_default();
     assert!(
         file.ends_with("spin.c"),
         "source file of {function}: {file:?}"
     );
     let line = marked_line("spin", &format!("HOT {function}"));
-    assert_eq!(top["line"], line, "hottest line of {function}");
-    assert_eq!(
-        top["module"].as_str().map(|m| m.starts_with("spin")),
-        Some(true)
-    );
-    assert!(
-        top["share"].as_f64().unwrap() > 0.5,
-        "share: {}",
-        top["share"]
-    );
+    assert_eq!(top.line, Some(line), "hottest line of {function}");
+    assert!(top.module.starts_with("spin"), "{top:#?}");
+    assert!(top.share > 0.5, "share: {}", top.share);
 }
 
 #[test]
@@ -43,65 +43,53 @@ fn launch_names_the_hot_function_with_file_and_line() {
     }
     let spin = build_workload("spin", Variant::Debug).unwrap();
     let (run, report) = trace("launch", &["--", spin.to_str().unwrap(), "time", "2", "2"]);
+    let report = typed(&report);
     assert_hot(&report, "spin_worker");
-    assert_eq!(
-        report["target"]["exited"], true,
-        "the target's exit ends the session"
-    );
-    assert!(report["target"]["command"]
-        .as_str()
-        .unwrap()
-        .contains("spin time 2 2"));
+    assert!(report.target.exited, "the target's exit ends the session");
+    assert!(report.target.command.contains("spin time 2 2"));
     // Two spinners on two CPUs for ~2 s at 999 Hz: thousands of samples.
-    let samples = report["sampling"]["samples"].as_u64().unwrap();
+    let samples = report.sampling.samples;
     assert!(samples > 1000, "samples: {samples}");
-    assert!(["cpu-clock", "cycles"].contains(&report["sampling"]["source"].as_str().unwrap()));
-    assert_eq!(report["sampling"]["lost"], 0);
+    assert!([SampleSource::CpuClock, SampleSource::Cycles].contains(&report.sampling.source));
+    assert_eq!(report.sampling.lost, 0);
     // Total time from user stacks: the thread function that calls
     // spin_worker has no self time but all of spin_worker's time, at the
     // line of the call.
     let worker = hot_function(&report, "spin_worker").unwrap();
     let caller = hot_function(&report, "spin_thread")
-        .unwrap_or_else(|| panic!("no caller from stacks: {report:#}"));
-    assert_eq!(caller["samples"], 0, "{caller}");
-    let (caller_total, worker_self) = (
-        caller["total_samples"].as_u64().unwrap(),
-        worker["samples"].as_u64().unwrap(),
-    );
+        .unwrap_or_else(|| panic!("no caller from stacks: {report:#?}"));
+    assert_eq!(caller.samples, 0, "{caller:#?}");
+    let (caller_total, worker_self) = (caller.total_samples, worker.samples);
     assert!(
         caller_total * 10 >= worker_self * 9,
         "caller total {caller_total} vs worker self {worker_self}"
     );
-    assert_eq!(caller["line"], marked_line("spin", "CALL spin_worker"));
+    assert_eq!(caller.line, Some(marked_line("spin", "CALL spin_worker")));
     // Stacks lost to a full map would make totals low; a few can collide.
-    let (errors, samples) = (
-        report["sampling"]["stack_errors"].as_u64().unwrap(),
-        report["sampling"]["samples"].as_u64().unwrap(),
-    );
+    let (errors, samples) = (report.sampling.stack_errors, report.sampling.samples);
     assert!(
         errors * 100 <= samples,
         "{errors} stack errors in {samples} samples"
     );
     // Nothing from our launch gate (the tool's own binary before the exec).
-    let gate: Vec<_> = report["hot_functions"]
-        .as_array()
-        .unwrap()
+    let gate: Vec<_> = report
+        .hot_functions
         .iter()
-        .filter(|h| h["module"] == "memprof-ebpf")
+        .filter(|h| h.module == "memprof-ebpf")
         .collect();
     assert!(
         gate.is_empty(),
-        "samples of the launch gate leaked in: {gate:?}"
+        "samples of the launch gate leaked in: {gate:#?}"
     );
     // Main thread plus two named spinners, both created after the launch.
-    let threads = report["threads"].as_array().unwrap();
+    let threads = &report.threads;
     for name in ["spin-0", "spin-1"] {
         let t = threads
             .iter()
-            .find(|t| t["name"] == name)
-            .unwrap_or_else(|| panic!("thread {name}: {threads:?}"));
-        assert!(t["samples"].as_u64().unwrap() > 50, "{name} sampled: {t}");
-        assert_eq!(t["created_by"], report["target"]["pid"]);
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("thread {name}: {threads:#?}"));
+        assert!(t.samples > 50, "{name} sampled: {t:#?}");
+        assert_eq!(t.created_by, Some(report.target.pid));
     }
     // The summary is printed too, ranked, with the hot function first.
     let first_row = run
@@ -130,10 +118,11 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
     let mut target = start_spin(&["time", "1", "14", "2500"]);
     let pid = target.pid().to_string();
     let (run, report) = trace("attach", &["-p", &pid, "--duration", "4s"]);
+    let report = typed(&report);
 
-    assert_eq!(report["target"]["pid"].as_u64().unwrap().to_string(), pid);
-    assert_eq!(report["target"]["exited"], false);
-    let duration = report["duration_s"].as_f64().unwrap();
+    assert_eq!(report.target.pid.to_string(), pid);
+    assert!(!report.target.exited);
+    let duration = report.duration_s;
     // The session is stopped by the 4 s timer; the event loop may notice
     // it late on a loaded machine, never early.
     assert!(
@@ -150,23 +139,20 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
     );
 
     let late = hot_function(&report, "late_worker")
-        .unwrap_or_else(|| panic!("late_worker not sampled: {report:#}"));
-    assert!(
-        late["samples"].as_u64().unwrap() > 200,
-        "late_worker: {late}"
-    );
-    assert_eq!(late["line"], marked_line("spin", "HOT late_worker"));
-    let threads = report["threads"].as_array().unwrap();
+        .unwrap_or_else(|| panic!("late_worker not sampled: {report:#?}"));
+    assert!(late.samples > 200, "late_worker: {late:#?}");
+    assert_eq!(late.line, Some(marked_line("spin", "HOT late_worker")));
+    let threads = &report.threads;
     let late_thread = threads
         .iter()
-        .find(|t| t["name"] == "late")
+        .find(|t| t.name == "late")
         .expect("the late thread is listed");
     assert_eq!(
-        late_thread["created_by"].as_u64().unwrap().to_string(),
+        late_thread.created_by.unwrap().to_string(),
         pid,
         "seen being created"
     );
-    assert!(late_thread["samples"].as_u64().unwrap() > 200);
+    assert!(late_thread.samples > 200);
     assert!(hot_function(&report, "spin_worker").is_some());
     // The target keeps running: tracing never stops it.
     assert!(
@@ -198,20 +184,16 @@ fn target_exiting_mid_session_still_yields_a_report() {
         LIMIT,
     );
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
+    let report = read_typed(&json);
     // The target exits after 3 s: the session ends then, not after the
     // 60 s asked for.
-    let traced = report["duration_s"].as_f64().unwrap_or(f64::NAN);
+    let traced = report.duration_s;
     assert!(
         (0.5..30.0).contains(&traced),
         "the session must end with the target, traced {traced} s"
     );
-    assert_eq!(report["target"]["exited"], true);
-    assert!(report["notes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|n| n.as_str().unwrap().contains("exited")));
+    assert!(report.target.exited);
+    assert!(report.notes.iter().any(|n| n.contains("exited")));
     assert_hot(&report, "spin_worker");
     assert!(
         run.stdout.contains("target exited"),
@@ -242,7 +224,7 @@ fn sigint_and_sigterm_detach_and_still_print_the_summary() {
             "summary after {name}:\n{}",
             run.stdout
         );
-        let report = read_report(&json);
+        let report = read_typed(&json);
         assert_hot(&report, "spin_worker");
         assert!(
             target.child.try_wait().unwrap().is_none(),
@@ -262,27 +244,26 @@ fn stripped_binary_degrades_to_module_and_offset() {
         "stripped",
         &["--", spin.to_str().unwrap(), "time", "2", "1.5"],
     );
-    let top = &report["hot_functions"][0];
-    assert_eq!(top["module"], "spin-stripped");
-    let function = top["function"].as_str().unwrap();
+    let report = typed(&report);
+    let top = report
+        .hot_functions
+        .first()
+        .unwrap_or_else(|| panic!("no hot functions: {report:#?}"));
+    assert_eq!(top.module, "spin-stripped");
+    let function = top.function.as_str();
     assert!(
         function.starts_with("spin-stripped+0x"),
         "module+offset expected, got {function}"
     );
-    assert!(top["file"].is_null() && top["line"].is_null());
+    assert!(top.file.is_none() && top.line.is_none());
     // Without symbols each sampled instruction is its own "function", so
     // the spinning loop's time is spread over a few offsets: together
     // they are nearly all of it.
-    let in_module: f64 = report["hot_functions"]
-        .as_array()
-        .unwrap()
+    let in_module: f64 = report
+        .hot_functions
         .iter()
-        .filter(|h| {
-            h["function"]
-                .as_str()
-                .is_some_and(|f| f.starts_with("spin-stripped+0x"))
-        })
-        .map(|h| h["share"].as_f64().unwrap_or(0.0))
+        .filter(|h| h.function.starts_with("spin-stripped+0x"))
+        .map(|h| h.share)
         .sum();
     assert!(in_module > 0.8, "share in spin-stripped: {in_module}");
 }
@@ -297,7 +278,7 @@ fn static_binary_is_symbolized() {
         "static",
         &["--", spin.to_str().unwrap(), "time", "2", "1.5"],
     );
-    assert_hot(&report, "spin_worker");
+    assert_hot(&typed(&report), "spin_worker");
 }
 
 #[test]
@@ -440,37 +421,40 @@ fn exec_is_followed_into_the_new_program() {
     let mut target = TestProcess::spawn(&spin, &["chain", "3", next.to_str().unwrap()]);
     target.wait_ready();
     let (_, report) = trace("exec", &["-p", &target.pid().to_string()]);
-    assert_eq!(report["target"]["exited"], true);
-    let notes = report["notes"].to_string();
-    assert!(notes.contains("exec 1 time"), "notes: {notes}");
+    let report = typed(&report);
+    assert!(report.target.exited);
+    let notes = &report.notes;
+    assert!(
+        notes.iter().any(|n| n.contains("exec 1 time")),
+        "notes: {notes:#?}"
+    );
     for (function, module) in [("before_exec_worker", "spin"), ("spin_worker", "spin-next")] {
-        let entries: Vec<_> = report["hot_functions"]
-            .as_array()
-            .unwrap()
+        let entries: Vec<_> = report
+            .hot_functions
             .iter()
-            .filter(|h| h["function"] == function && h["samples"].as_u64().unwrap_or(0) > 0)
+            .filter(|h| h.function == function && h.samples > 0)
             .collect();
         assert_eq!(
             entries.len(),
             1,
-            "{function} must be in one module only: {entries:?}"
+            "{function} must be in one module only: {entries:#?}"
         );
         let h = entries[0];
-        assert_eq!(h["module"], module, "{function}");
-        assert!(h["samples"].as_u64().unwrap() > 300, "{function}: {h}");
+        assert_eq!(h.module, module, "{function}");
+        assert!(h.samples > 300, "{function}: {h:#?}");
         assert_eq!(
-            h["line"],
-            marked_line("spin", &format!("HOT {function}")),
+            h.line,
+            Some(marked_line("spin", &format!("HOT {function}"))),
             "{function}"
         );
     }
     // The spinner thread of the new image was seen being created.
-    let threads = report["threads"].as_array().unwrap();
+    let threads = &report.threads;
     assert!(
         threads
             .iter()
-            .any(|t| t["name"] == "spin-0" && !t["created_by"].is_null()),
-        "{threads:?}"
+            .any(|t| t.name == "spin-0" && t.created_by.is_some()),
+        "{threads:#?}"
     );
     assert_no_programs_left();
 }
@@ -484,16 +468,17 @@ fn short_lived_threads_keep_their_names() {
     // before the loader drains their samples.
     let spin = build_workload("spin", Variant::Debug).unwrap();
     let (_, report) = trace("burst", &["--", spin.to_str().unwrap(), "burst", "5"]);
-    let threads = report["threads"].as_array().unwrap();
+    let report = typed(&report);
+    let threads = &report.threads;
     for i in 0..5 {
         let name = format!("burst-{i}");
         let t = threads
             .iter()
-            .find(|t| t["name"] == name.as_str())
-            .unwrap_or_else(|| panic!("{name}: {threads:?}"));
-        assert_eq!(t["exited"], true, "{t}");
-        assert!(!t["created_by"].is_null(), "{t}");
-        assert!(t["samples"].as_u64().unwrap() > 5, "{t}");
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name}: {threads:#?}"));
+        assert!(t.exited, "{t:#?}");
+        assert!(t.created_by.is_some(), "{t:#?}");
+        assert!(t.samples > 5, "{t:#?}");
     }
 }
 
@@ -510,19 +495,13 @@ fn a_thread_id_attaches_to_its_whole_process() {
         .find(|&t| t != pid)
         .expect("a second thread");
     let (_, report) = trace("tid", &["-p", &tid.to_string(), "--duration", "2s"]);
-    assert_eq!(
-        report["target"]["pid"], pid,
-        "traces the process of the thread"
-    );
-    assert!(report["notes"]
-        .to_string()
-        .contains(&format!("{tid} is a thread of process {pid}")));
-    let threads = report["threads"].as_array().unwrap();
-    let sampled = threads
-        .iter()
-        .filter(|t| t["samples"].as_u64().unwrap_or(0) > 100)
-        .count();
-    assert_eq!(sampled, 2, "both spinners sampled: {threads:?}");
+    let report = typed(&report);
+    assert_eq!(report.target.pid, pid, "traces the process of the thread");
+    let note = format!("{tid} is a thread of process {pid}");
+    assert!(report.notes.iter().any(|n| n.contains(&note)));
+    let threads = &report.threads;
+    let sampled = threads.iter().filter(|t| t.samples > 100).count();
+    assert_eq!(sampled, 2, "both spinners sampled: {threads:#?}");
 }
 
 #[test]
@@ -546,13 +525,14 @@ fn json_to_stdout_is_pure_json() {
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
     // stdout is one JSON document; the summary and the launched command's
     // own output ("ready") go to stderr.
-    let v: serde_json::Value = serde_json::from_str(&run.stdout)
+    let v = Report::from_json(&run.stdout)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", run.stdout));
     assert!(
         run.stderr.contains("ready"),
         "the command's stdout went to stderr"
     );
-    assert_eq!(v["schema"], "memprof-ebpf/1");
+    // The schema tag: a report of another one does not read at all.
+    assert_eq!(v.schema, Schema);
     assert!(
         run.stderr.contains("Hot functions"),
         "summary on stderr:\n{}",
@@ -582,18 +562,18 @@ fn a_launched_command_is_ended_with_the_session() {
         LIMIT,
     );
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
-    let pid = report["target"]["pid"].as_u64().unwrap();
+    let report = read_typed(&json);
+    let pid = report.target.pid;
     assert!(
         !std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "the command outlived the session"
     );
     assert!(
-        report["notes"].to_string().contains("ignored SIGTERM"),
-        "{}",
-        report["notes"]
+        report.notes.iter().any(|n| n.contains("ignored SIGTERM")),
+        "{:#?}",
+        report.notes
     );
-    assert!(report["sampling"]["samples"].as_u64().unwrap() > 100);
+    assert!(report.sampling.samples > 100);
     assert_no_programs_left();
 }
 
@@ -616,12 +596,12 @@ fn holds_bpf_stats_fd(pid: u32) -> bool {
 }
 
 /// `loader[key]` is `expected` within 1% (a rate the report derives from
-/// its own totals and duration).
-fn assert_rate(key: &str, loader: &serde_json::Value, expected: f64) {
-    let got = loader[key].as_f64().unwrap_or(f64::NAN);
+/// its own totals and duration). `got` is the loader's `key` (NaN when
+/// unknown).
+fn assert_rate(key: &str, got: f64, loader: &Loader, expected: f64) {
     assert!(
         (got - expected).abs() <= expected.abs() * 0.01,
-        "{key}: {got}, expected {expected}: {loader:#}"
+        "{key}: {got}, expected {expected}: {loader:#?}"
     );
 }
 
@@ -648,32 +628,40 @@ fn the_report_gives_the_profilers_own_kernel_cost() {
     let held = holds_bpf_stats_fd(tool.pid());
     let run = tool.finish(LIMIT);
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
-    let report = read_report(&json);
-    let loader = &report["loader"];
-    let duration = report["duration_s"].as_f64().unwrap();
+    let report = read_typed(&json);
+    let loader = &report.loader;
+    let duration = report.duration_s;
 
     // Ring records: the two spinners' samples went through the sample ring.
-    let rings = loader["rings"].as_array().expect("loader.rings");
-    let sum: u64 = rings.iter().map(|r| r["events"].as_u64().unwrap()).sum();
-    assert_eq!(loader["ring_events"].as_u64(), Some(sum), "{loader:#}");
+    let rings = &loader.rings;
+    let sum: u64 = rings.iter().map(|r| r.events).sum();
+    assert_eq!(loader.ring_events, sum, "{loader:#?}");
     let samples_ring = rings
         .iter()
-        .find(|r| r["name"] == "samples")
-        .unwrap_or_else(|| panic!("no samples ring: {loader:#}"));
-    let sampled = samples_ring["events"].as_u64().unwrap();
-    let samples = report["sampling"]["samples"].as_u64().unwrap();
+        .find(|r| r.name == "samples")
+        .unwrap_or_else(|| panic!("no samples ring: {loader:#?}"));
+    let sampled = samples_ring.events;
+    let samples = report.sampling.samples;
     assert!(samples > 1000, "2 spinners for 3 s at 999 Hz: {samples}");
     assert!(
         sampled >= samples,
         "{sampled} sample records read, {samples} samples reported"
     );
-    assert_rate("ring_events_per_s", loader, sum as f64 / duration);
+    assert_rate(
+        "ring_events_per_s",
+        loader.ring_events_per_s,
+        loader,
+        sum as f64 / duration,
+    );
 
     // BPF run time, unless the kernel refused to count it.
-    let state = loader["bpf_stats"].as_str().unwrap_or_default();
+    let state = loader.bpf_stats.as_str();
     if state.starts_with("unavailable") {
-        assert!(loader["bpf_run_ns"].is_null(), "unknown, not 0: {loader:#}");
-        assert!(report["notes"].to_string().contains("run time is unknown"));
+        assert!(loader.bpf_run_ns.is_none(), "unknown, not 0: {loader:#?}");
+        assert!(report
+            .notes
+            .iter()
+            .any(|n| n.contains("run time is unknown")));
         return skip(
             test,
             &format!("the kernel counted no BPF run time: {state}"),
@@ -684,24 +672,29 @@ fn the_report_gives_the_profilers_own_kernel_cost() {
         "bpf_stats: {state}"
     );
     assert!(held, "the tool held no bpf-stats descriptor while tracing");
-    let run_ns = loader["bpf_run_ns"].as_u64().expect("bpf_run_ns");
-    let programs = loader["programs"].as_array().unwrap();
-    let by_program: u64 = programs.iter().map(|p| p["run_ns"].as_u64().unwrap()).sum();
-    assert!(run_ns > 0, "{loader:#}");
+    let run_ns = loader.bpf_run_ns.expect("bpf_run_ns");
+    let programs = &loader.programs;
+    let by_program: u64 = programs.iter().map(|p| p.run_ns).sum();
+    assert!(run_ns > 0, "{loader:#?}");
     assert_eq!(run_ns, by_program, "the total is the programs' sum");
-    assert_rate("bpf_run_share", loader, run_ns as f64 / (duration * 1e9));
+    assert_rate(
+        "bpf_run_share",
+        loader.bpf_run_share.unwrap_or(f64::NAN),
+        loader,
+        run_ns as f64 / (duration * 1e9),
+    );
     // The sampler runs for every sample the tool received, and more (it
     // runs on every CPU for every process, and drops the others).
     let sampler = programs
         .iter()
-        .find(|p| p["name"] == "mp_cpu_sample")
-        .unwrap_or_else(|| panic!("no sampler program: {loader:#}"));
-    let runs = sampler["runs"].as_u64().unwrap();
+        .find(|p| p.name == "mp_cpu_sample")
+        .unwrap_or_else(|| panic!("no sampler program: {loader:#?}"));
+    let runs = sampler.runs;
     assert!(
         runs >= sampled,
         "sampler ran {runs} times for {sampled} samples"
     );
-    assert!(sampler["run_ns"].as_u64().unwrap() > 0);
+    assert!(sampler.run_ns > 0);
     assert!(
         run.stdout.contains("BPF programs: ") && run.stdout.contains("ring records read: "),
         "summary:\n{}",

@@ -11,6 +11,13 @@
 
 use std::path::{Path, PathBuf};
 
+use memprof::report::{
+    model::{
+        HolderSite, LockAddress, LockContention, LockEntry, LockKind, LockTracing, ObjectKind,
+        SectionEntry, SharingKind, TraceMode, WaiterSite,
+    },
+    Report,
+};
 use memprof_tests::*;
 
 /// Contentions the hot mutex must show in `contended 2 3`. Measured
@@ -90,18 +97,14 @@ fn locks_workload() -> PathBuf {
 
 /// Launches `program args` under the tool and returns the run and its
 /// report.
-fn launch(name: &str, program: &Path, args: &[&str]) -> (ToolRun, serde_json::Value) {
+fn launch(name: &str, program: &Path, args: &[&str]) -> (ToolRun, Report) {
     launch_with(name, &[], program, args)
 }
 
 /// As [`launch`], with tool options `flags`.
-fn launch_with(
-    name: &str,
-    flags: &[&str],
-    program: &Path,
-    args: &[&str],
-) -> (ToolRun, serde_json::Value) {
+fn launch_with(name: &str, flags: &[&str], program: &Path, args: &[&str]) -> (ToolRun, Report) {
     let (run, report) = trace(name, &launch_args(flags, program, args));
+    let report = typed(&report);
     check_locks(&report);
     (run, report)
 }
@@ -121,92 +124,79 @@ fn launch_truth(
     flags: &[&str],
     program: &Path,
     args: &[&str],
-) -> (ToolRun, serde_json::Value, Truth) {
+) -> (ToolRun, Report, Truth) {
     let (run, report, truth) = trace_truth(name, &launch_args(flags, program, args));
+    let report = typed(&report);
     check_locks(&report);
     (run, report, truth)
 }
 
 /// Attaches to the `locks` workload running `args`, held at its start
 /// gate until the tool traces (see [`attach_gated`]).
-fn attach(name: &str, flags: &[&str], args: &[&str]) -> (serde_json::Value, Truth) {
+fn attach(name: &str, flags: &[&str], args: &[&str]) -> (Report, Truth) {
     let mut all = vec!["--alloc-mode", "off"];
     all.extend_from_slice(flags);
     let r = attach_gated(name, &all, &locks_workload(), args, &[]);
-    check_locks(&r.report);
-    assert_eq!(
-        r.report["target"]["exited"], true,
-        "{:#}",
-        r.report["target"]
-    );
-    (r.report, r.truth)
+    let report = typed(&r.report);
+    check_locks(&report);
+    assert!(report.target.exited, "{:#?}", report.target);
+    (report, r.truth)
 }
 
 /// The entry named `name`; fails when it is not listed.
-fn must_lock<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    lock_named(report, name).unwrap_or_else(|| panic!("{name} is listed: {:#}", report["locks"]))
+fn must_lock<'a>(report: &'a Report, name: &str) -> &'a LockEntry {
+    lock_named(report, name).unwrap_or_else(|| panic!("{name} is listed: {:#?}", report.locks))
 }
 
 /// In full mode every lock call is traced: acquisitions equal the
 /// workload's own count (a few calls of libc's own may add to them:
 /// within 1%), for the hot and the quiet lock of `contended`; hold and
 /// wait times agree with what the workload measured around its calls.
-fn assert_contended_truth(report: &serde_json::Value, truth: &Truth) {
+fn assert_contended_truth(report: &Report, truth: &Truth) {
     let hot = must_lock(report, "g_hot_lock");
     assert_near(
         "g_hot_lock acquisitions",
-        get(hot, "acquisitions"),
+        known(hot.acquisitions, "acquisitions", hot),
         truth.get("hot_acquisitions"),
         ACQUISITIONS_TOLERANCE,
-        hot,
+        &format!("{hot:#?}"),
     );
     assert_near(
         "g_hot_lock hold time",
-        get(hot, "hold_total_ns"),
+        known(hot.hold_total_ns, "hold_total_ns", hot),
         truth.get("hot_hold_ns"),
         HOLD_TOLERANCE,
-        hot,
+        &format!("{hot:#?}"),
     );
     assert_wait_truth(hot, truth);
     let quiet = must_lock(report, "g_quiet_lock");
     assert_eq!(
-        get(quiet, "acquisitions"),
+        known(quiet.acquisitions, "acquisitions", quiet),
         truth.get("quiet_acquisitions"),
-        "the uprobes saw every g_quiet_lock call: {quiet:#}"
+        "the uprobes saw every g_quiet_lock call: {quiet:#?}"
     );
-    assert_eq!(
-        get(quiet, "contentions"),
-        0,
-        "nobody waits for it: {quiet:#}"
-    );
+    assert_eq!(quiet.contentions, 0, "nobody waits for it: {quiet:#?}");
 }
 
 /// The hot lock's wait time agrees with the time the workload's threads
 /// spent inside pthread_mutex_lock, and it waited at most once per
 /// acquisition.
-fn assert_wait_truth(hot: &serde_json::Value, truth: &Truth) {
+fn assert_wait_truth(hot: &LockEntry, truth: &Truth) {
     let waited = truth.get("hot_wait_ns") as f64;
     assert_between(
         "g_hot_lock wait_total_ns",
-        get(hot, "wait_total_ns") as f64,
+        hot.wait_total_ns as f64,
         waited * WAIT_SHARE_LOW,
         waited * WAIT_SHARE_HIGH,
-        hot,
+        &format!("{hot:#?}"),
     );
     assert_between(
         "g_hot_lock contentions",
-        get(hot, "contentions") as f64,
+        hot.contentions as f64,
         MIN_HOT_CONTENTIONS as f64,
         truth.get("hot_acquisitions") as f64,
-        hot,
+        &format!("{hot:#?}"),
     );
-}
-
-/// The report's `locks` entries.
-fn locks(report: &serde_json::Value) -> &[serde_json::Value] {
-    report["locks"]
-        .as_array()
-        .unwrap_or_else(|| panic!("locks is not an array: {report:#}"))
 }
 
 /// The top mutex of the ranking; fails when none is listed.
@@ -215,100 +205,105 @@ fn locks(report: &serde_json::Value) -> &[serde_json::Value] {
 /// "join", not contention) was once reported as a plain "futex" wait, its
 /// call chain missing libc's frames, and so ranked above the hot lock (1
 /// run in 5 of the suite; a lock-ranking bug for #16).
-fn top_mutex(report: &serde_json::Value) -> &serde_json::Value {
-    locks(report)
+fn top_mutex(report: &Report) -> &LockEntry {
+    report
+        .locks
         .iter()
-        .find(|l| l["kind"] == "mutex")
-        .unwrap_or_else(|| panic!("no mutex reported: {:#}", report["locks"]))
+        .find(|l| l.kind == LockKind::Mutex)
+        .unwrap_or_else(|| panic!("no mutex reported: {:#?}", report.locks))
 }
 
 /// The highest-ranked of the top three mutexes that more than one thread
 /// waited for in `module`'s own code (a queue's lock, met by its producers
 /// and consumers; not an allocator arena lock, waited for in malloc).
-fn queue_mutex<'a>(report: &'a serde_json::Value, module: &str) -> &'a serde_json::Value {
-    locks(report)
+fn queue_mutex<'a>(report: &'a Report, module: &str) -> &'a LockEntry {
+    report
+        .locks
         .iter()
-        .filter(|l| l["kind"] == "mutex")
+        .filter(|l| l.kind == LockKind::Mutex)
         .take(3)
-        .find(|l| {
-            let waiters = l["waiters"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-            l["threads"].as_u64().is_some_and(|n| n >= 2)
-                && waiters.iter().any(|w| w["module"] == module)
-        })
+        .find(|l| l.threads >= 2 && l.waiters.iter().any(|w| w.module == module))
         .unwrap_or_else(|| {
             panic!(
-                "none of the top 3 mutexes was waited for by several threads in {module}: {:#}",
-                report["locks"]
+                "none of the top 3 mutexes was waited for by several threads in {module}: {:#?}",
+                report.locks
             )
         })
 }
 
 /// The entry named `name`, if any.
-fn lock_named<'a>(report: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
-    locks(report).iter().find(|l| l["name"] == name)
+fn lock_named<'a>(report: &'a Report, name: &str) -> Option<&'a LockEntry> {
+    report
+        .locks
+        .iter()
+        .find(|l| l.name.as_deref() == Some(name))
 }
 
-fn get(entry: &serde_json::Value, key: &str) -> u64 {
-    entry[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} is not a number: {entry:#}"))
+/// `value`, the entry's `key` (known only with the lock uprobes); fails
+/// when it is unknown.
+fn known(value: Option<u64>, key: &str, entry: &LockEntry) -> u64 {
+    value.unwrap_or_else(|| panic!("{key} is not a number: {entry:#?}"))
 }
 
 /// Every entry is well formed and the list is ranked by total wait time.
-fn check_locks(report: &serde_json::Value) {
-    let all = locks(report);
+fn check_locks(report: &Report) {
+    let all = &report.locks;
     for entry in all {
-        let kind = entry["kind"].as_str().unwrap_or_default();
+        let kind = entry.kind;
         assert!(
             [
-                "mutex",
-                "rwlock",
-                "condvar",
-                "futex",
-                "kernel",
-                "barrier",
-                "join",
-                "semaphore"
+                LockKind::Mutex,
+                LockKind::Rwlock,
+                LockKind::Condvar,
+                LockKind::Futex,
+                LockKind::Kernel,
+                LockKind::Barrier,
+                LockKind::Join,
+                LockKind::Semaphore,
             ]
             .contains(&kind),
-            "kind {kind:?}: {entry:#}"
+            "kind {kind:?}: {entry:#?}"
         );
-        assert!(entry["address"].is_string(), "address: {entry:#}");
+        // The address (a string in the JSON: hex, "kernel" or "other"),
+        // and the waiters and holders (arrays), are typed: the report
+        // reads as the model only when they are.
+        let _: (&LockAddress, &[WaiterSite], &[HolderSite]) =
+            (&entry.address, &entry.waiters, &entry.holders);
         assert!(
-            get(entry, "wait_p99_ns") <= get(entry, "wait_max_ns")
-                && get(entry, "wait_max_ns") <= get(entry, "wait_total_ns"),
-            "p99 ≤ max ≤ total: {entry:#}"
+            entry.wait_p99_ns <= entry.wait_max_ns && entry.wait_max_ns <= entry.wait_total_ns,
+            "p99 ≤ max ≤ total: {entry:#?}"
         );
-        for key in ["waiters", "holders"] {
-            assert!(entry[key].is_array(), "{key}: {entry:#}");
-        }
         // A lock cannot be waited for more often than it was taken: its
         // acquisitions are unknown (null) or at least its contentions (the
         // least they may be, when the governor sampled them).
-        let error = entry["contention_error"].as_f64().unwrap_or(0.0);
-        let least = (get(entry, "contentions") as f64 * (1.0 - error)).floor() as u64;
+        let error = entry.contention_error.unwrap_or(0.0);
+        let least = (entry.contentions as f64 * (1.0 - error)).floor() as u64;
         assert!(
-            entry["acquisitions"].is_null()
-                || entry["acquisitions"].as_u64().is_some_and(|a| a >= least),
-            "acquisitions must be null or ≥ contentions (less their claimed error): {entry:#}"
+            entry.acquisitions.is_none_or(|a| a >= least),
+            "acquisitions must be null or ≥ contentions (less their claimed error): {entry:#?}"
         );
         // "N% contended" is a share of the acquisitions: at most all.
         assert!(
-            entry["contention_rate"].is_null()
-                || entry["contention_rate"]
-                    .as_f64()
-                    .is_some_and(|r| (0.0..=1.0).contains(&r)),
-            "contention_rate must be null or within [0, 1]: {entry:#}"
+            entry
+                .contention_rate
+                .is_none_or(|r| (0.0..=1.0).contains(&r)),
+            "contention_rate must be null or within [0, 1]: {entry:#?}"
         );
     }
     // Lock contention first, then other waits (condvars, joins...), each
     // part by total wait time.
-    let contention = |l: &serde_json::Value| {
-        ["mutex", "rwlock", "futex", "kernel"].contains(&l["kind"].as_str().unwrap_or_default())
+    let contention = |l: &LockEntry| {
+        [
+            LockKind::Mutex,
+            LockKind::Rwlock,
+            LockKind::Futex,
+            LockKind::Kernel,
+        ]
+        .contains(&l.kind)
     };
     let ranked: Vec<(bool, u64)> = all
         .iter()
-        .map(|l| (contention(l), get(l, "wait_total_ns")))
+        .map(|l| (contention(l), l.wait_total_ns))
         .collect();
     assert!(
         ranked
@@ -318,19 +313,63 @@ fn check_locks(report: &serde_json::Value) {
     );
 }
 
-/// The site of `list` ("waiters" or "holders") at `line` of a file whose
-/// name ends with `file`.
-fn site_at<'a>(
-    entry: &'a serde_json::Value,
-    list: &str,
-    file: &str,
-    line: u32,
-) -> Option<&'a serde_json::Value> {
-    entry[list]
-        .as_array()
-        .unwrap_or_else(|| panic!("{list} is not an array: {entry:#}"))
-        .iter()
-        .find(|s| s["file"].as_str().is_some_and(|f| f.ends_with(file)) && s["line"] == line)
+/// A waiter, holder or critical-section site of a lock entry: where in
+/// the source it is.
+trait Site: std::fmt::Debug {
+    fn file(&self) -> Option<&str>;
+    fn line(&self) -> Option<u32>;
+}
+
+/// A holder or critical-section site: it caused delay.
+trait Blamed: Site {
+    /// `delay_caused_ns`.
+    fn delay_caused(&self) -> u64;
+}
+
+impl Site for WaiterSite {
+    fn file(&self) -> Option<&str> {
+        self.file.as_deref()
+    }
+    fn line(&self) -> Option<u32> {
+        self.line
+    }
+}
+
+impl Site for HolderSite {
+    fn file(&self) -> Option<&str> {
+        self.file.as_deref()
+    }
+    fn line(&self) -> Option<u32> {
+        self.line
+    }
+}
+
+impl Site for SectionEntry {
+    fn file(&self) -> Option<&str> {
+        self.file.as_deref()
+    }
+    fn line(&self) -> Option<u32> {
+        self.line
+    }
+}
+
+impl Blamed for HolderSite {
+    fn delay_caused(&self) -> u64 {
+        self.delay_caused_ns
+    }
+}
+
+impl Blamed for SectionEntry {
+    fn delay_caused(&self) -> u64 {
+        self.delay_caused_ns
+    }
+}
+
+/// The site of a list (the waiters, holders or sections of an entry) at
+/// `line` of a file whose name ends with `file`.
+fn site_at<'a, S: Site>(list: &'a [S], file: &str, line: u32) -> Option<&'a S> {
+    list.iter()
+        .find(|s| s.file().is_some_and(|f| f.ends_with(file)) && s.line() == Some(line))
 }
 
 /// Proves the kernel-side analysis alone (no uprobes): in `contended 2 3`
@@ -353,42 +392,42 @@ fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
         &["contended", "2", "3"],
     );
     let top = top_mutex(&report);
-    assert_eq!(top["name"], "g_hot_lock", "the top entry: {top:#}");
-    assert_eq!(top["kind"], "mutex", "{top:#}");
+    assert_eq!(
+        top.name.as_deref(),
+        Some("g_hot_lock"),
+        "the top entry: {top:#?}"
+    );
+    assert_eq!(top.kind, LockKind::Mutex, "{top:#?}");
     assert_wait_truth(top, &truth);
     assert!(
-        top["acquisitions"].is_null() && top["hold_p99_ns"].is_null(),
-        "lock uprobes off, so no acquisitions or hold times: {top:#}"
+        top.acquisitions.is_none() && top.hold_p99_ns.is_none(),
+        "lock uprobes off, so no acquisitions or hold times: {top:#?}"
     );
+    assert!(report.lock_tracing.is_none(), "{:#?}", report.lock_tracing);
     assert!(
-        report["lock_tracing"].is_null(),
-        "{:#}",
-        report["lock_tracing"]
-    );
-    assert_eq!(
-        top["owner_seen"], true,
-        "a glibc mutex holds its owner's TID: {top:#}"
+        top.owner_seen,
+        "a glibc mutex holds its owner's TID: {top:#?}"
     );
     let wait = marked_line("locks", "// WAIT");
     assert!(
-        site_at(top, "waiters", "locks.c", wait).is_some(),
-        "a waiter at locks.c:{wait}: {:#}",
-        top["waiters"]
+        site_at(&top.waiters, "locks.c", wait).is_some(),
+        "a waiter at locks.c:{wait}: {:#?}",
+        top.waiters
     );
     let release = marked_line("locks", "// RELEASE");
     assert!(
-        site_at(top, "holders", "locks.c", release).is_some(),
-        "a releaser at locks.c:{release}: {:#}",
-        top["holders"]
+        site_at(&top.holders, "locks.c", release).is_some(),
+        "a releaser at locks.c:{release}: {:#?}",
+        top.holders
     );
     // Without the uprobes a lock is seen only when someone waits for it,
     // and nobody waits for g_quiet_lock (one thread takes it): it must not
     // be listed as contended. (That it was taken, and seen taken, is
     // checked with the uprobes on, in full mode.)
     assert!(
-        lock_named(&report, "g_quiet_lock").is_none_or(|q| get(q, "contentions") == 0),
-        "one thread alone takes g_quiet_lock: {:#}",
-        report["locks"]
+        lock_named(&report, "g_quiet_lock").is_none_or(|q| q.contentions == 0),
+        "one thread alone takes g_quiet_lock: {:#?}",
+        report.locks
     );
     assert_no_programs_left();
 }
@@ -413,47 +452,69 @@ fn full_mode_counts_acquisitions_and_hold_times() {
     assert_contended_truth(&report, &truth);
     let hot = must_lock(&report, "g_hot_lock");
     assert_hot_hold_p99(hot);
-    let rate = hot["contention_rate"].as_f64().unwrap_or(-1.0);
-    assert!(rate > 0.0 && rate <= 1.0, "contention rate: {hot:#}");
+    let rate = hot.contention_rate.unwrap_or(-1.0);
+    assert!(rate > 0.0 && rate <= 1.0, "contention rate: {hot:#?}");
     let (wait, release) = (
         marked_line("locks", "// WAIT"),
         marked_line("locks", "// RELEASE"),
     );
-    let section = site_at(hot, "sections", "locks.c", wait)
-        .unwrap_or_else(|| panic!("a section taken at locks.c:{wait}: {:#}", hot["sections"]));
+    let section = site_at(&hot.sections, "locks.c", wait)
+        .unwrap_or_else(|| panic!("a section taken at locks.c:{wait}: {:#?}", hot.sections));
     assert_eq!(
-        section["released_at"],
-        format!("locks.c:{release}"),
-        "{section:#}"
+        section.released_at,
+        Some(format!("locks.c:{release}")),
+        "{section:#?}"
     );
-    let tracing = &report["lock_tracing"];
-    assert_eq!(tracing["mode"], "full", "{tracing:#}");
-    assert_eq!(tracing["traced_fraction"], 1.0, "{tracing:#}");
-    assert_eq!(get(tracing, "sections_lost"), 0, "{tracing:#}");
+    let tracing = lock_tracing(&report);
+    assert_eq!(tracing.mode, TraceMode::Full, "{tracing:#?}");
+    assert_eq!(tracing.traced_fraction, 1.0, "{tracing:#?}");
+    assert_eq!(tracing.sections_lost, 0, "{tracing:#?}");
     assert_no_programs_left();
 }
 
 /// g_hot_lock's hold p99 in `contended`: each section busy-waits 20 us,
 /// so at least [`MIN_HOT_HOLD_P99_NS`], and far below 1 ms unless holds
 /// are mismatched (a lock paired with a later thread's unlock).
-fn assert_hot_hold_p99(hot: &serde_json::Value) {
+fn assert_hot_hold_p99(hot: &LockEntry) {
     assert_between(
         "g_hot_lock hold_p99_ns",
-        get(hot, "hold_p99_ns") as f64,
+        known(hot.hold_p99_ns, "hold_p99_ns", hot) as f64,
         MIN_HOT_HOLD_P99_NS as f64,
         MAX_HOT_HOLD_P99_NS as f64,
-        hot,
+        &format!("{hot:#?}"),
     );
 }
 
 /// The lock tracing section of a sampled session: attached part of the
 /// time, within the budget.
-fn assert_sampled(report: &serde_json::Value) -> f64 {
-    let tracing = &report["lock_tracing"];
-    assert_eq!(tracing["mode"], "sampled", "{tracing:#}");
-    let fraction = tracing["traced_fraction"].as_f64().unwrap_or(-1.0);
-    assert_between("traced_fraction", fraction, 0.001, 0.5, tracing);
+fn assert_sampled(report: &Report) -> f64 {
+    let tracing = lock_tracing(report);
+    assert_eq!(tracing.mode, TraceMode::Sampled, "{tracing:#?}");
+    let fraction = tracing.traced_fraction;
+    assert_between(
+        "traced_fraction",
+        fraction,
+        0.001,
+        0.5,
+        &format!("{tracing:#?}"),
+    );
     fraction
+}
+
+/// The report's `lock_tracing`; fails when it is null.
+fn lock_tracing(report: &Report) -> &LockTracing {
+    report
+        .lock_tracing
+        .as_ref()
+        .unwrap_or_else(|| panic!("no lock_tracing: {:#?}", report.notes))
+}
+
+/// The report's `lock_contention`; fails when it is null.
+fn lock_contention(report: &Report) -> &LockContention {
+    report
+        .lock_contention
+        .as_ref()
+        .unwrap_or_else(|| panic!("no lock_contention: {:#?}", report.notes))
 }
 
 /// Proves the default (sampled) mode: the lock probes are attached in
@@ -472,19 +533,15 @@ fn sampled_mode_estimates_acquisitions() {
     );
     assert_sampled(&report);
     let hot = must_lock(&report, "g_hot_lock");
-    let notes = report["notes"].as_array().cloned().unwrap_or_default();
-    let said = |text: &str| {
-        notes
-            .iter()
-            .any(|n| n.as_str().is_some_and(|n| n.contains(text)))
-    };
-    match hot["acquisitions"].as_u64() {
+    let notes = &report.notes;
+    let said = |text: &str| notes.iter().any(|n| n.contains(text));
+    match hot.acquisitions {
         Some(estimate) => assert_between(
             "g_hot_lock acquisitions",
             estimate as f64,
             1.0,
             truth.get("hot_acquisitions") as f64 * 1.5,
-            hot,
+            &format!("{hot:#?}"),
         ),
         // A 3 s session affords one window under the lock budget; an
         // estimate from it below the futex waits seen is shown as unknown,
@@ -498,13 +555,12 @@ fn sampled_mode_estimates_acquisitions() {
     assert_hot_hold_p99(hot);
     assert_wait_truth(hot, &truth);
     assert!(
-        report["notes"]
-            .as_array()
-            .is_some_and(|n| n.iter().any(|n| n
-                .as_str()
-                .is_some_and(|n| n.contains("acquisitions are scaled estimates")))),
-        "{:#}",
-        report["notes"]
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("acquisitions are scaled estimates")),
+        "{:#?}",
+        report.notes
     );
     assert_no_programs_left();
 }
@@ -525,11 +581,11 @@ fn condvar_waits_are_not_lock_contention() {
         &locks_workload(),
         &["condvar", "2"],
     );
-    for entry in locks(&report) {
-        if entry["kind"] == "mutex" || entry["name"] == "g_queue_lock" {
+    for entry in &report.locks {
+        if entry.kind == LockKind::Mutex || entry.name.as_deref() == Some("g_queue_lock") {
             assert!(
-                get(entry, "wait_total_ns") <= MAX_CONDVAR_MUTEX_WAIT_NS,
-                "condvar waits counted as mutex waits: {entry:#}"
+                entry.wait_total_ns <= MAX_CONDVAR_MUTEX_WAIT_NS,
+                "condvar waits counted as mutex waits: {entry:#?}"
             );
         }
     }
@@ -539,38 +595,38 @@ fn condvar_waits_are_not_lock_contention() {
     let queue = must_lock(&report, "g_queue_lock");
     assert_near(
         "g_queue_lock acquisitions",
-        get(queue, "acquisitions"),
+        known(queue.acquisitions, "acquisitions", queue),
         truth.get("queue_acquisitions"),
         ACQUISITIONS_TOLERANCE,
-        queue,
+        &format!("{queue:#?}"),
     );
     assert!(
-        get(queue, "hold_p99_ns") <= MAX_CONDVAR_HOLD_P99_NS,
-        "condvar waits counted as holding the mutex: {queue:#}"
+        known(queue.hold_p99_ns, "hold_p99_ns", queue) <= MAX_CONDVAR_HOLD_P99_NS,
+        "condvar waits counted as holding the mutex: {queue:#?}"
     );
     // The condvar was seen, as a condvar, with every wait of the consumer
     // and the time it spent waiting.
     let cond = must_lock(&report, "g_queue_cond");
-    assert_eq!(cond["kind"], "condvar", "{cond:#}");
+    assert_eq!(cond.kind, LockKind::Condvar, "{cond:#?}");
     assert_near(
         "g_queue_cond waits",
-        get(cond, "contentions"),
+        cond.contentions,
         truth.get("cond_waits"),
         ACQUISITIONS_TOLERANCE,
-        cond,
+        &format!("{cond:#?}"),
     );
     assert_between(
         "g_queue_cond wait_total_ns",
-        get(cond, "wait_total_ns") as f64,
+        cond.wait_total_ns as f64,
         CONDVAR_WAIT_LOW_NS,
         CONDVAR_WAIT_HIGH_NS,
-        cond,
+        &format!("{cond:#?}"),
     );
     let line = marked_line("locks", "// CONDWAIT");
     assert!(
-        site_at(cond, "waiters", "locks.c", line).is_some(),
-        "a condvar waiter at locks.c:{line}: {:#}",
-        cond["waiters"]
+        site_at(&cond.waiters, "locks.c", line).is_some(),
+        "a condvar waiter at locks.c:{line}: {:#?}",
+        cond.waiters
     );
     assert_no_programs_left();
 }
@@ -590,37 +646,43 @@ fn rwlock_writers_block_readers() {
         &["rwlock", "3"],
     );
     let table = must_lock(&report, "g_table_lock");
-    assert_eq!(table["kind"], "rwlock", "{table:#}");
+    assert_eq!(table.kind, LockKind::Rwlock, "{table:#?}");
     // Readers block behind the writer at most once per read.
     assert_between(
         "g_table_lock contentions",
-        get(table, "contentions") as f64,
+        table.contentions as f64,
         MIN_RWLOCK_CONTENTIONS as f64,
         truth.get("reads") as f64,
-        table,
+        &format!("{table:#?}"),
     );
     assert_near(
         "g_table_lock acquisitions (reads and writes)",
-        get(table, "acquisitions"),
+        known(table.acquisitions, "acquisitions", table),
         truth.get("reads") + truth.get("writes"),
         ACQUISITIONS_TOLERANCE,
-        table,
+        &format!("{table:#?}"),
     );
     let line = marked_line("locks", "// RDLOCK");
     assert!(
-        site_at(table, "waiters", "locks.c", line).is_some(),
-        "a reader waiting at locks.c:{line}: {:#}",
-        table["waiters"]
+        site_at(&table.waiters, "locks.c", line).is_some(),
+        "a reader waiting at locks.c:{line}: {:#?}",
+        table.waiters
     );
     // The uprobes see the readers' and the writer's sections; the
     // writer's 2 ms holds dominate.
-    assert!(get(table, "acquisitions") > 0, "{table:#}");
     assert!(
-        site_at(table, "sections", "locks.c", line).is_some(),
-        "a read section at locks.c:{line}: {:#}",
-        table["sections"]
+        known(table.acquisitions, "acquisitions", table) > 0,
+        "{table:#?}"
     );
-    assert!(get(table, "hold_max_ns") >= 1_000_000, "{table:#}");
+    assert!(
+        site_at(&table.sections, "locks.c", line).is_some(),
+        "a read section at locks.c:{line}: {:#?}",
+        table.sections
+    );
+    assert!(
+        known(table.hold_max_ns, "hold_max_ns", table) >= 1_000_000,
+        "{table:#?}"
+    );
     assert_no_programs_left();
 }
 
@@ -642,32 +704,33 @@ fn rust_std_mutex_contention_is_found() {
     }
     let program = build_rust_workload("rustlock").expect("building rustlock");
     let (_, report, truth) = launch_truth("locks-rust", &[], &program, &["3"]);
-    let counter = locks(&report)
+    let counter = report
+        .locks
         .iter()
         .find(|l| {
-            l["name"]
-                .as_str()
+            l.name
+                .as_deref()
                 .is_some_and(|n| n.contains("COUNTER_LOCK"))
         })
-        .unwrap_or_else(|| panic!("COUNTER_LOCK is listed: {:#}", report["locks"]));
-    let kind = counter["kind"].as_str().unwrap_or_default();
+        .unwrap_or_else(|| panic!("COUNTER_LOCK is listed: {:#?}", report.locks));
+    let kind = counter.kind;
     assert!(
-        kind == "futex" || kind == "mutex",
-        "kind {kind:?}: {counter:#}"
+        kind == LockKind::Futex || kind == LockKind::Mutex,
+        "kind {kind:?}: {counter:#?}"
     );
     // Waited for at least sometimes, and at most once per acquisition.
     assert_between(
         "COUNTER_LOCK contentions",
-        get(counter, "contentions") as f64,
+        counter.contentions as f64,
         MIN_RUST_CONTENTIONS as f64,
         truth.get("acquisitions") as f64,
-        counter,
+        &format!("{counter:#?}"),
     );
     let line = marked_line_in(&rust_workload_source("rustlock"), "// RUSTWAIT");
     assert!(
-        site_at(counter, "waiters", "rustlock.rs", line).is_some(),
-        "a waiter at rustlock.rs:{line}: {:#}",
-        counter["waiters"]
+        site_at(&counter.waiters, "rustlock.rs", line).is_some(),
+        "a waiter at rustlock.rs:{line}: {:#?}",
+        counter.waiters
     );
     assert_no_programs_left();
 }
@@ -748,26 +811,32 @@ fn pbzip2_contention_is_found_without_debug_symbols() {
     // real wait, so the queue lock is looked for among the top three
     // mutexes, as the first one several threads waited for in pbzip2.
     let top = queue_mutex(&report, "pbzip2");
-    assert_eq!(top["kind"], "mutex", "{top:#}");
+    assert_eq!(top.kind, LockKind::Mutex, "{top:#?}");
     assert_between(
         "contentions",
-        get(top, "contentions") as f64,
+        top.contentions as f64,
         PBZIP2_MIN_WAITS,
         PBZIP2_MAX_WAITS,
-        top,
+        &format!("{top:#?}"),
     );
     assert_between(
         "wait_total_ns",
-        get(top, "wait_total_ns") as f64,
+        top.wait_total_ns as f64,
         PBZIP2_MIN_WAIT_NS,
         PBZIP2_MAX_WAIT_NS,
-        top,
+        &format!("{top:#?}"),
     );
-    assert_between("waiting threads", get(top, "threads") as f64, 2.0, 4.0, top);
-    let waiters = top["waiters"].as_array().expect("waiters");
+    assert_between(
+        "waiting threads",
+        top.threads as f64,
+        2.0,
+        4.0,
+        &format!("{top:#?}"),
+    );
+    let waiters = &top.waiters;
     assert!(
-        !waiters.is_empty() && waiters.iter().all(|w| w["module"] == "pbzip2"),
-        "the queue code that waits is pbzip2's own: {top:#}"
+        !waiters.is_empty() && waiters.iter().all(|w| w.module == "pbzip2"),
+        "the queue code that waits is pbzip2's own: {top:#?}"
     );
     assert_no_programs_left();
 }
@@ -788,7 +857,10 @@ fn attached_full_mode_matches_the_workload_counts() {
     );
     assert_contended_truth(&report, &truth);
     assert_hot_hold_p99(must_lock(&report, "g_hot_lock"));
-    assert_eq!(report["lock_tracing"]["mode"], "full");
+    assert_eq!(
+        report.lock_tracing.as_ref().map(|t| t.mode),
+        Some(TraceMode::Full)
+    );
     assert_loader_memory(&report);
     assert_no_programs_left();
 }
@@ -839,30 +911,37 @@ fn sampled_acquisitions_are_within_their_claimed_error() {
     let (report, truth) = loop {
         attempt += 1;
         let (report, truth) = attach("locks-attach-estimate", &[], &["contended", "2", "3"]);
-        let unknown = must_lock(&report, "g_hot_lock")["acquisitions"].is_null();
+        let unknown = must_lock(&report, "g_hot_lock").acquisitions.is_none();
         if !unknown || attempt == 3 {
             break (report, truth);
         }
-        let notes = report["notes"].to_string();
+        let notes = &report.notes;
         assert!(
-            notes.contains("fewer acquisitions traced or estimated than futex waits"),
-            "acquisitions unknown without the note saying why: {notes}"
+            notes
+                .iter()
+                .any(|n| n.contains("fewer acquisitions traced or estimated than futex waits")),
+            "acquisitions unknown without the note saying why: {notes:#?}"
         );
         eprintln!("sampled_acquisitions_are_within_their_claimed_error: estimate below the waits, shown as unknown; another session");
     };
     assert_sampled(&report);
     let hot = must_lock(&report, "g_hot_lock");
-    let (estimate, real) = (get(hot, "acquisitions"), truth.get("hot_acquisitions"));
+    let (estimate, real) = (
+        known(hot.acquisitions, "acquisitions", hot),
+        truth.get("hot_acquisitions"),
+    );
     assert_near(
         "g_hot_lock acquisitions (estimate)",
         estimate,
         real,
         SAMPLED_ACQUISITIONS_TOLERANCE,
-        hot,
+        &format!("{hot:#?}"),
     );
-    let claimed = report["lock_tracing"]["acquisitions_error"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("the report claims no error: {:#}", report["lock_tracing"]));
+    let claimed = report
+        .lock_tracing
+        .as_ref()
+        .and_then(|t| t.acquisitions_error)
+        .unwrap_or_else(|| panic!("the report claims no error: {:#?}", report.lock_tracing));
     assert!(
         (estimate as f64 - real as f64).abs() <= claimed * real as f64,
         "estimate {estimate}, truth {real}: outside the claimed ±{claimed}"
@@ -875,16 +954,14 @@ fn sampled_acquisitions_are_within_their_claimed_error() {
 /// bound.
 const LOADER_PEAK_RSS_MAX: u64 = 400 << 20;
 
-fn assert_loader_memory(report: &serde_json::Value) {
-    let rss = report["loader"]["peak_rss_bytes"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("loader.peak_rss_bytes: {:#}", report["loader"]));
+fn assert_loader_memory(report: &Report) {
+    let rss = report.loader.peak_rss_bytes;
     assert_between(
         "loader peak_rss_bytes",
         rss as f64,
         (1u64 << 20) as f64,
         LOADER_PEAK_RSS_MAX as f64,
-        &report["loader"],
+        &format!("{:#?}", report.loader),
     );
 }
 
@@ -904,8 +981,8 @@ fn sixty_four_threads_on_one_lock() {
         &["contended", "64", "2"],
     );
     let top = top_mutex(&report);
-    assert_eq!(top["name"], "g_hot_lock", "{top:#}");
-    assert_eq!(get(top, "threads"), 64, "every thread waited: {top:#}");
+    assert_eq!(top.name.as_deref(), Some("g_hot_lock"), "{top:#?}");
+    assert_eq!(top.threads, 64, "every thread waited: {top:#?}");
     assert_wait_truth(top, &truth);
     assert_loader_memory(&report);
     assert_no_programs_left();
@@ -931,27 +1008,31 @@ fn ten_thousand_contended_locks_stay_bounded() {
     // Locks beyond those the loader tracks one by one count in the
     // "other locks" entry (aggregated by call site; here only
     // g_many_locks[] are taken).
-    let many: Vec<&serde_json::Value> = locks(&report)
+    let many: Vec<&LockEntry> = report
+        .locks
         .iter()
         .filter(|l| {
-            l["name"]
-                .as_str()
+            l.name
+                .as_deref()
                 .is_some_and(|n| n.starts_with("g_many_locks"))
-                || l["address"] == "other"
+                || l.address == LockAddress::Other
         })
         .collect();
-    let acquisitions: u64 = many.iter().map(|l| get(l, "acquisitions")).sum();
+    let acquisitions: u64 = many
+        .iter()
+        .map(|l| known(l.acquisitions, "acquisitions", l))
+        .sum();
     assert_near(
         "acquisitions of g_many_locks[]",
         acquisitions,
         truth.get("many_acquisitions"),
         ACQUISITIONS_TOLERANCE,
-        &report["lock_tracing"],
+        &format!("{:#?}", report.lock_tracing),
     );
     assert!(
-        !report["notes"].to_string().contains("were lost"),
-        "{:#}",
-        report["notes"]
+        !report.notes.iter().any(|n| n.contains("were lost")),
+        "{:#?}",
+        report.notes
     );
     assert_no_programs_left();
 }
@@ -1010,28 +1091,27 @@ fn sysbench_mutex_acquisitions_are_counted() {
         &args,
     );
     let top = top_mutex(&report);
-    assert_eq!(top["kind"], "mutex", "{top:#}");
+    assert_eq!(top.kind, LockKind::Mutex, "{top:#?}");
     assert_near(
         "acquisitions",
-        get(top, "acquisitions"),
+        known(top.acquisitions, "acquisitions", top),
         2 * LOCKS,
         ACQUISITIONS_TOLERANCE,
-        top,
+        &format!("{top:#?}"),
     );
-    assert_eq!(get(top, "threads"), 2, "both threads waited: {top:#}");
+    assert_eq!(top.threads, 2, "both threads waited: {top:#?}");
     assert_between(
         "contentions",
-        get(top, "contentions") as f64,
+        top.contentions as f64,
         MIN_HOT_CONTENTIONS as f64,
         (2 * LOCKS) as f64,
-        top,
+        &format!("{top:#?}"),
     );
-    let in_sysbench = |list: &str| {
-        top[list]
-            .as_array()
-            .is_some_and(|w| w.iter().any(|s| s["module"] == "sysbench"))
-    };
-    assert!(in_sysbench("waiters") && in_sysbench("sections"), "{top:#}");
+    let in_sysbench = (
+        top.waiters.iter().any(|s| s.module == "sysbench"),
+        top.sections.iter().any(|s| s.module == "sysbench"),
+    );
+    assert!(in_sysbench.0 && in_sysbench.1, "{top:#?}");
     assert_no_programs_left();
 }
 
@@ -1064,22 +1144,21 @@ fn sysbench_mutex_is_found_when_attached() {
             "off",
         ],
     );
+    let report = typed(&report);
     check_locks(&report);
     let top = top_mutex(&report);
-    assert_eq!(top["kind"], "mutex", "{top:#}");
-    assert_eq!(get(top, "threads"), 2, "both threads waited: {top:#}");
+    assert_eq!(top.kind, LockKind::Mutex, "{top:#?}");
+    assert_eq!(top.threads, 2, "both threads waited: {top:#?}");
     assert!(
-        top["waiters"]
-            .as_array()
-            .is_some_and(|w| w.iter().any(|s| s["module"] == "sysbench")),
-        "{top:#}"
+        top.waiters.iter().any(|s| s.module == "sysbench"),
+        "{top:#?}"
     );
     assert_between(
         "contentions in 2 s",
-        get(top, "contentions") as f64,
+        top.contentions as f64,
         MIN_HOT_CONTENTIONS as f64,
         2_000_000.0,
-        top,
+        &format!("{top:#?}"),
     );
     drop(target);
     assert_no_programs_left();
@@ -1100,72 +1179,58 @@ fn one_letter_names_are_named_right() {
     // The program's own hottest function (the vDSO's clock_gettime, which
     // w calls in its spin loop, can take more samples than w itself on
     // some VMs: 44% against 25% on this one).
-    let own = report["hot_functions"]
-        .as_array()
-        .expect("hot_functions")
+    let own = report
+        .hot_functions
         .iter()
-        .find(|h| h["module"] == "short")
-        .unwrap_or_else(|| panic!("no function of short: {:#}", report["hot_functions"]));
+        .find(|h| h.module == "short")
+        .unwrap_or_else(|| panic!("no function of short: {:#?}", report.hot_functions));
     assert_eq!(
-        own["function"], "w",
-        "the hot function w: {:#}",
-        report["hot_functions"]
+        own.function, "w",
+        "the hot function w: {:#?}",
+        report.hot_functions
     );
-    let g = report["false_sharing"]
-        .as_array()
-        .expect("false_sharing")
+    let g = report
+        .false_sharing
         .iter()
-        .find(|e| e["object"]["kind"] == "global")
-        .unwrap_or_else(|| panic!("no global finding: {:#}", report["false_sharing"]));
-    assert_eq!(g["object"]["name"], "g", "{g:#}");
-    assert_eq!(g["kind"], "false", "{g:#}");
+        .find(|e| e.object.kind == ObjectKind::Global)
+        .unwrap_or_else(|| panic!("no global finding: {:#?}", report.false_sharing));
+    assert_eq!(g.object.name, "g", "{g:#?}");
+    assert_eq!(g.kind, SharingKind::False, "{g:#?}");
     // The write is in spin_ns, inlined into w: the code line is
     // spin_ns's own, with w as the function it was inlined into.
     let write = marked_line("short", "SHORT_G_WRITE");
-    let code = g["code"]
-        .as_array()
-        .expect("code")
+    let code = g
+        .code
         .iter()
-        .find(|c| c["line"] == write)
-        .unwrap_or_else(|| panic!("no code at short.c:{write}: {g:#}"));
-    assert_eq!(code["function"], "spin_ns", "{code:#}");
-    assert_eq!(code["inlined_into"][0]["function"], "w", "{code:#}");
+        .find(|c| c.line == Some(write))
+        .unwrap_or_else(|| panic!("no code at short.c:{write}: {g:#?}"));
+    assert_eq!(code.function, "spin_ns", "{code:#?}");
+    assert_eq!(
+        code.inlined_into.first().map(|c| c.function.as_str()),
+        Some("w"),
+        "{code:#?}"
+    );
     let top = top_mutex(&report);
-    assert_eq!(top["name"], "m", "{top:#}");
-    assert_eq!(top["kind"], "mutex", "{top:#}");
+    assert_eq!(top.name.as_deref(), Some("m"), "{top:#?}");
+    assert_eq!(top.kind, LockKind::Mutex, "{top:#?}");
     assert_between(
         "contentions of m",
-        get(top, "contentions") as f64,
+        top.contentions as f64,
         MIN_HOT_CONTENTIONS as f64,
         truth.get("acquisitions") as f64,
-        top,
+        &format!("{top:#?}"),
     );
     assert_no_programs_left();
 }
 
 // ---- Heavy contention (#16): scale, holder blame, kernel lock chains ----
 
-/// The waiter sites of `entry`, as an array.
-fn sites<'a>(entry: &'a serde_json::Value, list: &str) -> &'a [serde_json::Value] {
-    entry[list]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_else(|| panic!("{list} is not an array: {entry:#}"))
-}
-
-/// `delay_caused_ns` of a section or holder site.
-fn delay_caused(site: &serde_json::Value) -> u64 {
-    site["delay_caused_ns"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("delay_caused_ns is not a number: {site:#}"))
-}
-
 /// No lock record was lost: the notes say nothing "were lost".
-fn assert_nothing_lost(report: &serde_json::Value) {
+fn assert_nothing_lost(report: &Report) {
     assert!(
-        !report["notes"].to_string().contains("were lost"),
-        "{:#}",
-        report["notes"]
+        !report.notes.iter().any(|n| n.contains("were lost")),
+        "{:#?}",
+        report.notes
     );
 }
 
@@ -1187,25 +1252,27 @@ fn two_hundred_threads_on_one_mutex_lose_nothing() {
     );
     assert_nothing_lost(&report);
     let top = top_mutex(&report);
-    assert_eq!(top["name"], "g_hot_lock", "{top:#}");
+    assert_eq!(top.name.as_deref(), Some("g_hot_lock"), "{top:#?}");
     assert_between(
         "g_hot_lock contentions",
-        get(top, "contentions") as f64,
+        top.contentions as f64,
         MIN_HOT_CONTENTIONS as f64,
         truth.get("hot_acquisitions") as f64,
-        top,
+        &format!("{top:#?}"),
     );
     let wait = marked_line("locks", "// WAIT");
-    let first = sites(top, "waiters")
+    let first = top
+        .waiters
         .first()
-        .unwrap_or_else(|| panic!("no waiter: {top:#}"));
+        .unwrap_or_else(|| panic!("no waiter: {top:#?}"));
     assert!(
-        first["file"]
-            .as_str()
+        first
+            .file
+            .as_deref()
             .is_some_and(|f| f.ends_with("locks.c"))
-            && first["line"] == wait,
-        "the top waiter is at locks.c:{wait}: {:#}",
-        top["waiters"]
+            && first.line == Some(wait),
+        "the top waiter is at locks.c:{wait}: {:#?}",
+        top.waiters
     );
     assert_no_programs_left();
 }
@@ -1227,23 +1294,22 @@ fn yield_loop_is_consistent_and_blames_its_section() {
     let hot = must_lock(&report, "g_hot_lock");
     assert_between(
         "g_hot_lock contentions",
-        get(hot, "contentions") as f64,
+        hot.contentions as f64,
         MIN_HOT_CONTENTIONS as f64,
         truth.get("yield_rounds") as f64,
-        hot,
+        &format!("{hot:#?}"),
     );
     // Both may be estimates (the futex hooks in windows here): the
     // acquisitions at least the least the contentions may be.
-    let least =
-        get(hot, "contentions") as f64 * (1.0 - hot["contention_error"].as_f64().unwrap_or(0.0));
+    let least = hot.contentions as f64 * (1.0 - hot.contention_error.unwrap_or(0.0));
     assert!(
-        hot["acquisitions"].is_null() || get(hot, "acquisitions") as f64 >= least.floor(),
-        "{hot:#}"
+        hot.acquisitions.is_none_or(|a| a as f64 >= least.floor()),
+        "{hot:#?}"
     );
     let line = marked_line("locks", "// YIELDLOCK");
-    let section = site_at(hot, "sections", "locks.c", line)
-        .unwrap_or_else(|| panic!("a section taken at locks.c:{line}: {:#}", hot["sections"]));
-    assert!(delay_caused(section) > 0, "{section:#}");
+    let section = site_at(&hot.sections, "locks.c", line)
+        .unwrap_or_else(|| panic!("a section taken at locks.c:{line}: {:#?}", hot.sections));
+    assert!(section.delay_caused_ns > 0, "{section:#?}");
     assert_no_programs_left();
 }
 
@@ -1280,33 +1346,42 @@ fn slow_holder_is_blamed_for_the_delay() {
         "locks-slowholder",
         &["--lock-mode", "full", "--alloc-mode", "off"],
         "sections",
+        |l| &l.sections[..],
         "// SLOWLOCK",
         SLOW_HOLDER_SHARE,
     );
 }
 
 /// Runs `slowholder 3 3` with `flags` and checks the blame in `list`
-/// ("sections" or "holders") of g_slow_lock: the site at `marker` caused
-/// at least `share` of the lock's delay, and about what the fast takers
-/// waited.
-fn assert_slow_blame(name: &str, flags: &[&str], list: &str, marker: &str, share: f64) {
+/// ("sections" or "holders", the entry's `sites`) of g_slow_lock: the
+/// site at `marker` caused at least `share` of the lock's delay, and
+/// about what the fast takers waited.
+fn assert_slow_blame<S: Blamed>(
+    name: &str,
+    flags: &[&str],
+    list: &str,
+    sites: fn(&LockEntry) -> &[S],
+    marker: &str,
+    share: f64,
+) {
     let (_, report, truth) =
         launch_truth(name, flags, &locks_workload(), &["slowholder", "3", "3"]);
     assert_eq!(
-        report["loader"]["futex_hooks"]["kind"], "sched",
-        "{:#}",
-        report["loader"]
+        report.loader.futex_hooks.as_ref().map(|h| h.kind.as_str()),
+        Some("sched"),
+        "{:#?}",
+        report.loader
     );
     let lock = must_lock(&report, "g_slow_lock");
-    let total: u64 = sites(lock, list).iter().map(delay_caused).sum();
+    let total: u64 = sites(lock).iter().map(Blamed::delay_caused).sum();
     let line = marked_line("locks", marker);
-    let slow = site_at(lock, list, "locks.c", line)
-        .unwrap_or_else(|| panic!("{list}: one at locks.c:{line}: {:#}", lock[list]));
-    let caused = delay_caused(slow);
+    let slow = site_at(sites(lock), "locks.c", line)
+        .unwrap_or_else(|| panic!("{list}: one at locks.c:{line}: {:#?}", sites(lock)));
+    let caused = slow.delay_caused();
     assert!(
         caused as f64 >= share * total as f64 && caused > 0,
-        "the slow site caused {caused} of {total} ns: {:#}",
-        lock[list]
+        "the slow site caused {caused} of {total} ns: {:#?}",
+        sites(lock)
     );
     let waited = truth.get("fast_wait_ns") as f64;
     assert_between(
@@ -1314,7 +1389,7 @@ fn assert_slow_blame(name: &str, flags: &[&str], list: &str, marker: &str, share
         caused as f64,
         waited * SLOW_DELAY_LOW,
         waited * SLOW_DELAY_HIGH,
-        lock,
+        &format!("{lock:#?}"),
     );
     assert_no_programs_left();
 }
@@ -1345,18 +1420,12 @@ fn kernel_lock_waits_have_user_call_chains() {
         "kwait_loop (locks.c:{})",
         marked_line("locks", "// KWAITCALL")
     );
-    let chains: Vec<Vec<String>> = locks(&report)
+    let chains: Vec<Vec<String>> = report
+        .locks
         .iter()
-        .filter(|l| l["kind"] == "kernel")
-        .flat_map(|l| sites(l, "waiters"))
-        .map(|w| {
-            w["chain"]
-                .as_array()
-                .unwrap_or_else(|| panic!("chain is not an array: {w:#}"))
-                .iter()
-                .map(|f| f.as_str().unwrap_or_default().to_string())
-                .collect()
-        })
+        .filter(|l| l.kind == LockKind::Kernel)
+        .flat_map(|l| &l.waiters)
+        .map(|w| w.chain.clone())
         .collect();
     let found = chains.iter().any(|chain| {
         let at = chain
@@ -1366,8 +1435,8 @@ fn kernel_lock_waits_have_user_call_chains() {
     });
     assert!(
         found,
-        "a kernel lock waiter with {calls:?} then {caller:?} in its chain: {chains:#?}\n{:#}",
-        report["locks"]
+        "a kernel lock waiter with {calls:?} then {caller:?} in its chain: {chains:#?}\n{:#?}",
+        report.locks
     );
     assert_no_programs_left();
 }
@@ -1401,14 +1470,12 @@ fn sysbench_threads_lock_is_found() {
     // heap blocks are not named: its waiters identify the lock.
     let top = top_mutex(&report);
     assert!(
-        get(top, "contentions") >= MIN_HOT_CONTENTIONS,
-        "contended: {top:#}"
+        top.contentions >= MIN_HOT_CONTENTIONS,
+        "contended: {top:#?}"
     );
     assert!(
-        sites(top, "waiters")
-            .iter()
-            .any(|w| w["module"] == "sysbench"),
-        "a waiter in sysbench: {top:#}"
+        top.waiters.iter().any(|w| w.module == "sysbench"),
+        "a waiter in sysbench: {top:#?}"
     );
     assert_no_programs_left();
 }
@@ -1424,18 +1491,16 @@ fn a_heap_mutex_is_named_by_type_and_field() {
     }
     let (_, report) = launch("locks-table", &locks_workload(), &["table", "4", "3"]);
     let top = top_mutex(&report);
-    let name = top["name"].as_str().unwrap_or_default();
-    assert!(name.starts_with("struct table.lock "), "{top:#}");
+    let name = top.name.as_deref().unwrap_or_default();
+    assert!(name.starts_with("struct table.lock "), "{top:#?}");
     let line = marked_line("locks", "/* TABLE_CALLOC */");
     assert!(
         name.ends_with(&format!("locks.c:{line})")),
-        "named by its allocation line: {top:#}"
+        "named by its allocation line: {top:#?}"
     );
     assert!(
-        sites(top, "waiters")
-            .iter()
-            .any(|w| w["function"] == "table_loop"),
-        "{top:#}"
+        top.waiters.iter().any(|w| w.function == "table_loop"),
+        "{top:#?}"
     );
     assert_no_programs_left();
 }
@@ -1459,15 +1524,13 @@ fn hundred_thousand_mutexes_keep_the_loader_bounded() {
         &["roundrobin", "100000", "4", "20"],
     );
     assert!(truth.get("rr_acquisitions") > 0);
-    let rss = report["loader"]["peak_rss_bytes"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("loader.peak_rss_bytes: {:#}", report["loader"]));
+    let rss = report.loader.peak_rss_bytes;
     assert!(
         rss <= LOADER_PEAK_RSS_100K,
-        "loader peak RSS {} MiB > {} MiB: {:#}",
+        "loader peak RSS {} MiB > {} MiB: {:#?}",
         rss >> 20,
         LOADER_PEAK_RSS_100K >> 20,
-        report["loader"]
+        report.loader
     );
     assert_no_programs_left();
 }
@@ -1502,6 +1565,7 @@ fn default_path_blames_the_slow_holder() {
         "locks-slowholder-default",
         &["--lock-mode", "off", "--alloc-mode", "off"],
         "holders",
+        |l| &l.holders[..],
         "// SLOWUNLOCK",
         SLOW_RELEASE_SHARE,
     );
@@ -1527,21 +1591,22 @@ fn governed_waits_are_within_their_claimed_error() {
         &locks_workload(),
         &["contended", "2", "4"],
     );
-    let c = &report["lock_contention"];
-    assert_eq!(c["hooks"], "sched", "{c:#}");
+    let c = lock_contention(&report);
+    assert_eq!(c.hooks, "sched", "{c:#?}");
     assert!(
-        c["stride_max"].as_u64().is_some_and(|n| n > 1),
-        "the governor never sampled: {c:#} {:#}",
-        report["loader"]["programs"]
+        c.stride_max > 1,
+        "the governor never sampled: {c:#?} {:#?}",
+        report.loader.programs
     );
-    assert!(get(c, "waits_skipped") > 0, "{c:#}");
+    assert!(c.waits_skipped > 0, "{c:#?}");
     assert_hot_estimate(&report, &truth, "hot_acquisitions", 0.3);
     assert!(
-        report["notes"]
-            .to_string()
-            .contains("probability down to 1/"),
-        "the notes say the waits were sampled: {:#}",
-        report["notes"]
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("probability down to 1/")),
+        "the notes say the waits were sampled: {:#?}",
+        report.notes
     );
     assert_no_programs_left();
 }
@@ -1567,23 +1632,26 @@ fn windowed_waits_are_within_their_claimed_error() {
         &locks_workload(),
         &["yield", "4", "8"],
     );
-    let c = &report["lock_contention"];
-    assert_eq!(c["hooks"], "sched", "{c:#}");
+    let c = lock_contention(&report);
+    assert_eq!(c.hooks, "sched", "{c:#?}");
     assert!(
-        get(c, "windows") >= 3,
-        "the hooks were never detached: {c:#} {:#}",
-        report["loader"]["programs"]
+        c.windows >= 3,
+        "the hooks were never detached: {c:#?} {:#?}",
+        report.loader.programs
     );
-    let attached = c["attached_share"].as_f64().unwrap_or(1.0);
+    let attached = c.attached_share;
     assert!(
         attached > 0.0 && attached < 0.6,
-        "attached {attached}: {c:#}"
+        "attached {attached}: {c:#?}"
     );
     assert_hot_estimate(&report, &truth, "yield_rounds", 0.5);
     assert!(
-        report["notes"].to_string().contains("attached in windows"),
-        "the notes say the hooks went in windows: {:#}",
-        report["notes"]
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("attached in windows")),
+        "the notes say the hooks went in windows: {:#?}",
+        report.notes
     );
     assert_no_programs_left();
 }
@@ -1593,26 +1661,26 @@ fn windowed_waits_are_within_their_claimed_error() {
 /// exact count's bounds of the time its threads spent in
 /// pthread_mutex_lock widened by that error, and the contentions at most
 /// its acquisitions (truth `acquisitions`) plus that error.
-fn assert_hot_estimate(report: &serde_json::Value, truth: &Truth, acquisitions: &str, most: f64) {
+fn assert_hot_estimate(report: &Report, truth: &Truth, acquisitions: &str, most: f64) {
     let hot = must_lock(report, "g_hot_lock");
-    let error = hot["contention_error"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("an estimate claims its error: {hot:#}"));
-    assert!(error > 0.0 && error <= most, "claimed ±{error}: {hot:#}");
+    let error = hot
+        .contention_error
+        .unwrap_or_else(|| panic!("an estimate claims its error: {hot:#?}"));
+    assert!(error > 0.0 && error <= most, "claimed ±{error}: {hot:#?}");
     let waited = truth.get("hot_wait_ns") as f64;
     assert_between(
         "g_hot_lock wait_total_ns (estimate)",
-        get(hot, "wait_total_ns") as f64,
+        hot.wait_total_ns as f64,
         waited * WAIT_SHARE_LOW * (1.0 - error),
         waited * WAIT_SHARE_HIGH * (1.0 + error),
-        hot,
+        &format!("{hot:#?}"),
     );
     assert_between(
         "g_hot_lock contentions (estimate)",
-        get(hot, "contentions") as f64,
+        hot.contentions as f64,
         MIN_HOT_CONTENTIONS as f64,
         truth.get(acquisitions) as f64 * (1.0 + error),
-        hot,
+        &format!("{hot:#?}"),
     );
 }
 
@@ -1637,22 +1705,28 @@ fn syscall_fallback_still_finds_the_hot_lock() {
         &[("MEMPROF_FUTEX_HOOKS", Path::new("syscalls"))],
         std::time::Duration::from_secs(60),
     );
+    let report = typed(&report);
     check_locks(&report);
-    let hooks = &report["loader"]["futex_hooks"];
-    assert_eq!(hooks["kind"], "syscalls", "{hooks:#}");
+    let hooks = report
+        .loader
+        .futex_hooks
+        .as_ref()
+        .unwrap_or_else(|| panic!("no futex_hooks: {:#?}", report.loader));
+    assert_eq!(hooks.kind, "syscalls", "{hooks:#?}");
     assert!(
-        hooks["why"]
-            .as_str()
+        hooks
+            .why
+            .as_deref()
             .is_some_and(|w| w.contains("MEMPROF_FUTEX_HOOKS")),
-        "{hooks:#}"
+        "{hooks:#?}"
     );
     let hot = must_lock(&report, "g_hot_lock");
-    assert!(get(hot, "contentions") >= MIN_HOT_CONTENTIONS, "{hot:#}");
+    assert!(hot.contentions >= MIN_HOT_CONTENTIONS, "{hot:#?}");
     let line = marked_line("locks", "// WAIT");
     assert!(
-        site_at(hot, "waiters", "locks.c", line).is_some(),
-        "waited at locks.c:{line}: {:#}",
-        hot["waiters"]
+        site_at(&hot.waiters, "locks.c", line).is_some(),
+        "waited at locks.c:{line}: {:#?}",
+        hot.waiters
     );
     assert_no_programs_left();
 }

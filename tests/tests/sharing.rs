@@ -14,6 +14,12 @@
 
 use std::{path::PathBuf, process::Command};
 
+use memprof::report::{
+    model::{
+        AddressMode, DismissReason, DismissedLine, ObjectKind, SharingEntry, SharingKind, TraceMode,
+    },
+    Report,
+};
 use memprof_tests::*;
 
 /// Seconds each workload runs: at the default 999 Hz on two CPUs, a
@@ -26,29 +32,23 @@ fn sharing_workload() -> PathBuf {
 }
 
 /// Launches `sharing MODE THREADS SECONDS` under the tool.
-fn launch(test: &str, mode: &str, threads: &str) -> serde_json::Value {
+fn launch(test: &str, mode: &str, threads: &str) -> Report {
     launch_with(test, &[], mode, threads)
 }
 
 /// As [`launch`], with tool options `flags`.
-fn launch_with(test: &str, flags: &[&str], mode: &str, threads: &str) -> serde_json::Value {
+fn launch_with(test: &str, flags: &[&str], mode: &str, threads: &str) -> Report {
     launch_for(test, flags, mode, threads, SECONDS)
 }
 
 /// As [`launch_with`], the workload running `seconds`.
-fn launch_for(
-    test: &str,
-    flags: &[&str],
-    mode: &str,
-    threads: &str,
-    seconds: &str,
-) -> serde_json::Value {
+fn launch_for(test: &str, flags: &[&str], mode: &str, threads: &str, seconds: &str) -> Report {
     let w = sharing_workload();
     let mut args = vec!["--no-tui"];
     args.extend_from_slice(flags);
     args.extend(["--", w.to_str().expect("UTF-8"), mode, threads, seconds]);
     let (_, report) = trace(test, &args);
-    check_entries(&report);
+    let report = check_entries(&report);
     assert_no_programs_left();
     report
 }
@@ -127,7 +127,7 @@ fn a_global_of_a_stripped_binary_is_named_from_its_debug_file() {
     let args = mapreduce_args(&w);
     let (_, report) = trace("sharing-split", &args);
     assert_no_programs_left();
-    assert_g_args_named(&report);
+    assert_g_args_named(&typed(&report));
 }
 
 /// The tool's arguments to launch `w mapreduce 2 SECONDS`.
@@ -144,9 +144,9 @@ fn mapreduce_args(w: &std::path::Path) -> [&str; 6] {
 
 /// The mapreduce finding on `g_args`, named with its fields and code line
 /// (what only a debug file gives a stripped binary).
-fn assert_g_args_named(report: &serde_json::Value) {
+fn assert_g_args_named(report: &Report) {
     let e = entry_named(report, "g_args");
-    assert_eq!(e["kind"], "false", "{e:#}");
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
     let fields = field_names(e);
     assert!(
         fields.contains(&"g_args[0].sum") && fields.contains(&"g_args[1].sum"),
@@ -252,17 +252,18 @@ fn a_global_of_a_stripped_binary_is_named_from_a_debuginfod_server() {
         std::time::Duration::from_secs(90),
     );
     drop(server);
+    let report = typed(&report);
     assert_no_programs_left();
     assert!(
         cache.join(&id).join("debuginfo").is_file(),
         "the debug file was not fetched into the cache"
     );
-    let notes = report_array(&report, "notes");
+    let notes = &report.notes;
     assert!(
-        notes.iter().any(|n| n
-            .as_str()
-            .is_some_and(|n| n.starts_with("debuginfod: debug files 1 fetched"))),
-        "{notes:?}"
+        notes
+            .iter()
+            .any(|n| n.starts_with("debuginfod: debug files 1 fetched")),
+        "{notes:#?}"
     );
     assert_g_args_named(&report);
     let _ = std::fs::remove_dir_all(&served);
@@ -278,26 +279,27 @@ fn tempfile_dir(name: &str) -> PathBuf {
 }
 
 /// The lines the detector looked at and did not report, with the reason.
-fn dismissed(report: &serde_json::Value) -> &[serde_json::Value] {
-    report_array(report, "false_sharing_dismissed")
+fn dismissed(report: &Report) -> &[DismissedLine] {
+    &report.false_sharing_dismissed
 }
 
 /// The dismissed lines whose object label starts with `name`.
-fn dismissed_on<'a>(report: &'a serde_json::Value, name: &str) -> Vec<&'a serde_json::Value> {
+fn dismissed_on<'a>(report: &'a Report, name: &str) -> Vec<&'a DismissedLine> {
     dismissed(report)
         .iter()
-        .filter(|d| d["object"].as_str().is_some_and(|o| o.starts_with(name)))
+        .filter(|d| d.object.starts_with(name))
         .collect()
 }
 
-fn entries(report: &serde_json::Value) -> &[serde_json::Value] {
-    report_array(report, "false_sharing")
+fn entries(report: &Report) -> &[SharingEntry] {
+    &report.false_sharing
 }
 
 /// Every entry has the promised keys and the list is ranked by cost.
-fn check_entries(report: &serde_json::Value) {
-    let all = entries(report);
-    for e in all {
+/// The keys are checked in the JSON form, the one place they can be
+/// missing; the report is returned typed.
+fn check_entries(json: &serde_json::Value) -> Report {
+    for e in report_array(json, "false_sharing") {
         for key in [
             "line",
             "kind",
@@ -323,99 +325,87 @@ fn check_entries(report: &serde_json::Value) {
                 "missing object.{key}: {e:#}"
             );
         }
-        assert!(["false", "true", "mixed"].contains(&e["kind"].as_str().unwrap_or("")));
-        assert!(e["line"].as_str().is_some_and(|l| l.starts_with("0x")));
     }
-    let costs: Vec<f64> = all
-        .iter()
-        .map(|e| e["cost_share"].as_f64().unwrap_or(0.0))
-        .collect();
+    let report = typed(json);
+    let all = entries(&report);
+    for e in all {
+        assert!([SharingKind::False, SharingKind::True, SharingKind::Mixed].contains(&e.kind));
+        assert!(e.line.starts_with("0x"));
+    }
+    let costs: Vec<f64> = all.iter().map(|e| e.cost_share).collect();
     assert!(
         costs.windows(2).all(|w| w[0] >= w[1]),
         "not ranked: {costs:?}"
     );
     // The machinery ran: samples yielded addresses and lines were tracked
     // (so the negative tests cannot pass with the feature absent).
-    let a = &report["sampling"]["addresses"];
-    let mode = a["mode"].as_str().unwrap_or_default();
+    let a = &report.sampling.addresses;
     assert!(
-        mode == "decoded" || mode == "precise",
-        "addresses decoded from timer samples, or given by the PMU: {a:#}"
+        a.mode == AddressMode::Decoded || a.mode == AddressMode::Precise,
+        "addresses decoded from timer samples, or given by the PMU: {a:#?}"
     );
-    assert!(
-        a["with_address"].as_u64().unwrap_or(0) > 100,
-        "few addresses: {a:#}"
-    );
-    assert!(a["lines_tracked"].as_u64().unwrap_or(0) > 0, "{a:#}");
+    assert!(a.with_address > 100, "few addresses: {a:#?}");
+    assert!(a.lines_tracked > 0, "{a:#?}");
+    report
 }
 
 /// The entry whose object is named `name`.
-fn entry_named<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+fn entry_named<'a>(report: &'a Report, name: &str) -> &'a SharingEntry {
     entries(report)
         .iter()
-        .find(|e| e["object"]["name"] == name)
+        .find(|e| e.object.name == name)
         .unwrap_or_else(|| {
             panic!(
-                "no false_sharing entry for {name}: {:#}",
-                report["false_sharing"]
+                "no false_sharing entry for {name}: {:#?}",
+                report.false_sharing
             )
         })
 }
 
 /// The entry names two worker threads (not the main thread, which only
 /// sleeps), and each word is touched by one of them only.
-fn assert_two_workers_on_disjoint_words(report: &serde_json::Value, e: &serde_json::Value) {
-    let pid = report["target"]["pid"].as_u64().expect("pid");
-    let threads: Vec<u64> = e["threads"]
-        .as_array()
-        .expect("threads")
-        .iter()
-        .filter_map(|t| t.as_u64())
-        .collect();
-    assert_eq!(threads.len(), 2, "{e:#}");
+fn assert_two_workers_on_disjoint_words(report: &Report, e: &SharingEntry) {
+    let pid = report.target.pid;
+    assert_eq!(e.threads.len(), 2, "{e:#?}");
     assert!(
-        !threads.contains(&pid),
-        "the main thread does not touch it: {e:#}"
+        !e.threads.contains(&pid),
+        "the main thread does not touch it: {e:#?}"
     );
-    for w in e["words"].as_array().expect("words") {
-        assert_eq!(
-            w["threads"].as_array().map(Vec::len),
-            Some(1),
-            "word shared: {w:#}"
-        );
+    for w in &e.words {
+        assert_eq!(w.threads.len(), 1, "word shared: {w:#?}");
     }
 }
 
 /// One of the entry's code lines is `file:line`.
 /// The heap finding, which must be false sharing of the block allocated at
 /// the line of `workload`.c marked `marker`.
-fn false_heap_entry<'a>(
-    report: &'a serde_json::Value,
-    workload: &str,
-    marker: &str,
-) -> &'a serde_json::Value {
+fn false_heap_entry<'a>(report: &'a Report, workload: &str, marker: &str) -> &'a SharingEntry {
     let e = entries(report)
         .iter()
-        .find(|e| e["object"]["kind"] == "heap")
-        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
-    assert_eq!(e["kind"], "false", "{e:#}");
-    let site = &e["object"]["alloc_site"];
+        .find(|e| e.object.kind == ObjectKind::Heap)
+        .unwrap_or_else(|| panic!("no heap entry: {:#?}", report.false_sharing));
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
+    let site = e.object.alloc_site.as_ref();
     let file = format!("{workload}.c");
     assert!(
-        site["file"].as_str().is_some_and(|f| f.ends_with(&file)),
-        "{site:#}"
+        site.and_then(|s| s.file.as_deref())
+            .is_some_and(|f| f.ends_with(&file)),
+        "{site:#?}"
     );
-    assert_eq!(site["line"], marked_line(workload, marker), "{site:#}");
+    assert_eq!(
+        site.and_then(|s| s.line),
+        Some(marked_line(workload, marker)),
+        "{site:#?}"
+    );
     e
 }
 
-fn assert_code_line(e: &serde_json::Value, file: &str, line: u32) {
-    let found = e["code"]
-        .as_array()
-        .expect("code")
+fn assert_code_line(e: &SharingEntry, file: &str, line: u32) {
+    let found = e
+        .code
         .iter()
-        .any(|c| c["file"].as_str().is_some_and(|f| f.ends_with(file)) && c["line"] == line);
-    assert!(found, "no code at {file}:{line}: {:#}", e["code"]);
+        .any(|c| c.file.as_deref().is_some_and(|f| f.ends_with(file)) && c.line == Some(line));
+    assert!(found, "no code at {file}:{line}: {:#?}", e.code);
 }
 
 #[test]
@@ -425,39 +415,34 @@ fn per_thread_counters_in_one_global_array_are_false_sharing() {
     }
     let report = launch("sharing-array", "array", "2");
     let e = entry_named(&report, "g_counters");
-    assert_eq!(e["kind"], "false", "{e:#}");
-    assert_eq!(e["object"]["kind"], "global");
-    assert_eq!(e["object"]["offset"], 0);
-    assert_eq!(e["object"]["size"], 512, "long g_counters[64]");
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
+    assert_eq!(e.object.kind, ObjectKind::Global);
+    assert_eq!(e.object.offset, 0);
+    assert_eq!(e.object.size, Some(512), "long g_counters[64]");
     let fields = field_names(e);
     assert!(
         fields.contains(&"g_counters[0]") && fields.contains(&"g_counters[1]"),
         "{fields:?}"
     );
-    assert!(e["invalidations"].as_u64().unwrap_or(0) >= 5);
+    assert!(e.invalidations >= 5);
     assert!(
-        e["cost_share"].as_f64().unwrap_or(0.0) > 0.2,
-        "the loop is all the program does: {e:#}"
+        e.cost_share > 0.2,
+        "the loop is all the program does: {e:#?}"
     );
     assert_two_workers_on_disjoint_words(&report, e);
     assert_code_line(e, "sharing.c", marked_line("sharing", "ARRAY_WRITE"));
-    assert!(e["advice"].as_str().unwrap_or("").contains("64 bytes"));
+    assert!(e.advice.contains("64 bytes"));
     assert_eq!(
         entries(&report).len(),
         1,
-        "only that line: {:#}",
-        report["false_sharing"]
+        "only that line: {:#?}",
+        report.false_sharing
     );
 }
 
 /// The field names of an entry's words (those DWARF named).
-fn field_names(e: &serde_json::Value) -> Vec<&str> {
-    e["words"]
-        .as_array()
-        .expect("words")
-        .iter()
-        .filter_map(|w| w["field"].as_str())
-        .collect()
+fn field_names(e: &SharingEntry) -> Vec<&str> {
+    e.words.iter().filter_map(|w| w.field.as_deref()).collect()
 }
 
 #[test]
@@ -468,21 +453,21 @@ fn padded_per_thread_counters_are_no_finding() {
     let report = launch("sharing-padded", "padded", "2");
     assert!(
         entries(&report).is_empty(),
-        "each counter has its own line: {:#}",
-        report["false_sharing"]
+        "each counter has its own line: {:#?}",
+        report.false_sharing
     );
     // The detector saw both counters' lines written (they are the busiest
     // lines of the program) and cleared each: one thread only.
     let padded = dismissed_on(&report, "g_padded");
     assert!(
         padded.len() >= 2,
-        "both padded counters' lines were examined: {:#}",
-        report["false_sharing_dismissed"]
+        "both padded counters' lines were examined: {:#?}",
+        report.false_sharing_dismissed
     );
     for d in padded {
-        assert!(d["writes"].as_u64().unwrap_or(0) > 100, "{d:#}");
-        assert_eq!(d["shared"], false, "{d:#}");
-        assert_eq!(d["reason"], "one thread", "{d:#}");
+        assert!(d.writes > 100, "{d:#?}");
+        assert!(!d.shared, "{d:#?}");
+        assert_eq!(d.reason, DismissReason::OneThread, "{d:#?}");
     }
 }
 
@@ -494,8 +479,9 @@ fn per_thread_structs_in_one_heap_block_are_named_by_their_allocation() {
     let report = launch("sharing-heap", "heap", "2");
     let e = false_heap_entry(&report, "sharing", "HEAP_ALLOC");
     assert_eq!(
-        e["object"]["size"], 64,
-        "two 16-byte slots, rounded up to 64: {e:#}"
+        e.object.size,
+        Some(64),
+        "two 16-byte slots, rounded up to 64: {e:#?}"
     );
     assert_two_workers_on_disjoint_words(&report, e);
     assert_code_line(e, "sharing.c", marked_line("sharing", "HEAP_WRITE"));
@@ -520,51 +506,62 @@ fn an_allocation_in_an_inlined_helper_is_named_at_its_calloc_line() {
         SECONDS,
     ];
     let (_, report, truth) = trace_truth("sharing-inlined", &args);
-    check_entries(&report);
+    let report = check_entries(&report);
     assert_no_programs_left();
     assert!(truth.get("iterations") > 0);
     let e = entries(&report)
         .iter()
-        .find(|e| e["object"]["kind"] == "heap")
-        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
-    assert_eq!(e["kind"], "false", "{e:#}");
+        .find(|e| e.object.kind == ObjectKind::Heap)
+        .unwrap_or_else(|| panic!("no heap entry: {:#?}", report.false_sharing));
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
     let calloc_line = marked_line("inlined", "HELPER_CALLOC");
     let call_line = marked_line("inlined", "MAIN_CALLS_HELPER");
-    let site = &e["object"]["alloc_site"];
-    assert_eq!(site["function"], "make_accums", "{site:#}");
-    assert_eq!(site["line"], calloc_line, "{site:#}");
-    assert!(
-        site["file"]
-            .as_str()
-            .is_some_and(|f| f.ends_with("inlined.c")),
-        "{site:#}"
+    let site = e.object.alloc_site.as_ref();
+    assert_eq!(
+        site.map(|s| s.function.as_str()),
+        Some("make_accums"),
+        "{site:#?}"
     );
-    let chain = site["inlined_into"].as_array().expect("inlined_into");
-    assert_eq!(chain.len(), 1, "{site:#}");
-    assert_eq!(chain[0]["function"], "main", "{site:#}");
-    assert_eq!(chain[0]["line"], call_line, "{site:#}");
+    assert_eq!(site.and_then(|s| s.line), Some(calloc_line), "{site:#?}");
     assert!(
-        chain[0]["file"]
-            .as_str()
+        site.and_then(|s| s.file.as_deref())
             .is_some_and(|f| f.ends_with("inlined.c")),
-        "{site:#}"
+        "{site:#?}"
     );
-    let name = e["object"]["name"].as_str().unwrap_or_default();
+    let chain = site
+        .map(|s| s.inlined_into.as_slice())
+        .expect("inlined_into");
+    assert_eq!(chain.len(), 1, "{site:#?}");
+    assert_eq!(chain[0].function, "main", "{site:#?}");
+    assert_eq!(chain[0].line, Some(call_line), "{site:#?}");
+    assert!(
+        chain[0]
+            .file
+            .as_deref()
+            .is_some_and(|f| f.ends_with("inlined.c")),
+        "{site:#?}"
+    );
+    let name = e.object.name.as_str();
     assert!(
         name.ends_with(&format!("heap block from inlined.c:{calloc_line}")),
-        "{e:#}"
+        "{e:#?}"
     );
     assert_two_workers_on_disjoint_words(&report, e);
     assert_code_line(e, "inlined.c", marked_line("inlined", "INLINED_WRITE"));
     // The allocator's top sites name the call the same way.
-    let sites = report["allocator"]["sites"].as_array().expect("sites");
+    let sites = &report.allocator.sites;
     let top = sites
         .iter()
-        .find(|s| s["line"] == calloc_line)
+        .find(|s| s.line == Some(calloc_line))
         .unwrap_or_else(|| panic!("no allocator site at the calloc line: {sites:#?}"));
-    assert_eq!(top["function"], "make_accums", "{top:#}");
-    assert_eq!(top["inlined_into"][0]["function"], "main", "{top:#}");
-    assert_eq!(top["inlined_into"][0]["line"], call_line, "{top:#}");
+    assert_eq!(top.function, "make_accums", "{top:#?}");
+    let caller = top.inlined_into.first();
+    assert_eq!(
+        caller.map(|c| c.function.as_str()),
+        Some("main"),
+        "{top:#?}"
+    );
+    assert_eq!(caller.and_then(|c| c.line), Some(call_line), "{top:#?}");
 }
 
 #[test]
@@ -574,14 +571,15 @@ fn an_atomic_counter_shared_by_all_threads_is_true_sharing() {
     }
     let report = launch("sharing-atomic", "atomic", "2");
     let e = entry_named(&report, "g_shared_counter");
-    assert_eq!(e["kind"], "true", "one word, written by both: {e:#}");
-    assert_eq!(e["threads"].as_array().map(Vec::len), Some(2));
-    let words = e["words"].as_array().expect("words");
-    assert!(words
-        .iter()
-        .all(|w| w["threads"].as_array().map(Vec::len) == Some(2)));
+    assert_eq!(
+        e.kind,
+        SharingKind::True,
+        "one word, written by both: {e:#?}"
+    );
+    assert_eq!(e.threads.len(), 2);
+    assert!(e.words.iter().all(|w| w.threads.len() == 2));
     assert_code_line(e, "sharing.c", marked_line("sharing", "ATOMIC_ADD"));
-    assert!(e["advice"].as_str().unwrap_or("").contains("own copy"));
+    assert!(e.advice.contains("own copy"));
 }
 
 #[test]
@@ -592,8 +590,8 @@ fn a_read_mostly_table_with_one_writer_is_no_finding() {
     let report = launch("sharing-readmostly", "readmostly", "3");
     assert!(
         entries(&report).is_empty(),
-        "reads dominate, writes are rare, and nothing else is shared: {:#}",
-        report["false_sharing"]
+        "reads dominate, writes are rare, and nothing else is shared: {:#?}",
+        report.false_sharing
     );
     // The detector saw the table's lines read by both readers and cleared
     // them. (Its one write a millisecond, a single instruction, is almost
@@ -601,16 +599,20 @@ fn a_read_mostly_table_with_one_writer_is_no_finding() {
     let table = dismissed_on(&report, "g_table");
     assert!(
         table.len() >= 4,
-        "the table's lines were examined: {:#}",
-        report["false_sharing_dismissed"]
+        "the table's lines were examined: {:#?}",
+        report.false_sharing_dismissed
     );
     for d in table {
-        assert!(d["samples"].as_u64().unwrap_or(0) > 10, "{d:#}");
-        assert_eq!(d["shared"], true, "read by both readers: {d:#}");
+        assert!(d.samples > 10, "{d:#?}");
+        assert!(d.shared, "read by both readers: {d:#?}");
         assert!(
-            ["no sampled write", "read-mostly", "few invalidations"]
-                .contains(&d["reason"].as_str().unwrap_or_default()),
-            "{d:#}"
+            [
+                DismissReason::NoWrites,
+                DismissReason::ReadMostly,
+                DismissReason::FewInvalidations
+            ]
+            .contains(&d.reason),
+            "{d:#?}"
         );
     }
 }
@@ -622,17 +624,16 @@ fn map_reduce_arguments_not_a_multiple_of_64_are_false_sharing_by_field() {
     }
     let report = launch("sharing-mapreduce", "mapreduce", "2");
     let e = entry_named(&report, "g_args");
-    assert_eq!(e["kind"], "false", "{e:#}");
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
     assert_two_workers_on_disjoint_words(&report, e);
     // struct thread_arg { int id; int flags; long sum; long count;
     // char tag[16]; } is 40 bytes: thread 0 writes sum and count at
     // 8..24, thread 1 at 48..64, both on the array's first line.
-    let written: Vec<u64> = e["words"]
-        .as_array()
-        .expect("words")
+    let written: Vec<u32> = e
+        .words
         .iter()
-        .filter(|w| w["writes"].as_u64().unwrap_or(0) > 0)
-        .filter_map(|w| w["offset"].as_u64())
+        .filter(|w| w.writes > 0)
+        .map(|w| w.offset)
         .collect();
     assert!(
         written
@@ -652,7 +653,7 @@ fn map_reduce_arguments_not_a_multiple_of_64_are_false_sharing_by_field() {
     ] {
         assert!(fields.contains(&f), "{f} not named: {fields:?}");
     }
-    let advice = e["advice"].as_str().unwrap_or("");
+    let advice = e.advice.as_str();
     assert!(advice.contains("struct thread_arg is 40 bytes"), "{advice}");
     assert!(advice.contains("g_args[1].sum"), "{advice}");
 }
@@ -674,18 +675,14 @@ fn a_rust_program_s_per_thread_atomics_are_false_sharing() {
         "sharing-rust",
         &["--no-tui", "--", w.to_str().expect("UTF-8"), "2", SECONDS],
     );
-    check_entries(&report);
+    let report = check_entries(&report);
     assert_no_programs_left();
     let e = entries(&report)
         .iter()
-        .find(|e| {
-            e["object"]["name"]
-                .as_str()
-                .is_some_and(|n| n.contains("COUNTERS"))
-        })
-        .unwrap_or_else(|| panic!("COUNTERS not reported: {:#}", report["false_sharing"]));
-    assert_eq!(e["kind"], "false", "{e:#}");
-    assert_eq!(e["object"]["kind"], "global");
+        .find(|e| e.object.name.contains("COUNTERS"))
+        .unwrap_or_else(|| panic!("COUNTERS not reported: {:#?}", report.false_sharing));
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
+    assert_eq!(e.object.kind, ObjectKind::Global);
     assert_two_workers_on_disjoint_words(&report, e);
     let src = rust_workload_source("rustshare");
     assert_code_line(e, "rustshare.rs", marked_line_in(&src, "RUST_WRITE"));
@@ -707,16 +704,16 @@ fn attached_to_a_running_program_false_sharing_is_found() {
         "sharing-attach",
         &["-p", &pid, "--duration", "3s", "--no-tui"],
     );
-    check_entries(&report);
+    let report = check_entries(&report);
     assert!(
         target.child.try_wait().expect("try_wait").is_none(),
         "the target must survive the session"
     );
     let e = entry_named(&report, "g_counters");
-    assert_eq!(e["kind"], "false", "{e:#}");
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
     assert_two_workers_on_disjoint_words(&report, e);
     assert_code_line(e, "sharing.c", marked_line("sharing", "ARRAY_WRITE"));
-    assert_eq!(entries(&report).len(), 1, "{:#}", report["false_sharing"]);
+    assert_eq!(entries(&report).len(), 1, "{:#?}", report.false_sharing);
     drop(target);
     assert_no_programs_left();
 }
@@ -730,26 +727,23 @@ fn sixty_four_threads_make_eight_false_sharing_lines() {
         return;
     }
     let report = launch("sharing-64", "array", "64");
-    let lines: Vec<&serde_json::Value> = entries(&report)
+    let lines: Vec<&SharingEntry> = entries(&report)
         .iter()
-        .filter(|e| e["object"]["name"] == "g_counters")
+        .filter(|e| e.object.name == "g_counters")
         .collect();
-    let mut offsets: Vec<i64> = lines
-        .iter()
-        .map(|e| e["object"]["offset"].as_i64().unwrap_or(-1))
-        .collect();
+    let mut offsets: Vec<i64> = lines.iter().map(|e| e.object.offset).collect();
     offsets.sort_unstable();
     assert_eq!(
         offsets,
         (0..8).map(|k| k * 64).collect::<Vec<i64>>(),
-        "{:#}",
-        report["false_sharing"]
+        "{:#?}",
+        report.false_sharing
     );
     for e in &lines {
-        assert_eq!(e["kind"], "false", "{e:#}");
-        assert_eq!(e["threads"].as_array().map(Vec::len), Some(8), "{e:#}");
+        assert_eq!(e.kind, SharingKind::False, "{e:#?}");
+        assert_eq!(e.threads.len(), 8, "{e:#?}");
     }
-    assert_eq!(entries(&report).len(), 8, "{:#}", report["false_sharing"]);
+    assert_eq!(entries(&report).len(), 8, "{:#?}", report.false_sharing);
 }
 
 /// Proves that the kernel's line table overflowing loses nothing that
@@ -768,16 +762,16 @@ fn more_lines_than_the_kernel_table_holds() {
     }
     let flags = ["--sample-freq", "20000"];
     let report = launch_for("sharing-wide", &flags, "wide", "2", "6");
-    let a = &report["sampling"]["addresses"];
+    let a = &report.sampling.addresses;
     assert!(
-        a["lines_evicted"].as_u64().unwrap_or(0) > 0,
-        "the table must overflow for this test to mean anything: {a:#}"
+        a.lines_evicted > 0,
+        "the table must overflow for this test to mean anything: {a:#?}"
     );
     let e = entry_named(&report, "g_counters");
-    assert_eq!(e["kind"], "false", "{e:#}");
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
     assert_two_workers_on_disjoint_words(&report, e);
     assert_code_line(e, "sharing.c", marked_line("sharing", "WIDE_COUNTER"));
-    assert_eq!(entries(&report).len(), 1, "{:#}", report["false_sharing"]);
+    assert_eq!(entries(&report).len(), 1, "{:#?}", report.false_sharing);
 }
 
 /// The linear-regression kernel built without optimisation, attached with
@@ -801,35 +795,21 @@ fn an_unoptimised_pointer_reload_kernel_is_false_sharing_at_its_calloc_line() {
         &["calloc", "2", "60000000"],
         &[],
     );
-    check_entries(&report);
+    let report = check_entries(&report);
     assert_eq!(
         truth.get("block_offset"),
         16,
         "the array starts 16 bytes into a line"
     );
-    let addresses = &report["sampling"]["addresses"];
+    let addresses = &report.sampling.addresses;
     assert!(
-        addresses["through_slice"].as_u64().unwrap_or(0) * 10
-            >= addresses["with_address"].as_u64().unwrap_or(u64::MAX),
-        "a tenth of the placed samples at least come through the slice: {addresses:#}"
+        addresses.through_slice * 10 >= addresses.with_address,
+        "a tenth of the placed samples at least come through the slice: {addresses:#?}"
     );
     let e = false_heap_entry(&report, "linreg", "LINREG_CALLOC");
-    let read = |offset: u64| {
-        e["words"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|w| w["offset"] == offset && w["reads"].as_u64().unwrap_or(0) > 0)
-    };
-    assert!(read(24) && read(32), "points and num_elems read: {e:#}");
-    assert!(
-        e["code"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["function"] == "lreg_thread"),
-        "{e:#}"
-    );
+    let read = |offset: u32| e.words.iter().any(|w| w.offset == offset && w.reads > 0);
+    assert!(read(24) && read(32), "points and num_elems read: {e:#?}");
+    assert!(e.code.iter().any(|c| c.function == "lreg_thread"), "{e:#?}");
     assert_no_programs_left();
 }
 
@@ -863,16 +843,16 @@ fn a_block_allocated_before_the_attach_is_sized_from_its_chunk_header() {
     let status = target.child.wait().expect("waiting for linreg");
     assert!(status.success(), "linreg: {status}");
     let truth = Truth::read(&truth_path);
-    check_entries(&report);
+    let report = check_entries(&report);
     let e = entries(&report)
         .iter()
-        .find(|e| e["object"]["kind"] == "heap")
-        .unwrap_or_else(|| panic!("no heap entry: {:#}", report["false_sharing"]));
-    assert_eq!(e["kind"], "false", "{e:#}");
-    let o = &e["object"];
-    assert!(o["alloc_site"].is_null(), "{o:#}");
-    assert_eq!(o["type"], "lreg_args", "{o:#}");
-    let name = o["name"].as_str().unwrap_or_default();
+        .find(|e| e.object.kind == ObjectKind::Heap)
+        .unwrap_or_else(|| panic!("no heap entry: {:#?}", report.false_sharing));
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
+    let o = &e.object;
+    assert!(o.alloc_site.is_none(), "{o:#?}");
+    assert_eq!(o.type_name.as_deref(), Some("lreg_args"), "{o:#?}");
+    let name = o.name.as_str();
     assert!(
         name.contains("heap block of lreg_args allocated before tracing"),
         "{name}"
@@ -880,18 +860,18 @@ fn a_block_allocated_before_the_attach_is_sized_from_its_chunk_header() {
     // calloc(1, 2 * sizeof(lreg_args) + 64): glibc rounds the chunk up to
     // 16 bytes with 8 of header, so 0 to 23 usable bytes more.
     let asked = 2 * truth.get("struct_size") + 64;
-    let size = o["size"].as_u64().expect("size");
+    let size = o.size.expect("size");
     assert!(
         (asked..asked + 24).contains(&size),
-        "{size} for {asked}: {o:#}"
+        "{size} for {asked}: {o:#?}"
     );
     assert!(name.starts_with(&format!("{size}-byte ")), "{name}");
     // The array starts at the first address past the block's start that
     // is 16 bytes into a line, within the block's first 64 bytes; the
     // shared line holds the end of the first struct and the start of the
     // second, so it lies within the array.
-    let offset = o["offset"].as_i64().expect("offset");
-    assert!(offset >= 0 && (offset as u64) + 64 <= size, "{o:#}");
+    let offset = o.offset;
+    assert!(offset >= 0 && (offset as u64) + 64 <= size, "{o:#?}");
     assert_eq!(truth.get("block_offset"), 16);
     let fields = field_names(e);
     assert!(
@@ -904,12 +884,12 @@ fn a_block_allocated_before_the_attach_is_sized_from_its_chunk_header() {
 
 /// Launches linreg (debug build) with `args` in the default mode; its
 /// entries checked.
-fn launch_linreg(test: &str, args: &[&str]) -> (serde_json::Value, Truth) {
+fn launch_linreg(test: &str, args: &[&str]) -> (Report, Truth) {
     let program = build_workload("linreg", Variant::Debug).expect("building linreg");
     let mut argv = vec!["--no-tui", "--", program.to_str().expect("UTF-8")];
     argv.extend_from_slice(args);
     let (_, report, truth) = trace_truth(test, &argv);
-    check_entries(&report);
+    let report = check_entries(&report);
     (report, truth)
 }
 
@@ -925,24 +905,15 @@ fn successive_generations_of_threads_are_not_true_sharing() {
     }
     let (report, truth) = launch_linreg("sharing-linreg-rounds", &["calloc", "2", "25000000", "3"]);
     assert_eq!(truth.get("rounds"), 3);
-    let heap: Vec<&serde_json::Value> = entries(&report)
+    let heap: Vec<&SharingEntry> = entries(&report)
         .iter()
-        .filter(|e| e["object"]["kind"] == "heap")
+        .filter(|e| e.object.kind == ObjectKind::Heap)
         .collect();
-    assert!(!heap.is_empty(), "{:#}", report["false_sharing"]);
+    assert!(!heap.is_empty(), "{:#?}", report.false_sharing);
     for e in &heap {
-        assert_eq!(e["kind"], "false", "{e:#}");
-        assert!(
-            e["threads"].as_array().is_some_and(|t| t.len() >= 4),
-            "threads of several rounds: {e:#}"
-        );
-        assert!(
-            !e["advice"]
-                .as_str()
-                .unwrap_or("")
-                .contains("padding cannot help"),
-            "{e:#}"
-        );
+        assert_eq!(e.kind, SharingKind::False, "{e:#?}");
+        assert!(e.threads.len() >= 4, "threads of several rounds: {e:#?}");
+        assert!(!e.advice.contains("padding cannot help"), "{e:#?}");
     }
     assert_no_programs_left();
 }
@@ -961,9 +932,10 @@ fn a_launched_programs_start_up_allocation_is_named_in_the_default_mode() {
     }
     let (report, _) = launch_linreg("sharing-linreg-start-up", &["calloc", "2", "60000000"]);
     assert_eq!(
-        report["allocator"]["mode"], "sampled",
-        "{:#}",
-        report["allocator"]
+        report.allocator.mode,
+        TraceMode::Sampled,
+        "{:#?}",
+        report.allocator
     );
     false_heap_entry(&report, "linreg", "LINREG_CALLOC");
     assert_no_programs_left();
@@ -978,7 +950,8 @@ fn forkshare_workload() -> PathBuf {
 }
 
 /// Launches `forkshare MODE SECONDS` under the tool with `flags`; returns
-/// the report and the workload's truth (its children's pids).
+/// the report (as JSON, for [`check_entries`]) and the workload's truth
+/// (its children's pids).
 fn launch_forkshare(test: &str, flags: &[&str], mode: &str) -> (serde_json::Value, Truth) {
     let w = forkshare_workload();
     let mut args = vec!["--no-tui"];
@@ -992,43 +965,36 @@ fn launch_forkshare(test: &str, flags: &[&str], mode: &str) -> (serde_json::Valu
 /// The finding on the shared mapping is false sharing between the two
 /// children, each a process of its own with its one thread, named by the
 /// mapping, at the counting line.
-fn assert_cross_process_finding(report: &serde_json::Value, truth: &Truth, name: &str) {
-    check_entries(report);
-    let e = entries(report)
+fn assert_cross_process_finding(json: &serde_json::Value, truth: &Truth, name: &str) {
+    let report = check_entries(json);
+    let e = entries(&report)
         .iter()
-        .find(|e| e["object"]["kind"] == "shared")
-        .unwrap_or_else(|| panic!("no finding on shared memory: {report:#}"));
-    assert_eq!(e["kind"], "false", "{e:#}");
-    assert_eq!(e["object"]["name"], name, "{e:#}");
-    assert_eq!(e["object"]["offset"], 1024, "the counters' line: {e:#}");
+        .find(|e| e.object.kind == ObjectKind::Shared)
+        .unwrap_or_else(|| panic!("no finding on shared memory: {report:#?}"));
+    assert_eq!(e.kind, SharingKind::False, "{e:#?}");
+    assert_eq!(e.object.name, name, "{e:#?}");
+    assert_eq!(e.object.offset, 1024, "the counters' line: {e:#?}");
     let children = [truth.get("child0_pid"), truth.get("child1_pid")];
-    let processes: Vec<(u64, Vec<u64>)> = e["processes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no processes: {e:#}"))
+    let processes: Vec<(u64, Vec<u64>)> = e
+        .processes
         .iter()
         .map(|p| {
-            let threads = p["threads"].as_array().expect("threads");
             (
-                p["pid"].as_u64().expect("pid"),
-                threads.iter().filter_map(|t| t.as_u64()).collect(),
+                u64::from(p.pid),
+                p.threads.iter().map(|&t| u64::from(t)).collect(),
             )
         })
         .collect();
     assert_eq!(
         processes,
         children.map(|c| (c, vec![c])).to_vec(),
-        "each child process with its own thread: {e:#}"
+        "each child process with its own thread: {e:#?}"
     );
-    let mut threads: Vec<u64> = e["threads"]
-        .as_array()
-        .expect("threads")
-        .iter()
-        .filter_map(|t| t.as_u64())
-        .collect();
+    let mut threads: Vec<u64> = e.threads.iter().map(|&t| u64::from(t)).collect();
     threads.sort_unstable();
-    assert_eq!(threads, children.to_vec(), "threads kept as tids: {e:#}");
-    for w in e["words"].as_array().expect("words") {
-        assert_eq!(w["threads"].as_array().map(Vec::len), Some(1), "{w:#}");
+    assert_eq!(threads, children.to_vec(), "threads kept as tids: {e:#?}");
+    for w in &e.words {
+        assert_eq!(w.threads.len(), 1, "{w:#?}");
     }
     assert_code_line(
         e,
@@ -1044,9 +1010,10 @@ fn forked_children_writing_one_shared_line_are_false_sharing_across_pids() {
     if !require_root("forked_children_writing_one_shared_line_are_false_sharing_across_pids") {
         return;
     }
-    let (report, truth) = launch_forkshare("forkshare-anon", &[], "anon");
-    assert_cross_process_finding(&report, &truth, "[anon shared]");
-    assert_eq!(entries(&report).len(), 1, "{:#}", report["false_sharing"]);
+    let (json, truth) = launch_forkshare("forkshare-anon", &[], "anon");
+    assert_cross_process_finding(&json, &truth, "[anon shared]");
+    let report = typed(&json);
+    assert_eq!(entries(&report).len(), 1, "{:#?}", report.false_sharing);
 }
 
 /// Proves that lines of shared memory are keyed by object and offset, not
@@ -1057,14 +1024,14 @@ fn processes_mapping_a_shm_object_at_different_addresses_meet_on_its_line() {
     if !require_root("processes_mapping_a_shm_object_at_different_addresses_meet_on_its_line") {
         return;
     }
-    let (report, truth) = launch_forkshare("forkshare-shm", &[], "shm");
+    let (json, truth) = launch_forkshare("forkshare-shm", &[], "shm");
     assert_ne!(
         truth.get("child0_addr") & !63,
         truth.get("child1_addr") & !63,
         "the children must use the line at different addresses"
     );
-    let pid = report["target"]["pid"].as_u64().expect("pid");
-    assert_cross_process_finding(&report, &truth, &format!("/dev/shm/forkshare-{pid}"));
+    let pid = typed(&json).target.pid;
+    assert_cross_process_finding(&json, &truth, &format!("/dev/shm/forkshare-{pid}"));
 }
 
 /// Proves `--no-children`: only the parent, which sleeps, is traced, so
@@ -1074,21 +1041,17 @@ fn without_children_the_processes_sharing_is_not_traced() {
     if !require_root("without_children_the_processes_sharing_is_not_traced") {
         return;
     }
-    let (report, truth) = launch_forkshare("forkshare-nochildren", &["--no-children"], "anon");
-    assert!(entries(&report).is_empty(), "{:#}", report["false_sharing"]);
-    let tids: Vec<u64> = report["threads"]
-        .as_array()
-        .expect("threads")
-        .iter()
-        .filter_map(|t| t["tid"].as_u64())
-        .collect();
+    let (json, truth) = launch_forkshare("forkshare-nochildren", &["--no-children"], "anon");
+    let report = typed(&json);
+    assert!(entries(&report).is_empty(), "{:#?}", report.false_sharing);
+    let tids: Vec<u64> = report.threads.iter().map(|t| u64::from(t.tid)).collect();
     for child in [truth.get("child0_pid"), truth.get("child1_pid")] {
         assert!(!tids.contains(&child), "child {child} traced: {tids:?}");
     }
     assert!(
-        report["sampling"]["samples"].as_u64().unwrap_or(0) < 100,
-        "the parent sleeps: {:#}",
-        report["sampling"]
+        report.sampling.samples < 100,
+        "the parent sleeps: {:#?}",
+        report.sampling
     );
 }
 
@@ -1099,9 +1062,9 @@ fn padded_counters_in_shared_memory_are_no_finding() {
     if !require_root("padded_counters_in_shared_memory_are_no_finding") {
         return;
     }
-    let (report, _) = launch_forkshare("forkshare-padded", &[], "padded");
-    check_entries(&report);
-    assert!(entries(&report).is_empty(), "{:#}", report["false_sharing"]);
+    let (json, _) = launch_forkshare("forkshare-padded", &[], "padded");
+    let report = check_entries(&json);
+    assert!(entries(&report).is_empty(), "{:#?}", report.false_sharing);
 }
 
 /// Proves `-p PID,PID,PID`: attached to the parent and both children
