@@ -11,7 +11,6 @@ pub mod cache;
 pub mod cpu;
 pub mod locks;
 pub mod sharing;
-pub mod ulcp;
 
 use std::{
     task::{Context, Poll},

@@ -404,6 +404,31 @@ impl Process {
     pub fn name(&self, tid: u32) -> Option<&str> {
         self.names.get(&tid).map(String::as_str)
     }
+
+    /// The code bytes around `ip` that an instruction decoder needs
+    /// ([`crate::object::x86::access::LOOK_BEHIND`] before it, `LOOK_AHEAD`
+    /// after), and the address of the first: from the object file or, for
+    /// anonymous code, from the process's memory. A service of the session
+    /// any analysis may ask for.
+    pub fn code_around(&mut self, ip: u64) -> Option<(Vec<u8>, u64)> {
+        use crate::object::x86::access::{LOOK_AHEAD, LOOK_BEHIND};
+        if self.find(ip).is_none() {
+            self.place(ip); // re-reads the map
+        }
+        let m = self.find(ip)?.clone();
+        let lo = ip.saturating_sub(LOOK_BEHIND).max(m.start);
+        let hi = (ip + LOOK_AHEAD).min(m.end);
+        if m.is_file() {
+            let bytes = self.files.get(&m.name)?;
+            let off = |a: u64| (a - m.start + m.offset) as usize;
+            let code = bytes.get(off(lo)..off(hi).min(bytes.len()))?;
+            return Some((code.to_vec(), lo));
+        }
+        let mut code = vec![0u8; (hi - lo) as usize];
+        let mem = std::fs::File::open(format!("/proc/{}/mem", self.pid())).ok()?;
+        std::os::unix::fs::FileExt::read_exact_at(&mem, &mut code, lo).ok()?;
+        Some((code, lo))
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod report;
 pub mod sites;
 pub mod traced;
 pub mod tracer;
+pub mod ulcp;
 
 use std::{
     cell::Cell,
@@ -25,7 +26,7 @@ use std::{
 
 use memprof_common::{locks::HoldEvent, maps, SampleEvent, WaitSpan, CONTENTION_KEYS};
 
-use super::{alloc::analysis::AllocProfile, ulcp, Feature, Plan, ReportContext, Target};
+use super::{alloc::analysis::AllocProfile, Feature, Plan, ReportContext, Target};
 use crate::{
     cli::LockMode,
     error::Result,

@@ -187,7 +187,7 @@ impl Sharing {
         if self.decoded.contains_key(&key) {
             return; // decoded, not yet installed when this was sampled
         }
-        let decoded = match code_around(process, ip) {
+        let decoded = match process.code_around(ip) {
             Some((code, code_ip)) => access::decode(&code, code_ip, ip, self.precise.is_some()),
             None => access::Decoded {
                 recipe: AccessRecipe::none(),
@@ -266,28 +266,6 @@ impl Sharing {
             lines_evicted: lines_tracked.map_or(0, |t| counters.lines_new.saturating_sub(t)),
         }
     }
-}
-
-/// The code bytes around `ip` (see [`access::decode`]) and the address of
-/// the first, from the object file or, for anonymous code, from the
-/// process's memory.
-pub(crate) fn code_around(process: &mut Process, ip: u64) -> Option<(Vec<u8>, u64)> {
-    if process.find(ip).is_none() {
-        process.place(ip); // re-reads the map
-    }
-    let m = process.find(ip)?.clone();
-    let lo = ip.saturating_sub(access::LOOK_BEHIND).max(m.start);
-    let hi = (ip + access::LOOK_AHEAD).min(m.end);
-    if m.is_file() {
-        let bytes = process.files.get(&m.name)?;
-        let off = |a: u64| (a - m.start + m.offset) as usize;
-        let code = bytes.get(off(lo)..off(hi).min(bytes.len()))?;
-        return Some((code.to_vec(), lo));
-    }
-    let mut code = vec![0u8; (hi - lo) as usize];
-    let mem = std::fs::File::open(format!("/proc/{}/mem", process.pid())).ok()?;
-    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut code, lo).ok()?;
-    Some((code, lo))
 }
 
 impl Feature for Sharing {

@@ -335,7 +335,7 @@ fn evidence(
 mod tests {
     use super::*;
     use crate::{
-        features::ulcp::analysis::{Access, Span},
+        features::locks::ulcp::analysis::{Access, Span},
         report::fixtures::{code_at, program_maps, TableNames},
     };
 

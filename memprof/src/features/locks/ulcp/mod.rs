@@ -18,7 +18,8 @@ use memprof_common::{
     SampleEvent, WaitSpan, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY,
 };
 
-use super::{locks::analysis::is_lock_implementation, sharing::code_around, FastMap};
+use super::analysis::is_lock_implementation;
+use crate::features::FastMap;
 use crate::{object::x86::access, process::state::Process};
 use analysis::{Access, Span, UlcpProfile, Wait};
 
@@ -93,7 +94,8 @@ impl Ulcp {
         if let Some(v) = self.constants.get(&key) {
             return *v;
         }
-        let v = code_around(process, ip)
+        let v = process
+            .code_around(ip)
             .and_then(|(code, at)| access::stored_constant(&code, at, ip, precise));
         if self.constants.len() < CONSTANTS_MAX {
             self.constants.insert(key, v);
