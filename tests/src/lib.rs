@@ -260,26 +260,29 @@ pub fn trace_env(
 
 /// Reads and parses a JSON report.
 pub fn read_report(path: &Path) -> serde_json::Value {
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let v: serde_json::Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON: {e}\n{text}"));
-    assert_eq!(v["schema"], "memprof-ebpf/1", "schema tag");
-    // Every report a test reads also reads as the typed model, and writes
-    // back the same: the model and its JSON form do not drift apart.
-    let typed = memprof::report::Report::from_json(&text)
-        .unwrap_or_else(|e| panic!("report does not read as the model: {e}"));
-    let again: serde_json::Value = serde_json::from_str(&typed.to_json()).expect("JSON");
-    assert!(again == v, "the model writes the report back differently");
-    v
+    read_checked(path).0
 }
 
 /// Reads a JSON report as the typed model (checked as [`read_report`]
 /// checks it).
 pub fn read_typed(path: &Path) -> memprof::report::Report {
-    read_report(path);
-    let text = std::fs::read_to_string(path).expect("the report was just read");
-    memprof::report::Report::from_json(&text).expect("the report was just read as the model")
+    read_checked(path).1
+}
+
+/// A report file, as JSON and as the typed model. Every report a test
+/// reads also reads as the model, and writes back the same: the model and
+/// its JSON form do not drift apart.
+fn read_checked(path: &Path) -> (serde_json::Value, memprof::report::Report) {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON: {e}\n{text}"));
+    assert_eq!(v["schema"], "memprof-ebpf/1", "schema tag");
+    let typed = memprof::report::Report::from_json(&text)
+        .unwrap_or_else(|e| panic!("report does not read as the model: {e}"));
+    let again: serde_json::Value = serde_json::from_str(&typed.to_json()).expect("JSON");
+    assert!(again == v, "the model writes the report back differently");
+    (v, typed)
 }
 
 /// A report already read (by [`trace`] or [`read_report`]) as the typed
