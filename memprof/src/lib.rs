@@ -15,6 +15,9 @@
 //!   symbols, debug info;
 //! - [`features`]: the analyses, one directory each behind the
 //!   [`features::Feature`] seam (events → pure analysis → report section);
+//! - [`heap`]: the heap as a session service ([`heap::Heap`]): the live
+//!   blocks and allocation sites one feature keeps, which the others ask
+//!   for to name memory without naming that feature;
 //! - [`report`]: the model and its text and JSON forms, exports and pushes;
 //! - [`tui`]: the live dashboard, rendering the same model;
 //! - [`privilege`] and [`output`]: capabilities kept after attach, and the
@@ -23,6 +26,7 @@
 pub mod cli;
 pub mod error;
 pub mod features;
+pub mod heap;
 pub mod kernel;
 pub mod object;
 pub mod options;

@@ -22,6 +22,7 @@ use memprof_common::{KernelStats, SampleEvent};
 use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
+    heap::Heap,
     kernel::{
         loader::{Load, Probes},
         maps::Counters,
@@ -32,7 +33,6 @@ use crate::{
     process::state::Process,
     report::Report,
 };
-use alloc::analysis::AllocProfile;
 
 /// The features of a session, in the order they contribute to the report.
 /// A new analysis is one more line here.
@@ -89,8 +89,8 @@ pub struct ReportContext<'a> {
     pub kernel_stats: &'a [(u32, KernelStats)],
     pub process: &'a mut Process,
     pub symbolizer: &'a mut Symbolizer,
-    /// The allocator's live blocks, when a feature profiles them.
-    pub heap: Option<&'a AllocProfile>,
+    /// The session's heap ([`Heap`]), when a feature keeps it.
+    pub heap: Option<&'a dyn Heap>,
     /// Notes for the reader, in the order the features add them.
     pub notes: &'a mut Vec<String>,
     /// The command was launched (its first exec is our gate's).
@@ -145,14 +145,15 @@ pub trait Feature: AsAny {
     fn windowed(&self) -> bool {
         false
     }
-    /// Resolves what could not be resolved when it came; `heap` is another
-    /// feature's view of the allocator's live blocks.
-    fn settle(&mut self, _process: &mut Process, _heap: Option<&AllocProfile>) {}
+    /// Resolves what could not be resolved when it came; `heap` is the
+    /// session's heap, as another feature keeps it.
+    fn settle(&mut self, _process: &mut Process, _heap: Option<&dyn Heap>) {}
     /// Tracing stops: stop the feature's probes and read what only the
     /// programs know, before they are detached.
     fn finish(&mut self, _probes: &mut Probes, _process: &mut Process) {}
-    /// The allocator's live blocks, for the features that name memory.
-    fn heap(&self) -> Option<&AllocProfile> {
+    /// The heap this feature keeps (the allocator's live blocks), for
+    /// the features that name memory.
+    fn heap(&self) -> Option<&dyn Heap> {
         None
     }
     /// Writes the feature's part of the report.
@@ -166,7 +167,7 @@ pub trait Feature: AsAny {
 /// Calls `f` on each feature with the heap another feature keeps.
 pub fn each_with_heap(
     features: &mut [Box<dyn Feature>],
-    mut f: impl FnMut(&mut dyn Feature, Option<&AllocProfile>),
+    mut f: impl FnMut(&mut dyn Feature, Option<&dyn Heap>),
 ) {
     for i in 0..features.len() {
         let (before, rest) = features.split_at_mut(i);

@@ -25,7 +25,8 @@ use crate::{
     },
 };
 
-use super::{allocator::AllocatorKind, cpu_share::is_allocator_code, site_name::name_at};
+use super::{allocator::AllocatorKind, cpu_share::is_allocator_code};
+use crate::heap::site_name::name_at;
 
 /// Distinct (instruction, site) pairs kept; samples beyond are counted
 /// as unknown.

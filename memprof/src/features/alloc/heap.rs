@@ -15,7 +15,7 @@
 //! outside them ([`is_wrapper_name`], or code that returns the
 //! allocation, found by the collector).
 
-use crate::{features::FastMap, process::maps::Place};
+use crate::{features::FastMap, heap::site_name::is_wrapper_name, process::maps::Place};
 
 /// One frame of a sampled chain.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -165,45 +165,6 @@ impl HeapProfile {
     pub fn chains(&self) -> impl Iterator<Item = (&[HeapFrame], &ChainStats)> {
         self.chains.iter().map(|(c, s)| (c.as_slice(), s))
     }
-}
-
-/// Functions known to wrap the allocator (whatever their code says):
-/// `xmalloc` and friends, GLib's, redis's, CPython's, FFmpeg's,
-/// `operator new`.
-pub fn is_wrapper_name(function: &str) -> bool {
-    const EXACT: [&str; 22] = [
-        "xmalloc",
-        "xcalloc",
-        "xrealloc",
-        "xzalloc",
-        "xmemdup",
-        "xstrdup",
-        "xstrndup",
-        "g_malloc",
-        "g_malloc0",
-        "g_realloc",
-        "g_try_malloc",
-        "g_try_malloc0",
-        "g_malloc_n",
-        "g_malloc0_n",
-        "g_slice_alloc",
-        "g_slice_alloc0",
-        "PyMem_Malloc",
-        "PyMem_RawMalloc",
-        "PyObject_Malloc",
-        "av_malloc",
-        "av_mallocz",
-        "emalloc",
-    ];
-    const PREFIXES: [&str; 6] = [
-        "zmalloc",
-        "zcalloc",
-        "zrealloc",
-        "ztrymalloc",
-        "ztrycalloc",
-        "operator new",
-    ];
-    EXACT.contains(&function) || PREFIXES.iter().any(|p| function.starts_with(p))
 }
 
 /// The index of a chain's site: its first frame outside the wrappers

@@ -17,7 +17,6 @@ pub mod heap;
 pub mod heap_report;
 pub mod memory;
 pub mod report;
-pub mod site_name;
 pub mod syscalls;
 pub mod tracer;
 pub mod untraced;
@@ -35,6 +34,7 @@ use crate::options::AllocSettings;
 use crate::{
     cli::AllocMode,
     error::Result,
+    heap::Heap,
     kernel::calls::CallEstimate,
     kernel::{
         loader::{AllocLoad, Load, Probes},
@@ -469,7 +469,7 @@ impl Feature for Alloc {
         self.traced.is_some() && self.settings.mode == AllocMode::Sampled
     }
 
-    fn settle(&mut self, process: &mut Process, _heap: Option<&AllocProfile>) {
+    fn settle(&mut self, process: &mut Process, _heap: Option<&dyn Heap>) {
         if let Some(t) = &mut self.traced {
             t.collector.settle(process);
         }
@@ -495,8 +495,10 @@ impl Feature for Alloc {
         }
     }
 
-    fn heap(&self) -> Option<&AllocProfile> {
-        self.traced.as_ref().map(|t| &t.collector.profile)
+    fn heap(&self) -> Option<&dyn Heap> {
+        self.traced
+            .as_ref()
+            .map(|t| &t.collector.profile as &dyn Heap)
     }
 
     fn report(&mut self, ctx: &mut ReportContext<'_>, out: &mut Report) {

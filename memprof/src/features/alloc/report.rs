@@ -6,10 +6,8 @@ use memprof_common::{alloc_op, KernelStats};
 use super::tracer::AllocTracer;
 use crate::{
     cli::AllocMode,
-    features::alloc::{
-        analysis::{AllocProfile, Class, Origin, Phase, ProbeKind, SiteStats},
-        site_name::past_inline_helpers,
-    },
+    features::alloc::analysis::{AllocProfile, Class, Origin, Phase, ProbeKind, SiteStats},
+    heap::site_name::past_inline_helpers,
     kernel::{
         calls::{CallEstimate, MAX_COUNT_ERROR},
         windows::Windowed,

@@ -14,10 +14,13 @@ use std::time::{Duration, Instant};
 
 use memprof_common::{sharing::recipe, SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL};
 
-use super::{alloc::analysis::AllocProfile, sharing::LineBlock, FastMap};
-use super::{Feature, Plan, ReportContext};
+use super::{FastMap, Feature, Plan, ReportContext};
 use crate::{
-    error::Result, kernel::loader::Probes, options::Options, process::state::Process,
+    error::Result,
+    heap::{Heap, HeapBlock},
+    kernel::loader::Probes,
+    options::Options,
+    process::state::Process,
     report::Report,
 };
 use analysis::CacheProfile;
@@ -54,7 +57,7 @@ pub struct Cache {
     off: bool,
     pub profile: CacheProfile,
     /// The heap block under each sampled address, looked up while live.
-    blocks: FastMap<u64, Option<LineBlock>>,
+    blocks: FastMap<u64, Option<HeapBlock>>,
     /// Addresses sampled since the last lookup.
     new_addrs: Vec<u64>,
     /// When the heap blocks were last looked up.
@@ -88,7 +91,7 @@ impl Feature for Cache {
             .on_access(ev.tid, ev.addr, ev.size, write, ev.time_ns);
     }
 
-    fn settle(&mut self, _process: &mut Process, heap: Option<&AllocProfile>) {
+    fn settle(&mut self, _process: &mut Process, heap: Option<&dyn Heap>) {
         let Some(heap) = heap.filter(|_| !self.new_addrs.is_empty()) else {
             return;
         };
@@ -99,9 +102,9 @@ impl Feature for Cache {
             return;
         }
         self.last_lookup = Some(Instant::now());
-        let index = heap.block_index();
+        let index = heap.index();
         for addr in std::mem::take(&mut self.new_addrs) {
-            let block = LineBlock::at(&index, addr);
+            let block = index.containing(addr);
             self.blocks.entry(addr).or_insert(block);
         }
     }
@@ -111,7 +114,7 @@ impl Feature for Cache {
         let inputs = report::Inputs {
             profile: &self.profile,
             maps: ctx.process.maps(),
-            alloc: ctx.heap,
+            heap: ctx.heap,
             block: &|addr| blocks.get(&addr).copied(),
         };
         out.cache_utilization = report::findings(&inputs, &mut self.placements, ctx.symbolizer);

@@ -7,14 +7,8 @@ use std::sync::Arc;
 
 use super::analysis::{analyze, CacheProfile, ElementUse, FieldDef, ObjectAccesses, WINDOW_NS};
 use crate::{
-    features::{
-        alloc::{
-            analysis::AllocProfile,
-            site_name::{site_name, SiteName},
-        },
-        sharing::LineBlock,
-        FastMap,
-    },
+    features::FastMap,
+    heap::{site_name::SiteName, Heap, HeapBlock},
     object::symbolize::dwarf::Layout,
     process::maps::{Place, ProcMaps},
     report::{
@@ -27,10 +21,11 @@ use crate::{
 pub struct Inputs<'a> {
     pub profile: &'a CacheProfile,
     pub maps: &'a ProcMaps,
-    pub alloc: Option<&'a AllocProfile>,
+    /// The session's heap, naming blocks by their allocation site.
+    pub heap: Option<&'a dyn Heap>,
     /// The heap block under a sampled address, when it was live (None:
     /// not looked up yet).
-    pub block: &'a dyn Fn(u64) -> Option<Option<LineBlock>>,
+    pub block: &'a dyn Fn(u64) -> Option<Option<HeapBlock>>,
 }
 
 /// Where each sampled address was placed, and what is known of each
@@ -245,8 +240,8 @@ fn resolve(
             ..Default::default()
         };
         if let Some(l) = inputs
-            .alloc
-            .and_then(|a| allocated_type(a, block.site, names))
+            .heap
+            .and_then(|h| allocated_type(h, block.site, names))
         {
             // The pointer's struct, when the block holds whole ones.
             if let Some(size) = l.struct_size.filter(|&s| s > 0 && block.size % s == 0) {
@@ -261,13 +256,13 @@ fn resolve(
 
 /// The struct a pointer declared on the allocation's line points to
 /// (`struct record *r = malloc(...)`), from the debug info.
-fn allocated_type(alloc: &AllocProfile, site: u64, names: &mut dyn Names) -> Option<Layout> {
-    let place = alloc.site_place(site);
+fn allocated_type(heap: &dyn Heap, site: u64, names: &mut dyn Names) -> Option<Layout> {
+    let place = heap.site_place(site);
     let Place::File { path, .. } = &place else {
         return None;
     };
     // The line past the allocation helpers, where the pointer is.
-    let frame = site_name(alloc, site, names).chain.frame;
+    let frame = heap.site_name(site, names).chain.frame;
     names.pointee_layout(path, frame.file.as_deref()?, frame.line?)
 }
 
@@ -303,7 +298,7 @@ fn entry(
     let (object, object_kind, alloc_site) = match key {
         Key::Global { name, .. } => (name.clone(), ObjectKind::Global, None),
         Key::Heap { site, size } => {
-            let name = inputs.alloc.map(|a| site_name(a, *site, names));
+            let name = inputs.heap.map(|h| h.site_name(*site, names));
             let label = name
                 .as_ref()
                 .map_or("an unknown site".to_string(), SiteName::label);

@@ -11,6 +11,7 @@ use super::{Feature, Plan, ReportContext};
 use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
+    heap::Heap,
     kernel::loader::Probes,
     options::Options,
     process::state::Process,
@@ -165,11 +166,7 @@ impl Feature for Cpu {
         self.read_stacks(process, |id| probes.stack(id));
     }
 
-    fn settle(
-        &mut self,
-        process: &mut Process,
-        _heap: Option<&super::alloc::analysis::AllocProfile>,
-    ) {
+    fn settle(&mut self, process: &mut Process, _heap: Option<&dyn Heap>) {
         if self.profile.has_unmapped() {
             process.refresh_maps();
             let maps = process.maps();

@@ -26,10 +26,11 @@ use std::{
 
 use memprof_common::{locks::HoldEvent, maps, SampleEvent, WaitSpan, CONTENTION_KEYS};
 
-use super::{alloc::analysis::AllocProfile, Feature, Plan, ReportContext, Target};
+use super::{Feature, Plan, ReportContext, Target};
 use crate::{
     cli::LockMode,
     error::Result,
+    heap::Heap,
     kernel::{
         contention::ContentionMaps,
         loader::{Load, Probes},
@@ -260,7 +261,7 @@ impl Feature for Locks {
         self.calls.is_some() && self.mode == LockMode::Sampled
     }
 
-    fn settle(&mut self, _process: &mut Process, _heap: Option<&AllocProfile>) {
+    fn settle(&mut self, _process: &mut Process, _heap: Option<&dyn Heap>) {
         if let Some(u) = &mut self.ulcp {
             u.profile.settle();
         }
@@ -305,7 +306,7 @@ impl Feature for Locks {
             LockMode::Sampled => Scale::new(&e, &self.collector.profile),
             LockMode::Full | LockMode::Off => Scale::exact(),
         });
-        let heap: Option<&AllocProfile> = ctx.heap;
+        let heap: Option<&dyn Heap> = ctx.heap;
         out.locks = report::report(
             &self.collector.profile,
             ctx.process.maps(),

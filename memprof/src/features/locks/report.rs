@@ -11,16 +11,11 @@ use super::sites::{
 };
 use super::traced::{other_locks_entry, Scale, Traced};
 use crate::{
-    features::{
-        alloc::{
-            analysis::{AllocProfile, BlockIndex},
-            site_name::site_name,
-        },
-        locks::analysis::{
-            is_lock_implementation, kernel_lock_kind, Chain, Durations, FutexStats, HoldStats,
-            LockProfile, WakeSite,
-        },
+    features::locks::analysis::{
+        is_lock_implementation, kernel_lock_kind, Chain, Durations, FutexStats, HoldStats,
+        LockProfile, WakeSite,
     },
+    heap::{BlockLookup, Heap},
     process::maps::{is_libc, ProcMaps},
     report::{
         model::{LockAddress, LockEntry, LockKind},
@@ -54,11 +49,11 @@ struct Merged {
 pub fn report(
     profile: &LockProfile,
     maps: &ProcMaps,
-    alloc: Option<&AllocProfile>,
+    heap: Option<&dyn Heap>,
     scale: Option<&Scale>,
     names: &mut dyn Names,
 ) -> Vec<LockEntry> {
-    let blocks = alloc.map(|a| (a, a.block_index()));
+    let blocks = heap.map(|h| (h, h.index()));
     let mut naming = Naming {
         maps,
         blocks: blocks.as_ref(),
@@ -91,8 +86,8 @@ fn rank(entries: &mut [LockEntry]) {
     });
 }
 
-/// The heap blocks by address, with the profile that knows their sites.
-type Blocks<'a> = (&'a AllocProfile, BlockIndex<'a>);
+/// The heap blocks by address, with the heap that knows their sites.
+type Blocks<'a> = (&'a dyn Heap, Box<dyn BlockLookup + 'a>);
 
 /// What names a lock and its code: the memory map (globals), the heap
 /// blocks, and the symbols.
@@ -301,7 +296,7 @@ impl Naming<'_> {
     /// memory that is not a global's is typed from the lock call of
     /// `waiter` (`struct table.lock (heap block from x.c:40)`).
     fn name_of(&mut self, uaddr: u64, waiter: Option<&Chain>) -> Option<String> {
-        let blocks = self.blocks.map(|(a, i)| (*a, i));
+        let blocks = self.blocks.map(|(h, i)| (*h, &**i));
         let data = data_name(self.maps, blocks, self.names, uaddr);
         if data.as_ref().is_some_and(|d| !d.heap) {
             return data.map(|d| d.name);
@@ -339,7 +334,7 @@ pub(crate) struct DataName {
 /// helper) when `blocks` knows its block.
 pub(crate) fn data_name(
     maps: &ProcMaps,
-    blocks: Option<(&AllocProfile, &BlockIndex<'_>)>,
+    blocks: Option<(&dyn Heap, &dyn BlockLookup)>,
     names: &mut dyn Names,
     addr: u64,
 ) -> Option<DataName> {
@@ -352,12 +347,12 @@ pub(crate) fn data_name(
             });
         }
     }
-    let (alloc, index) = blocks?;
-    let (start, block) = index.containing(addr)?;
-    let site = site_name(alloc, block.site, names);
+    let (heap, index) = blocks?;
+    let block = index.containing(addr)?;
+    let site = heap.site_name(block.site, names);
     Some(DataName {
         name: format!("heap block from {}", site.label()),
-        offset: addr - start,
+        offset: addr - block.start,
         heap: true,
     })
 }
@@ -370,10 +365,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        features::{
-            alloc::analysis::{AllocCall, LargeRule},
-            locks::analysis::{classify, is_contention, Chain, Section},
-        },
+        features::locks::analysis::{classify, is_contention, Chain, Section},
+        heap::fixture::FakeHeap,
         process::maps::Place,
         report::{
             fixtures::{code_at, program_maps, TableNames},
@@ -383,7 +376,7 @@ mod tests {
 
     /// `g_lock`, a global of the sample program.
     const G_LOCK: u64 = 0x5555_5555_8040;
-    /// A word of a heap block (see [`alloc`]).
+    /// A word of a heap block (see [`heap`]).
     const HEAP_WORD: u64 = 0x5555_5555_a110;
     /// A word of anonymous memory.
     const ANON: u64 = 0x7f00_0000_0100;
@@ -467,33 +460,13 @@ mod tests {
         p.add_wakes(uaddr, chain, w);
     }
 
-    /// An allocator profile holding two 64-byte blocks from `make_queue`,
-    /// 0x100 and 0x200 bytes into the heap ([`HEAP_WORD`] is in the first).
-    fn alloc() -> AllocProfile {
-        let mut p = AllocProfile::new(
-            LargeRule::Above(1 << 20),
-            false,
-            crate::features::alloc::classes::SizeClasses::Unknown,
-        );
-        for ptr in [0x5555_5555_a100, 0x5555_5555_a200] {
-            p.add_call(AllocCall {
-                op: memprof_common::alloc_op::MALLOC,
-                tid: 1,
-                start_ns: 0,
-                duration_ns: 100,
-                ptr,
-                old_ptr: 0,
-                size: 64,
-                chunk: 0,
-                site: 0x30,
-                via: 0,
-                live_threads: 1,
-                page_faults: 0,
-                pace_ns: 0,
-            });
-        }
-        p.set_site_place(0x30, code_at(0x30));
-        p
+    /// A heap holding two 64-byte blocks from `make_queue`, 0x100 and
+    /// 0x200 bytes into the program's heap ([`HEAP_WORD`] is in the first).
+    fn heap() -> FakeHeap {
+        FakeHeap::default()
+            .block(0x5555_5555_a100, 64, 0x30)
+            .block(0x5555_5555_a200, 64, 0x30)
+            .site(0x30, code_at(0x30))
     }
 
     /// A critical section of `lock` taken by `op` at site 1 (the program's
@@ -555,9 +528,9 @@ mod tests {
             frames: vec![code_at(0x60)],
         };
         p.add_kernel_waits(2, fault, &k);
-        let alloc = alloc();
+        let heap = heap();
         add_waits(&mut p, waits);
-        let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
+        let entries = report(&p, &program_maps(), Some(&heap), None, &mut names());
         use LockAddress::{At, Kernel};
         let summary: Vec<_> = entries
             .iter()
@@ -651,9 +624,9 @@ mod tests {
             wait(HEAP_WORD, 2, 0, 1000, chain(0x200, 0x10)),
             wait(HEAP_WORD + 0x100, 3, 0, 3000, chain(0x200, 0x10)),
         ];
-        let alloc = alloc();
+        let heap = heap();
         add_waits(&mut p, waits);
-        let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names());
+        let entries = report(&p, &program_maps(), Some(&heap), None, &mut names());
         assert_eq!(entries.len(), 1, "{entries:?}");
         let lock = &entries[0];
         assert_eq!(lock.name.as_deref(), Some("heap block from prog.c:30"));
@@ -699,10 +672,10 @@ mod tests {
             wait(HEAP_WORD, 2, 0, 1000, chain(0x200, 0x10)),
             wait(G_LOCK, 3, 0, 3000, chain(0x200, 0x10)),
         ];
-        let alloc = alloc();
+        let heap = heap();
         add_waits(&mut p, waits);
         let mut names = names().access_type(0x10, table);
-        let entries = report(&p, &program_maps(), Some(&alloc), None, &mut names);
+        let entries = report(&p, &program_maps(), Some(&heap), None, &mut names);
         let named: Vec<_> = entries.iter().map(|e| e.name.as_deref()).collect();
         assert_eq!(
             named,

@@ -18,20 +18,14 @@ use memprof_common::{
     SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY, SAMPLE_FLAG_NO_RECIPE,
 };
 
-use super::{
-    alloc::analysis::{AllocProfile, BlockIndex},
-    FastMap,
-};
-use super::{Feature, Plan, ReportContext};
+use super::{FastMap, Feature, Plan, ReportContext};
 use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
+    heap::{Heap, HeapBlock},
     kernel::{loader::Probes, maps::Counters},
     object::x86::access,
-    process::{
-        chunks::{self, ProcMemory, Region},
-        state::Process,
-    },
+    process::{chunks::ProcMemory, state::Process},
     report::{
         model::{AddressMode, AddressSampling, SampleSource},
         Report,
@@ -57,52 +51,6 @@ impl Plan for SharingPlan {
     }
 }
 
-/// The heap block a shared line lies in, as it was when first seen shared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LineBlock {
-    pub start: u64,
-    pub size: u64,
-    /// The allocating call ([`AllocProfile::site_place`]); [`Self::UNSEEN`]
-    /// for a block the tracker did not see allocated, found from its
-    /// glibc chunk header ([`chunks`]): `size` is then its usable size.
-    pub site: u64,
-}
-
-impl LineBlock {
-    pub const UNSEEN: u64 = 0;
-
-    /// The glibc block holding `addr` (in heap or anonymous memory of the
-    /// main process), from the allocator's own chunk headers.
-    fn from_chunk(process: &Process, mem: &ProcMemory, addr: u64) -> Option<Self> {
-        let m = process.find(addr)?;
-        let heap = &*m.name == "[heap]";
-        if !(heap || m.name.is_empty()) || m.shared || process.maps().in_thread_stack(addr) {
-            return None;
-        }
-        let region = Region {
-            start: m.start,
-            end: m.end,
-            brk_heap: heap,
-        };
-        let c = chunks::chunk_at(mem, region, addr)?;
-        Some(Self {
-            start: c.start,
-            size: c.usable,
-            site: Self::UNSEEN,
-        })
-    }
-
-    /// The live block holding `addr`, if any.
-    pub fn at(index: &BlockIndex<'_>, addr: u64) -> Option<Self> {
-        let (start, b) = index.containing(addr)?;
-        Some(Self {
-            start,
-            size: b.size,
-            site: b.site,
-        })
-    }
-}
-
 /// The false-sharing feature's state.
 pub struct Sharing {
     /// Sampled data accesses, per cache line.
@@ -119,7 +67,7 @@ pub struct Sharing {
     /// Decoded recipes the kernel's map had no room for.
     recipes_dropped: usize,
     /// The heap block under each shared line, looked up while it is live.
-    line_blocks: FastMap<u64, Option<LineBlock>>,
+    line_blocks: FastMap<u64, Option<HeapBlock>>,
     /// Samples per instruction and per thread (each line's cost; the CPU
     /// samples the share of each line is taken of).
     code: CodeSamples,
@@ -302,7 +250,7 @@ impl Feature for Sharing {
 
     /// Looks up the heap blocks under newly shared lines now, while they
     /// are live: the report may come after the target freed them.
-    fn settle(&mut self, process: &mut Process, heap: Option<&AllocProfile>) {
+    fn settle(&mut self, process: &mut Process, heap: Option<&dyn Heap>) {
         let new: Vec<u64> = self
             .profile
             .candidates()
@@ -312,18 +260,18 @@ impl Feature for Sharing {
         if new.is_empty() {
             return;
         }
-        let index = heap.map(AllocProfile::block_index);
+        let index = heap.map(Heap::index);
         let mut mem = None;
         for line in new {
             // Any byte of the line: a block may start inside it.
             let first = line + u64::from(self.profile.first_offset(line));
             let block = index
-                .as_ref()
-                .and_then(|index| LineBlock::at(index, first))
+                .as_deref()
+                .and_then(|index| index.containing(first))
                 .or_else(|| {
                     // Not seen allocated: glibc's header says where it is.
                     let mem = mem.get_or_insert_with(|| ProcMemory::open(process.pid()));
-                    LineBlock::from_chunk(process, mem.as_ref()?, first)
+                    HeapBlock::from_chunk(process, mem.as_ref()?, first)
                 });
             self.line_blocks.insert(line, block);
         }
@@ -350,7 +298,7 @@ impl Feature for Sharing {
             code: &self.code,
             sharing: &self.profile,
             maps: process.maps(),
-            alloc: ctx.heap,
+            heap: ctx.heap,
             line_block: Box::new(|line| blocks.get(&line).copied().flatten()),
             procs: Some(report::Procs {
                 main: process.main_pid(),

@@ -14,13 +14,10 @@ use memprof_common::{
 use super::{
     cost::{CodeSamples, LineCost},
     typing::{line_type, LineType},
-    LineBlock,
 };
 use crate::{
-    features::{
-        alloc::{analysis::AllocProfile, site_name::site_name},
-        sharing::analysis::{self, Dismissal, LineFinding, SharingProfile},
-    },
+    features::sharing::analysis::{self, Dismissal, LineFinding, SharingProfile},
+    heap::{Heap, HeapBlock},
     object::symbolize::dwarf::Layout,
     process::maps::{short_name, Place, ProcMaps},
     report::{
@@ -77,13 +74,13 @@ pub struct KernelLines {
 }
 
 /// What the section reads of a session: the sampled accesses, the memory
-/// map, the allocator profile, and the heap blocks found under shared
+/// map, the session's heap, and the heap blocks found under shared
 /// lines while they were live.
 pub struct Inputs<'a> {
     pub sharing: &'a SharingProfile,
     pub maps: &'a ProcMaps,
-    pub alloc: Option<&'a AllocProfile>,
-    pub line_block: Box<dyn Fn(u64) -> Option<LineBlock> + 'a>,
+    pub heap: Option<&'a dyn Heap>,
+    pub line_block: Box<dyn Fn(u64) -> Option<HeapBlock> + 'a>,
     /// Samples per instruction and thread: each line's cost.
     pub code: &'a CodeSamples,
     /// Several processes: the traced processes, for the threads of other
@@ -375,13 +372,13 @@ fn object_of(
         };
         return (object, None);
     }
-    let (maps, block, alloc) = (inputs.maps, (inputs.line_block)(line), inputs.alloc);
+    let (maps, block, heap) = (inputs.maps, (inputs.line_block)(line), inputs.heap);
     if let Some((path, base)) = maps.data_owner(addr) {
         return global_object(&path, base, addr, line, names);
     }
-    match (block, alloc) {
-        (Some(b), _) if b.site == LineBlock::UNSEEN => return (chunk_object(b, line), None),
-        (Some(b), Some(alloc)) => return (heap_object(b, alloc, line, names), None),
+    match (block, heap) {
+        (Some(b), _) if b.site == HeapBlock::UNSEEN => return (chunk_object(b, line), None),
+        (Some(b), Some(heap)) => return (heap_object(b, heap, line, names), None),
         _ => {}
     }
     let (kind, name) = match maps.place(addr) {
@@ -393,7 +390,7 @@ fn object_of(
         }
         Place::Region { name, .. } => (ObjectKind::Mapped, name.to_string()),
         Place::File { path, .. } => (ObjectKind::Mapped, path.to_string()),
-        Place::Anonymous { .. } if alloc.is_some_and(|a| a.maps_address(addr)) => {
+        Place::Anonymous { .. } if heap.is_some_and(|h| h.maps_address(addr)) => {
             (ObjectKind::Heap, UNSEEN_BLOCK.to_string())
         }
         Place::Anonymous { .. } if maps.in_thread_stack(addr) => {
@@ -449,7 +446,7 @@ fn global_object(
 
 /// A heap block the tracker did not see allocated, found from glibc's
 /// chunk header: its start and usable size are known, its site is not.
-fn chunk_object(b: LineBlock, line: u64) -> SharedObject {
+fn chunk_object(b: HeapBlock, line: u64) -> SharedObject {
     SharedObject {
         kind: ObjectKind::Heap,
         name: format!("{}-byte {CHUNK_BLOCK}", b.size),
@@ -461,14 +458,9 @@ fn chunk_object(b: LineBlock, line: u64) -> SharedObject {
 }
 
 /// The heap block under the line, named by its allocation site.
-fn heap_object(
-    b: LineBlock,
-    alloc: &AllocProfile,
-    line: u64,
-    names: &mut dyn Names,
-) -> SharedObject {
+fn heap_object(b: HeapBlock, heap: &dyn Heap, line: u64, names: &mut dyn Names) -> SharedObject {
     // The first call outside the allocation wrappers, inlined or not.
-    let site = site_name(alloc, b.site, names);
+    let site = heap.site_name(b.site, names);
     SharedObject {
         kind: ObjectKind::Heap,
         name: format!("{}-byte heap block from {}", b.size, site.label()),
@@ -550,14 +542,10 @@ fn advice(
 
 #[cfg(test)]
 mod tests {
-    use memprof_common::{alloc_op, syscall};
-
     use super::*;
     use crate::{
-        features::{
-            alloc::analysis::{LargeRule, SyscallCall},
-            sharing::analysis::Access,
-        },
+        features::sharing::analysis::Access,
+        heap::fixture::FakeHeap,
         object::symbolize::{dwarf::Member, typed::AccessType},
         report::{
             fixtures::{program_maps, TableNames},
@@ -652,13 +640,13 @@ mod tests {
 
         fn inputs<'a>(
             &'a self,
-            alloc: Option<&'a AllocProfile>,
-            block: Option<LineBlock>,
+            heap: Option<&'a FakeHeap>,
+            block: Option<HeapBlock>,
         ) -> Inputs<'a> {
             Inputs {
                 sharing: &self.sharing,
                 maps: &self.maps,
-                alloc,
+                heap: heap.map(|h| h as &dyn Heap),
                 line_block: Box::new(move |_| block),
                 code: &self.code,
                 procs: None,
@@ -781,13 +769,8 @@ mod tests {
             &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 32)),
             true,
         );
-        let mut alloc = AllocProfile::new(
-            LargeRule::Above(1 << 20),
-            false,
-            crate::features::alloc::classes::SizeClasses::Unknown,
-        );
-        alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
-        let block = LineBlock {
+        let heap = FakeHeap::default().site(0x30, crate::report::fixtures::code_at(0x30));
+        let block = HeapBlock {
             start: HEAP_LINE + 32,
             size: 64,
             site: 0x30,
@@ -796,7 +779,7 @@ mod tests {
             .inlined_into(0x30, "setup", 40)
             .inlined_into(0x30, "main", 50);
         let entries = findings(
-            &s.inputs(Some(&alloc), Some(block)),
+            &s.inputs(Some(&heap), Some(block)),
             &s.kernel,
             s.samples,
             &mut names,
@@ -824,19 +807,14 @@ mod tests {
             &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 32)),
             true,
         );
-        let mut alloc = AllocProfile::new(
-            LargeRule::Above(1 << 20),
-            false,
-            crate::features::alloc::classes::SizeClasses::Unknown,
-        );
-        alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
-        let block = LineBlock {
+        let heap = FakeHeap::default().site(0x30, crate::report::fixtures::code_at(0x30));
+        let block = HeapBlock {
             start: HEAP_LINE + 32,
             size: 64,
             site: 0x30,
         };
         let entries = findings(
-            &s.inputs(Some(&alloc), Some(block)),
+            &s.inputs(Some(&heap), Some(block)),
             &s.kernel,
             s.samples,
             &mut names(),
@@ -870,17 +848,17 @@ mod tests {
     }
 
     /// A block the tracker never saw, found from its chunk header (no
-    /// allocator profile at all): sized and placed, no site claimed.
+    /// heap at all): sized and placed, no site claimed.
     #[test]
     fn a_block_from_its_chunk_header_is_sized_without_a_site() {
         let s = Session::new().line(
             &ping_pong(100, (0x10, HEAP_LINE + 32), (0x20, HEAP_LINE + 40)),
             true,
         );
-        let block = LineBlock {
+        let block = HeapBlock {
             start: HEAP_LINE + 32,
             size: 56,
-            site: LineBlock::UNSEEN,
+            site: HeapBlock::UNSEEN,
         };
         let entries = findings(
             &s.inputs(None, Some(block)),
@@ -915,13 +893,8 @@ mod tests {
     fn a_heap_line_is_typed_from_the_code_s_pointers() {
         let start = HEAP_LINE + 32;
         let s = Session::new().line(&ping_pong(100, (0x10, start), (0x20, start + 8)), true);
-        let mut alloc = AllocProfile::new(
-            LargeRule::Above(1 << 20),
-            false,
-            crate::features::alloc::classes::SizeClasses::Unknown,
-        );
-        alloc.set_site_place(0x30, crate::report::fixtures::code_at(0x30));
-        let block = LineBlock {
+        let heap = FakeHeap::default().site(0x30, crate::report::fixtures::code_at(0x30));
+        let block = HeapBlock {
             start,
             size: 16,
             site: 0x30,
@@ -945,7 +918,7 @@ mod tests {
             .access_type(0x10, counters.clone())
             .access_type(0x20, counters);
         let entries = findings(
-            &s.inputs(Some(&alloc), Some(block)),
+            &s.inputs(Some(&heap), Some(block)),
             &s.kernel,
             s.samples,
             &mut names,
@@ -973,7 +946,7 @@ mod tests {
         assert!(e.advice.contains("hits"), "{}", e.advice);
         // Untyped code: no type, no field.
         let entries = findings(
-            &s.inputs(Some(&alloc), Some(block)),
+            &s.inputs(Some(&heap), Some(block)),
             &s.kernel,
             s.samples,
             &mut super::tests::names(),
@@ -1077,24 +1050,12 @@ mod tests {
     #[test]
     fn what_lies_on_a_line_without_a_symbol_or_block() {
         let sharing = SharingProfile::new();
-        let mut alloc = AllocProfile::new(
-            LargeRule::Above(1 << 20),
-            false,
-            crate::features::alloc::classes::SizeClasses::Unknown,
-        );
-        alloc.add_syscall(SyscallCall {
-            nr: syscall::MMAP,
-            tid: 1,
-            inside: Some(alloc_op::MALLOC),
-            traced: true,
-            duration_ns: 1000,
-            args: [0, 0x1_0000, 3, 0],
-            ret: 0x7f00_0001_0000,
-        });
+        // The allocator mmapped 64 KiB.
+        let heap = FakeHeap::default().mapped(0x7f00_0001_0000, 0x1_0000);
         let inputs = Inputs {
             sharing: &sharing,
             maps: &program_maps(),
-            alloc: Some(&alloc),
+            heap: Some(&heap),
             line_block: Box::new(|_| None),
             code: &CodeSamples::default(),
             procs: None,

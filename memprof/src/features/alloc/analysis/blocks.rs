@@ -3,7 +3,11 @@
 //! account.
 
 use super::{AllocCall, AllocProfile, Class, Origin};
-use crate::features::alloc::memory::MemEvent;
+use crate::{
+    features::alloc::memory::MemEvent,
+    heap::{BlockLookup, Heap, HeapBlock},
+    process::maps::Place,
+};
 
 /// A block the program holds: what the tracker knows about it.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,5 +127,40 @@ impl<'a> BlockIndex<'a> {
         let start = *self.starts.get(at.checked_sub(1)?)?;
         let block = self.profile.live.get(&start)?;
         (addr < start + block.size.max(1)).then_some((start, block))
+    }
+}
+
+/// The allocator profile is the session's heap: its live blocks and
+/// their sites, for the analyses that name memory.
+impl Heap for AllocProfile {
+    fn live_count(&self) -> usize {
+        AllocProfile::live_count(self)
+    }
+
+    fn index(&self) -> Box<dyn BlockLookup + '_> {
+        Box::new(self.block_index())
+    }
+
+    fn site_place(&self, site: u64) -> Place {
+        AllocProfile::site_place(self, site)
+    }
+
+    fn site_via(&self, site: u64) -> Option<Place> {
+        AllocProfile::site_via(self, site)
+    }
+
+    fn maps_address(&self, addr: u64) -> bool {
+        AllocProfile::maps_address(self, addr)
+    }
+}
+
+impl BlockLookup for BlockIndex<'_> {
+    fn containing(&self, addr: u64) -> Option<HeapBlock> {
+        let (start, b) = BlockIndex::containing(self, addr)?;
+        Some(HeapBlock {
+            start,
+            size: b.size,
+            site: b.site,
+        })
     }
 }

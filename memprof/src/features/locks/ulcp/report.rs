@@ -8,10 +8,10 @@ use super::analysis::{
 use crate::{
     cli::LockMode,
     features::{
-        alloc::analysis::{AllocProfile, BlockIndex},
         locks::{analysis::LockProfile, report::data_name},
         FastMap, FastSet,
     },
+    heap::{BlockLookup, Heap},
     process::maps::ProcMaps,
     report::{
         format::format_ns,
@@ -36,13 +36,13 @@ pub struct Inputs<'a> {
     /// The lock uprobes' call-site places.
     pub sites: &'a LockProfile,
     pub maps: &'a ProcMaps,
-    pub heap: Option<&'a AllocProfile>,
+    pub heap: Option<&'a dyn Heap>,
 }
 
 /// Fills `unnecessary` in the entries of the pthread locks whose traced
 /// sections waited behind others.
 pub fn annotate(entries: &mut [LockEntry], inputs: &Inputs<'_>, names: &mut dyn Names) {
-    let index = inputs.heap.map(AllocProfile::block_index);
+    let index = inputs.heap.map(Heap::index);
     for entry in entries {
         if !matches!(entry.kind, LockKind::Mutex | LockKind::Rwlock) {
             continue;
@@ -55,7 +55,7 @@ pub fn annotate(entries: &mut [LockEntry], inputs: &Inputs<'_>, names: &mut dyn 
         };
         let mut naming = Naming {
             inputs,
-            index: index.as_ref(),
+            index: index.as_deref(),
             names: &mut *names,
         };
         let profile = inputs.profile;
@@ -218,7 +218,7 @@ fn advice(class: Class, evidence: &[SectionEvidence], wasted_ns: u64) -> String 
 /// What names code sites and data words.
 struct Naming<'a, 'b> {
     inputs: &'a Inputs<'a>,
-    index: Option<&'a BlockIndex<'a>>,
+    index: Option<&'a dyn BlockLookup>,
     names: &'b mut dyn Names,
 }
 

@@ -3,14 +3,13 @@
 //! first call that is not inside an allocation wrapper.
 //!
 //! Out-of-line wrappers are passed in the kernel (the site is the
-//! wrapper's caller; [`AllocProfile::site_via`] keeps the call inside the
+//! wrapper's caller; [`super::Heap::site_via`] keeps the call inside the
 //! wrapper). Inlined helpers leave no frame to pass: their calls are the
 //! site's inline chain, and frames of it in a header file (a `static
 //! inline` helper, a C++ container's allocation) or named as wrappers
 //! ([`is_wrapper_name`]) are passed over here, while an outer frame is
 //! left.
 
-use super::{analysis::AllocProfile, heap::is_wrapper_name};
 use crate::{
     object::symbolize::{Frame, Inlined},
     process::maps::Place,
@@ -45,6 +44,45 @@ impl SiteName {
     }
 }
 
+/// Functions known to wrap the allocator (whatever their code says):
+/// `xmalloc` and friends, GLib's, redis's, CPython's, FFmpeg's,
+/// `operator new`.
+pub fn is_wrapper_name(function: &str) -> bool {
+    const EXACT: [&str; 22] = [
+        "xmalloc",
+        "xcalloc",
+        "xrealloc",
+        "xzalloc",
+        "xmemdup",
+        "xstrdup",
+        "xstrndup",
+        "g_malloc",
+        "g_malloc0",
+        "g_realloc",
+        "g_try_malloc",
+        "g_try_malloc0",
+        "g_malloc_n",
+        "g_malloc0_n",
+        "g_slice_alloc",
+        "g_slice_alloc0",
+        "PyMem_Malloc",
+        "PyMem_RawMalloc",
+        "PyObject_Malloc",
+        "av_malloc",
+        "av_mallocz",
+        "emalloc",
+    ];
+    const PREFIXES: [&str; 6] = [
+        "zmalloc",
+        "zcalloc",
+        "zrealloc",
+        "ztrymalloc",
+        "ztrycalloc",
+        "operator new",
+    ];
+    EXACT.contains(&function) || PREFIXES.iter().any(|p| function.starts_with(p))
+}
+
 /// Whether an inlined frame at an allocation call is a helper to pass
 /// over: in a header, or named as an allocation wrapper.
 fn is_inline_helper(frame: &Frame) -> bool {
@@ -65,15 +103,6 @@ pub fn past_inline_helpers(mut chain: Inlined) -> (Inlined, Option<String>) {
         via = Some(std::mem::replace(&mut chain.frame, caller).function);
     }
     (chain, via)
-}
-
-/// The name of allocation site `site` (a key of the allocator profile).
-pub fn site_name(alloc: &AllocProfile, site: u64, names: &mut dyn Names) -> SiteName {
-    name_at(
-        &alloc.site_place(site),
-        alloc.site_via(site).as_ref(),
-        names,
-    )
 }
 
 /// The name of the allocation call at `site`, reached through the call
