@@ -37,7 +37,7 @@ pub fn check(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn collect(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+pub fn collect(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
         if path.is_dir() {

@@ -7,6 +7,7 @@ mod bench;
 mod fuzz;
 mod limits;
 mod setup;
+mod slices;
 
 use std::{
     path::PathBuf,
@@ -36,8 +37,9 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Check formatting and run clippy on the userspace crates and, with the
-    /// eBPF toolchain, on the eBPF crate.
+    /// Check formatting, run clippy on the userspace crates and, with the
+    /// eBPF toolchain, on the eBPF crate; check the size limits and that no
+    /// feature directory uses another.
     Lint,
     /// Trace a bundled workload with one bug of each kind (heap false
     /// sharing, a contended mutex, allocation churn with a leak) and print
@@ -249,6 +251,7 @@ fn lint() -> Result<()> {
     cargo(&["fmt", "--all", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
     limits::check(&root().join("memprof/src"))?;
+    slices::check(&root().join("memprof/src/features"))?;
     let target_dir = root().join("target/bpf-lint");
     let target_dir = target_dir.to_str().context("non-UTF-8 workspace path")?;
     setup::run(
