@@ -12,6 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod leaks;
+pub use leaks::{assert_no_programs_left, loaded_programs};
+
 pub use workloads::{
     build_workload, run_ok, skip_log, workload_dir, workload_source, workspace, Variant,
     DEMO_SECONDS, DEMO_TOOL_ARGS, DEMO_WORKLOAD,
@@ -298,64 +301,6 @@ pub fn report_path(test: &str) -> PathBuf {
     path
 }
 
-/// Names of the BPF programs loaded in the kernel now.
-pub fn loaded_programs() -> Vec<String> {
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
-        .output()
-        .expect("bpftool is installed by `cargo xtask setup`");
-    assert!(out.status.success(), "bpftool prog show failed");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
-    v.as_array()
-        .map(|progs| {
-            progs
-                .iter()
-                .filter_map(|p| p["name"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Asserts that none of our programs is still loaded, and that no helper
-/// process the tool started (the allocator's untraced timing loop) is
-/// still running. Checked at once: the tool itself waits, before it
-/// exits, until the kernel has freed its programs (a link's last
-/// reference goes a grace period after it is closed) and until its helper
-/// is killed and reaped, so one still listed now is one the tool left
-/// behind.
-pub fn assert_no_programs_left() {
-    let left: Vec<String> = loaded_programs()
-        .into_iter()
-        .filter(|name| PROGRAM_NAMES.contains(&name.as_str()))
-        .collect();
-    assert!(left.is_empty(), "programs left loaded after exit: {left:?}");
-    let helpers = helper_processes();
-    assert!(
-        helpers.is_empty(),
-        "helper processes left running: {helpers:?}"
-    );
-}
-
-/// The variable the tool's allocator-timing helper runs with (the tool's
-/// own binary in another role; `features::alloc::untraced::LOOP_ENV`).
-const HELPER_ENV: &[u8] = b"MEMPROF_UNTRACED_LOOP=";
-
-/// Pids of processes running as the tool's helper.
-pub fn helper_processes() -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
-                env.split(|&b| b == 0)
-                    .any(|var| var.starts_with(HELPER_ENV))
-            })
-        })
-        .collect()
-}
-
 /// The hot-function entry named `function`, if any.
 pub fn hot_function<'a>(
     report: &'a memprof::report::Report,
@@ -375,7 +320,6 @@ pub fn build_shared_lib(name: &str) -> anyhow::Result<PathBuf> {
 pub fn build_shared_lib_with(name: &str, out: &str, defines: &[String]) -> anyhow::Result<PathBuf> {
     let src = workload_source(name);
     let lib = workload_dir().join(format!("lib{out}.so"));
-    // As in build_workload: the old file may be mapped by a running process.
     let tmp = workload_dir().join(format!(
         ".lib{out}.so.{}.{:?}",
         std::process::id(),
@@ -396,7 +340,7 @@ pub fn build_shared_lib_with(name: &str, out: &str, defines: &[String]) -> anyho
             .arg(&tmp)
             .arg(&src),
     )?;
-    std::fs::rename(&tmp, &lib)?;
+    workloads::install_built(&tmp, &lib)?;
     Ok(lib)
 }
 
@@ -540,7 +484,6 @@ pub fn rustc_version() -> Option<String> {
 pub fn build_rust_workload(name: &str) -> anyhow::Result<PathBuf> {
     let src = rust_workload_source(name);
     let out = workload_dir().join(name);
-    // As in build_workload: the old file may be running.
     let tmp = workload_dir().join(format!(
         ".{name}.{}.{:?}",
         std::process::id(),
@@ -552,7 +495,7 @@ pub fn build_rust_workload(name: &str) -> anyhow::Result<PathBuf> {
             .arg(&tmp)
             .arg(&src),
     )?;
-    std::fs::rename(&tmp, &out)?;
+    workloads::install_built(&tmp, &out)?;
     Ok(out)
 }
 

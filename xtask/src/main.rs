@@ -8,6 +8,7 @@ mod fuzz;
 mod limits;
 mod setup;
 mod slices;
+mod testrun;
 
 use std::{
     path::PathBuf,
@@ -31,8 +32,12 @@ enum Task {
     Setup,
     /// Build the release binary (target/release/memprof-ebpf).
     Build,
-    /// Run every test: lint, unit tests and the root-only integration tests.
+    /// Build every test once and run them: unit tests, then the root-only
+    /// integration suites, side by side in lanes (CI runs `lint` first).
     Test {
+        /// Integration suites run at once (1: one after another).
+        #[arg(long, default_value_t = 2)]
+        lanes: usize,
         /// Extra arguments for the test harness (e.g. a test name filter).
         #[arg(last = true)]
         args: Vec<String>,
@@ -94,7 +99,7 @@ fn run(args: Args) -> Result<()> {
     match args.task {
         Task::Setup => Ok(()),
         Task::Build => cargo(&["build", "--release", "--package", "memprof"]),
-        Task::Test { args } => test(&args),
+        Task::Test { lanes, args } => testrun::run(&args, lanes),
         Task::Lint => lint(),
         Task::Demo { tui } => demo(tui),
         Task::Bench {
@@ -132,119 +137,6 @@ fn cargo(args: &[&str]) -> Result<()> {
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-fn test(extra: &[String]) -> Result<()> {
-    lint()?;
-    cargo(&["build", "--package", "memprof"])?;
-    let bin = root().join("target/debug/memprof-ebpf");
-    // Read by the test processes cargo starts.
-    std::env::set_var("MEMPROF_BIN", &bin);
-    // As root on a set-up machine every kernel feature the tests need is
-    // there, so a skip would hide a failure: make skips fail.
-    // Under CI strict mode cannot be turned off (the test harness also
-    // reads CI itself, for `cargo test` run directly).
-    if workloads::ci() || (is_root() && std::env::var_os("MEMPROF_TESTS_STRICT").is_none()) {
-        std::env::set_var("MEMPROF_TESTS_STRICT", "1");
-    }
-    if !is_root() {
-        eprintln!(
-            "xtask: not root: the integration tests will be SKIPPED \
-             (run `sudo -E env \"PATH=$PATH\" cargo xtask test`)"
-        );
-    }
-    // Integration tests share kernel state (tracefs, loaded programs), so
-    // tests run one at a time.
-    let mut args = vec!["test", "--", "--test-threads=1"];
-    args.extend(extra.iter().map(String::as_str));
-    let skip_log = workloads::skip_log();
-    let _ = std::fs::remove_file(&skip_log);
-    let totals = cargo_test(&args)?;
-    let skipped: Vec<String> = std::fs::read_to_string(&skip_log)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect();
-    for line in &skipped {
-        println!("*** SKIPPED {line}");
-    }
-    // Tests marked known wrong wait for the issue that fixes them: say
-    // which, every time, so that they are not forgotten.
-    for line in &totals.ignored {
-        println!("*** IGNORED {line}");
-    }
-    // libtest counts a skipped test as passed; one plain closing line.
-    let passed = totals.passed.saturating_sub(skipped.len());
-    println!(
-        "tests: {passed} passed, {} failed, {} skipped, {} ignored (known wrong)",
-        totals.failed,
-        skipped.len(),
-        totals.ignored.len()
-    );
-    if !totals.ok {
-        bail!("tests failed");
-    }
-    Ok(())
-}
-
-#[derive(Default)]
-struct Totals {
-    passed: usize,
-    failed: usize,
-    /// "name: reason" of each ignored test.
-    ignored: Vec<String>,
-    ok: bool,
-}
-
-/// "name: reason" from libtest's line for an ignored test
-/// (`test NAME ... ignored, REASON`).
-fn ignored_test(line: &str) -> Option<String> {
-    let rest = line.strip_prefix("test ")?;
-    let (name, outcome) = rest.split_once(" ... ")?;
-    let reason = outcome.strip_prefix("ignored")?;
-    let reason = reason.strip_prefix(", ").unwrap_or("no reason given");
-    Some(format!("{name}: {reason}"))
-}
-
-/// Runs `cargo test ...`, passing its output through, and adds up the
-/// `test result:` lines of every test binary.
-fn cargo_test(args: &[&str]) -> Result<Totals> {
-    use std::io::BufRead as _;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut child = Command::new(&cargo)
-        .args(args)
-        .current_dir(root())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .context("running cargo test")?;
-    let mut totals = Totals::default();
-    let stdout = child.stdout.take().context("cargo test stdout")?;
-    for line in std::io::BufReader::new(stdout).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(ignored) = ignored_test(&line) {
-            totals.ignored.push(ignored);
-        }
-        if let Some(rest) = line.strip_prefix("test result: ") {
-            totals.passed += count_before(rest, " passed");
-            totals.failed += count_before(rest, " failed");
-        }
-    }
-    totals.ok = child.wait()?.success();
-    Ok(totals)
-}
-
-/// In "ok. 8 passed; 0 failed; ...", the number before `word`.
-fn count_before(text: &str, word: &str) -> usize {
-    text.split(';')
-        .find_map(|part| {
-            part.trim()
-                .trim_start_matches("ok. ")
-                .trim_start_matches("FAILED. ")
-                .strip_suffix(word)
-        })
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 fn lint() -> Result<()> {
@@ -310,7 +202,7 @@ fn demo(tui: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{count_before, ignored_test, root};
+    use super::root;
     use std::process::Command;
 
     #[test]
@@ -323,20 +215,6 @@ mod tests {
         assert!(crate::bench::number(&report, &["loader", "peak_rss_bytes"]).is_err());
         assert_eq!(crate::bench::verdict("fine", true), "ok");
         assert_eq!(crate::bench::verdict("too slow", false), "MISSED");
-    }
-
-    #[test]
-    fn ignored_tests_are_listed_with_their_reason() {
-        assert_eq!(
-            ignored_test("test latencies ... ignored, known wrong: Allocator (#17)").as_deref(),
-            Some("latencies: known wrong: Allocator (#17)")
-        );
-        assert_eq!(
-            ignored_test("test bare ... ignored").as_deref(),
-            Some("bare: no reason given")
-        );
-        assert_eq!(ignored_test("test ok_one ... ok"), None);
-        assert_eq!(ignored_test("running 3 tests"), None);
     }
 
     /// Packages xtask must never depend on (for normal or build use): their
@@ -404,22 +282,5 @@ mod tests {
         );
         assert!(toolchain_dependents("xtask v0.1.0 (/w/xtask)\nworkloads v0.1.0\n").is_empty());
         assert!(toolchain_dependents("").is_empty());
-    }
-
-    #[test]
-    fn reads_libtest_result_lines() {
-        let ok =
-            "ok. 8 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 17.55s";
-        assert_eq!(
-            (count_before(ok, " passed"), count_before(ok, " failed")),
-            (8, 0)
-        );
-        let bad =
-            "FAILED. 43 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.38s";
-        assert_eq!(
-            (count_before(bad, " passed"), count_before(bad, " failed")),
-            (43, 1)
-        );
-        assert_eq!(count_before("garbage", " passed"), 0);
     }
 }

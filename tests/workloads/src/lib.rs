@@ -64,8 +64,6 @@ pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
         Variant::Optimized => "-O2",
     };
     let out = workload_dir().join(format!("{name}{suffix}"));
-    // Build beside it and rename over it: the old file may be running
-    // (writing to a running executable fails with ETXTBSY; renaming works).
     let tmp = workload_dir().join(format!(
         ".{name}{suffix}.{}.{:?}",
         std::process::id(),
@@ -94,8 +92,25 @@ pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
     if variant == Variant::Stripped {
         run_ok(Command::new("strip").arg(&tmp))?;
     }
-    std::fs::rename(&tmp, &out)?;
+    install_built(&tmp, &out)?;
     Ok(out)
+}
+
+/// Puts the program (or library) just built at `tmp` in place at `out`.
+///
+/// It is built beside `out` and renamed over it, because the old file may
+/// be running (writing to a running executable fails with ETXTBSY;
+/// renaming works). When `out` already holds the same bytes (the same
+/// source built the same way) it is kept and `tmp` removed: `cargo xtask
+/// test` runs suites side by side, and a program another suite is tracing
+/// keeps the very file it runs from.
+pub fn install_built(tmp: &Path, out: &Path) -> anyhow::Result<()> {
+    if std::fs::read(out).is_ok_and(|old| std::fs::read(tmp).is_ok_and(|new| new == old)) {
+        std::fs::remove_file(tmp)?;
+        return Ok(());
+    }
+    std::fs::rename(tmp, out)?;
+    Ok(())
 }
 
 /// Runs `cmd`, failing with its stderr when it does not succeed.
