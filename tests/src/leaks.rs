@@ -118,8 +118,10 @@ fn pids() -> impl Iterator<Item = u32> {
 }
 
 fn is_helper(pid: u32) -> bool {
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .is_ok_and(|env| env.split(|&b| b == 0).any(|var| var.starts_with(HELPER_ENV)))
+    std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+        env.split(|&b| b == 0)
+            .any(|var| var.starts_with(HELPER_ENV))
+    })
 }
 
 /// Pids of processes running as the tool's helper.

@@ -22,11 +22,22 @@ use anyhow::{bail, Context, Result};
 use crate::{cargo, is_root, root};
 
 /// Suites that must run with nothing beside them, and why.
-const ALONE: &[(&str, &str)] = &[(
-    "foundation",
-    "unmounts tracefs to see the tool mount it, and reads kernel.bpf_stats_enabled, \
-     which any running tool turns on",
-)];
+const ALONE: &[(&str, &str)] = &[
+    (
+        "foundation",
+        "unmounts tracefs to see the tool mount it, and reads kernel.bpf_stats_enabled, \
+         which any running tool turns on",
+    ),
+    (
+        "links",
+        "counts the uprobe links attached on the machine (bpftool here cannot tell \
+         which process holds one)",
+    ),
+    (
+        "allocator",
+        "checks that the off mode attaches no allocator probe, among all attached",
+    ),
+];
 
 /// Seconds each slow suite took in a clean-clone CI run (2 vCPUs,
 /// 2026-11-29), to start the longest first; an unlisted suite counts as
@@ -138,10 +149,13 @@ pub fn run(extra: &[String], lanes: usize) -> Result<()> {
                     } else {
                         String::new()
                     };
-                    while let Some(suite) = queue.lock().expect("queue").pop_front() {
+                    loop {
+                        // Not in a `while let`: its guard would hold the
+                        // queue for the whole suite, one lane at a time.
+                        let next = queue.lock().expect("queue").pop_front();
+                        let Some(suite) = next else { return Ok(()) };
                         run_suite(&suite, extra, &tag, totals)?;
                     }
-                    Ok(())
                 })
             })
             .collect();
