@@ -59,22 +59,30 @@ const SECONDS: &[(&str, u32)] = &[
     ("fuzz", 13),
 ];
 
-/// One test binary cargo built.
+/// One test binary cargo built, or one module of it.
+#[derive(Clone)]
 struct Suite {
-    /// The test target's name ("allocator", or the package's for unit tests).
+    /// The test target's name ("integration", "fuzz", or the package's for
+    /// unit tests).
+    target: String,
+    /// The suite's: the module's ("allocator") when the binary holds one
+    /// suite per module, else the target's.
     name: String,
     /// "lib", "bin" or "test".
     kind: String,
     executable: PathBuf,
     /// Where cargo would run it: its package's directory.
     dir: PathBuf,
+    /// The module's tests, run by exact name; `None`: the whole binary.
+    tests: Option<Vec<String>>,
 }
 
 impl Suite {
     fn label(&self) -> String {
-        match self.kind.as_str() {
-            "test" => format!("tests/{}", self.name),
-            kind => format!("{} ({kind} unit tests)", self.name),
+        match (self.kind.as_str(), &self.tests) {
+            ("test", Some(_)) => format!("{}::{}", self.target, self.name),
+            ("test", None) => format!("tests/{}", self.name),
+            (kind, _) => format!("{} ({kind} unit tests)", self.name),
         }
     }
 
@@ -127,7 +135,7 @@ pub fn run(extra: &[String], lanes: usize) -> Result<()> {
     let started = Instant::now();
     cargo(&["test", "--no-run"])?;
     let built = started.elapsed();
-    let suites = list()?;
+    let suites = by_module(list()?, extra)?;
     let cpu_built = children_cpu_s();
     let skip_log = workloads::skip_log();
     let _ = std::fs::remove_file(&skip_log);
@@ -227,12 +235,87 @@ fn suite_of(line: &str) -> Option<Suite> {
     }
     let executable = PathBuf::from(msg["executable"].as_str()?);
     let manifest = PathBuf::from(msg["manifest_path"].as_str()?);
+    let target = msg["target"]["name"].as_str()?.to_string();
     Some(Suite {
-        name: msg["target"]["name"].as_str()?.to_string(),
+        name: target.clone(),
+        target,
         kind: msg["target"]["kind"][0].as_str()?.to_string(),
         executable,
         dir: manifest.parent()?.to_path_buf(),
+        tests: None,
     })
+}
+
+/// Splits libtest arguments into test name filters and the other options
+/// (with the values of those that take one).
+fn filters_and_options(extra: &[String]) -> (Vec<String>, Vec<String>) {
+    const WITH_VALUE: &[&str] = &["--skip", "--color", "--format", "--logfile"];
+    let (mut filters, mut options) = (Vec::new(), Vec::new());
+    let mut args = extra.iter();
+    while let Some(arg) = args.next() {
+        if WITH_VALUE.contains(&arg.as_str()) {
+            options.push(arg.clone());
+            options.extend(args.next().cloned());
+        } else if arg.starts_with('-') {
+            options.push(arg.clone());
+        } else {
+            filters.push(arg.clone());
+        }
+    }
+    (filters, options)
+}
+
+/// One suite per module of an integration-test binary that holds several
+/// (`tests/tests/integration`), each with the tests `extra` selects;
+/// other binaries as they are.
+fn by_module(suites: Vec<Suite>, extra: &[String]) -> Result<Vec<Suite>> {
+    let mut out = Vec::new();
+    for suite in suites {
+        if suite.kind != "test" {
+            out.push(suite);
+            continue;
+        }
+        let listed = Command::new(&suite.executable)
+            .args(["--list", "--format", "terse"])
+            .args(extra)
+            .current_dir(&suite.dir)
+            .output()
+            .with_context(|| format!("listing the tests of {}", suite.executable.display()))?;
+        if !listed.status.success() {
+            bail!(
+                "{} --list failed ({})",
+                suite.executable.display(),
+                listed.status
+            );
+        }
+        let modules = modules(&String::from_utf8_lossy(&listed.stdout));
+        if modules.is_empty() {
+            out.push(suite);
+            continue;
+        }
+        out.extend(modules.into_iter().map(|(module, tests)| Suite {
+            name: module,
+            tests: Some(tests),
+            ..suite.clone()
+        }));
+    }
+    Ok(out)
+}
+
+/// Test names by their first module, from libtest's `--list --format
+/// terse` ("locks::hot_lock: test"); empty when no name has a module.
+fn modules(listing: &str) -> Vec<(String, Vec<String>)> {
+    let mut modules: Vec<(String, Vec<String>)> = Vec::new();
+    for name in listing.lines().filter_map(|l| l.strip_suffix(": test")) {
+        let Some((module, _)) = name.split_once("::") else {
+            return Vec::new();
+        };
+        match modules.iter_mut().find(|(m, _)| m == module) {
+            Some((_, tests)) => tests.push(name.to_string()),
+            None => modules.push((module.to_string(), vec![name.to_string()])),
+        }
+    }
+    modules
 }
 
 /// Runs one test binary, its tests one at a time, and prints its output.
@@ -243,9 +326,21 @@ fn run_suite(suite: &Suite, extra: &[String], tag: &str, totals: &Mutex<Totals>)
     }
     let started = Instant::now();
     let cpu_before = children_cpu_s();
-    let out = Command::new(&suite.executable)
-        .arg("--test-threads=1")
-        .args(extra)
+    let mut cmd = Command::new(&suite.executable);
+    cmd.arg("--test-threads=1");
+    match &suite.tests {
+        Some(tests) => cmd
+            .args(
+                filters_and_options(extra)
+                    .1
+                    .iter()
+                    .filter(|o| *o != "--exact"),
+            )
+            .arg("--exact")
+            .args(tests),
+        None => cmd.args(extra),
+    };
+    let out = cmd
         .current_dir(&suite.dir)
         .env("CARGO_MANIFEST_DIR", &suite.dir)
         .output()
@@ -346,7 +441,36 @@ fn count_before(text: &str, word: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{count_before, ignored_test, suite_of};
+    use super::{count_before, filters_and_options, ignored_test, modules, suite_of};
+
+    #[test]
+    fn a_binary_with_modules_is_one_suite_per_module() {
+        let listing = "allocator::a: test\nlocks::b: test\nallocator::c: test\n\n\
+                       3 tests, 0 benchmarks\n";
+        assert_eq!(
+            modules(listing),
+            [
+                (
+                    "allocator".to_string(),
+                    vec!["allocator::a".to_string(), "allocator::c".into()]
+                ),
+                ("locks".to_string(), vec!["locks::b".to_string()]),
+            ]
+        );
+        // The fuzz targets have no module: the binary is one suite.
+        assert!(modules("fuzz_dwarf: test\nfuzz_maps: test\n").is_empty());
+        assert!(modules("").is_empty());
+    }
+
+    #[test]
+    fn filters_are_told_from_options() {
+        let args: Vec<String> = ["hot", "--nocapture", "--skip", "slow", "locks::"]
+            .map(String::from)
+            .to_vec();
+        let (filters, options) = filters_and_options(&args);
+        assert_eq!(filters, ["hot", "locks::"]);
+        assert_eq!(options, ["--nocapture", "--skip", "slow"]);
+    }
 
     #[test]
     fn ignored_tests_are_listed_with_their_reason() {
