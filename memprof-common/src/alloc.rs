@@ -162,8 +162,11 @@ pub const ALLOC_SAMPLE_MEAN_BYTES: u64 = 512 << 10;
 /// programs have no logarithm); a gap is one of them, drawn at random.
 pub const ALLOC_SAMPLE_GAPS: u32 = 256;
 /// Most call chains copied per second (over all CPUs); samples beyond are
-/// counted ([`counter::ALLOC_STACKS_CAPPED`](crate::counter)) so the
-/// loader can scale the ones it has.
+/// counted ([`counter::ALLOC_STACKS_CAPPED`](crate::counter)), and each
+/// chain sent carries those held back since the one before it
+/// ([`AllocStackEvent::held_back`]): the loader weights it by them, so a
+/// phase that allocates faster than the cap is not under-counted against
+/// a slower one.
 pub const ALLOC_STACKS_PER_S: u64 = 1000;
 /// Most chains copied per second (over all CPUs, in a bucket of as many)
 /// for calls from return addresses the loader has not classified yet
@@ -190,6 +193,10 @@ pub struct AllocStackEvent {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// Sampled chains the per-second cap held back since the last one
+    /// sent (over all CPUs): this one stands for them too. 0 for chains
+    /// sent for an unclassified return address only.
+    pub held_back: u64,
     pub stack: [u64; ALLOC_STACK_WORDS],
 }
 
@@ -365,7 +372,7 @@ const _: () = assert!(core::mem::size_of::<AllocEvent>() == 88);
 const _: () = assert!(core::mem::size_of::<SiteRule>() == 16);
 const _: () = assert!(core::mem::size_of::<SyscallEvent>() == 72);
 const _: () = assert!(core::mem::size_of::<KernelStats>() == 40);
-const _: () = assert!(core::mem::size_of::<AllocStackEvent>() == 112 + 8 * ALLOC_STACK_WORDS);
+const _: () = assert!(core::mem::size_of::<AllocStackEvent>() == 120 + 8 * ALLOC_STACK_WORDS);
 const _: () = assert!(core::mem::size_of::<AllocCpuEvent>() == 48 + 8 * ALLOC_STACK_WORDS);
 const _: () = assert!(core::mem::size_of::<TextRange>() == 16);
 

@@ -48,9 +48,10 @@ static ALLOC_CTL: Array<u64> = Array::with_max_entries(1, 0);
 static SAMPLE_GAPS: Array<u32> = Array::with_max_entries(ALLOC_SAMPLE_GAPS, 0);
 
 /// Token buckets of the call chains' per-second caps (credit, last
-/// refill): the heap profile's samples, then the unclassified sites'.
+/// refill): the heap profile's samples, then the unclassified sites';
+/// last, the heap profile's samples held back since the last one sent.
 #[map(name = "ALLOC_STACK_BUCKET")]
-static STACK_BUCKET: Array<u64> = Array::with_max_entries(4, 0);
+static STACK_BUCKET: Array<u64> = Array::with_max_entries(5, 0);
 
 /// Return addresses of allocation calls the loader has classified: plain
 /// sites, and calls inside wrappers with the way out of their frame.
@@ -346,15 +347,19 @@ pub fn mp_alloc_exit(ctx: RetProbeContext) -> u32 {
     // A sampled chain (the heap profile's cap), or one the loader needs
     // to find the site past wrappers it has not classified yet (a cap of
     // its own, so the heap profile's scaling counts its samples alone).
-    let sampled = event.flags & alloc_flag::SAMPLED != 0 && take_stack_token(end);
-    if !sampled {
+    let held_back = if event.flags & alloc_flag::SAMPLED != 0 {
+        take_stack_token(end)
+    } else {
+        None
+    };
+    if held_back.is_none() {
         event.flags &= !alloc_flag::SAMPLED;
     }
-    if sampled || event.flags & alloc_flag::UNCLASSIFIED != 0 && take_site_token(end) {
+    if held_back.is_some() || event.flags & alloc_flag::UNCLASSIFIED != 0 && take_site_token(end) {
         // SAFETY: as above; the frame pointer is the caller's again
         // (callee-saved).
         let bp = unsafe { (*ctx.regs).rbp };
-        submit_stack(&event, sp, bp);
+        submit_stack(&event, sp, bp, held_back.unwrap_or(0));
         return 0;
     }
     let wake = event.flags & alloc_flag::NEW_SITE != 0;
@@ -375,16 +380,32 @@ fn sample_gap() -> i64 {
 }
 
 /// Whether the heap profile's per-second cap lets one more sampled call
-/// chain through (counted either way).
+/// chain through (counted either way): if so, the chains held back since
+/// the last one let through, which this one stands for too.
 #[inline(always)]
-fn take_stack_token(now: u64) -> bool {
+fn take_stack_token(now: u64) -> Option<u64> {
     let ok = take_bucket_token(0, now, ALLOC_STACKS_PER_S);
     count(if ok {
         counter::ALLOC_STACKS
     } else {
         counter::ALLOC_STACKS_CAPPED
     });
-    ok
+    let Some(held) = STACK_BUCKET.get_ptr_mut(4) else {
+        return ok.then_some(0);
+    };
+    // SAFETY: the pointer comes from the map lookup. Updated without
+    // atomics: a race may give a held-back chain to two samples or none
+    // (the loader's session total covers what is left).
+    unsafe {
+        if ok {
+            let n = *held;
+            *held = 0;
+            Some(n)
+        } else {
+            *held += 1;
+            None
+        }
+    }
 }
 
 /// Whether the cap of chains sent for unclassified return addresses lets
@@ -449,7 +470,7 @@ fn copy_stack_top(stack: &mut [u64; ALLOC_STACK_WORDS], sp: u64) {
 /// Sends an allocation with its caller's stack: `sp` and `bp` are the
 /// caller's right after the return, `call.caller` its next instruction.
 #[inline(always)]
-fn submit_stack(call: &AllocEvent, sp: u64, bp: u64) {
+fn submit_stack(call: &AllocEvent, sp: u64, bp: u64, held_back: u64) {
     let Some(mut entry) = ALLOC_EVENTS.reserve::<AllocStackEvent>(0) else {
         count(counter::ALLOC_EVENTS_LOST);
         return;
@@ -465,6 +486,7 @@ fn submit_stack(call: &AllocEvent, sp: u64, bp: u64) {
         (*e).ip = call.caller;
         (*e).sp = sp;
         (*e).bp = bp;
+        (*e).held_back = held_back;
         copy_stack_top(&mut (*e).stack, sp);
     }
     // A return address met for the first time: the loader classifies it

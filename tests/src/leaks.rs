@@ -141,10 +141,10 @@ fn live_tools() -> Vec<u32> {
 }
 
 fn parent(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    memprof::process::procfs::stat_fields(pid)?
+        .get(1)?
+        .parse()
+        .ok()
 }
 
 /// IDs of the programs `pid` holds open: its program and link descriptors

@@ -364,8 +364,8 @@ pub struct Attached {
 pub fn while_running(pid: u32, limit: Duration, mut look: impl FnMut()) {
     let start = Instant::now();
     while start.elapsed() < limit {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if state.is_empty() || state[state.rfind(')').unwrap_or(0)..].starts_with(") Z") {
+        let state = memprof::process::procfs::stat_fields(pid);
+        if state.is_none_or(|f| f.first().is_none_or(|s| s == "Z")) {
             break;
         }
         look();

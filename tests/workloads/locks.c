@@ -16,6 +16,12 @@
  *                                      returned to unlock called, summed),
  *                                      hot_wait_ns (time inside the lock
  *                                      calls, summed).
+ *   locks bursty THREADS SECONDS      as contended, in bursts: each second,
+ *                                      300 ms of that loop, then the threads
+ *                                      sleep to the next second (a program
+ *                                      whose call rate between the profiler's
+ *                                      windows is not the rate in them).
+ *                                      Same output and truth as contended.
  *   locks condvar SECONDS              producer/consumer on g_queue_lock +
  *                                      g_queue_cond: the producer pushes an
  *                                      item every 1 ms (nanosleep between),
@@ -149,6 +155,12 @@ static unsigned long many_acquisitions;
 
 static pthread_barrier_t start_line;
 
+/* bursty: the loop runs the first g_burst_ns of each second from
+ * g_burst_epoch (0: no bursts). */
+#define BURST_PERIOD_NS 1000000000L
+static long g_burst_ns;
+static long g_burst_epoch;
+
 static long now_ns(void)
 {
 	struct timespec ts;
@@ -172,9 +184,18 @@ static void sleep_ns(long ns)
 	nanosleep(&ts, NULL);
 }
 
+/* bursty: past the current second's burst, sleep to the next second. */
+static void idle_between_bursts(void)
+{
+	long phase = (now_ns() - g_burst_epoch) % BURST_PERIOD_NS;
+	if (phase >= g_burst_ns)
+		sleep_ns(BURST_PERIOD_NS - phase);
+}
+
 static void usage(void)
 {
-	fprintf(stderr, "usage: locks contended THREADS SECONDS | condvar SECONDS | rwlock SECONDS"
+	fprintf(stderr, "usage: locks contended THREADS SECONDS | bursty THREADS SECONDS"
+			" | condvar SECONDS | rwlock SECONDS"
 			" | many LOCKS THREADS PASSES | uncontended N | contended_bench THREADS N"
 			" | yield THREADS SECONDS | slowholder THREADS SECONDS | kwait THREADS SECONDS"
 			" | roundrobin COUNT THREADS SECONDS | table THREADS SECONDS\n");
@@ -253,6 +274,8 @@ __attribute__((noinline)) long contend_hot(const struct worker *w, long *quiet, 
 			++*quiet;
 		}
 		busy_ns(w->outside_ns); // OUTSIDE
+		if (g_burst_ns)
+			idle_between_bursts();
 	}
 	return done;
 }
@@ -794,6 +817,14 @@ int main(int argc, char **argv)
 		long threads = count_arg(argv[2], MAX_THREADS);
 		double seconds = seconds_arg(argv[3]);
 		start();
+		locks_contended(threads, now_ns() + (long)(seconds * 1e9), 0, 20 * 1000, 5 * 1000);
+		fprintf(stderr, "acquisitions %lu\n", total_acquisitions);
+	} else if (strcmp(mode, "bursty") == 0 && argc == 4) {
+		long threads = count_arg(argv[2], MAX_THREADS);
+		double seconds = seconds_arg(argv[3]);
+		start();
+		g_burst_ns = 300 * 1000 * 1000;
+		g_burst_epoch = now_ns();
 		locks_contended(threads, now_ns() + (long)(seconds * 1e9), 0, 20 * 1000, 5 * 1000);
 		fprintf(stderr, "acquisitions %lu\n", total_acquisitions);
 	} else if (strcmp(mode, "condvar") == 0 && argc == 3) {

@@ -105,6 +105,8 @@ pub struct Totals {
     pub failed: usize,
     /// "name: reason" of each ignored test.
     pub ignored: Vec<String>,
+    /// The start of each failed test's panic message.
+    pub failures: Vec<String>,
     /// Labels of the suites that failed.
     pub failed_suites: Vec<String>,
 }
@@ -121,6 +123,7 @@ impl Totals {
                 self.failed += count_before(rest, " failed");
             }
         }
+        self.failures.extend(failure_heads(output));
         if !ok {
             self.failed_suites.push(label.to_string());
         }
@@ -399,6 +402,11 @@ fn conclude(
     for line in &totals.ignored {
         println!("*** IGNORED {line}");
     }
+    // A CI log may keep only its head and tail: each failure's message
+    // again, next to the closing line.
+    for line in &totals.failures {
+        println!("*** FAILED {line}");
+    }
     // libtest counts a skipped test as passed; one plain closing line.
     let passed = totals.passed.saturating_sub(skipped.len());
     println!(
@@ -426,6 +434,46 @@ fn ignored_test(line: &str) -> Option<String> {
     Some(format!("{name}: {reason}"))
 }
 
+/// Lines of a failed test's message kept for the closing summary.
+const FAILURE_LINES: usize = 12;
+
+/// "name: message" for each failed test in libtest's output: the start of
+/// what it printed from its panic (`---- NAME stdout ----`, then
+/// `thread 'NAME' panicked at FILE:LINE:` and the message).
+fn failure_heads(output: &str) -> Vec<String> {
+    let mut heads = Vec::new();
+    let mut lines = output.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|l| l.strip_suffix(" stdout ----"))
+        else {
+            continue;
+        };
+        let mut message: Vec<String> = lines
+            .by_ref()
+            .skip_while(|l| !(l.starts_with("thread '") && l.contains(" panicked at ")))
+            .take_while(|l| {
+                !l.starts_with("stack backtrace:") && !l.starts_with("---- ") && *l != "failures:"
+            })
+            .take(FAILURE_LINES)
+            .map(|l| match l.split_once(" panicked at ") {
+                Some((_, at)) => format!("at {at}"),
+                None => l.to_string(),
+            })
+            .collect::<Vec<_>>();
+        while message.last().is_some_and(|l| l.trim().is_empty()) {
+            message.pop();
+        }
+        let mut message = message.join("\n    ");
+        if message.is_empty() {
+            message = "no panic message".to_string();
+        }
+        heads.push(format!("{name}: {message}"));
+    }
+    heads
+}
+
 /// In "ok. 8 passed; 0 failed; ...", the number before `word`.
 fn count_before(text: &str, word: &str) -> usize {
     text.split(';')
@@ -441,7 +489,9 @@ fn count_before(text: &str, word: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{count_before, filters_and_options, ignored_test, modules, suite_of};
+    use super::{
+        count_before, failure_heads, filters_and_options, ignored_test, modules, suite_of,
+    };
 
     #[test]
     fn a_binary_with_modules_is_one_suite_per_module() {
@@ -484,6 +534,37 @@ mod tests {
         );
         assert_eq!(ignored_test("test ok_one ... ok"), None);
         assert_eq!(ignored_test("running 3 tests"), None);
+    }
+
+    #[test]
+    fn failed_tests_are_listed_with_the_start_of_their_message() {
+        let output = "\
+failures:
+
+---- locks::pbzip2 stdout ----
+
+thread 'locks::pbzip2' (28655) panicked at tests/tests/integration/locks.rs:843:5:
+waiting threads 7 not in [2, 6]
+LockEntry {
+stack backtrace:
+   0: __rustc::rust_begin_unwind
+---- locks::other stdout ----
+printed before
+thread 'locks::other' (1) panicked at a.rs:1:1:
+boom
+
+failures:
+    locks::pbzip2
+";
+        assert_eq!(
+            failure_heads(output),
+            vec![
+                "locks::pbzip2: at tests/tests/integration/locks.rs:843:5:\n    \
+                 waiting threads 7 not in [2, 6]\n    LockEntry {"
+                    .to_string(),
+                "locks::other: at a.rs:1:1:\n    boom".to_string(),
+            ]
+        );
     }
 
     #[test]

@@ -11,6 +11,8 @@ pub mod cache;
 pub mod cpu;
 pub mod locks;
 pub mod sharing;
+#[cfg(test)]
+mod toy;
 
 use std::{
     task::{Context, Poll},
@@ -31,19 +33,53 @@ use crate::{
     object::symbolize::Symbolizer,
     options::Options,
     process::state::Process,
-    report::Report,
+    report::{section::SectionKind, Report},
 };
 
+/// The analyses, in the order they contribute to the report. A new
+/// analysis is one more line here.
+pub const SLICES: &[Slice] = &[
+    Slice::new("cpu", cpu::plan),
+    Slice::new("sharing", sharing::plan),
+    Slice {
+        name: "cache",
+        plan: cache::plan,
+        sections: &[cache::section::KIND],
+    },
+    Slice::new("alloc", alloc::plan),
+    Slice::new("locks", locks::plan),
+    #[cfg(test)]
+    toy::SLICE,
+];
+
+/// One analysis as a session lists it: how it plans, and how the report
+/// [`crate::report::section::Section`]s it writes are read back.
+pub struct Slice {
+    pub name: &'static str,
+    pub plan: fn(&Options, &Target<'_>, &mut Vec<String>) -> Box<dyn Plan>,
+    pub sections: &'static [SectionKind],
+}
+
+impl Slice {
+    /// An analysis whose part of the report is in the common model.
+    pub const fn new(
+        name: &'static str,
+        plan: fn(&Options, &Target<'_>, &mut Vec<String>) -> Box<dyn Plan>,
+    ) -> Self {
+        Self {
+            name,
+            plan,
+            sections: &[],
+        }
+    }
+}
+
 /// The features of a session, in the order they contribute to the report.
-/// A new analysis is one more line here.
 pub fn plans(opts: &Options, target: &Target<'_>, notes: &mut Vec<String>) -> Vec<Box<dyn Plan>> {
-    vec![
-        cpu::plan(opts),
-        sharing::plan(),
-        cache::plan(opts),
-        alloc::plan(opts, target, notes),
-        locks::plan(opts, target, notes),
-    ]
+    SLICES
+        .iter()
+        .map(|s| (s.plan)(opts, target, notes))
+        .collect()
 }
 
 /// What the session loads: what every session needs, and what each

@@ -43,7 +43,7 @@ struct Index<'a>(&'a BTreeMap<u64, HeapBlock>);
 impl BlockLookup for Index<'_> {
     fn containing(&self, addr: u64) -> Option<HeapBlock> {
         let (_, b) = self.0.range(..=addr).next_back()?;
-        (addr < b.start + b.size.max(1)).then_some(*b)
+        b.contains(addr).then_some(*b)
     }
 }
 

@@ -56,3 +56,16 @@ pub struct HeapBlock {
     /// [`HeapBlock::UNSEEN`].
     pub site: u64,
 }
+
+impl HeapBlock {
+    /// Whether `addr` lies in the block.
+    pub fn contains(&self, addr: u64) -> bool {
+        Self::holds(self.start, self.size, addr)
+    }
+
+    /// Whether a block of `size` bytes at `start` holds `addr`: a block
+    /// of 0 bytes (`malloc(0)`'s unique pointer) holds its first byte.
+    pub fn holds(start: u64, size: u64, addr: u64) -> bool {
+        start <= addr && addr < start + size.max(1)
+    }
+}

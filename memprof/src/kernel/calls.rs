@@ -15,9 +15,16 @@
 //! boundaries (a lock taken in the window, released after) are accounted
 //! for by the counts, which are not.
 //!
-//! The probes slow the target while attached: the rate extrapolated is the
-//! window's divided by the share of the target's CPU time the traps left
-//! it (progress taken as proportional to CPU time).
+//! The probes slow the target while attached, by an amount no model
+//! predicts (a lock convoy was not slowed at all by traps that took 20% of
+//! its CPU; a CPU-bound loop is slowed by all of it). So a gap's calls are
+//! not the window's rate × its length but the window's calls per second
+//! of the target's *own* CPU time (its CPU time less the traps') × the
+//! CPU time it used in the gap: calls per unit of the program's work is
+//! what the traps do not change. The CPU time is the process's CPU clock
+//! (ns, all threads, exited ones included). Without it, the rate is
+//! divided by the share of its CPU the traps left it, as modelled from
+//! the CPUs it uses.
 //!
 //! The claimed error of an estimate is its extrapolated share times the
 //! combined relative uncertainty of the rates it used: the spread of the
@@ -61,6 +68,25 @@ const MAX_SLOWDOWN: f64 = 0.5;
 /// A stretch attached shorter than this says too little of the rate: the
 /// whole window's is used instead.
 const MIN_STRETCH: Duration = Duration::from_millis(5);
+/// CPU time a stretch must have used for its calls per CPU second to say
+/// anything (a target idle through a window: its rate is used instead).
+const MIN_STRETCH_CPU_S: f64 = 1e-3;
+
+/// What one traced call costs the target, in seconds of its CPU time, and
+/// the CPUs it is taken to use (for the model used without a CPU clock).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrapCost {
+    pub per_call_s: f64,
+    pub cpus: f64,
+}
+
+impl TrapCost {
+    /// No cost (tests, and probes that cost nothing).
+    pub const FREE: Self = Self {
+        per_call_s: 0.0,
+        cpus: 1.0,
+    };
+}
 
 /// Running mean and variance (Welford), in bounded memory.
 #[derive(Debug, Clone, Copy, Default)]
@@ -144,15 +170,24 @@ enum Period {
     Attached {
         since: Instant,
         calls_at: Vec<u64>,
+        cpu_at: Option<f64>,
         /// The last stretch (sub-window) attached: its rate is the one
         /// extrapolated.
         stretch_since: Instant,
         stretch_calls: Vec<u64>,
+        stretch_cpu: Option<f64>,
     },
     Untraced {
         since: Instant,
         calls_at: Vec<u64>,
+        cpu_at: Option<f64>,
+        /// Calls a second, used without a CPU clock.
         rates: Vec<f64>,
+        /// Calls per second of the target's own CPU time.
+        per_cpu: Option<Vec<f64>>,
+        /// The cost of a trap, for the calls still trapped while the
+        /// window's links go.
+        trap_s: f64,
         resident: Vec<bool>,
     },
 }
@@ -167,7 +202,8 @@ pub struct CallCounter {
     attached: Duration,
     untraced: Duration,
     period: Period,
-    rates: Spread,
+    /// Windows whose gaps were extrapolated.
+    windows: u64,
     /// Fewest calls any extrapolated rate was measured from.
     fewest_rate_calls: Option<u64>,
     /// Largest slowdown corrected for.
@@ -176,6 +212,14 @@ pub struct CallCounter {
     cost_error: f64,
     /// A window slowed the target more than can be corrected for.
     saturated: bool,
+    /// The last CPU clock reading, for a gap its end cannot read (the
+    /// target exited).
+    last_cpu: Option<(Instant, f64)>,
+    /// Calls per op per CPU second of the last window that measured them.
+    last_per_cpu: Option<Vec<f64>>,
+    /// What each window's gap was filled from (calls per CPU second, or
+    /// the corrected rate), for their spread.
+    basis: Spread,
 }
 
 impl CallCounter {
@@ -190,11 +234,22 @@ impl CallCounter {
             attached: Duration::ZERO,
             untraced: Duration::ZERO,
             period: Period::Idle,
-            rates: Spread::default(),
+            windows: 0,
             fewest_rate_calls: None,
             slowdown: 0.0,
             cost_error,
             saturated: false,
+            last_cpu: None,
+            last_per_cpu: None,
+            basis: Spread::default(),
+        }
+    }
+
+    /// The target's CPU clock read `cpu` seconds at `now` (read now and
+    /// then: a target that exits takes its clock with it).
+    pub fn observe_cpu(&mut self, now: Instant, cpu: Option<f64>) {
+        if let Some(cpu) = cpu {
+            self.last_cpu = Some((now, cpu));
         }
     }
 
@@ -204,109 +259,162 @@ impl CallCounter {
             .collect()
     }
 
-    /// Every probe is attached from `now` (counters read `calls`).
-    pub fn attached(&mut self, now: Instant, calls: &[u64]) {
-        self.close(now, calls);
+    /// Every probe is attached from `now` (counters read `calls`, the
+    /// target's CPU clock `cpu` seconds).
+    pub fn attached(&mut self, now: Instant, calls: &[u64], cpu: Option<f64>) {
+        self.close(now, calls, cpu);
         let calls = self.reading(calls);
         self.period = Period::Attached {
             since: now,
             calls_at: calls.clone(),
+            cpu_at: cpu,
             stretch_since: now,
             stretch_calls: calls,
+            stretch_cpu: cpu,
         };
     }
 
     /// A new stretch starts while staying attached (the rate extrapolated
     /// later is that of the last stretch).
-    pub fn stretch(&mut self, now: Instant, calls: &[u64]) {
+    pub fn stretch(&mut self, now: Instant, calls: &[u64], cpu: Option<f64>) {
         let reading = self.reading(calls);
         if let Period::Attached {
             stretch_since,
             stretch_calls,
+            stretch_cpu,
             ..
         } = &mut self.period
         {
             *stretch_since = now;
             *stretch_calls = reading;
+            *stretch_cpu = cpu;
         }
     }
 
     /// The windowed probes start detaching at `now`; `resident[op]` says
-    /// which operations stay attached. `cpu_per_call` is the share of the
-    /// target's CPU one traced call per second takes (trap cost ÷ CPUs the
-    /// target uses): the probes slowed the target by the window's rate ×
-    /// that, so the rate extrapolated is the window's divided by what was
-    /// left (progress taken as proportional to the CPU time left to the
-    /// program).
-    pub fn detaching(&mut self, now: Instant, calls: &[u64], resident: &[bool], cpu_per_call: f64) {
+    /// which operations stay attached. The gap's calls will be the last
+    /// stretch's calls per second of the target's own CPU time (its CPU
+    /// time less `cost.per_call_s` a traced call) × the CPU time it uses
+    /// in the gap. Without a CPU clock, the stretch's rate divided by the
+    /// share of the target's time the traps left it, `cost.cpus` CPUs
+    /// taken as busy (progress taken as proportional to CPU time).
+    pub fn detaching(
+        &mut self,
+        now: Instant,
+        calls: &[u64],
+        cpu: Option<f64>,
+        resident: &[bool],
+        cost: TrapCost,
+    ) {
         let Period::Attached {
             since,
             calls_at,
+            cpu_at,
             stretch_since,
             stretch_calls,
+            stretch_cpu,
         } = &self.period
         else {
             return;
         };
         // The last stretch's rate; the whole window's when the stretch is
         // too short to say anything.
-        let (from, at) = if now.saturating_duration_since(*stretch_since) >= MIN_STRETCH {
-            (*stretch_since, stretch_calls.clone())
+        let (from, at, cpu_from) = if now.saturating_duration_since(*stretch_since) >= MIN_STRETCH {
+            (*stretch_since, stretch_calls.clone(), *stretch_cpu)
         } else {
-            (*since, calls_at.clone())
+            (*since, calls_at.clone(), *cpu_at)
         };
-        self.close(now, calls);
+        self.close(now, calls, cpu);
         let reading = self.reading(calls);
         let len = now.saturating_duration_since(from).as_secs_f64().max(1e-3);
         let resident: Vec<bool> = (0..self.ops)
             .map(|op| resident.get(op).copied().unwrap_or(false))
             .collect();
-        let mut window_calls = 0;
-        let mut window_rate = 0.0;
-        let measured: Vec<f64> = (0..self.ops)
-            .map(|op| {
-                let n = reading[op].saturating_sub(at[op]);
-                let rate = n as f64 / len;
-                if !resident[op] {
-                    window_calls += n;
-                    window_rate += rate;
-                }
-                rate
-            })
+        let counts: Vec<u64> = (0..self.ops)
+            .map(|op| reading[op].saturating_sub(at[op]))
             .collect();
-        let raw_slowdown = window_rate * cpu_per_call;
+        let window_calls: u64 = (0..self.ops)
+            .filter(|op| !resident[*op])
+            .map(|op| counts[op])
+            .sum();
+        let window_rate = window_calls as f64 / len;
+        let stretch_cpu = cpu.zip(cpu_from).map(|(now, from)| now - from);
+        let (raw_slowdown, measured) = trap_share(&counts, window_calls, len, stretch_cpu, cost);
+        let idle = stretch_cpu.is_some() && measured.is_none();
+        let per_cpu = self.per_cpu_to_extrapolate(measured, idle);
         self.saturated |= raw_slowdown >= MAX_SLOWDOWN;
         let slowdown = raw_slowdown.clamp(0.0, MAX_SLOWDOWN);
-        let rates: Vec<f64> = measured.iter().map(|r| r / (1.0 - slowdown)).collect();
+        let rates: Vec<f64> = counts
+            .iter()
+            .map(|&n| n as f64 / len / (1.0 - slowdown))
+            .collect();
         self.slowdown = self.slowdown.max(slowdown);
         tracing::debug!(
-            "window rate {window_rate:.0} calls/s: slowdown {raw_slowdown:.2} (corrected for: {slowdown:.2})"
+            "window rate {window_rate:.0} calls/s, CPU {stretch_cpu:?} s in {len:.3} s: \
+             traps {raw_slowdown:.2} of it (per CPU second: {}, corrected for {slowdown:.2})",
+            per_cpu.is_some()
         );
-        self.rates.add(window_rate);
-        self.fewest_rate_calls = Some(
-            self.fewest_rate_calls
-                .map_or(window_calls, |f| f.min(window_calls)),
-        );
+        self.windows += 1;
+        if !idle {
+            let basis = match &per_cpu {
+                Some(p) => (0..self.ops)
+                    .filter(|op| !resident[*op])
+                    .map(|op| p[op])
+                    .sum(),
+                None => window_rate / (1.0 - slowdown),
+            };
+            self.add_basis(basis, window_calls);
+        }
         self.period = Period::Untraced {
             since: now,
             calls_at: reading,
+            cpu_at: cpu,
             rates,
+            per_cpu,
+            trap_s: cost.per_call_s,
             resident,
         };
     }
 
-    /// Mean rate (calls/s of the windowed operations) of the windows.
-    pub fn mean_rate(&self) -> f64 {
-        self.rates.mean
+    /// The calls per op per CPU second a gap is filled with: those
+    /// `measured` in the window. A window the target spent `idle` says
+    /// nothing of them: those of the last window that did hold (a program
+    /// between bursts; its gap's CPU time is then its next burst's).
+    fn per_cpu_to_extrapolate(
+        &mut self,
+        measured: Option<Vec<f64>>,
+        idle: bool,
+    ) -> Option<Vec<f64>> {
+        match measured {
+            Some(p) => {
+                self.last_per_cpu = Some(p.clone());
+                Some(p)
+            }
+            None if idle => self.last_per_cpu.clone(),
+            None => None,
+        }
+    }
+
+    /// What a window's gap is filled from (calls per CPU second, or per
+    /// second), measured from `window_calls`: for the spread and counting
+    /// noise of the estimate (not a borrowed figure: see
+    /// [`Self::per_cpu_to_extrapolate`]).
+    fn add_basis(&mut self, basis: f64, window_calls: u64) {
+        self.basis.add(basis);
+        self.fewest_rate_calls = Some(
+            self.fewest_rate_calls
+                .map_or(window_calls, |f| f.min(window_calls)),
+        );
     }
 
     /// Accounts for the period in progress up to `now` and ends it.
-    pub fn end(&mut self, now: Instant, calls: &[u64]) {
-        self.close(now, calls);
+    pub fn end(&mut self, now: Instant, calls: &[u64], cpu: Option<f64>) {
+        self.close(now, calls, cpu);
     }
 
     /// Adds the period in progress (up to `now`) to the totals.
-    fn close(&mut self, now: Instant, calls: &[u64]) {
+    fn close(&mut self, now: Instant, calls: &[u64], cpu: Option<f64>) {
+        self.observe_cpu(now, cpu);
         let reading = self.reading(calls);
         match std::mem::replace(&mut self.period, Period::Idle) {
             Period::Idle => {}
@@ -321,29 +429,54 @@ impl CallCounter {
             Period::Untraced {
                 since,
                 calls_at,
+                cpu_at,
                 rates,
+                per_cpu,
+                trap_s,
                 resident,
             } => {
                 let len = now.saturating_duration_since(since);
+                let counted = |op: usize| reading[op].saturating_sub(calls_at[op]);
+                let gap_cpu = gap_cpu(since, now, cpu_at, cpu, self.last_cpu);
+                // The target's own CPU time in the gap: less the traps of
+                // the calls still counted while the window's links went.
+                let own_cpu = gap_cpu.map(|c| {
+                    let trapped: u64 = (0..self.ops).filter(|op| !resident[*op]).map(counted).sum();
+                    (c - trapped as f64 * trap_s).max(0.0)
+                });
+                tracing::debug!(
+                    "gap of {:.3} s: CPU {gap_cpu:?} s, own {own_cpu:?} s: {:?} calls by CPU \
+                     time, {:.0} by the rate",
+                    len.as_secs_f64(),
+                    per_cpu
+                        .as_ref()
+                        .zip(own_cpu)
+                        .map(|(p, own)| (p.iter().sum::<f64>() * own).round()),
+                    rates.iter().sum::<f64>() * len.as_secs_f64()
+                );
                 for op in 0..self.ops {
                     if resident[op] {
-                        self.counted[op] += reading[op].saturating_sub(calls_at[op]);
-                    } else {
-                        self.extrapolated[op] += rates[op] * len.as_secs_f64();
-                        self.extrapolated_any[op] = true;
+                        self.counted[op] += counted(op);
+                        continue;
                     }
+                    self.extrapolated[op] += match (&per_cpu, own_cpu) {
+                        (Some(per_cpu), Some(own)) => per_cpu[op] * own,
+                        _ => rates[op] * len.as_secs_f64(),
+                    };
+                    self.extrapolated_any[op] = true;
                 }
                 self.untraced += len;
             }
         }
     }
 
-    /// The estimate as of `now`, with the counters reading `calls` (None
-    /// once detached: the period in progress was closed by [`Self::end`]).
-    pub fn estimate(&self, now: Instant, calls: Option<&[u64]>) -> CallEstimate {
+    /// The estimate as of `now`, with the counters reading `calls` and the
+    /// CPU clock `cpu` (`calls` None once detached: the period in progress
+    /// was closed by [`Self::end`]).
+    pub fn estimate(&self, now: Instant, calls: Option<&[u64]>, cpu: Option<f64>) -> CallEstimate {
         let mut this = self.clone();
         if let Some(calls) = calls {
-            this.close(now, calls);
+            this.close(now, calls, cpu);
         }
         let calls: Vec<f64> = (0..this.ops)
             .map(|op| this.counted[op] as f64 + this.extrapolated[op])
@@ -368,15 +501,17 @@ impl CallCounter {
             let counting = this
                 .fewest_rate_calls
                 .map_or(1.0, |n| 1.0 / (n.max(1) as f64));
-            let spread = this.rates.relative();
-            // The rate extrapolated is the window's ÷ (1 - slowdown); the
-            // slowdown is as wrong as the per-call cost it came from (a
-            // model figure: by all of it; a target that sleeps more than
-            // it computes was not slowed), which the division magnifies
-            // as the slowdown grows.
+            let spread = this.basis.relative();
+            // The target's own CPU time is its CPU time × (1 - the traps'
+            // share) (or, modelled, the rate extrapolated is the window's
+            // ÷ (1 - slowdown)); the share is as wrong as the per-call
+            // cost it came from (a model figure: by all of it), which the
+            // division magnifies as it grows.
             let s = this.slowdown;
             let slow = s * this.cost_error / (1.0 - s);
-            let floor = if this.rates.n < WINDOWS_FOR_SPREAD {
+            // Windows the target idled through do not count: they said
+            // nothing of the figure extrapolated.
+            let floor = if this.basis.n < WINDOWS_FOR_SPREAD {
                 FEW_WINDOWS_ERROR_FLOOR
             } else {
                 RATE_ERROR_FLOOR
@@ -396,9 +531,54 @@ impl CallCounter {
             exact: this.extrapolated_any.iter().map(|x| !x).collect(),
             traced_fraction,
             error,
-            windows: this.rates.n,
+            windows: this.windows,
         }
     }
+}
+
+/// The share of the target's time the traps of `window_calls` took in a
+/// stretch of `len` seconds (of its CPU time when measured, else
+/// modelled), and the calls of each op per second of its own CPU time.
+fn trap_share(
+    counts: &[u64],
+    window_calls: u64,
+    len: f64,
+    stretch_cpu: Option<f64>,
+    cost: TrapCost,
+) -> (f64, Option<Vec<f64>>) {
+    match stretch_cpu {
+        Some(c) if c >= MIN_STRETCH_CPU_S => {
+            let share = window_calls as f64 * cost.per_call_s / c;
+            let own = c * (1.0 - share.clamp(0.0, MAX_SLOWDOWN));
+            let per_cpu = counts.iter().map(|&n| n as f64 / own).collect();
+            (share, Some(per_cpu))
+        }
+        _ => (
+            window_calls as f64 / len * cost.per_call_s / cost.cpus.max(0.1),
+            None,
+        ),
+    }
+}
+
+/// The target's CPU time in a gap from `since` (clock `cpu_at`) to `now`
+/// (clock `cpu`). A target that exited has no clock at the end: its CPU
+/// time up to the `last` reading in the gap, and the rest at the gap's
+/// pace so far (the readings come every 100 ms, the gap lasts seconds).
+fn gap_cpu(
+    since: Instant,
+    now: Instant,
+    cpu_at: Option<f64>,
+    cpu: Option<f64>,
+    last: Option<(Instant, f64)>,
+) -> Option<f64> {
+    let at = cpu_at?;
+    if let Some(cpu) = cpu {
+        return Some(cpu - at);
+    }
+    let (seen_at, seen) = last.filter(|(t, _)| *t > since)?;
+    let read = seen_at.saturating_duration_since(since).as_secs_f64();
+    let len = now.saturating_duration_since(since).as_secs_f64();
+    Some((seen - at) * len / read)
 }
 
 #[cfg(test)]
@@ -427,8 +607,8 @@ mod tests {
             counted: [0, 0],
         };
         let mut c = CallCounter::new(2, 1.0);
-        c.attached(t.at(0), &t.counted);
-        let e = c.estimate(t.at(1000), Some(&[500, 7]));
+        c.attached(t.at(0), &t.counted, None);
+        let e = c.estimate(t.at(1000), Some(&[500, 7]), None);
         assert_eq!(e.calls, [500.0, 7.0]);
         assert_eq!(e.exact, [true, true]);
         assert_eq!((e.traced_fraction, e.error), (1.0, None));
@@ -444,14 +624,20 @@ mod tests {
         let mut c = CallCounter::new(2, 1.0);
         // Window 1: 100 ms at 1000 calls/s of op 0 (and op 1 resident,
         // counted all along), then 900 ms untraced.
-        c.attached(t.at(0), &t.counted);
-        c.detaching(t.at(100), &[100, 10], &[false, true], 0.0);
+        c.attached(t.at(0), &t.counted, None);
+        c.detaching(t.at(100), &[100, 10], None, &[false, true], TrapCost::FREE);
         // Window 2: the rate doubled.
-        c.attached(t.at(1000), &[130, 100]);
-        c.stretch(t.at(1050), &[170, 105]);
-        c.detaching(t.at(1100), &[270, 110], &[false, true], 0.0);
-        c.end(t.at(2000), &[290, 200]);
-        let e = c.estimate(t.at(2000), None);
+        c.attached(t.at(1000), &[130, 100], None);
+        c.stretch(t.at(1050), &[170, 105], None);
+        c.detaching(
+            t.at(1100),
+            &[270, 110],
+            None,
+            &[false, true],
+            TrapCost::FREE,
+        );
+        c.end(t.at(2000), &[290, 200], None);
+        let e = c.estimate(t.at(2000), None, None);
         // Op 0: 100 + 1000/s × 0.9 s, then 140 counted + 2000/s (the last
         // stretch) × 0.9 s. The 30 and 20 calls counted while detaching are
         // replaced by the extrapolation.
@@ -486,13 +672,22 @@ mod tests {
             let mut c = CallCounter::new(2, cost_error);
             let mut n = 0;
             for w in 0..5u64 {
-                c.attached(t.at(w * 1000), &[n, 0]);
+                c.attached(t.at(w * 1000), &[n, 0], None);
                 n += per_window;
                 let at = t.at(w * 1000 + 100);
-                c.detaching(at, &[n, 0], &[false, false], cpu_per_call);
+                c.detaching(
+                    at,
+                    &[n, 0],
+                    None,
+                    &[false, false],
+                    TrapCost {
+                        per_call_s: cpu_per_call,
+                        cpus: 1.0,
+                    },
+                );
             }
-            c.end(t.at(5000), &[n, 0]);
-            c.estimate(t.at(5000), None)
+            c.end(t.at(5000), &[n, 0], None);
+            c.estimate(t.at(5000), None, None)
         };
         let steady =
             |cpu_per_call: f64, per_window: u64| steady_with(cpu_per_call, per_window, 1.0);
@@ -523,6 +718,101 @@ mod tests {
         assert!(saturated.error.unwrap() >= SATURATED_ERROR);
     }
 
+    /// 20 µs a traced call.
+    const COST: TrapCost = TrapCost {
+        per_call_s: 20e-6,
+        cpus: 1.0,
+    };
+
+    /// One window of op 0 from 0 to `window` ms, then a gap to 1 s:
+    /// `calls` (at the window's end, at the gap's) and the CPU clock at
+    /// the window's start and end and at the gap's end (`observed`: a
+    /// reading in the gap, at 900 ms).
+    fn one_window(
+        window: u64,
+        calls: [u64; 2],
+        cpu: [Option<f64>; 3],
+        observed: Option<f64>,
+    ) -> CallEstimate {
+        let t = Target {
+            t0: Instant::now(),
+            counted: [0, 0],
+        };
+        let mut c = CallCounter::new(1, 0.35);
+        c.attached(t.at(0), &[0], cpu[0]);
+        c.detaching(t.at(window), &[calls[0]], cpu[1], &[false], COST);
+        c.observe_cpu(t.at(900), observed);
+        c.end(t.at(1000), &[calls[1]], cpu[2]);
+        c.estimate(t.at(1000), None, None)
+    }
+
+    /// A lock convoy (measured: `locks contended 2 3`) is not slowed by
+    /// traps that take 20% of its CPU time: it calls 10,000 times a second
+    /// on 0.8 CPU of its own work throughout. Its gap's calls are the
+    /// window's per second of its own CPU time × that time, where the
+    /// model (progress proportional to the CPU left) said 25% more.
+    #[test]
+    fn a_gap_s_calls_follow_the_target_s_own_cpu_time() {
+        // Window: 0.08 s of its own + 1000 × 20 µs of traps; gap: 0.72 s.
+        let cpu = [Some(5.0), Some(5.1), Some(5.82)];
+        let measured = one_window(100, [1000, 1000], cpu, None);
+        assert!((measured.calls[0] - 10_000.0).abs() < 1e-6, "{measured:?}");
+        let modelled = one_window(100, [1000, 1000], [None; 3], None);
+        assert!((modelled.calls[0] - 12_250.0).abs() < 1e-6, "{modelled:?}");
+        // A CPU-bound loop on one CPU, slowed by all of its traps: in a
+        // 120 ms window, 1000 calls in 0.1 s of its own and 0.02 s of
+        // traps; then 0.88 s of its own.
+        let bound = [Some(0.0), Some(0.12), Some(1.0)];
+        let e = one_window(120, [1000, 1000], bound, None);
+        assert!((e.calls[0] - (1000.0 + 8_800.0)).abs() < 1e-6, "{e:?}");
+        // Calls still trapped while the links went (100 in the gap) took
+        // 2 ms of its CPU time that is not its own.
+        let trapped = [Some(0.0), Some(0.12), Some(1.002)];
+        let e = one_window(120, [1000, 1100], trapped, None);
+        assert!((e.calls[0] - (1000.0 + 8_800.0)).abs() < 1e-6, "{e:?}");
+        // Traps half of its CPU time: the estimate is unknown to a factor.
+        let e = one_window(100, [2500, 2500], [Some(0.0), Some(0.1), Some(1.0)], None);
+        assert!(e.error.unwrap() >= SATURATED_ERROR, "{e:?}");
+    }
+
+    /// A target that exits takes its CPU clock with it: the gap's CPU
+    /// time is read up to the last reading and continued at its pace.
+    #[test]
+    fn a_gap_the_target_ended_in_goes_by_its_last_cpu_reading() {
+        // 0.8 CPU of its own through the gap, read 100 ms before the end.
+        let cpu = [Some(5.0), Some(5.1), None];
+        let e = one_window(100, [1000, 1000], cpu, Some(5.1 + 0.64));
+        assert!((e.calls[0] - 10_000.0).abs() < 1e-6, "{e:?}");
+        // No reading in the gap: the rate, as modelled.
+        let e = one_window(100, [1000, 1000], cpu, None);
+        assert!((e.calls[0] - 12_250.0).abs() < 1e-6, "{e:?}");
+    }
+
+    /// A program in bursts: the second window falls between two, the
+    /// target idle. Its gap gets the first window's calls per CPU second
+    /// (10,000) × the CPU time of the next burst (0.3 s), not its rate of
+    /// nothing; the idle window adds nothing to the rates' spread.
+    #[test]
+    fn a_window_the_target_idled_through_borrows_the_last_calls_per_cpu_second() {
+        let t = Target {
+            t0: Instant::now(),
+            counted: [0, 0],
+        };
+        let mut c = CallCounter::new(1, 0.35);
+        c.attached(t.at(0), &[0], Some(0.0));
+        c.detaching(t.at(100), &[1000], Some(0.1), &[false], TrapCost::FREE);
+        c.attached(t.at(1000), &[1000], Some(0.3));
+        c.detaching(t.at(1100), &[1000], Some(0.3), &[false], TrapCost::FREE);
+        c.end(t.at(2000), &[1000], Some(0.6));
+        let e = c.estimate(t.at(2000), None, None);
+        // 1000 counted, 0.2 s of CPU in the first gap, 0.3 s in the second.
+        assert!((e.calls[0] - 6_000.0).abs() < 1e-6, "{e:?}");
+        assert_eq!(e.windows, 2);
+        let floor = FEW_WINDOWS_ERROR_FLOOR.powi(2);
+        let expected = 5_000.0 / 6_000.0 * (floor + 1e-3f64).sqrt();
+        assert!((e.error.unwrap() - expected).abs() < 1e-9, "{e:?}");
+    }
+
     #[test]
     fn the_period_in_progress_counts_in_a_live_estimate() {
         let t = Target {
@@ -530,15 +820,15 @@ mod tests {
             counted: [0, 0],
         };
         let mut c = CallCounter::new(1, 1.0);
-        c.attached(t.at(0), &[0]);
-        c.detaching(t.at(100), &[100], &[false], 0.0);
+        c.attached(t.at(0), &[0], None);
+        c.detaching(t.at(100), &[100], None, &[false], TrapCost::FREE);
         // A dashboard tick in the gap: not "every call traced".
-        let live = c.estimate(t.at(1000), Some(&[120]));
+        let live = c.estimate(t.at(1000), Some(&[120]), None);
         assert!((live.traced_fraction - 0.1).abs() < 1e-9);
         assert!((live.calls[0] - 1000.0).abs() < 1e-6);
         assert!(!live.exact[0] && live.error.is_some());
         // The live estimate does not change the record.
-        let again = c.estimate(t.at(1000), Some(&[120]));
+        let again = c.estimate(t.at(1000), Some(&[120]), None);
         assert_eq!(live, again);
     }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use aya::{
     maps::{Array, RingBuf},
     programs::{
-        perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        perf_event::{HardwareEvent, PerfEventConfig, SoftwareEvent},
         raw_trace_point::RawTracePointLink,
         trace_point::TracePointLink,
         PerfEvent, ProgramError, RawTracePoint, TracePoint, UProbe,
@@ -22,6 +22,7 @@ use super::{
     multi::MultiPrograms,
     precise,
     rings::{windowed_sizes, RingCounts, RingMap},
+    sampler::Sampling,
     tracefs,
     uprobes::LinkMode,
 };
@@ -98,13 +99,7 @@ impl Probes {
     /// tracepoints are attached here; its uprobes and the lock uprobes are
     /// only loaded: the features attach them, in windows, with
     /// [`Probes::attach_points`].
-    pub fn attach(
-        tgid: u32,
-        tracefs_dir: &Path,
-        frequency_hz: u64,
-        try_hardware: bool,
-        load: &Load,
-    ) -> Result<Self> {
+    pub fn attach(tgid: u32, tracefs_dir: &Path, sampling: &Sampling, load: &Load) -> Result<Self> {
         let (mut ebpf, logger, (multi, link_mode)) = load_object(tgid, tracefs_dir, load)?;
         // The main process is traced from the first program on, with
         // layout 0; other processes are added by the session (or, forked
@@ -119,7 +114,8 @@ impl Probes {
             load,
             multi.is_none(),
         )?;
-        let source = attach_sampler(&mut ebpf, &mut links, frequency_hz, try_hardware)?;
+        let source = attach_sampler(&mut ebpf, &mut links, sampling)?;
+        tracing::info!("CPU sampling {}", sampling.scope.name());
         let mut probes = Self {
             ebpf,
             logger,
@@ -134,7 +130,8 @@ impl Probes {
             contention,
             links,
         };
-        if let Some(events) = try_hardware
+        if let Some(events) = sampling
+            .try_hardware
             .then(|| precise::detect(Path::new("/")))
             .flatten()
         {
@@ -516,58 +513,36 @@ fn attach_alloc_tracepoints(ebpf: &mut Ebpf, links: &mut OwnedLinks) -> Result<(
     Ok(())
 }
 
-/// Attaches the sampler on every online CPU: hardware cycles when asked and
-/// available, else the `cpu-clock` software timer.
+/// Attaches the sampler to `scope`'s events: hardware cycles when asked
+/// and available, else the `cpu-clock` software timer.
 fn attach_sampler(
     ebpf: &mut Ebpf,
     owned: &mut OwnedLinks,
-    frequency_hz: u64,
-    try_hardware: bool,
+    sampling: &Sampling,
 ) -> Result<SamplingSource> {
-    let cpus =
-        aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
+    let (scope, frequency_hz) = (&sampling.scope, sampling.frequency_hz);
     let prog: &mut PerfEvent = program(ebpf, programs::CPU_SAMPLE)?;
     prog.load()
         .map_err(|e| classify(anyhow::Error::new(e).context("loading the CPU sampler")))?;
-
-    let mut attach_all = |config: PerfEventConfig| -> std::result::Result<(), ProgramError> {
-        let mut links = Vec::with_capacity(cpus.len());
-        for &cpu in &cpus {
-            match prog.attach(
-                config,
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Frequency(frequency_hz),
-                false,
-            ) {
-                Ok(link) => links.push(link),
-                Err(e) => {
-                    for link in links {
-                        let _ = prog.detach(link);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        for id in links {
-            owned.push(prog.take_link(id)?);
-        }
-        Ok(())
-    };
-    if try_hardware {
-        match attach_all(PerfEventConfig::Hardware(HardwareEvent::CpuCycles)) {
+    if sampling.try_hardware {
+        let cycles = PerfEventConfig::Hardware(HardwareEvent::CpuCycles);
+        match scope.attach(prog, cycles, frequency_hz, owned) {
             Ok(()) => return Ok(SamplingSource::Cycles),
             Err(e) => tracing::info!("hardware cycle sampling unavailable ({e}); using cpu-clock"),
         }
     }
-    attach_all(PerfEventConfig::Software(SoftwareEvent::CpuClock)).map_err(|e| {
-        match classify(anyhow::Error::new(e).context("opening cpu-clock perf events")) {
-            Error::Internal(err) => Error::KernelFeature {
-                feature: "perf event sampling",
-                hint: format!("{err:#}"),
-            },
-            other => other,
-        }
-    })?;
+    let clock = PerfEventConfig::Software(SoftwareEvent::CpuClock);
+    scope
+        .attach(prog, clock, frequency_hz, owned)
+        .map_err(|e| {
+            match classify(anyhow::Error::new(e).context("opening cpu-clock perf events")) {
+                Error::Internal(err) => Error::KernelFeature {
+                    feature: "perf event sampling",
+                    hint: format!("{err:#}"),
+                },
+                other => other,
+            }
+        })?;
     Ok(SamplingSource::CpuClock)
 }
 

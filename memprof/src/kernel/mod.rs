@@ -14,6 +14,7 @@ pub mod multi;
 pub mod precise;
 pub mod preflight;
 pub mod rings;
+pub mod sampler;
 pub mod tracefs;
 pub mod uprobes;
 pub mod windows;

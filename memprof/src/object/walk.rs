@@ -5,7 +5,7 @@
 //! walk finds each caller's frame from the rule of the instruction it is
 //! at, as far as the copied words go.
 
-use super::unwind::{Base, Unwinder};
+use super::unwind::{Base, FrameRule, Unwinder};
 use crate::process::{
     maps::{call_of, Place},
     state::Process,
@@ -102,28 +102,129 @@ pub fn walk(
         let Some(rule) = unwinder.rule(&mut process.files, &path, offset) else {
             break;
         };
-        let base = match rule.base {
-            Base::Sp => sp,
-            Base::Bp => bp,
-        };
-        let cfa = base.wrapping_add_signed(rule.cfa_offset);
-        let ra_at = cfa.wrapping_add_signed(rule.ra_offset);
-        let Some(ra) = copy.word(ra_at).filter(|&a| a != 0) else {
+        let Some(up) = step(&rule, copy, sp, bp) else {
             break;
         };
-        if let Ok(slot) = u16::try_from(ra_at.wrapping_sub(copy.sp)) {
+        if let Ok(slot) = u16::try_from(up.ra_at.wrapping_sub(copy.sp)) {
             walk.slots.push(slot);
         }
-        if let Some(o) = rule.bp_offset {
-            match copy.word(cfa.wrapping_add_signed(o)) {
-                Some(saved) => bp = saved,
-                None => break,
-            }
-        }
-        (ip, sp) = (ra, cfa);
+        (ip, sp, bp) = (up.ra, up.cfa, up.bp);
     }
     walk.frames.truncate(max);
     walk.returns.truncate(max);
     walk.scan_from = usize::try_from(sp.saturating_sub(copy.sp) / 8).unwrap_or(usize::MAX);
     walk
+}
+
+/// One frame up from the frame at `sp`/`bp`.
+#[derive(Debug, PartialEq, Eq)]
+struct Up {
+    /// The return address and where it was read.
+    ra: u64,
+    ra_at: u64,
+    /// The caller's stack pointer after the return.
+    cfa: u64,
+    /// The caller's frame pointer.
+    bp: u64,
+}
+
+/// The caller of the frame at `sp`/`bp` whose instruction's rule is
+/// `rule`, from the copied words; None when a word it needs was not
+/// copied or the return address is 0 (the outermost frame).
+fn step(rule: &FrameRule, copy: &StackCopy<'_>, sp: u64, bp: u64) -> Option<Up> {
+    let base = match rule.base {
+        Base::Sp => sp,
+        Base::Bp => bp,
+    };
+    let cfa = base.wrapping_add_signed(rule.cfa_offset);
+    let ra_at = cfa.wrapping_add_signed(rule.ra_offset);
+    let ra = copy.word(ra_at).filter(|&a| a != 0)?;
+    let bp = match rule.bp_offset.map(|o| cfa.wrapping_add_signed(o)) {
+        // In an epilogue the call-frame information still names the slot
+        // the frame pointer was pushed to after `pop %rbp` (GCC describes
+        // only the CFA there): a slot below the stack pointer was popped,
+        // and the register already holds the caller's value.
+        Some(slot) if slot >= sp => copy.word(slot)?,
+        _ => bp,
+    };
+    Some(Up { ra, ra_at, cfa, bp })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SP: u64 = 0x7ffc_0000_1000;
+
+    /// glibc's `_int_free` pushes six registers and reserves 56 bytes:
+    /// CFA = sp + 112, the return address at CFA - 8, rbp at CFA - 48.
+    fn int_free_body() -> FrameRule {
+        FrameRule {
+            base: Base::Sp,
+            cfa_offset: 112,
+            ra_offset: -8,
+            bp_offset: Some(-48),
+        }
+    }
+
+    fn stack(words: &[(u64, u64)]) -> Vec<u64> {
+        let mut stack = vec![0xdead; 32];
+        for &(at, value) in words {
+            stack[usize::try_from((at - SP) / 8).unwrap()] = value;
+        }
+        stack
+    }
+
+    #[test]
+    fn a_frame_in_its_body_gives_the_saved_frame_pointer() {
+        let words = stack(&[(SP + 104, 0x5555_0000_1234), (SP + 64, 0x7ffc_0000_2000)]);
+        let copy = StackCopy::sampled(0x7f00_0000_0000, SP, 0x1, &words);
+        let up = step(&int_free_body(), &copy, SP, 0x1).unwrap();
+        assert_eq!(
+            up,
+            Up {
+                ra: 0x5555_0000_1234,
+                ra_at: SP + 104,
+                cfa: SP + 112,
+                bp: 0x7ffc_0000_2000,
+            }
+        );
+    }
+
+    /// Sampled at `pop %r12`, after `pop %rbx; pop %rbp`: CFA = sp + 40,
+    /// and the CFI's rbp slot (CFA - 48) is below the stack pointer. The
+    /// walk used to stop there: 4% of the allocator's samples on one
+    /// machine, 23% on another, were left without a call site.
+    #[test]
+    fn in_an_epilogue_a_popped_frame_pointer_is_the_register() {
+        let rule = FrameRule {
+            cfa_offset: 40,
+            ..int_free_body()
+        };
+        let words = stack(&[(SP + 32, 0x5555_0000_1234)]);
+        let copy = StackCopy::sampled(0x7f00_0000_0000, SP, 0x7ffc_0000_3000, &words);
+        let up = step(&rule, &copy, SP, 0x7ffc_0000_3000).unwrap();
+        assert_eq!(up.ra, 0x5555_0000_1234);
+        assert_eq!(up.cfa, SP + 40);
+        assert_eq!(up.bp, 0x7ffc_0000_3000, "rbp already restored");
+    }
+
+    #[test]
+    fn words_not_copied_end_the_walk() {
+        let words = stack(&[]);
+        let short = &words[..4];
+        let copy = StackCopy::sampled(0x7f00_0000_0000, SP, 0x1, short);
+        assert_eq!(
+            step(&int_free_body(), &copy, SP, 0x1),
+            None,
+            "ra beyond the copy"
+        );
+        let zero_ra = stack(&[(SP + 104, 0)]);
+        let copy = StackCopy::sampled(0x7f00_0000_0000, SP, 0x1, &zero_ra);
+        assert_eq!(
+            step(&int_free_body(), &copy, SP, 0x1),
+            None,
+            "outermost frame"
+        );
+    }
 }

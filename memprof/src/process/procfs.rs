@@ -20,6 +20,20 @@ pub fn read_proc(pid: u32, name: &str) -> std::io::Result<Vec<u8>> {
     Ok(main)
 }
 
+/// The fields of `/proc/PID/stat` after the command name: index 0 is
+/// field 3 of proc(5), the state; 1 the parent's pid. None when the
+/// process is gone.
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    stat_fields_of(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// [`stat_fields`] of a stat line. The command name may hold spaces and
+/// parentheses, so the fields start after the last `)`.
+fn stat_fields_of(stat: &str) -> Option<Vec<String>> {
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
 /// Thread ids of a process, from `/proc/PID/task`.
 pub fn list_threads(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -70,6 +84,18 @@ pub fn command_line(pid: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_fields_start_after_the_last_parenthesis() {
+        let stat = "42 (a) (b c) S 7 42 42 0 -1\n";
+        let fields = stat_fields_of(stat).unwrap();
+        assert_eq!(fields[..3], ["S", "7", "42"]);
+        assert!(stat_fields_of("42 no name").is_none());
+        let me = stat_fields(std::process::id()).expect("this process");
+        assert!(["R", "S"].contains(&me[0].as_str()), "a live state: {me:?}");
+        let parent: u32 = me[1].parse().expect("the parent's pid");
+        assert_eq!(parent, std::os::unix::process::parent_id());
+    }
 
     #[test]
     fn reads_this_process() {

@@ -3,11 +3,11 @@
 //! the tests of report assembly ([`names`]).
 
 mod allocator;
-mod cache;
 mod locks;
 mod names;
+pub use crate::features::cache::fixture::sample_cache_use;
+use crate::features::cache::section::CacheUse;
 pub use allocator::{sample_heap_profile, sample_syscalls};
-pub use cache::sample_cache_use;
 pub use locks::sample_unnecessary;
 pub use names::*;
 
@@ -75,7 +75,6 @@ pub fn sample_report() -> Report {
         }],
         false_sharing: vec![],
         false_sharing_dismissed: vec![],
-        cache_utilization: vec![],
         allocator: Default::default(),
         locks: vec![],
         lock_tracing: None,
@@ -84,6 +83,12 @@ pub fn sample_report() -> Report {
         notes: vec![],
         cpu_stacks: None,
         alloc_chains: None,
+        // As in a session: the cache-use analysis runs and found nothing.
+        sections: {
+            let mut sections = crate::report::section::Sections::default();
+            sections.put(Box::new(CacheUse::default()));
+            sections
+        },
     }
 }
 
@@ -489,7 +494,7 @@ pub fn full_report() -> Report {
         reason: DismissReason::OneThread,
     }];
     r.allocator.always_traced = vec![AllocOp::Calloc];
-    r.cache_utilization = vec![sample_cache_use()];
+    r.sections.put(Box::new(CacheUse(vec![sample_cache_use()])));
     // A container's process (pid 1 in its namespace) and a second one.
     r.threads[0].ns_tid = Some(1);
     r.threads.push(ThreadEntry {

@@ -11,6 +11,7 @@ pub mod names;
 pub mod pprof;
 pub mod profiles;
 pub mod push;
+pub mod section;
 pub mod text;
 
 pub use model::Report;

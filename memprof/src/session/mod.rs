@@ -26,6 +26,7 @@ use crate::{
         loader::{Probes, SamplingSource},
         preflight,
         rings::{decoded, drain, readable, Ring},
+        sampler::Sampling,
         windows::Detaching,
         Kernel,
     },
@@ -182,7 +183,9 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let has_pmu = preflight::has_hardware_pmu(root);
     // Before the programs load, so their run-time counts cover them all.
     let bpf_stats = BpfStats::enable(root, opts.bpf_stats);
-    let mut probes = Probes::attach(pid, &tracefs_dir, opts.frequency_hz, has_pmu, &load)?;
+    let per_cpu = opts.cgroup.is_some(); // its processes come and go
+    let sampling = Sampling::new(opts.frequency_hz, has_pmu, pid, &others, per_cpu)?;
+    let mut probes = Probes::attach(pid, &tracefs_dir, &sampling, &load)?;
     if let Some(c) = &opts.cgroup {
         probes.set_traced_cgroups(&c.ids())?;
     }

@@ -48,7 +48,6 @@ pub fn empty_report(
         threads: Vec::new(),
         false_sharing: Vec::new(),
         false_sharing_dismissed: Vec::new(),
-        cache_utilization: Vec::new(),
         allocator: AllocatorReport::default(),
         locks: Vec::new(),
         lock_tracing: None,
@@ -57,6 +56,7 @@ pub fn empty_report(
         notes: Vec::new(),
         cpu_stacks: None,
         alloc_chains: None,
+        sections: Default::default(),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Dashboard state and what keys do to it.
 
-use std::time::Instant;
+use std::{collections::BTreeMap, time::Instant};
 
 use ratatui::{
     layout::{Constraint, Layout},
@@ -46,8 +46,8 @@ pub struct App {
     pub locks: LocksState,
     /// The False sharing tab's selection (↑/↓ there move it too).
     pub sharing: SharingState,
-    /// The Cache use tab's selection.
-    pub cache: Selection,
+    /// The selection on each report section's tab, by the section's key.
+    sections: BTreeMap<String, Selection>,
     /// The newest log line and how many there were (logs stay in memory
     /// while the dashboard is on screen).
     pub log_line: Option<(String, u64)>,
@@ -65,7 +65,7 @@ impl App {
             allocator: AllocatorState::default(),
             locks: LocksState::default(),
             sharing: SharingState::default(),
-            cache: Selection::default(),
+            sections: BTreeMap::new(),
             log_line: None,
             rates: None,
         }
@@ -108,8 +108,47 @@ impl App {
         self.rates.as_ref().map(|r| r.2.clone()).unwrap_or_default()
     }
 
+    /// The tabs: the built-in ones, then one per report section that has
+    /// one.
+    pub fn tabs(&self) -> Vec<Tab> {
+        let sections = self
+            .report
+            .as_ref()
+            .map_or(0, |r| r.sections.tabs().count());
+        Tab::ALL
+            .into_iter()
+            .chain((0..sections).map(Tab::Section))
+            .collect()
+    }
+
+    /// A tab's title, numbered as its key.
+    fn title(&self, index: usize, tab: Tab) -> String {
+        match tab {
+            Tab::Section(n) => {
+                let sections = self.report.as_ref().map(|r| &r.sections);
+                let title = sections.and_then(|s| s.tabs().nth(n)?.tab_title());
+                format!("{} {}", index + 1, title.unwrap_or_default())
+            }
+            tab => tab.title().to_string(),
+        }
+    }
+
+    /// The key and rows of the section on the current tab.
+    fn current_section(&self) -> Option<(String, usize)> {
+        let Tab::Section(n) = self.current_tab() else {
+            return None;
+        };
+        let section = self.report.as_ref()?.sections.tabs().nth(n)?;
+        Some((section.key().to_string(), section.tab_rows()))
+    }
+
+    /// The selection on the tab of the section `key`.
+    pub fn selection_of(&self, key: &str) -> Selection {
+        self.sections.get(key).copied().unwrap_or_default()
+    }
+
     pub fn handle(&mut self, action: Action) {
-        let n = Tab::ALL.len();
+        let n = self.tabs().len();
         match action {
             Action::NextTab => self.tab = (self.tab + 1) % n,
             Action::PrevTab => self.tab = (self.tab + n - 1) % n,
@@ -124,14 +163,15 @@ impl App {
                 self.sharing.down(self.sharing_rows());
             }
             Action::Up if self.current_tab() == Tab::FalseSharing => self.sharing.up(),
-            Action::Down if self.current_tab() == Tab::CacheUse => {
-                let rows = self
-                    .report
-                    .as_ref()
-                    .map_or(0, |r| r.cache_utilization.len());
-                self.cache.down(rows);
+            Action::Down | Action::Up if matches!(self.current_tab(), Tab::Section(_)) => {
+                if let Some((key, rows)) = self.current_section() {
+                    let selection = self.sections.entry(key).or_default();
+                    match action {
+                        Action::Down => selection.down(rows),
+                        _ => selection.up(),
+                    }
+                }
             }
-            Action::Up if self.current_tab() == Tab::CacheUse => self.cache.up(),
             Action::Down => self.scroll = self.scroll.saturating_add(1),
             Action::Up => self.scroll = self.scroll.saturating_sub(1),
             Action::Tab(_) | Action::Quit | Action::Redraw => {}
@@ -154,7 +194,8 @@ impl App {
     }
 
     pub fn current_tab(&self) -> Tab {
-        Tab::ALL[self.tab.min(Tab::ALL.len() - 1)]
+        let tabs = self.tabs();
+        tabs[self.tab.min(tabs.len() - 1)]
     }
 
     /// Draws the whole screen. Pure: reads state, does no I/O.
@@ -165,7 +206,9 @@ impl App {
             Constraint::Length(1),
         ])
         .areas(frame.area());
-        let tabs = Tabs::new(Tab::ALL.iter().map(|t| t.title()))
+        let tabs = self.tabs();
+        let keys = tabs.len();
+        let tabs = Tabs::new(tabs.into_iter().enumerate().map(|(i, t)| self.title(i, t)))
             .select(self.tab)
             .highlight_style(Style::new().bold().reversed());
         frame.render_widget(tabs, tabs_area);
@@ -176,7 +219,8 @@ impl App {
             "scroll"
         };
         let mut footer = vec![Span::from(format!(
-            " q quit · Tab/←/→ or 1-5 switch tab · ↑/↓ {arrows} "
+            " q quit · Tab/←/→ or 1-{} switch tab · ↑/↓ {arrows} ",
+            keys.min(9)
         ))
         .dim()];
         if let Some((line, count)) = &self.log_line {
@@ -219,7 +263,7 @@ pub(crate) mod tests {
     pub(crate) fn app_on(tab: Tab, report: Report) -> App {
         let mut app = App::new("pid 42".into());
         app.set_report(report);
-        app.tab = Tab::ALL.iter().position(|t| *t == tab).unwrap_or(0);
+        app.tab = app.tabs().iter().position(|t| *t == tab).unwrap_or(0);
         app
     }
 
@@ -292,7 +336,7 @@ pub(crate) mod tests {
         assert_eq!(app.current_tab(), Tab::FalseSharing);
         app.handle(Action::PrevTab);
         app.handle(Action::PrevTab);
-        assert_eq!(app.current_tab(), Tab::CacheUse, "wraps to the last tab");
+        assert_eq!(app.current_tab(), Tab::Locks, "wraps to the last tab");
         app.handle(Action::Tab(2));
         assert_eq!(app.current_tab(), Tab::Allocator);
         app.handle(Action::Tab(9));

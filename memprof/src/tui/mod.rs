@@ -6,11 +6,11 @@
 //! to the session as [`Action`]s; rendering is a pure function of [`App`].
 
 mod app;
-mod layout;
+pub(crate) mod layout;
 pub mod log;
 pub(crate) mod rates;
 mod tabs;
-mod widgets;
+pub(crate) mod widgets;
 
 use std::{
     sync::{
@@ -21,7 +21,11 @@ use std::{
     time::Duration,
 };
 
+/// The dashboard on a test terminal, as text (for the slices' tests).
+#[cfg(test)]
+pub(crate) use app::tests::{app_on, assert_centred, assert_fits, assert_shows, screen_at};
 pub use app::{Action, App};
+pub use layout::Selection;
 pub use log::LogRing;
 use ratatui::{
     crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers},
@@ -126,7 +130,7 @@ fn read_keys(tx: &mpsc::UnboundedSender<Action>, stop: &AtomicBool) {
                 KeyCode::Char('q') | KeyCode::Esc => Action::Quit,
                 KeyCode::Tab | KeyCode::Right | KeyCode::Char('l') => Action::NextTab,
                 KeyCode::BackTab | KeyCode::Left | KeyCode::Char('h') => Action::PrevTab,
-                KeyCode::Char(c @ '1'..='5') => Action::Tab(c as usize - '1' as usize),
+                KeyCode::Char(c @ '1'..='9') => Action::Tab(c as usize - '1' as usize),
                 KeyCode::Down | KeyCode::Char('j') => Action::Down,
                 KeyCode::Up | KeyCode::Char('k') => Action::Up,
                 _ => continue,

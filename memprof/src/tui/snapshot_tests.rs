@@ -34,7 +34,7 @@ fn app(tab: Tab, report: Option<Report>, downs: usize) -> App {
     if let Some(report) = report {
         app.set_report(report);
     }
-    app.tab = Tab::ALL.iter().position(|t| *t == tab).unwrap_or(0);
+    app.tab = app.tabs().iter().position(|t| *t == tab).unwrap_or(0);
     for _ in 0..downs {
         app.handle(Action::Down);
     }

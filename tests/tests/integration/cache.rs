@@ -6,11 +6,18 @@
 //! as the false-sharing detector's (timer samples decoded here, or PEBS
 //! and IBS where there are).
 
-use memprof::report::{
-    model::{CacheUseEntry, ObjectKind},
-    Report,
+use memprof::{
+    features::cache::section::{CacheUse, CacheUseEntry},
+    report::{model::ObjectKind, Report},
 };
 use memprof_tests::*;
+
+/// The report's cache-use section (the analysis always writes one, empty
+/// when it found nothing).
+fn cache_use(report: &Report) -> &[CacheUseEntry] {
+    let section = report.sections.find::<CacheUse>();
+    &section.expect("a cache_utilization section").0
+}
 
 /// How far the share of each line used may be from the truth (the
 /// issue's target: ±5 points).
@@ -42,7 +49,7 @@ fn launch_alloc(test: &str, alloc_mode: &str, mode: &str) -> Report {
 }
 
 fn finding<'a>(report: &'a Report, object: &str) -> &'a CacheUseEntry {
-    let findings = &report.cache_utilization;
+    let findings = cache_use(report);
     findings
         .iter()
         .find(|f| f.object == object)
@@ -100,7 +107,7 @@ fn a_key_scan_on_the_heap_finds_its_element() {
         return;
     }
     let report = launch_alloc("cache-heap", "full", "heap");
-    let findings = &report.cache_utilization;
+    let findings = cache_use(&report);
     let f = findings
         .iter()
         .find(|f| f.object_kind == ObjectKind::Heap)
@@ -126,7 +133,7 @@ fn keys_in_their_own_array_are_no_finding() {
         return;
     }
     let report = launch("cache-split", "split");
-    let findings = &report.cache_utilization;
+    let findings = cache_use(&report);
     assert!(findings.is_empty(), "whole lines are used: {findings:#?}");
     // Not because nothing was sampled: the keys' loads gave addresses.
     let sampling = &report.sampling;

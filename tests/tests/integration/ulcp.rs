@@ -59,12 +59,20 @@ fn first_section(u: &Unnecessary) -> &str {
 /// traced (allocator off: the workload allocates once per thread).
 fn launch(test: &str, variant: Variant, mode: &str) -> Report {
     let w = build_workload("ulcp", variant).expect("building ulcp");
+    // The verdicts' confidence grows with the sampled accesses inside
+    // each lock's sections, and how many land in the read-only table's
+    // short sections depends on the CPU: on a Xeon of this machine kind
+    // (AVX-512, 2 vCPUs) 999 Hz gave 26 of them (4 on the less sampled
+    // side, confidence 0.18-0.22, "weak"), where earlier machines gave
+    // enough; 9999 Hz gave 0.87-0.94 at -O0 and -O2, nothing lost.
     let args = [
         "--no-tui",
         "--alloc-mode",
         "off",
         "--lock-mode",
         "full",
+        "--sample-freq",
+        "9999",
         "--",
         w.to_str().expect("UTF-8"),
         "5",

@@ -369,7 +369,8 @@ impl AllocCollector {
                 }
             })
             .collect();
-        self.heap.add_sample(chain, ev.call.ptr, ev.call.size);
+        self.heap
+            .add_sample(chain, ev.call.ptr, ev.call.size, ev.held_back);
     }
 
     /// Whether the function of a frame returns what its call returned.

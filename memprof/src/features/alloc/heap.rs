@@ -61,6 +61,9 @@ pub struct HeapProfile {
     samples: u64,
     /// Samples not kept (chain table full, or no frame found).
     dropped: u64,
+    /// Samples the kernel's per-second cap held back that those received
+    /// stand for.
+    held_back: u64,
 }
 
 /// `n` byte gaps with mean `mean`: the quantiles `(i + ½) / n` of the
@@ -84,6 +87,7 @@ impl HeapProfile {
             live: FastMap::default(),
             samples: 0,
             dropped: 0,
+            held_back: 0,
         }
     }
 
@@ -100,9 +104,12 @@ impl HeapProfile {
     }
 
     /// A sampled allocation of `size` bytes at `ptr`, made through
-    /// `chain` (innermost first).
-    pub fn add_sample(&mut self, chain: Vec<HeapFrame>, ptr: u64, size: u64) {
+    /// `chain` (innermost first), standing also for `held_back` samples
+    /// the kernel's cap held back just before it: the cap's scaling
+    /// follows the rate of the moment, not the session's.
+    pub fn add_sample(&mut self, chain: Vec<HeapFrame>, ptr: u64, size: u64, held_back: u64) {
         self.samples += 1;
+        self.held_back += held_back;
         if chain.is_empty() {
             self.dropped += 1;
             return;
@@ -121,6 +128,10 @@ impl HeapProfile {
             }
         };
         let (objects, bytes) = self.weight(size);
+        let (objects, bytes) = (
+            objects * (1 + held_back) as f64,
+            bytes * (1 + held_back) as f64,
+        );
         let stats = &mut self.chains[id].1;
         stats.samples += 1;
         stats.alloc_objects += objects;
@@ -159,6 +170,12 @@ impl HeapProfile {
     /// Samples received, and those not kept.
     pub fn samples(&self) -> (u64, u64) {
         (self.samples, self.dropped)
+    }
+
+    /// Samples held back by the kernel's cap that those received stand
+    /// for.
+    pub fn held_back(&self) -> u64 {
+        self.held_back
     }
 
     /// Every chain with its estimates.
@@ -240,7 +257,7 @@ mod tests {
             countdown -= size as i64;
             if countdown <= 0 {
                 countdown = i64::from(table[(next() % 256) as usize]);
-                h.add_sample(vec![frame(site, false)], 0x1000 + i, size);
+                h.add_sample(vec![frame(site, false)], 0x1000 + i, size, 0);
             }
         }
         let space = |site| {
@@ -255,18 +272,71 @@ mod tests {
         }
     }
 
+    /// A program that churns faster than the kernel's cap, then keeps
+    /// blocks at the same pace: the kept blocks' samples pass the cap at
+    /// a lower rate than the session's (whose first second rode the
+    /// bucket's credit), so one session-wide factor under-counts them;
+    /// each sample standing for those held back just before it does not.
+    #[test]
+    fn samples_standing_for_those_held_back_follow_the_rate_of_the_moment() {
+        use memprof_common::{futex::take_token, ALLOC_STACKS_PER_S};
+        let mut h = HeapProfile::new(1);
+        let (mut credit, mut refilled, mut held) = (0, 0, 0);
+        let (mut sent, mut kept, mut kept_sent) = (0u64, 0u64, 0u64);
+        // 3,000 samples a second: 2 s of blocks freed at once, 0.5 s kept.
+        for i in 0..7_500u64 {
+            let now = 1_000_000_000 + i * 1_000_000 / 3;
+            let (ok, left) = take_token(
+                credit,
+                refilled,
+                now,
+                1_000_000_000 / ALLOC_STACKS_PER_S,
+                1_000_000_000,
+            );
+            (credit, refilled) = (left, now);
+            let keep = i >= 6_000;
+            kept += u64::from(keep);
+            if !ok {
+                held += 1;
+                continue;
+            }
+            sent += 1;
+            kept_sent += u64::from(keep);
+            h.add_sample(vec![frame(1, false)], 0x1000 + i, 100, held);
+            held = 0;
+            if !keep {
+                h.on_free(0x1000 + i);
+            }
+        }
+        let (_, s) = h.chains().next().unwrap();
+        assert!(
+            (s.alloc_objects - 7_500.0).abs() <= 3.0,
+            "{}",
+            s.alloc_objects
+        );
+        assert!(
+            (s.inuse_objects - kept as f64).abs() <= 3.0,
+            "{} of {kept}",
+            s.inuse_objects
+        );
+        // One session-wide factor would have said 2/3 of it.
+        let session = kept_sent as f64 * 7_500.0 / sent as f64;
+        assert!(session < 0.75 * kept as f64, "{session} of {kept}");
+        assert_eq!(h.held_back(), 7_500 - sent - held);
+    }
+
     #[test]
     fn frees_take_sampled_blocks_out_of_what_is_in_use() {
         let mut h = HeapProfile::new(1);
-        h.add_sample(vec![frame(1, false)], 0x10, 100);
-        h.add_sample(vec![frame(1, false)], 0x20, 100);
+        h.add_sample(vec![frame(1, false)], 0x10, 100, 0);
+        h.add_sample(vec![frame(1, false)], 0x20, 100, 0);
         h.on_free(0x10);
         h.on_free(0x999); // not sampled
         let (_, s) = h.chains().next().unwrap();
         assert_eq!(s.samples, 2);
         assert!((s.alloc_space - 200.0).abs() < 1e-6);
         assert!((s.inuse_space - 100.0).abs() < 1e-6 && (s.inuse_objects - 1.0).abs() < 1e-9);
-        h.add_sample(Vec::new(), 0x30, 100);
+        h.add_sample(Vec::new(), 0x30, 100, 0);
         assert_eq!(h.samples(), (3, 1), "a chain without frames is not kept");
     }
 

@@ -31,23 +31,24 @@ pub struct HeapScale {
 }
 
 impl HeapScale {
-    /// The samples held back by the cap, made up by those sent.
-    fn cap(&self) -> f64 {
+    /// The samples held back by the cap that no sample sent stands for
+    /// (`attributed` are those that one does), made up by all those sent.
+    fn cap(&self, attributed: u64) -> f64 {
         if self.sent == 0 {
             1.0
         } else {
-            (self.sent + self.capped) as f64 / self.sent as f64
+            (self.sent + self.capped) as f64 / (self.sent + attributed.min(self.capped)) as f64
         }
     }
 
     /// The factors of the allocated and the in-use estimates (None:
     /// unknown).
-    fn factors(&self) -> (Option<f64>, Option<f64>) {
-        let cap = self.cap();
+    fn factors(&self, attributed: u64) -> (Option<f64>, Option<f64>) {
+        let cap = self.cap(attributed);
         (self.windows.map(|w| w * cap), self.all_frees.then_some(cap))
     }
 
-    fn basis(&self, mean: u64) -> String {
+    fn basis(&self, mean: u64, attributed: u64) -> String {
         let mut basis = format!(
             "one allocation sampled per {} KiB allocated by a thread, on average, each \
              standing for 1/(1 - e^(-size/{} KiB)) allocations",
@@ -55,11 +56,19 @@ impl HeapScale {
             mean >> 10
         );
         if self.capped > 0 {
+            let attributed = attributed.min(self.capped);
             basis += &format!(
-                "; x{:.2} for the {} samples the per-second cap held back",
-                self.cap(),
+                "; {} samples held back by the per-second cap, each counted by the next \
+                 sample sent",
                 self.capped
             );
+            if attributed < self.capped {
+                basis += &format!(
+                    " (x{:.2} for the {} after the last)",
+                    self.cap(attributed),
+                    self.capped - attributed
+                );
+            }
         }
         match self.windows {
             Some(w) if w > 1.0 => {
@@ -113,14 +122,15 @@ pub fn report(
         }
     }
     let (samples, _) = heap.samples();
+    let factors = scale.factors(heap.held_back());
     HeapProfileReport {
         sample_mean_bytes: heap.mean_bytes(),
         samples,
         capped: scale.capped,
-        basis: scale.basis(heap.mean_bytes()),
+        basis: scale.basis(heap.mean_bytes(), heap.held_back()),
         sites: chosen
             .into_iter()
-            .filter_map(|i| site_entry(&all[i], &scale, total, symbolize))
+            .filter_map(|i| site_entry(&all[i], factors, total, symbolize))
             .collect(),
     }
 }
@@ -147,15 +157,14 @@ fn by_site<'a>(
     sites.into_values().collect()
 }
 
-/// One site of the report, its estimates scaled; `total` is the bytes of
-/// all sites.
+/// One site of the report, its estimates scaled by the factors of the
+/// allocated and in-use figures; `total` is the bytes of all sites.
 fn site_entry(
     sum: &SiteSum<'_>,
-    scale: &HeapScale,
+    (alloc, inuse): (Option<f64>, Option<f64>),
     total: f64,
     symbolize: &mut impl FnMut(&Place) -> Inlined,
 ) -> Option<HeapSite> {
-    let (alloc, inuse) = scale.factors();
     let times = |f: Option<f64>, get: fn(&ChainStats) -> f64| {
         f.map(|f| sum.members.iter().map(|s| scaled(get(s), f)).sum())
     };
@@ -211,7 +220,7 @@ pub fn export_chains(
     scale: HeapScale,
     symbolize: &mut impl FnMut(&Place) -> Inlined,
 ) -> Vec<AllocChain> {
-    let (alloc, inuse) = scale.factors();
+    let (alloc, inuse) = scale.factors(heap.held_back());
     heap.chains()
         .map(|(chain, stats)| {
             let at = site_index(chain, |p| symbolize(p).outermost().function.clone());
@@ -282,9 +291,10 @@ mod tests {
                 chain.iter().map(|&o| frame(o)).collect(),
                 0x100 + i as u64,
                 1000,
+                1,
             );
         }
-        h.add_sample(vec![frame(1), frame(3), frame(4)], 0x200, 500);
+        h.add_sample(vec![frame(1), frame(3), frame(4)], 0x200, 500, 1);
         h.on_free(0x100);
         h
     }
@@ -307,12 +317,21 @@ mod tests {
         assert_eq!(chain, ["xmalloc", "parse", "main"], "the heaviest chain");
         assert_eq!(parse.line, Some(20));
         // Weights of 1000-byte samples at a 1-byte mean are 1 block each,
-        // doubled for the capped half.
+        // doubled for the one held back before each.
         assert_eq!(parse.alloc_objects, Some(6));
         assert_eq!(parse.alloc_space, Some(6000));
         assert_eq!(parse.inuse_objects, Some(4));
         assert!((parse.alloc_share - 3000.0 / 3500.0).abs() < 1e-9);
-        assert!(r.basis.contains("x2.00 for the 4 samples"), "{}", r.basis);
+        assert!(r.basis.contains("4 samples held back"), "{}", r.basis);
+        assert!(!r.basis.contains("after the last"), "{}", r.basis);
+        // Four more held back after the last sample sent: made up by all.
+        let r = report(&profile(), HeapScale { capped: 8, ..scale }, &mut names);
+        assert_eq!(r.sites[0].alloc_objects, Some(9));
+        assert!(
+            r.basis.contains("x1.50 for the 4 after the last"),
+            "{}",
+            r.basis
+        );
     }
 
     /// The exporters get every chain, each labelled with its site, and

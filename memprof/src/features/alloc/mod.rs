@@ -423,6 +423,12 @@ impl Feature for Alloc {
         more || waiting
     }
 
+    fn after_drain(&mut self, _probes: &mut Probes, _process: &mut Process) {
+        if let Some(t) = &mut self.traced {
+            t.tracer.poll_cpu();
+        }
+    }
+
     fn deadline(&self) -> Option<Instant> {
         self.traced.as_ref().and_then(|t| t.tracer.deadline())
     }

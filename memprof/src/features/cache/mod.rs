@@ -8,13 +8,18 @@
 //! into objects and folds each onto its element ([`report`]).
 
 pub mod analysis;
+#[cfg(test)]
+pub(crate) mod fixture;
 pub mod report;
+pub mod section;
+mod tab;
+mod text;
 
 use std::time::{Duration, Instant};
 
 use memprof_common::{sharing::recipe, SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL};
 
-use super::{FastMap, Feature, Plan, ReportContext};
+use super::{FastMap, Feature, Plan, ReportContext, Target};
 use crate::{
     error::Result,
     heap::{Heap, HeapBlock},
@@ -27,7 +32,7 @@ use analysis::CacheProfile;
 
 /// `MEMPROF_CACHE_USE=off` leaves the analysis out (the benchmark's
 /// comparison: it adds no kernel work, only the loader's).
-pub fn plan(opts: &Options) -> Box<dyn Plan> {
+pub fn plan(opts: &Options, _target: &Target<'_>, _notes: &mut Vec<String>) -> Box<dyn Plan> {
     Box::new(CachePlan {
         off: opts.experimental.cache_use_off,
     })
@@ -117,6 +122,7 @@ impl Feature for Cache {
             heap: ctx.heap,
             block: &|addr| blocks.get(&addr).copied(),
         };
-        out.cache_utilization = report::findings(&inputs, &mut self.placements, ctx.symbolizer);
+        let findings = report::findings(&inputs, &mut self.placements, ctx.symbolizer);
+        out.sections.put(Box::new(section::CacheUse(findings)));
     }
 }

@@ -6,15 +6,13 @@
 use std::sync::Arc;
 
 use super::analysis::{analyze, CacheProfile, ElementUse, FieldDef, ObjectAccesses, WINDOW_NS};
+use super::section::{CacheUseEntry, FieldUse, WindowUse};
 use crate::{
     features::FastMap,
     heap::{site_name::SiteName, Heap, HeapBlock},
     object::symbolize::dwarf::Layout,
     process::maps::{Place, ProcMaps},
-    report::{
-        model::{CacheUseEntry, FieldUse, ObjectKind, WindowUse},
-        names::Names,
-    },
+    report::{model::ObjectKind, names::Names},
 };
 
 /// What the section is made from.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use memprof_common::{SampleEvent, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY};
 
-use super::{Feature, Plan, ReportContext};
+use super::{Feature, Plan, ReportContext, Target};
 use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
@@ -25,7 +25,7 @@ use profile::{HotFunction, Profile, Sample, SampleAt};
 /// Hot functions kept in a report.
 const HOT_FUNCTIONS: usize = 50;
 
-pub fn plan(_opts: &Options) -> Box<dyn Plan> {
+pub fn plan(_opts: &Options, _target: &Target<'_>, _notes: &mut Vec<String>) -> Box<dyn Plan> {
     Box::new(CpuPlan)
 }
 

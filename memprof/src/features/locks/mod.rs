@@ -226,6 +226,12 @@ impl Feature for Locks {
         more
     }
 
+    fn after_drain(&mut self, _probes: &mut Probes, _process: &mut Process) {
+        if let Some((_, tracer)) = &mut self.calls {
+            tracer.poll_cpu();
+        }
+    }
+
     fn deadline(&self) -> Option<Instant> {
         // Kept: the tracer computes some deadlines afresh from the clock.
         self.calls_due

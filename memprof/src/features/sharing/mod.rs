@@ -18,13 +18,14 @@ use memprof_common::{
     SampleEvent, SAMPLE_FLAG_ADDR, SAMPLE_FLAG_KERNEL, SAMPLE_FLAG_MEMORY, SAMPLE_FLAG_NO_RECIPE,
 };
 
-use super::{FastMap, Feature, Plan, ReportContext};
+use super::{FastMap, Feature, Plan, ReportContext, Target};
 use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
     heap::{Heap, HeapBlock},
     kernel::{loader::Probes, maps::Counters},
     object::x86::access,
+    options::Options,
     process::{chunks::ProcMemory, state::Process},
     report::{
         model::{AddressMode, AddressSampling, SampleSource},
@@ -35,7 +36,7 @@ use analysis::{Access, SharingProfile};
 use cost::CodeSamples;
 use report::{Inputs, KernelLines};
 
-pub fn plan() -> Box<dyn Plan> {
+pub fn plan(_opts: &Options, _target: &Target<'_>, _notes: &mut Vec<String>) -> Box<dyn Plan> {
     Box::new(SharingPlan)
 }
 

@@ -16,6 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod cpu;
 mod first;
 mod resident;
 mod stime;
@@ -25,8 +26,7 @@ pub use super::detach::Detaching;
 
 use super::{
     budget::{BudgetConfig, DutyCycle},
-    calls::{CallCounter, CallEstimate},
-    cputime::{cpu_time, online_cpus, threads},
+    calls::CallCounter,
     loader::Probes,
     uprobes::{Family, HotLink, ProbePoint},
 };
@@ -171,6 +171,8 @@ pub struct Windowed {
     cpu: Option<[(Instant, f64); 2]>,
     /// Its system time, for the cost of a traced call.
     stime: stime::OwnSystemTime,
+    /// When its CPU clock was last read for the call estimate.
+    cpu_polled: Option<Instant>,
 }
 
 impl Windowed {
@@ -215,6 +217,7 @@ impl Windowed {
             counter: CallCounter::new(family.counters().1 as usize, settings.trap_cost_error),
             cpu: None,
             stime: stime::OwnSystemTime::new(pid),
+            cpu_polled: None,
         }
     }
 
@@ -249,8 +252,7 @@ impl Windowed {
             .collect();
         let floor = self.settings.mode == Mode::Floor;
         let links = probes.attach_points(self.family, &self.path, &windowed, self.pid, floor)?;
-        self.counter
-            .attached(Instant::now(), &probes.op_calls(self.family));
+        self.count_attached(probes);
         self.read_cpu();
         self.windows += 1;
         self.stime.window_opened();
@@ -305,8 +307,7 @@ impl Windowed {
                 let rate = rate_since(seen, opened);
                 if self.first_window {
                     if self.first_window_waits(seen, rate) {
-                        self.counter
-                            .stretch(Instant::now(), &probes.op_calls(self.family));
+                        self.new_stretch(probes);
                         self.stay_attached(links, opened, calls_at_open, calls);
                         return Ok(None);
                     }
@@ -315,20 +316,13 @@ impl Windowed {
                 }
                 if self.cycle.duty(rate) >= 1.0 {
                     // Cheap enough to stay attached.
-                    self.counter
-                        .stretch(Instant::now(), &probes.op_calls(self.family));
+                    self.new_stretch(probes);
                     self.stay_attached(links, opened, calls_at_open, calls);
                     return Ok(None);
                 }
                 let links = self.without_resident(links);
                 let resident = self.resident_by_op();
-                let cpu_per_call = self.counted_cost_per_call();
-                self.counter.detaching(
-                    Instant::now(),
-                    &probes.op_calls(self.family),
-                    &resident,
-                    cpu_per_call,
-                );
+                self.count_detaching(probes, &resident);
                 self.read_cpu();
                 self.state = State::Detaching {
                     handles: detach(links),
@@ -458,8 +452,7 @@ impl Windowed {
     /// (about 0.2 s per link: the kernel takes a grace period per link,
     /// one after the other).
     pub fn finish(&mut self, probes: &Probes) {
-        self.counter
-            .end(Instant::now(), &probes.op_calls(self.family));
+        self.count_end(probes);
         self.read_cpu();
         let calls = probes.calls(self.family);
         let mut handles = detach(std::mem::take(&mut self.resident_links));
@@ -503,21 +496,6 @@ impl Windowed {
         self.take_detaching().wait();
     }
 
-    /// The detaches still running, to be waited for later.
-    /// The share of the target's CPU one traced call per second takes, for
-    /// the counter's slowdown correction. A per-call cost calibrated at
-    /// start is used as is; the budget keeps the larger of it and what
-    /// windows measure (system time in 10 ms ticks, with the target's own
-    /// syscalls in it).
-    fn counted_cost_per_call(&self) -> f64 {
-        let per_call = if self.settings.trap_cost_error < 1.0 {
-            self.settings.trap_cost_s
-        } else {
-            self.cycle.trap_cost()
-        };
-        per_call / self.cpus()
-    }
-
     /// Detaches `links` (the family's, attached elsewhere, e.g. for a
     /// calibration) in the next gap, or at the end: the kernel removes
     /// links one grace period at a time, and these must not lengthen a
@@ -529,50 +507,11 @@ impl Windowed {
         self.later.extend(links);
     }
 
+    /// The detaches still running, to be waited for later.
     pub fn take_detaching(&mut self) -> Detaching {
         let later = std::mem::take(&mut self.later);
         self.detaching.extend(detach(later));
         Detaching::new(std::mem::take(&mut self.detaching))
-    }
-
-    fn read_cpu(&mut self) {
-        let Some(cpu) = cpu_time(self.pid) else {
-            return;
-        };
-        let now = (Instant::now(), cpu);
-        match &mut self.cpu {
-            Some([_, last]) => *last = now,
-            None => self.cpu = Some([now, now]),
-        }
-    }
-
-    /// The target's CPU use (CPUs busy on average) while traced, if read
-    /// over at least a second.
-    fn cpus_busy(&self) -> Option<f64> {
-        let [(t0, c0), (t1, c1)] = self.cpu?;
-        let wall = t1.saturating_duration_since(t0).as_secs_f64();
-        (wall >= 1.0).then(|| (c1 - c0) / wall)
-    }
-
-    /// The CPUs the target uses: as read over a second or more, else the
-    /// CPUs online or its threads, whichever is fewer (a single-threaded
-    /// target keeps one CPU busy at most: taken as using all the CPUs, its
-    /// first window's slowdown was corrected for by half).
-    fn cpus(&self) -> f64 {
-        self.cpus_busy()
-            .unwrap_or_else(|| {
-                let threads = threads(self.pid).map_or(f64::INFINITY, f64::from);
-                online_cpus().min(threads)
-            })
-            .max(0.1)
-    }
-
-    /// Estimated calls per operation over the session, from the calls the
-    /// kernel counted in each window (see `kernel::calls`); `probes` while
-    /// attached (the window or gap in progress counts up to now).
-    pub fn call_estimate(&self, probes: Option<&Probes>) -> CallEstimate {
-        let calls = probes.map(|p| p.op_calls(self.family));
-        self.counter.estimate(Instant::now(), calls.as_deref())
     }
 
     /// Fraction of the session the hot (windowed) probes were attached.

@@ -46,18 +46,18 @@ macro_rules! schema_enum {
 }
 
 mod allocator;
-mod cache;
 mod cpu;
 mod loader;
 mod locks;
 mod sharing;
 
 pub use allocator::*;
-pub use cache::*;
 pub use cpu::*;
 pub use loader::*;
 pub use locks::*;
 pub use sharing::*;
+
+pub use super::section::{Section, Sections};
 
 /// Version tag of the JSON form. Bump on incompatible changes.
 pub const SCHEMA: &str = "memprof-ebpf/1";
@@ -141,9 +141,6 @@ pub struct Report {
     /// The most-sampled lines that are not in `false_sharing`, and why:
     /// what the detector looked at and cleared.
     pub false_sharing_dismissed: Vec<DismissedLine>,
-    /// Objects whose accesses use little of each cache line they bring in,
-    /// most lines wasted first.
-    pub cache_utilization: Vec<CacheUseEntry>,
     /// The allocator profile (`mode: "off"` when not traced).
     pub allocator: AllocatorReport,
     /// Contended locks, most wait time first, then locks the uprobes saw
@@ -155,6 +152,10 @@ pub struct Report {
     /// How futex waits were traced (null when the lock profiler did not
     /// run).
     pub lock_contention: Option<LockContention>,
+    /// The parts analyses keep in their own directories, one top-level
+    /// key each ([`Section`]).
+    #[serde(flatten)]
+    pub sections: Sections,
     /// The profiler's own cost.
     pub loader: Loader,
     /// Things the reader should know (target exited, events lost, ...).

@@ -2,7 +2,6 @@
 //! readable in 80 columns. One file per section, in the order printed.
 
 mod allocator;
-mod cache;
 mod locks;
 mod overview;
 mod sharing;
@@ -35,11 +34,13 @@ fn render_wide(report: &Report) -> String {
     out.push('\n');
     sharing::write_false_sharing(&mut out, report);
     out.push('\n');
-    cache::write_cache_use(&mut out, report);
-    out.push('\n');
     allocator::write_allocator(&mut out, &report.allocator);
     out.push('\n');
     locks::write_locks(&mut out, &report.locks, report.lock_tracing.as_ref());
+    for section in report.sections.iter() {
+        out.push('\n');
+        section.write_text(&mut out);
+    }
     out
 }
 
@@ -50,7 +51,7 @@ fn fit(text: &str, width: usize) -> String {
 
 /// Writes `text` after `lead`, wrapped at [`WIDTH`] with continuation
 /// lines indented like the text.
-fn wrap_into(out: &mut String, lead: &str, text: &str) {
+pub fn wrap_into(out: &mut String, lead: &str, text: &str) {
     let indent = " ".repeat(lead.chars().count());
     let mut line = lead.to_string();
     let mut empty = true;

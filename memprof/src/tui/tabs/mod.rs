@@ -1,8 +1,8 @@
 //! The dashboard's tabs: which there are, in order, and each one's view.
-//! A tab draws itself from the [`App`] alone.
+//! A tab draws itself from the [`App`] alone. After the built-in tabs come
+//! the report's [`crate::report::section::Section`]s that have one.
 
 pub mod allocator;
-pub mod cache;
 pub mod locks;
 pub mod overview;
 pub mod sharing;
@@ -18,17 +18,12 @@ pub enum Tab {
     FalseSharing,
     Allocator,
     Locks,
-    CacheUse,
+    /// The report's `n`th section with a tab.
+    Section(usize),
 }
 
 impl Tab {
-    pub const ALL: [Tab; 5] = [
-        Tab::Overview,
-        Tab::FalseSharing,
-        Tab::Allocator,
-        Tab::Locks,
-        Tab::CacheUse,
-    ];
+    pub const ALL: [Tab; 4] = [Tab::Overview, Tab::FalseSharing, Tab::Allocator, Tab::Locks];
 
     pub fn title(self) -> &'static str {
         match self {
@@ -36,7 +31,7 @@ impl Tab {
             Tab::FalseSharing => "2 False sharing",
             Tab::Allocator => "3 Allocator",
             Tab::Locks => "4 Locks",
-            Tab::CacheUse => "5 Cache use",
+            Tab::Section(_) => "",
         }
     }
 
@@ -47,7 +42,12 @@ impl Tab {
             Tab::FalseSharing => sharing::render(app, frame, area),
             Tab::Allocator => allocator::render(app, frame, area),
             Tab::Locks => locks::render(app, frame, area),
-            Tab::CacheUse => cache::render(app, frame, area),
+            Tab::Section(n) => {
+                let section = app.report.as_ref().and_then(|r| r.sections.tabs().nth(n));
+                if let (Some(section), Some(report)) = (section, &app.report) {
+                    section.render_tab(report, frame, area, app.selection_of(section.key()));
+                }
+            }
         }
     }
 }

@@ -126,7 +126,7 @@ impl<'a> BlockIndex<'a> {
         let at = self.starts.partition_point(|&s| s <= addr);
         let start = *self.starts.get(at.checked_sub(1)?)?;
         let block = self.profile.live.get(&start)?;
-        (addr < start + block.size.max(1)).then_some((start, block))
+        HeapBlock::holds(start, block.size, addr).then_some((start, block))
     }
 }
 

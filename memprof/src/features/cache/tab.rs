@@ -1,4 +1,5 @@
-//! The Cache use tab: objects that use little of each cache line they
+//! The Cache use tab (the report section's tab, numbered after the
+//! built-in ones): objects that use little of each cache line they
 //! bring in (↑/↓ select one), and for the selected one its element as a
 //! strip of byte cells coloured by how often each field was accessed,
 //! the fields, and the fix.
@@ -11,26 +12,27 @@ use ratatui::{
     Frame,
 };
 
+use super::section::CacheUseEntry;
 use crate::report::{
-    model::{CacheUseEntry, Report},
+    model::Report,
     text::{ellipsize, group},
 };
 use crate::tui::{
-    layout::{render_master_detail, DetailView, Lines},
-    widgets::{render_lines, render_message, wrap_words},
-    App,
+    layout::{render_master_detail, DetailView, Lines, Selection},
+    widgets::{render_lines, wrap_words},
 };
 
 const TITLE: &str = " Cache use ";
 /// Bytes of the element each cell of the strip stands for.
 const BYTES_PER_CELL: u64 = 2;
 
-pub fn render(app: &App, frame: &mut Frame, area: Rect) {
-    let Some(report) = &app.report else {
-        render_message(frame, area, TITLE, "waiting for the first report…");
-        return;
-    };
-    let entries = &report.cache_utilization;
+pub fn render(
+    entries: &[CacheUseEntry],
+    report: &Report,
+    frame: &mut Frame,
+    area: Rect,
+    selection: Selection,
+) {
     if entries.is_empty() {
         render_lines(frame, area, TITLE, empty_lines(report));
         return;
@@ -39,7 +41,7 @@ pub fn render(app: &App, frame: &mut Frame, area: Rect) {
         frame,
         area,
         entries,
-        app.cache,
+        selection,
         |_| objects_table(entries),
         Detail::new,
     );
@@ -222,14 +224,11 @@ impl DetailView for Detail<'_> {
 #[cfg(test)]
 mod tests {
     use crate::report::fixtures::{full_report, sample_report};
-    use crate::tui::{
-        app::tests::{app_on, assert_centred, assert_fits, assert_shows, screen_at},
-        tabs::Tab,
-    };
+    use crate::tui::{app_on, assert_centred, assert_fits, assert_shows, screen_at, Tab};
 
     #[test]
     fn the_tab_shows_the_objects_and_the_selected_ones_element() {
-        let app = app_on(Tab::CacheUse, full_report());
+        let app = app_on(Tab::Section(0), full_report());
         let text = screen_at(&app, 100, 30);
         assert_shows(
             &text,
@@ -248,7 +247,7 @@ mod tests {
 
     #[test]
     fn without_findings_the_tab_says_what_it_looks_for() {
-        let app = app_on(Tab::CacheUse, sample_report());
+        let app = app_on(Tab::Section(0), sample_report());
         let text = screen_at(&app, 100, 30);
         assert_centred(&text, "no object with poorly used cache lines found yet");
     }

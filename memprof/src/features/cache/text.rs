@@ -3,10 +3,10 @@
 
 use std::fmt::Write as _;
 
-use super::wrap_into;
+use super::section::CacheUseEntry;
 use crate::report::{
     format::{ellipsize, group},
-    model::{CacheUseEntry, Report},
+    text::wrap_into,
 };
 
 /// Objects shown in the summary.
@@ -18,8 +18,8 @@ const WINDOW_SPREAD: f64 = 0.05;
 
 /// The "Cache use" section, one paragraph per object, most lines wasted
 /// first; one line when nothing was found.
-pub(super) fn write_cache_use(out: &mut String, report: &Report) {
-    if report.cache_utilization.is_empty() {
+pub(super) fn write_cache_use(out: &mut String, entries: &[CacheUseEntry]) {
+    if entries.is_empty() {
         let _ = writeln!(
             out,
             "Cache use: no object with poorly used cache lines among the sampled accesses"
@@ -30,10 +30,10 @@ pub(super) fn write_cache_use(out: &mut String, report: &Report) {
         out,
         "Cache use: objects using little of each line they bring in"
     );
-    for e in report.cache_utilization.iter().take(TOP_OBJECTS) {
+    for e in entries.iter().take(TOP_OBJECTS) {
         write_object(out, e);
     }
-    let more = report.cache_utilization.len().saturating_sub(TOP_OBJECTS);
+    let more = entries.len().saturating_sub(TOP_OBJECTS);
     if more > 0 {
         let _ = writeln!(out, "  … {more} more in the JSON report");
     }

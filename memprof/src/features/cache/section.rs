@@ -1,9 +1,60 @@
-//! The cache-use section: objects whose accesses use little of each cache
-//! line they bring in (hot fields interleaved with cold ones).
+//! The cache-use section of the report, `cache_utilization` in the JSON:
+//! objects whose accesses use little of each cache line they bring in
+//! (hot fields interleaved with cold ones), most lines wasted first. Its
+//! summary lines are in [`super::text`], its dashboard tab in
+//! [`super::tab`].
 
+use ratatui::{layout::Rect, Frame};
 use serde::{Deserialize, Serialize};
 
-use super::{CodeRef, ObjectKind};
+use crate::report::{
+    model::{CodeRef, ObjectKind},
+    section::{Section, SectionKind},
+    Report,
+};
+use crate::tui::Selection;
+
+/// The section's key in the JSON report.
+pub const KEY: &str = "cache_utilization";
+
+/// How the report reads the section back.
+pub const KIND: SectionKind = SectionKind::of::<CacheUse>(KEY);
+
+/// The objects with poorly used lines, most lines wasted first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CacheUse(pub Vec<CacheUseEntry>);
+
+impl Section for CacheUse {
+    fn key(&self) -> &str {
+        KEY
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        // Plain structs of strings and numbers: a non-finite float is null.
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    fn write_text(&self, out: &mut String) {
+        super::text::write_cache_use(out, &self.0);
+    }
+
+    fn tab_title(&self) -> Option<&str> {
+        Some("Cache use")
+    }
+
+    fn tab_rows(&self) -> usize {
+        self.0.len()
+    }
+
+    fn render_tab(&self, report: &Report, frame: &mut Frame, area: Rect, selection: Selection) {
+        super::tab::render(&self.0, report, frame, area, selection);
+    }
+
+    fn clone_box(&self) -> Box<dyn Section> {
+        Box::new(self.clone())
+    }
+}
 
 /// One object whose lines are poorly used.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
