@@ -224,12 +224,30 @@ impl Default for Contention {
 /// offsets from the stack pointer, found by the loader unwinding a sample
 /// with the call-frame information. The kernel hashes the words there
 /// into the site, so two callers of the same lock function are two sites.
+///
+/// The offsets hold only on the path the sample took: another caller of
+/// the same lock function has frames of other sizes, and there a slot
+/// past its own return address holds data (a loop counter, a pointer)
+/// that would make every call a new site. So each slot also names the
+/// code mapping its word was found in, `code[i]` = `[start, end)`; the
+/// kernel stops hashing at the first word outside its slot's mapping
+/// ([`hint_word_fits`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SiteHint {
     pub slots: [u16; SITE_HINT_FRAMES],
     pub count: u32,
     pub _pad: u32,
+    pub code: [[u64; 2]; SITE_HINT_FRAMES],
+}
+
+/// Whether `word`, read at a hint's slot, lies in the code mapping the
+/// slot's return address was found in (`code` = `[start, end)`): a return
+/// address of the hint's path, or of another caller with frames of the
+/// same size, but not data.
+#[inline(always)]
+pub const fn hint_word_fits(word: u64, code: [u64; 2]) -> bool {
+    word >= code[0] && word < code[1]
 }
 
 /// Key of [`crate::maps::WAITER_THREADS`]: a thread that waited on a
@@ -470,7 +488,7 @@ pub struct LockEvent {
 const _: () = assert!(core::mem::size_of::<LockEvent>() == 88 + 8 * LOCK_STACK_WORDS);
 const _: () = assert!(core::mem::size_of::<ContentionKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Contention>() == 56 + 8 * LOCK_HIST_BUCKETS);
-const _: () = assert!(core::mem::size_of::<SiteHint>() == 16);
+const _: () = assert!(core::mem::size_of::<SiteHint>() == 16 + 16 * SITE_HINT_FRAMES);
 const _: () = assert!(core::mem::size_of::<WaiterKey>() == 16);
 const _: () = assert!(core::mem::size_of::<Releases>() == 8 + 32 * RELEASES_KEPT);
 const _: () = assert!(core::mem::size_of::<WaitSpan>() == 48);
@@ -478,7 +496,7 @@ const _: () = assert!(core::mem::size_of::<WaitSpan>() == 48);
 // SAFETY: all `#[repr(C)]` and made of integers and integer arrays,
 // naturally aligned so without padding (sizes asserted above): the event
 // is four u32 then u64s, an i64 and a u64 array; the key two u64 and two
-// u32; the contention u64s; the hint four u16 and two u32; the waiter
+// u32; the contention u64s; the hint four u16, two u32 and u64 pairs; the waiter
 // key a u64 and two u32; the releases u64s; the span four u64 and four
 // u32. Any bit pattern is a valid value.
 records!(

@@ -28,10 +28,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, RingBuf},
 };
 use memprof_common::{
-    counter, for_each_share, futex_ctl, hint_key, key_may_sample, lock_event, log2_bucket,
-    mix_site, take_token, Contention, ContentionKey, LockEvent, Releases, SiteHint, WaiterKey,
-    CONTENTION_KEYS, CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS, SAMPLES_PER_S,
-    SITE_HINTS, SITE_HINT_FRAMES, SPAN_RING_BYTES, WAITER_THREADS_CAPACITY,
+    counter, for_each_share, futex_ctl, hint_key, hint_word_fits, key_may_sample, lock_event,
+    log2_bucket, mix_site, take_token, Contention, ContentionKey, LockEvent, Releases, SiteHint,
+    WaiterKey, CONTENTION_KEYS, CONTENTION_OTHER_KEYS, LOCK_RING_BYTES, LOCK_STACK_WORDS,
+    SAMPLES_PER_S, SITE_HINTS, SITE_HINT_FRAMES, SPAN_RING_BYTES, WAITER_THREADS_CAPACITY,
 };
 
 use crate::maps::{bpf_now, count};
@@ -131,8 +131,9 @@ fn site_of(kind: u32, ip: u64, sp: u64, lock_site: u64) -> u64 {
     // The kind first: a wait and a wake at one instruction (libc's
     // `syscall()`) are different sites even before their hints exist.
     let mut h = mix_site(u64::from(kind), ip);
-    // SAFETY: a map lookup; the hint is plain data, copied out.
-    if let Some(hint) = unsafe { SITE_HINTS_MAP.get(hint_key(ip, kind)) }.copied() {
+    // SAFETY: a map lookup; the hint is plain data, read in place (a hash
+    // map update replaces the element whole, so the read sees one hint).
+    if let Some(hint) = unsafe { SITE_HINTS_MAP.get(hint_key(ip, kind)) } {
         for i in 0..SITE_HINT_FRAMES {
             if i as u32 >= hint.count {
                 break;
@@ -140,6 +141,10 @@ fn site_of(kind: u32, ip: u64, sp: u64, lock_site: u64) -> u64 {
             let at = sp + u64::from(hint.slots[i]);
             // SAFETY: bpf_probe_read_user fails cleanly on a bad address.
             let word = unsafe { bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+            // Another caller's frames: data there, not a return address.
+            if !hint_word_fits(word, hint.code[i]) {
+                break;
+            }
             h = mix_site(h, word);
         }
     }

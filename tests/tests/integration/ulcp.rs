@@ -89,6 +89,16 @@ fn launch(test: &str, variant: Variant, mode: &str) -> Report {
 /// call's source line, and a confident claim.
 fn assert_classes(report: &Report) {
     for (name, class, marker) in LOCKS {
+        // Every wait named: a site hint that hashed a caller's data made
+        // each call a new site, and those no sample named ("[unmapped]",
+        // and the lock then taken for a bare futex with no verdict).
+        let waiters = &lock(report, name).waiters;
+        let unnamed: u64 = waiters
+            .iter()
+            .filter(|w| w.line.is_none())
+            .map(|w| w.count)
+            .sum();
+        assert_eq!(unnamed, 0, "{name}: waits at unnamed sites: {waiters:#?}");
         let u = verdict(report, name);
         assert_eq!(u.class, class, "{name}: {u:#?}");
         let confidence = u.confidence;

@@ -123,12 +123,13 @@ impl LockCollector {
         let (chain, slots) = self.chain(&ev, process);
         if hint_needed && !chain.frames.is_empty() && self.hinted.len() < SITES_MAX {
             self.hinted.insert(hint_at);
-            if !slots.is_empty() {
-                let mut hint = SiteHint::default();
-                for (i, s) in slots.iter().take(SITE_HINT_FRAMES).enumerate() {
-                    hint.slots[i] = *s;
-                    hint.count = i as u32 + 1;
-                }
+            let code_of = |word| {
+                process
+                    .find(word)
+                    .filter(|m| m.executable)
+                    .map(|m| [m.start, m.end])
+            };
+            if let Some(hint) = site_hint(&slots, &ev.stack, code_of) {
                 self.new_hints.push((hint_at, hint));
             }
         }
@@ -282,6 +283,28 @@ impl LockCollector {
     }
 }
 
+/// The site hint of a sample's return-address `slots` (byte offsets into
+/// `stack`, copied from the stack pointer up): each slot with the code
+/// mapping its word is in (`code_of`), up to the first word in none (a
+/// slot past the copy, or a return address the map does not hold yet).
+/// None when not even the first slot can be named.
+fn site_hint(
+    slots: &[u16],
+    stack: &[u64],
+    code_of: impl Fn(u64) -> Option<[u64; 2]>,
+) -> Option<SiteHint> {
+    let mut hint = SiteHint::default();
+    for (i, &slot) in slots.iter().take(SITE_HINT_FRAMES).enumerate() {
+        let Some(code) = stack.get(usize::from(slot) / 8).and_then(|&w| code_of(w)) else {
+            break;
+        };
+        hint.slots[i] = slot;
+        hint.code[i] = code;
+        hint.count = i as u32 + 1;
+    }
+    (hint.count > 0).then_some(hint)
+}
+
 /// The chain of a site no sample named (the sample budget ran out before
 /// its first call was sampled).
 fn unknown_chain() -> Chain {
@@ -390,5 +413,48 @@ mod tests {
             let kernel = c.profile.kernel();
             assert_eq!((kernel[0].0, kernel[0].1.waits.count()), (2, 4));
         }
+    }
+
+    /// The kernel's hashing of a site, as `site_of` does it: the slots'
+    /// words while they fit the hint's mappings.
+    fn hashed(hint: &SiteHint, stack: &[u64]) -> Vec<u64> {
+        let mut words = Vec::new();
+        for i in 0..hint.count as usize {
+            let w = stack[usize::from(hint.slots[i]) / 8];
+            if !memprof_common::hint_word_fits(w, hint.code[i]) {
+                break;
+            }
+            words.push(w);
+        }
+        words
+    }
+
+    #[test]
+    fn a_hint_names_each_slot_by_its_code_mapping_and_other_callers_stop_at_data() {
+        const LIBC: [u64; 2] = [0x7f00_0000, 0x7f10_0000];
+        const PROG: [u64; 2] = [0x5500_0000, 0x5501_0000];
+        let code_of = |w: u64| [LIBC, PROG].into_iter().find(|c| w >= c[0] && w < c[1]);
+        // The sample that made the hint: libc's return into the lock
+        // function, the user's call site, its caller, and a slot past the
+        // copy (not named: the hint ends before it).
+        let first = [0x7f00_0100, 9, 0x5500_0200, 9, 0x5500_0300];
+        let hint = site_hint(&[0, 16, 32, 400], &first, code_of).expect("a hint");
+        assert_eq!(hint.count, 3);
+        assert_eq!(&hint.slots[..3], &[0, 16, 32]);
+        assert_eq!(&hint.code[..3], &[LIBC, PROG, PROG]);
+        assert_eq!(
+            hashed(&hint, &first),
+            [0x7f00_0100, 0x5500_0200, 0x5500_0300]
+        );
+        // Another caller of the lock function has a larger frame: its
+        // return address is in the second slot, and the third holds a
+        // loop counter that changes on every call. The site stops before
+        // it, so every call of that caller is one site.
+        for counter in [1, 2, 3] {
+            let other = [0x7f00_0100, 9, 0x5500_0400, 9, counter];
+            assert_eq!(hashed(&hint, &other), [0x7f00_0100, 0x5500_0400]);
+        }
+        // No slot in a code mapping: no hint.
+        assert_eq!(site_hint(&[8], &first, code_of), None);
     }
 }
