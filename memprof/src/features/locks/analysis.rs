@@ -182,6 +182,12 @@ impl LockProfile {
             .find(|a| self.holds.get(*a).is_some_and(HoldStats::is_rwlock))
     }
 
+    /// Whether the lock uprobes saw mutex calls take `uaddr` itself: its
+    /// futex word is then a mutex's, whatever its waiters' chains say.
+    pub fn is_traced_mutex(&self, uaddr: u64) -> bool {
+        self.holds.get(uaddr).is_some_and(|h| !h.is_rwlock())
+    }
+
     /// Futex words with waits or wakes, most wait time first.
     pub fn futexes(&self) -> Vec<(u64, &FutexStats)> {
         let mut v: Vec<_> = self.futexes.iter().map(|(a, f)| (*a, f)).collect();

@@ -115,6 +115,9 @@ fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>
             LockKind::Futex | LockKind::Mutex if traced_lock.is_some_and(|a| a != uaddr) => {
                 LockKind::Rwlock
             }
+            // The uprobes saw mutex calls take this word: a mutex, even
+            // when its top waiter site went unnamed (no sample of it).
+            LockKind::Futex if profile.is_traced_mutex(uaddr) => LockKind::Mutex,
             kind => kind,
         };
         // Only a glibc mutex keeps its owner 8 bytes after the futex word.
@@ -576,6 +579,34 @@ mod tests {
             (kernel.function.as_str(), kernel.wait_ns),
             ("fault_in", 500)
         );
+    }
+
+    #[test]
+    fn a_traced_mutex_stays_a_mutex_when_its_waiters_went_unnamed() {
+        // The waits' site was never sampled (the sample budget ran out):
+        // its chain names no code, so only the uprobes know the kind.
+        let unnamed = Chain {
+            ip: Place::Unmapped { address: 0 },
+            frames: Vec::new(),
+        };
+        for traced in [false, true] {
+            let mut p = LockProfile::new();
+            if traced {
+                p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 100));
+            }
+            add_waits(&mut p, vec![wait(G_LOCK, 3, 2, 5000, unnamed.clone())]);
+            let entries = report(&p, &program_maps(), None, None, &mut names());
+            let g = entries
+                .iter()
+                .find(|e| e.address == LockAddress::At(G_LOCK));
+            let kind = g.expect("the lock").kind;
+            let want = if traced {
+                LockKind::Mutex
+            } else {
+                LockKind::Futex
+            };
+            assert_eq!(kind, want, "traced by the uprobes: {traced}");
+        }
     }
 
     #[test]
