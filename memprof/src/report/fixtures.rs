@@ -47,6 +47,7 @@ pub fn sample_report() -> Report {
         sampling: Sampling {
             source: SampleSource::CpuClock,
             frequency_hz: 999,
+            scope: SamplingScope::Threads,
             samples: 1000,
             lost: 0,
             lost_thread_events: 0,

@@ -34,7 +34,7 @@ use crate::{
     options::Options,
     process::{cgroup::Cgroup, handle::TargetHandle, state::Process, threads::ThreadEvent},
     report::{
-        model::{Loader, SampleSource, Target},
+        model::{Loader, SamplingScope, Target},
         push::Pusher,
         Report,
     },
@@ -78,6 +78,7 @@ struct Live {
     target: TargetHandle,
     command: String,
     frequency_hz: u64,
+    scope: SamplingScope,
     started: Instant,
     /// How long we traced, once tracing has stopped.
     traced: Option<Duration>,
@@ -223,6 +224,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         exports: Exports::new(opts, &command, pid),
         command,
         frequency_hz: opts.frequency_hz,
+        scope: SamplingScope::from(&sampling.scope),
         started: Instant::now(),
         traced: None,
         target_exited: false,
@@ -574,7 +576,7 @@ impl Live {
             exited: self.target_exited,
             processes: Vec::new(),
         };
-        let sampling = (SampleSource::from(self.source), self.frequency_hz);
+        let sampling = (self.source.into(), self.frequency_hz, self.scope);
         let mut report = pipeline::empty_report(target, duration_s, sampling);
         if self.exports.stacks {
             report.cpu_stacks = Some(Vec::new());

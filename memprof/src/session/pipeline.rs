@@ -18,17 +18,20 @@ use crate::{
         threads::ThreadEvent,
     },
     report::{
-        model::{AddressSampling, AllocatorReport, Loader, SampleSource, Sampling, Schema, Target},
+        model::{
+            AddressSampling, AllocatorReport, Loader, SampleSource, Sampling, SamplingScope,
+            Schema, Target,
+        },
         Report,
     },
 };
 
-/// The session's part of a report (the target, the sampling source and
-/// frequency); the features fill in the rest.
+/// The session's part of a report (the target, the sampling source,
+/// frequency and scope); the features fill in the rest.
 pub fn empty_report(
     target: Target,
     duration_s: f64,
-    (source, frequency_hz): (SampleSource, u64),
+    (source, frequency_hz, scope): (SampleSource, u64, SamplingScope),
 ) -> Report {
     Report {
         schema: Schema,
@@ -37,6 +40,7 @@ pub fn empty_report(
         sampling: Sampling {
             source,
             frequency_hz,
+            scope,
             samples: 0,
             lost: 0,
             lost_thread_events: 0,
@@ -341,7 +345,11 @@ mod tests {
             exited: false,
             processes: Vec::new(),
         };
-        let mut report = empty_report(target, 1.0, (SampleSource::CpuClock, 99));
+        let mut report = empty_report(
+            target,
+            1.0,
+            (SampleSource::CpuClock, 99, SamplingScope::Threads),
+        );
         let mut notes = Vec::new();
         p.report(
             &mut report,

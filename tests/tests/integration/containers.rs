@@ -14,7 +14,7 @@ use std::{
 };
 
 use memprof::report::{
-    model::{AllocOp, LockKind},
+    model::{AllocOp, LockKind, SamplingScope},
     Report,
 };
 use memprof_tests::*;
@@ -509,6 +509,8 @@ fn a_cgroup_is_traced_with_a_process_started_later() {
     let run = tool.finish(Duration::from_secs(60));
     assert_eq!(run.code(), 0, "{}", run.stderr);
     let report = read_typed(&json);
+    // A cgroup's processes come and go: its timer is one per CPU.
+    assert_eq!(report.sampling.scope, SamplingScope::Cpus);
     let processes = &report.target.processes;
     let by_pid = |pid: u32| {
         processes

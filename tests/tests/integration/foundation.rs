@@ -7,7 +7,7 @@
 use std::{process::Command, time::Duration};
 
 use memprof::report::{
-    model::{Loader, SampleSource, Schema},
+    model::{Loader, SampleSource, SamplingScope, Schema},
     Report,
 };
 use memprof_tests::*;
@@ -52,6 +52,8 @@ fn launch_names_the_hot_function_with_file_and_line() {
     assert!(samples > 1000, "samples: {samples}");
     assert!([SampleSource::CpuClock, SampleSource::Cycles].contains(&report.sampling.source));
     assert_eq!(report.sampling.lost, 0);
+    // A launched command is sampled per thread (its threads inherit it).
+    assert_eq!(report.sampling.scope, SamplingScope::Threads);
     // Total time from user stacks: the thread function that calls
     // spin_worker has no self time but all of spin_worker's time, at the
     // line of the call.
@@ -138,6 +140,9 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
         run.wall
     );
 
+    // Attached, the running threads get a timer each, and the thread
+    // created later inherits it.
+    assert_eq!(report.sampling.scope, SamplingScope::Threads);
     let late = hot_function(&report, "late_worker")
         .unwrap_or_else(|| panic!("late_worker not sampled: {report:#?}"));
     assert!(late.samples > 200, "late_worker: {late:#?}");

@@ -74,7 +74,7 @@ mod tests {
         features::SLICES,
         kernel::Kernel,
         object::symbolize::Symbolizer,
-        report::model::{SampleSource, Target as ReportTarget},
+        report::model::{SampleSource, SamplingScope, Target as ReportTarget},
         session::pipeline::{empty_report, Pipeline},
         tui::{screen_at, Action, App},
     };
@@ -101,7 +101,11 @@ mod tests {
             exited: false,
             processes: Vec::new(),
         };
-        let mut report = empty_report(target, 1.0, (SampleSource::CpuClock, 99));
+        let mut report = empty_report(
+            target,
+            1.0,
+            (SampleSource::CpuClock, 99, SamplingScope::Threads),
+        );
         let (kernel, mut symbolizer, mut notes) = (Kernel::default(), Symbolizer::new(), vec![]);
         p.report(&mut report, &kernel, &mut symbolizer, &mut notes, false);
         report

@@ -40,12 +40,47 @@ impl From<crate::kernel::loader::SamplingSource> for SampleSource {
     }
 }
 
+schema_enum! {
+    /// Where the sampling timer runs.
+    pub enum SamplingScope {
+        /// One event per traced thread, inherited by the threads it
+        /// starts: `frequency_hz` per thread while it runs, none while it
+        /// sleeps.
+        Threads = "threads",
+        /// One event per CPU, every process (`--cgroup`, or more threads
+        /// than the per-thread events allow): `frequency_hz` per CPU.
+        Cpus = "cpus",
+    }
+}
+
+impl SamplingScope {
+    /// How the summary says it: "per thread", "per CPU".
+    pub fn per(self) -> &'static str {
+        match self {
+            SamplingScope::Threads => "per thread",
+            SamplingScope::Cpus => "per CPU",
+        }
+    }
+}
+
+impl From<&crate::kernel::sampler::SamplerScope> for SamplingScope {
+    fn from(scope: &crate::kernel::sampler::SamplerScope) -> Self {
+        use crate::kernel::sampler::SamplerScope;
+        match scope {
+            SamplerScope::Threads(_) => SamplingScope::Threads,
+            SamplerScope::Cpus(_) => SamplingScope::Cpus,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sampling {
     /// The sampling event ("cpu-clock", "cycles"), or the precise memory
     /// events ("pebs", "ibs") when they gave the data addresses.
     pub source: SampleSource,
     pub frequency_hz: u64,
+    /// Whether `frequency_hz` is per traced thread or per CPU.
+    pub scope: SamplingScope,
     /// Samples of the target's threads received.
     pub samples: u64,
     /// Samples lost (ring buffer full or busy, or dropped in userspace).

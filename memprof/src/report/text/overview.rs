@@ -33,9 +33,10 @@ pub(super) fn write_header(out: &mut String, report: &Report) {
     write_processes(out, report);
     let _ = writeln!(
         out,
-        "  {} samples at {} Hz ({}) · {} lost · {:.1}% in kernel",
+        "  {} samples at {} Hz {} ({}) · {} lost · {:.1}% in kernel",
         group(s.samples),
         s.frequency_hz,
+        s.scope.per(),
         s.source,
         group(s.lost),
         percent(s.kernel_samples, s.samples),
@@ -189,7 +190,7 @@ mod tests {
             text.contains("90.0%  95.0%"),
             "self and total shares:\n{text}"
         );
-        assert!(text.contains("1,000 samples at 999 Hz (cpu-clock)"));
+        assert!(text.contains("1,000 samples at 999 Hz per thread (cpu-clock)"));
         assert!(text.contains("note: target exited"));
     }
 
