@@ -1612,6 +1612,44 @@ fn allocator_cpu_share_comes_from_the_samples() {
     assert_no_programs_left();
 }
 
+/// The allocator's code range the CPU samples are matched against is
+/// that of the program the target runs now: launched through a shell
+/// that lives half a second (glibc-linked, like `env`) before it
+/// `exec`s the workload, the range written for the shell's libc was
+/// kept, and no sample of the workload's allocator got a site (seen in
+/// CI through `env`, whose life is a millisecond).
+#[test]
+fn allocator_cpu_sites_follow_an_exec() {
+    let test = "allocator_cpu_sites_follow_an_exec";
+    if !require_root(test) {
+        return;
+    }
+    let program = alloc_workload();
+    let (_, report) = trace(
+        "alloc-cpu-exec",
+        &[
+            "--alloc-mode",
+            "sampled",
+            "--no-tui",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.5; exec \"$0\" split 3",
+            program.to_str().expect("UTF-8 path"),
+        ],
+    );
+    let report = typed(&report);
+    let cpu = report.allocator.cpu.as_ref();
+    let samples = cpu.map_or(0, |c| c.samples);
+    let sited = cpu.map_or(0, |c| c.site_samples - c.sites_unknown);
+    assert!(samples >= 300, "too few samples to judge: {cpu:#?}");
+    assert!(
+        sited as f64 >= 0.8 * samples as f64,
+        "{sited} of the allocator's {samples} samples got a site: {cpu:#?}"
+    );
+    assert_no_programs_left();
+}
+
 /// The allocator's CPU time is split by the call it was spent for
 /// (#35 item 3), in the default mode, for glibc and each preloaded
 /// allocator: `alloc split 3` calls malloc(64)/free three times from

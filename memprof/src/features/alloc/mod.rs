@@ -43,7 +43,7 @@ use crate::{
     },
     object::symbolize::Symbolizer,
     options::Options,
-    process::state::Process,
+    process::{state::Process, threads::ThreadEvent},
     report::{
         model::{AllocatorCpu, CountBasis},
         Report,
@@ -426,6 +426,15 @@ impl Feature for Alloc {
     fn after_drain(&mut self, _probes: &mut Probes, _process: &mut Process) {
         if let Some(t) = &mut self.traced {
             t.tracer.poll_cpu();
+        }
+    }
+
+    fn on_thread(&mut self, ev: &ThreadEvent, _process: &mut Process) {
+        // A new program image maps the allocator elsewhere: the range
+        // written for the old one (a launching shell's or `env`'s libc)
+        // would keep every sample of the new one out of the sites.
+        if let (ThreadEvent::Exec { tid, .. }, Some(t)) = (ev, &mut self.traced) {
+            t.text.forget(*tid);
         }
     }
 

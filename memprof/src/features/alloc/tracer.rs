@@ -259,6 +259,17 @@ impl AllocText {
         }
         self.written.insert(pid);
     }
+
+    /// Forgets the range of process `pid`, which ran `exec` (the thread
+    /// that calls it becomes its leader: `pid` is its tid): the next
+    /// [`Self::update`] writes that of the new image.
+    pub fn forget(&mut self, pid: u32) {
+        if self.written.remove(&pid) {
+            if let Err(e) = self.map.remove(&pid) {
+                tracing::debug!("allocator code range of {pid} not removed: {e}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
