@@ -1727,11 +1727,12 @@ fn windowed_waits_are_within_their_claimed_error() {
         "attached {attached}: {c:#?}"
     );
     assert_hot_estimate(&report, &truth, "yield_rounds", 0.5);
+    // Either note says so: "attached in windows of 250 ms", or, when even
+    // the sparsest windows left the hooks over their share (12.2% of the
+    // target's CPU in one CI run), "even attached one window in 20".
     assert!(
-        report
-            .notes
-            .iter()
-            .any(|n| n.contains("attached in windows")),
+        report.notes.iter().any(|n| n.contains("attached in windows")
+            || n.contains("even attached one window in")),
         "the notes say the hooks went in windows: {:#?}",
         report.notes
     );
