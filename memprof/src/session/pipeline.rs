@@ -247,6 +247,23 @@ impl Pipeline {
     }
 }
 
+/// The empty report of a test session over process `pid` running
+/// `command`: one second of 99 Hz cpu-clock samples per thread.
+#[cfg(test)]
+pub fn test_report(pid: u32, command: &str, threads_seen: usize) -> Report {
+    let target = Target {
+        pid,
+        command: command.into(),
+        threads_seen,
+        exited: false,
+        processes: Vec::new(),
+    };
+    empty_report(
+        target,
+        1.0,
+        (SampleSource::CpuClock, 99, SamplingScope::Threads),
+    )
+}
 #[cfg(test)]
 mod tests {
     use memprof_common::{
@@ -338,18 +355,7 @@ mod tests {
         p.on_sample(&sample(1, ip, me, 0));
         p.on_sample(&sample(2, 0, me, SAMPLE_FLAG_KERNEL));
         p.on_sample(&sample(3, 0, me, SAMPLE_FLAG_KERNEL));
-        let target = Target {
-            pid: me,
-            command: "test".into(),
-            threads_seen: 0,
-            exited: false,
-            processes: Vec::new(),
-        };
-        let mut report = empty_report(
-            target,
-            1.0,
-            (SampleSource::CpuClock, 99, SamplingScope::Threads),
-        );
+        let mut report = test_report(me, "test", 0);
         let mut notes = Vec::new();
         p.report(
             &mut report,

@@ -74,8 +74,7 @@ mod tests {
         features::SLICES,
         kernel::Kernel,
         object::symbolize::Symbolizer,
-        report::model::{SampleSource, SamplingScope, Target as ReportTarget},
-        session::pipeline::{empty_report, Pipeline},
+        session::pipeline::{test_report, Pipeline},
         tui::{screen_at, Action, App},
     };
 
@@ -94,18 +93,7 @@ mod tests {
                 ..Default::default()
             });
         }
-        let target = ReportTarget {
-            pid: me,
-            command: "toy".into(),
-            threads_seen: 2,
-            exited: false,
-            processes: Vec::new(),
-        };
-        let mut report = empty_report(
-            target,
-            1.0,
-            (SampleSource::CpuClock, 99, SamplingScope::Threads),
-        );
+        let mut report = test_report(me, "toy", 2);
         let (kernel, mut symbolizer, mut notes) = (Kernel::default(), Symbolizer::new(), vec![]);
         p.report(&mut report, &kernel, &mut symbolizer, &mut notes, false);
         report
