@@ -560,10 +560,20 @@ fn trap_share(
     }
 }
 
+/// How long a target that took its clock with it is taken to have run
+/// past its last reading: the clock is read at every drain (50-100 ms
+/// apart), so it exited within one interval of it; half of it is the
+/// expected time.
+const EXITED_AFTER_LAST_READING: Duration = Duration::from_millis(50);
+
 /// The target's CPU time in a gap from `since` (clock `cpu_at`) to `now`
 /// (clock `cpu`). A target that exited has no clock at the end: its CPU
 /// time up to the `last` reading in the gap, and the rest at the gap's
-/// pace so far (the readings come every 100 ms, the gap lasts seconds).
+/// pace so far up to its exit ([`EXITED_AFTER_LAST_READING`]), not up to
+/// `now`: the session ends after the exit by as long as it takes to
+/// notice it and stop (measured: 60-100 ms; CPU time continued to then
+/// added 16% to a 0.6 s gap, and with seconds of delay it made a count
+/// 55% high).
 fn gap_cpu(
     since: Instant,
     now: Instant,
@@ -577,8 +587,11 @@ fn gap_cpu(
     }
     let (seen_at, seen) = last.filter(|(t, _)| *t > since)?;
     let read = seen_at.saturating_duration_since(since).as_secs_f64();
-    let len = now.saturating_duration_since(since).as_secs_f64();
-    Some((seen - at) * len / read)
+    let ran = now
+        .min(seen_at + EXITED_AFTER_LAST_READING)
+        .saturating_duration_since(since)
+        .as_secs_f64();
+    Some((seen - at) * ran / read)
 }
 
 #[cfg(test)]
@@ -776,13 +789,27 @@ mod tests {
     }
 
     /// A target that exits takes its CPU clock with it: the gap's CPU
-    /// time is read up to the last reading and continued at its pace.
+    /// time is read up to the last reading and continued at its pace to
+    /// when it is taken to have exited, not to when the session ended.
     #[test]
     fn a_gap_the_target_ended_in_goes_by_its_last_cpu_reading() {
-        // 0.8 CPU of its own through the gap, read 100 ms before the end.
+        // 0.8 CPU of its own through the gap, read 100 ms before the end:
+        // 0.64 s read, 0.04 s more in the 50 ms it is taken to have run.
         let cpu = [Some(5.0), Some(5.1), None];
         let e = one_window(100, [1000, 1000], cpu, Some(5.1 + 0.64));
-        assert!((e.calls[0] - 10_000.0).abs() < 1e-6, "{e:?}");
+        assert!((e.calls[0] - 9_500.0).abs() < 1e-6, "{e:?}");
+        // The session noticed the exit seconds later: the same count.
+        let t = Target {
+            t0: Instant::now(),
+            counted: [0, 0],
+        };
+        let mut c = CallCounter::new(1, 0.35);
+        c.attached(t.at(0), &[0], cpu[0]);
+        c.detaching(t.at(100), &[1000], cpu[1], &[false], COST);
+        c.observe_cpu(t.at(900), Some(5.1 + 0.64));
+        c.end(t.at(4000), &[1000], None);
+        let late = c.estimate(t.at(4000), None, None);
+        assert!((late.calls[0] - 9_500.0).abs() < 1e-6, "{late:?}");
         // No reading in the gap: the rate, as modelled.
         let e = one_window(100, [1000, 1000], cpu, None);
         assert!((e.calls[0] - 12_250.0).abs() < 1e-6, "{e:?}");

@@ -6,17 +6,24 @@ use memprof::report::{
     model::{AllocOp, LockKind, ObjectKind, SharingKind, TraceMode},
     Report,
 };
+use std::{path::Path, time::Duration};
+
 use memprof_tests::*;
 
 /// Traces the demo workload with the profiler's `options` and returns the
 /// report and what the workload printed about itself.
 fn trace_demo(name: &str, options: &[&str]) -> (Report, String) {
+    trace_demo_env(name, options, &[])
+}
+
+/// As [`trace_demo`], with environment variables for the tool.
+fn trace_demo_env(name: &str, options: &[&str], env: &[(&str, &Path)]) -> (Report, String) {
     let program = build_workload(DEMO_WORKLOAD, Variant::Debug).expect("building the demo");
     let seconds = DEMO_SECONDS.to_string();
     let mut args = vec!["--no-tui"];
     args.extend_from_slice(options);
     args.extend(["--", program.to_str().expect("UTF-8 path"), &seconds]);
-    let (run, report) = trace(name, &args);
+    let (run, report) = trace_env(name, &args, env, Duration::from_secs(60));
     assert_no_programs_left();
     (typed(&report), run.stderr)
 }
@@ -254,7 +261,13 @@ fn default_lock_mode_counts_the_demo_lock_acquisitions() {
     if !require_root("default_lock_mode_counts_the_demo_lock_acquisitions") {
         return;
     }
-    let (report, stderr) = trace_demo("demo-locks", &[]);
+    // The windows' rates and the gaps' CPU time, to tell a failure's cause.
+    let debug = [("MEMPROF_LOG", Path::new("memprof=debug"))];
+    let (report, stderr) = trace_demo_env("demo-locks", &[], &debug);
+    let windows: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("window rate") || l.contains("gap of"))
+        .collect();
     let lock = report
         .locks
         .iter()
@@ -279,6 +292,9 @@ fn default_lock_mode_counts_the_demo_lock_acquisitions() {
     let acquisitions = lock.acquisitions.expect("acquisitions") as f64;
     assert!(
         (acquisitions / rounds - 1.0).abs() <= claimed.max(0.25),
-        "{acquisitions} acquisitions for {rounds} rounds (claimed ±{claimed:.3}): {lock:#?}"
+        "{acquisitions} acquisitions for {rounds} rounds (claimed ±{claimed:.3}): {lock:#?}\n\
+         windows and gaps:\n{}\nnotes: {:#?}",
+        windows.join("\n"),
+        report.notes
     );
 }
