@@ -9,6 +9,13 @@
 //! 16-20); the headline is the median of the rounds' ratios, with their
 //! spread. The report of each session must name the mutex (a futex word
 //! of kind mutex with its waiting code).
+//!
+//! Each round is paired with a control round, run alternately: the same
+//! sysbench run and the same seconds compared, nothing attached. On this
+//! project's 2-vCPU VMs sysbench's own throughput wanders by tens of
+//! percent from second to second (measured: control ratios 0.74, 1.05,
+//! 1.12, 1.41 and 0.99 in five runs), so one round says little, and the
+//! control's median and spread say how much a traced median can.
 
 use std::{
     path::Path,
@@ -31,24 +38,29 @@ pub fn run(tool: &Path, json: &Path, rounds: usize) -> Result<Value> {
         return Ok(Value::Null);
     }
     let mut ratios = Vec::new();
+    let mut controls = Vec::new();
     let mut found = Vec::new();
     for round in 0..rounds {
-        let (ratio, mutex) = round_once(tool, json)?;
+        let (ratio, mutex) = round_once(Some(tool), json)?;
+        let (control, _) = round_once(None, json)?;
         eprintln!(
-            "bench: locks attached sysbench round {}/{rounds}: {ratio:.3}, mutex found: {mutex}",
+            "bench: locks attached sysbench round {}/{rounds}: {ratio:.3} (control, nothing \
+             attached: {control:.3}), mutex found: {mutex}",
             round + 1
         );
         ratios.push(ratio);
+        controls.push(control);
         found.push(mutex);
     }
-    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let ratio = median(&mut ratios.clone());
+    let (ratio, lo, hi) = median_and_spread(&ratios);
+    let (control, control_lo, control_hi) = median_and_spread(&controls);
     let all_found = found.iter().all(|&f| f);
     println!(
         "lock benchmark: default mode attached with -p to a running `sysbench threads \
          --threads=4 --thread-locks=1` for 8 s ({rounds} rounds)\n  \
          events/s traced / untraced {ratio:.3} ({lo:.3}-{hi:.3})   target ≥ {TARGET_ATTACHED}  {}\n  \
+         control rounds, the same seconds with nothing attached: {control:.3} \
+         ({control_lo:.3}-{control_hi:.3})\n  \
          the mutex named with its waiting code in every session: {all_found}  {}",
         verdict(
             "locks: attached to sysbench threads",
@@ -56,12 +68,26 @@ pub fn run(tool: &Path, json: &Path, rounds: usize) -> Result<Value> {
         ),
         verdict("locks: attached to sysbench finds its mutex", all_found),
     );
-    Ok(json!({ "ratios": ratios, "ratio": ratio, "mutex_found": found }))
+    Ok(json!({
+        "ratios": ratios,
+        "ratio": ratio,
+        "control_ratios": controls,
+        "control_ratio": control,
+        "mutex_found": found,
+    }))
 }
 
-/// One 20 s sysbench run with the tool attached from 5 s to 13 s: the
-/// traced over untraced events/s, and whether the report found the mutex.
-fn round_once(tool: &Path, json: &Path) -> Result<(f64, bool)> {
+/// The median of `v`, its lowest and its highest.
+fn median_and_spread(v: &[f64]) -> (f64, f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (median(&mut v.to_vec()), lo, hi)
+}
+
+/// One 20 s sysbench run with the tool attached from 5 s to 13 s (or,
+/// without `tool`, nothing attached: the control): the traced over
+/// untraced events/s, and whether the report found the mutex.
+fn round_once(tool: Option<&Path>, json: &Path) -> Result<(f64, bool)> {
     let _ = std::fs::remove_file(json);
     let sysbench = Command::new(SYSBENCH)
         .args([
@@ -77,6 +103,10 @@ fn round_once(tool: &Path, json: &Path) -> Result<(f64, bool)> {
         .spawn()
         .context("starting sysbench")?;
     std::thread::sleep(Duration::from_secs(5));
+    let Some(tool) = tool else {
+        let out = sysbench.wait_with_output()?;
+        return Ok((ratio(&String::from_utf8_lossy(&out.stdout)), false));
+    };
     let status = Command::new(tool)
         .args([
             "-p",
@@ -93,7 +123,20 @@ fn round_once(tool: &Path, json: &Path) -> Result<(f64, bool)> {
         .context("running the tool")?;
     let out = sysbench.wait_with_output()?;
     anyhow::ensure!(status.success(), "the tool failed ({status})");
-    let per_second = per_second(&String::from_utf8_lossy(&out.stdout));
+    let report = read_report(json)?;
+    let mutex = report["locks"].as_array().into_iter().flatten().any(|l| {
+        l["kind"] == "mutex"
+            && l["waiters"]
+                .as_array()
+                .is_some_and(|w| w.iter().any(|s| s["module"] == "sysbench"))
+    });
+    Ok((ratio(&String::from_utf8_lossy(&out.stdout)), mutex))
+}
+
+/// The median events/s of seconds 7-12 over that of seconds 1-4 and
+/// 16-20 of sysbench's output.
+fn ratio(stdout: &str) -> f64 {
+    let per_second = per_second(stdout);
     let pick = |keep: &dyn Fn(u32) -> bool| -> Vec<f64> {
         per_second
             .iter()
@@ -103,14 +146,7 @@ fn round_once(tool: &Path, json: &Path) -> Result<(f64, bool)> {
     };
     let traced = median(&mut pick(&|t| (7..=12).contains(&t)));
     let untraced = median(&mut pick(&|t| t <= 4 || t >= 16));
-    let report = read_report(json)?;
-    let mutex = report["locks"].as_array().into_iter().flatten().any(|l| {
-        l["kind"] == "mutex"
-            && l["waiters"]
-                .as_array()
-                .is_some_and(|w| w.iter().any(|s| s["module"] == "sysbench"))
-    });
-    Ok((traced / untraced, mutex))
+    traced / untraced
 }
 
 /// `[ Ns ] thds: 4 eps: X ...` lines: (second, events per second).
@@ -133,5 +169,22 @@ mod tests {
         let text = "[ 1s ] thds: 4 eps: 350.02 lat (ms,95%): 12.30\n\
                     [ 12s ] thds: 4 eps: 364.00 lat (ms,95%): 11.00\nother";
         assert_eq!(per_second(text), [(1, 350.02), (12, 364.0)]);
+    }
+
+    /// Seconds 7-12 against 1-4 and 16-20; 5, 6 and 13-15 (attaching,
+    /// detaching) count in neither.
+    #[test]
+    fn the_ratio_compares_the_traced_seconds_with_the_untouched_ones() {
+        let text: String = (1..=20)
+            .map(|t| {
+                let eps = match t {
+                    7..=12 => 300,
+                    5 | 6 | 13..=15 => 1,
+                    _ => 400,
+                };
+                format!("[ {t}s ] thds: 4 eps: {eps}.00 lat (ms,95%): 1.0\n")
+            })
+            .collect();
+        assert!((ratio(&text) - 0.75).abs() < 1e-12);
     }
 }
