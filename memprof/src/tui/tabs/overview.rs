@@ -120,6 +120,8 @@ fn render_info(report: &Report, rates: &Rates, frame: &mut Frame, area: Rect) {
             .into(),
             "   lost ".dim(),
             ratatui::text::Span::styled(group(s.lost), lost_style),
+            "   sampled ".dim(),
+            s.scope.per().into(),
         ]),
     ];
     let mut lines = lines;
