@@ -143,6 +143,21 @@ impl TestProcess {
         assert_eq!(line.trim(), "ready", "workload did not become ready");
     }
 
+    /// The workload's further stdout lines, each with the instant it was
+    /// read, from a thread of their own (until the workload ends).
+    pub fn lines_in_background(&mut self) -> std::sync::mpsc::Receiver<(Instant, String)> {
+        let reader = self.stdout.take().expect("stdout is piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in reader.lines().map_while(Result::ok) {
+                if tx.send((Instant::now(), line)).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+
     /// Waits for exit, at most `limit`.
     pub fn wait_timeout(&mut self, limit: Duration) -> Option<ExitStatus> {
         let start = Instant::now();

@@ -12,6 +12,16 @@
  *                                          as "time 1 SECONDS"
  *   spin burst COUNT                      COUNT short threads (~50 ms each,
  *                                          named burst-N), one after another
+ *   spin gaps SECONDS                     the main thread reads the clock in
+ *                                          a loop for SECONDS and prints, every
+ *                                          100 ms, "gaps PPM": the share of
+ *                                          the time it ran (in parts per
+ *                                          million) lost in gaps between two
+ *                                          reads of 0.5-200 µs: interrupts
+ *                                          (longer gaps are preemption, left
+ *                                          out with their time). The sampler's
+ *                                          interrupts add to it: the ground
+ *                                          truth of what they cost.
  *
  * Prints "ready" once its first threads run, so tests can attach; in work
  * mode, "elapsed SECONDS" at the end (the benchmark's measure).
@@ -84,10 +94,43 @@ static void *late_thread(void *arg)
 	return NULL;
 }
 
+static unsigned long long now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+}
+
+/* The same rule as the profiler's own measure (kernel/interrupts.rs), so
+ * the two are comparable: a gap is 0.5-200 µs between two reads. */
+static void gaps(double seconds)
+{
+	unsigned long long start = now_ns(), last = start, interval = start;
+	unsigned long long end = start + (unsigned long long)(seconds * 1e9);
+	unsigned long long gap_ns = 0, preempted_ns = 0;
+	for (;;) {
+		unsigned long long t = now_ns(), d = t - last;
+		if (d > 200000)
+			preempted_ns += d;
+		else if (d > 500)
+			gap_ns += d;
+		last = t;
+		if (t - interval >= 100000000ULL) {
+			unsigned long long ran = t - interval - preempted_ns;
+			printf("gaps %llu\n", ran ? gap_ns * 1000000ULL / ran : 0);
+			fflush(stdout);
+			interval = t;
+			gap_ns = preempted_ns = 0;
+		}
+		if (t >= end)
+			return;
+	}
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: spin time THREADS SECONDS [LATE_MS] | spin work THREADS CHUNKS"
-			" | spin chain SECONDS [PATH] | spin burst COUNT\n");
+			" | spin chain SECONDS [PATH] | spin burst COUNT | spin gaps SECONDS\n");
 	exit(2);
 }
 
@@ -116,6 +159,12 @@ int main(int argc, char **argv)
 			pthread_setname_np(t, name);
 			pthread_join(t, NULL);
 		}
+		return 0;
+	}
+	if (argc == 3 && strcmp(argv[1], "gaps") == 0) {
+		printf("ready\n");
+		fflush(stdout);
+		gaps(atof(argv[2]));
 		return 0;
 	}
 	if (argc < 4)

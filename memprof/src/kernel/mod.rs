@@ -8,6 +8,7 @@ pub mod cost;
 pub mod cputime;
 pub mod detach;
 pub mod hooks;
+pub mod interrupts;
 pub mod loader;
 pub mod maps;
 pub mod multi;

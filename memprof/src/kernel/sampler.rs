@@ -24,12 +24,15 @@ use crate::process::procfs::list_threads;
 pub const MAX_THREAD_EVENTS: usize = 4096;
 
 /// How the CPU sampler is attached.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
     pub frequency_hz: u64,
     /// Hardware cycles when the machine has a PMU.
     pub try_hardware: bool,
     pub scope: SamplerScope,
+    /// What one `cpu-clock` interrupt costs the thread it lands on, ns
+    /// ([`super::interrupts`]), measured before the programs load.
+    pub interrupt_ns: Option<f64>,
 }
 
 impl Sampling {
@@ -49,6 +52,7 @@ impl Sampling {
             frequency_hz,
             try_hardware,
             scope: SamplerScope::choose(&tgids, per_cpu, cpus, list_threads),
+            interrupt_ns: super::interrupts::measure(frequency_hz),
         })
     }
 }

@@ -54,6 +54,8 @@ pub fn sample_report() -> Report {
             stack_errors: 0,
             kernel_samples: 10,
             addresses: AddressSampling::default(),
+            interrupt_ns: Some(1_500.0),
+            interrupt_share: Some(0.0015),
         },
         hot_functions: vec![HotFunctionEntry {
             function: "spin".into(),

@@ -79,6 +79,7 @@ struct Live {
     command: String,
     frequency_hz: u64,
     scope: SamplingScope,
+    interrupt_ns: Option<f64>,
     started: Instant,
     /// How long we traced, once tracing has stopped.
     traced: Option<Duration>,
@@ -225,6 +226,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         command,
         frequency_hz: opts.frequency_hz,
         scope: SamplingScope::from(&sampling.scope),
+        interrupt_ns: sampling.interrupt_ns,
         started: Instant::now(),
         traced: None,
         target_exited: false,
@@ -578,6 +580,7 @@ impl Live {
         };
         let sampling = (self.source.into(), self.frequency_hz, self.scope);
         let mut report = pipeline::empty_report(target, duration_s, sampling);
+        report.sampling.set_interrupt_cost(self.interrupt_ns);
         if self.exports.stacks {
             report.cpu_stacks = Some(Vec::new());
             report.alloc_chains = Some(Vec::new());
@@ -590,7 +593,7 @@ impl Live {
             launched,
         );
         report.loader = Loader::measure(duration_s, &self.kernel.cost());
-        notes.extend(report.loader.note());
+        notes.extend(report.cost_notes());
         report.notes = notes;
         report
     }

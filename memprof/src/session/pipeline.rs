@@ -18,10 +18,7 @@ use crate::{
         threads::ThreadEvent,
     },
     report::{
-        model::{
-            AddressSampling, AllocatorReport, Loader, SampleSource, Sampling, SamplingScope,
-            Schema, Target,
-        },
+        model::{AllocatorReport, Loader, SampleSource, Sampling, SamplingScope, Schema, Target},
         Report,
     },
 };
@@ -37,17 +34,7 @@ pub fn empty_report(
         schema: Schema,
         target,
         duration_s,
-        sampling: Sampling {
-            source,
-            frequency_hz,
-            scope,
-            samples: 0,
-            lost: 0,
-            lost_thread_events: 0,
-            stack_errors: 0,
-            kernel_samples: 0,
-            addresses: AddressSampling::default(),
-        },
+        sampling: Sampling::new(source, frequency_hz, scope),
         hot_functions: Vec::new(),
         threads: Vec::new(),
         false_sharing: Vec::new(),

@@ -4,7 +4,10 @@
 //! JSON report (and exit code, and what is left loaded in the kernel).
 //! They share kernel state, so `cargo xtask test` runs them one at a time.
 
-use std::{process::Command, time::Duration};
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use memprof::report::{
     model::{Loader, SampleSource, SamplingScope, Schema},
@@ -610,6 +613,19 @@ fn assert_rate(key: &str, got: f64, loader: &Loader, expected: f64) {
     );
 }
 
+/// The tool attached to `pid` for 3 s, writing its report to `json`,
+/// once it traces.
+fn attach_for_3s(pid: &str, json: &std::path::Path) -> TracingTool {
+    TracingTool::start(&[
+        "-p",
+        pid,
+        "--duration",
+        "3s",
+        "--json",
+        json.to_str().unwrap(),
+    ])
+}
+
 #[test]
 fn the_report_gives_the_profilers_own_kernel_cost() {
     let test = "the_report_gives_the_profilers_own_kernel_cost";
@@ -620,14 +636,7 @@ fn the_report_gives_the_profilers_own_kernel_cost() {
     let mut target = start_spin(&["time", "2", "30"]);
     let pid = target.pid().to_string();
     let json = report_path("cost");
-    let tool = TracingTool::start(&[
-        "-p",
-        &pid,
-        "--duration",
-        "3s",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let tool = attach_for_3s(&pid, &json);
     // Run-time statistics are on while the programs run: the tool holds
     // the descriptor that keeps them on.
     let held = holds_bpf_stats_fd(tool.pid());
@@ -709,6 +718,120 @@ fn the_report_gives_the_profilers_own_kernel_cost() {
     // kernel keeps our descriptor's count apart), so this checks that the
     // tool left it as it was; the descriptor itself is closed at detach.
     assert_eq!(bpf_stats_sysctl(), before, "kernel.bpf_stats_enabled");
+    let _ = target.child.kill();
+    assert_no_programs_left();
+}
+
+/// The median of the `gaps PPM` lines `spin gaps` printed in `[from, to)`,
+/// as a share; panics with fewer than `least` lines there.
+fn gap_share(lines: &[(Instant, String)], from: Instant, to: Instant, least: usize) -> f64 {
+    let mut ppm: Vec<f64> = lines
+        .iter()
+        .filter(|(at, _)| *at >= from && *at < to)
+        .filter_map(|(_, l)| l.strip_prefix("gaps ")?.trim().parse().ok())
+        .collect();
+    assert!(
+        ppm.len() >= least,
+        "{} intervals of 100 ms in the window, wanted {least}: {lines:?}",
+        ppm.len()
+    );
+    ppm.sort_by(f64::total_cmp);
+    ppm[ppm.len() / 2] / 1e6
+}
+
+#[test]
+fn the_samplers_cost_is_what_the_sampled_thread_loses() {
+    let test = "the_samplers_cost_is_what_the_sampled_thread_loses";
+    if !require_root(test) {
+        return;
+    }
+    // A thread that reads the clock in a loop and says, every 100 ms,
+    // which share of its time went in gaps between two reads: untraced
+    // for 2 s, then sampled by the tool for 3 s. What the sampler takes
+    // from it (the ground truth) is the growth of that share; the report
+    // predicts it from the interrupt it measured at start-up on its own
+    // thread, plus its program's run time per sample.
+    let mut target = start_spin(&["gaps", "12"]);
+    let lines = target.lines_in_background();
+    let ready = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = target.pid().to_string();
+    let json = report_path("sampler-cost");
+    let untraced_to = Instant::now();
+    let tool = attach_for_3s(&pid, &json);
+    let traced_from = Instant::now();
+    let run = tool.finish(LIMIT);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let lines: Vec<(Instant, String)> = lines.try_iter().collect();
+    let report = read_typed(&json);
+    let s = &report.sampling;
+    if s.source != SampleSource::CpuClock {
+        return skip(
+            test,
+            &format!(
+                "the sampler used {}: its interrupt is not measured",
+                s.source
+            ),
+        );
+    }
+    let (Some(ns), Some(share)) = (s.interrupt_ns, s.interrupt_share) else {
+        panic!(
+            "cpu-clock sampling without its measured cost: {s:#?}\n{}",
+            run.stderr
+        );
+    };
+    assert!(
+        (share - ns * s.frequency_hz as f64 / 1e9).abs() < 1e-9,
+        "{s:#?}"
+    );
+    let program = report
+        .loader
+        .programs
+        .iter()
+        .find(|p| p.name == "mp_cpu_sample")
+        .filter(|p| p.runs > 0)
+        .map_or(0.0, |p| p.run_ns as f64 / p.runs as f64);
+    let predicted = share + program * s.frequency_hz as f64 / 1e9;
+
+    let before = gap_share(&lines, ready + Duration::from_millis(500), untraced_to, 10);
+    let traced = Duration::from_millis(300);
+    let during = gap_share(
+        &lines,
+        traced_from + traced,
+        traced_from + Duration::from_millis(2700),
+        15,
+    );
+    let lost = during - before;
+    // Within a third, or 0.3 points of the thread's time where it is
+    // small (bare metal: an interrupt of 1-2 µs is 0.1-0.2%, near the
+    // noise of the measure).
+    let tolerance = (lost.abs() / 3.0).max(0.003);
+    eprintln!(
+        "{test}: lost {:.3}% ({:.3}% -> {:.3}%), predicted {:.3}%",
+        lost * 100.0,
+        before * 100.0,
+        during * 100.0,
+        predicted * 100.0
+    );
+    assert!(
+        (predicted - lost).abs() <= tolerance,
+        "the sampled thread lost {:.2}% of its time ({:.2}% untraced, {:.2}% sampled); the report \
+         predicted {:.2}% ({:.1} µs an interrupt + {:.1} µs of program, at {} Hz)\n{}",
+        lost * 100.0,
+        before * 100.0,
+        during * 100.0,
+        predicted * 100.0,
+        ns / 1e3,
+        program / 1e3,
+        s.frequency_hz,
+        run.stderr
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("sampler interrupt: {:.1} µs", ns / 1e3)),
+        "summary:\n{}",
+        run.stdout
+    );
     let _ = target.child.kill();
     assert_no_programs_left();
 }

@@ -94,7 +94,73 @@ pub struct Sampling {
     pub kernel_samples: u64,
     /// Where the data addresses of samples came from, and how many did.
     pub addresses: AddressSampling,
+    /// What one timer sample took from the thread it landed on, in ns:
+    /// the interrupt around the program, measured at start-up
+    /// ([`crate::kernel::interrupts`]). Null for the cycle counter, or
+    /// when it could not be measured.
+    #[serde(default)]
+    pub interrupt_ns: Option<f64>,
+    /// `interrupt_ns × frequency_hz`: the share of a sampled thread's
+    /// running time (of each CPU's, per CPU) the sampler's interrupts
+    /// take, before any delay they pass on to threads waiting for it.
+    #[serde(default)]
+    pub interrupt_share: Option<f64>,
 }
+
+impl Sampling {
+    /// How a session samples, before anything was received.
+    pub fn new(source: SampleSource, frequency_hz: u64, scope: SamplingScope) -> Self {
+        Self {
+            source,
+            frequency_hz,
+            scope,
+            samples: 0,
+            lost: 0,
+            lost_thread_events: 0,
+            stack_errors: 0,
+            kernel_samples: 0,
+            addresses: AddressSampling::default(),
+            interrupt_ns: None,
+            interrupt_share: None,
+        }
+    }
+
+    /// Records the measured cost of one `cpu-clock` sample, and its share
+    /// at the session's rate; none for another source (the cycle
+    /// counter's interrupt, an NMI, is another cost, not measured).
+    pub fn set_interrupt_cost(&mut self, ns: Option<f64>) {
+        self.interrupt_ns = ns.filter(|_| self.source == SampleSource::CpuClock);
+        self.interrupt_share = self
+            .interrupt_ns
+            .map(|ns| ns * self.frequency_hz as f64 / 1e9);
+    }
+
+    /// A note when the sampler's interrupts alone take a share of the
+    /// target that matters (from [`COSTLY_SAMPLER`]), with the rate that
+    /// would take a fifth of it.
+    pub fn cost_note(&self) -> Option<String> {
+        let (ns, share) = (self.interrupt_ns?, self.interrupt_share?);
+        if share < COSTLY_SAMPLER {
+            return None;
+        }
+        let lower = (self.frequency_hz / 5).max(1);
+        Some(format!(
+            "the sampler's timer interrupts take about {:.1}% of each sampled thread's running \
+             time on this machine ({:.1} µs each at {} Hz, measured at start-up; virtual \
+             machines pay the hypervisor for every timer interrupt), and more on lock convoys, \
+             where a holder stopped by one stops its waiters: --sample-freq {lower} would take \
+             about {:.1}%",
+            share * 100.0,
+            ns / 1e3,
+            self.frequency_hz,
+            ns * lower as f64 / 1e7,
+        ))
+    }
+}
+
+/// The sampler's own share of a thread's time from which the report says
+/// so (a fifth of the default budget of 5%).
+pub const COSTLY_SAMPLER: f64 = 0.01;
 
 /// Where the data addresses of samples came from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -198,4 +264,44 @@ pub struct ThreadEntry {
     /// The thread that created it, when that happened during the session.
     pub created_by: Option<u32>,
     pub exited: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampling(frequency_hz: u64) -> Sampling {
+        Sampling::new(SampleSource::CpuClock, frequency_hz, SamplingScope::Threads)
+    }
+
+    #[test]
+    fn a_costly_sampler_is_said_with_a_cheaper_rate() {
+        let mut s = sampling(999);
+        assert_eq!(s.cost_note(), None, "not measured: nothing said");
+        // 14 µs at 999 Hz: 1.4%, and a fifth of the rate a fifth of it.
+        s.set_interrupt_cost(Some(14_000.0));
+        assert!((s.interrupt_share.unwrap() - 0.013986).abs() < 1e-9);
+        let note = s.cost_note().unwrap();
+        assert!(note.contains("about 1.4% of each sampled thread"), "{note}");
+        assert!(note.contains("14.0 µs each at 999 Hz"), "{note}");
+        assert!(
+            note.contains("--sample-freq 199 would take about 0.3%"),
+            "{note}"
+        );
+        // Bare metal: 1.5 µs, 0.15%.
+        s.set_interrupt_cost(Some(1_500.0));
+        assert_eq!(s.cost_note(), None);
+        // A low rate, however costly each interrupt.
+        let mut low = sampling(99);
+        low.set_interrupt_cost(Some(14_000.0));
+        assert_eq!(low.cost_note(), None);
+        s.set_interrupt_cost(None);
+        assert_eq!((s.interrupt_ns, s.interrupt_share), (None, None));
+        let mut cycles = Sampling {
+            source: SampleSource::Cycles,
+            ..sampling(999)
+        };
+        cycles.set_interrupt_cost(Some(14_000.0));
+        assert_eq!((cycles.interrupt_ns, cycles.interrupt_share), (None, None));
+    }
 }

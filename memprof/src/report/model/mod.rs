@@ -241,6 +241,15 @@ pub fn source_label(file: Option<&str>, line: Option<u32>, module: &str) -> Stri
 }
 
 impl Report {
+    /// Notes on the profiler's own cost: its programs' run time unknown,
+    /// a sampler whose interrupts take a share that matters.
+    pub fn cost_notes(&self) -> impl Iterator<Item = String> {
+        self.loader
+            .note()
+            .into_iter()
+            .chain(self.sampling.cost_note())
+    }
+
     /// Serializes to pretty JSON.
     pub fn to_json(&self) -> String {
         // Serializing plain structs of strings and numbers cannot fail; a

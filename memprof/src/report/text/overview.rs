@@ -41,6 +41,15 @@ pub(super) fn write_header(out: &mut String, report: &Report) {
         group(s.lost),
         percent(s.kernel_samples, s.samples),
     );
+    if let (Some(ns), Some(share)) = (s.interrupt_ns, s.interrupt_share) {
+        let pct = share * 100.0;
+        let _ = writeln!(
+            out,
+            "  sampler interrupt: {:.1} µs (measured at start), {pct:.*}% of a sampled thread",
+            ns / 1e3,
+            if pct < 1.0 { 2 } else { 1 },
+        );
+    }
     let l = &report.loader;
     let _ = writeln!(
         out,
