@@ -119,7 +119,8 @@ static void gaps(double seconds)
 			unsigned long long ran = t - interval - preempted_ns;
 			printf("gaps %llu\n", ran ? gap_ns * 1000000ULL / ran : 0);
 			fflush(stdout);
-			interval = t;
+			/* Printing is not a gap of the next interval. */
+			interval = last = now_ns();
 			gap_ns = preempted_ns = 0;
 		}
 		if (t >= end)
@@ -161,7 +162,7 @@ int main(int argc, char **argv)
 		}
 		return 0;
 	}
-	if (argc == 3 && strcmp(argv[1], "gaps") == 0) {
+	if (argc == 3 && strcmp(argv[1], "gaps") == 0 && atof(argv[2]) > 0) {
 		printf("ready\n");
 		fflush(stdout);
 		gaps(atof(argv[2]));

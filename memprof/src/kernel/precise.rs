@@ -167,32 +167,44 @@ fn parse_int(s: &str) -> Option<u64> {
     }
 }
 
+/// Opens the perf event `attr` for thread or process `pid` (0: the
+/// calling thread, -1: all) on `cpu` (-1: any), close-on-exec.
+pub fn perf_event_open(
+    attr: &PerfEventAttr,
+    pid: libc::pid_t,
+    cpu: libc::c_int,
+) -> std::io::Result<OwnedFd> {
+    // SAFETY: perf_event_open with a valid, fully initialised attribute of
+    // the size it declares, no group leader.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr as *const PerfEventAttr,
+            pid,
+            cpu,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// Opens `events` on every CPU in `cpus` and attaches the program `prog_fd`
 /// to each; the returned descriptors keep them attached.
 pub fn attach(events: &PreciseEvents, cpus: &[u32], prog_fd: i32) -> Result<Vec<OwnedFd>> {
     let mut fds = Vec::new();
     for attr in &events.attrs {
         for &cpu in cpus {
-            // SAFETY: perf_event_open with a valid, fully initialised
-            // attribute of the size it declares; pid -1 + cpu = all
-            // processes on that CPU (the program filters the target).
-            let fd = unsafe {
-                libc::syscall(
-                    libc::SYS_perf_event_open,
-                    attr as *const PerfEventAttr,
-                    -1 as libc::pid_t,
-                    cpu as libc::c_int,
-                    -1 as libc::c_int,
-                    PERF_FLAG_FD_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                return Err(anyhow::Error::new(std::io::Error::last_os_error())
+            // pid -1 + cpu = all processes on that CPU (the program
+            // filters the target).
+            let fd = perf_event_open(attr, -1, cpu as libc::c_int).map_err(|e| {
+                anyhow::Error::new(e)
                     .context(format!("opening {} events on CPU {cpu}", events.name))
-                    .into());
-            }
-            // SAFETY: the syscall returned a new descriptor we own.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+            })?;
             for (request, arg) in [
                 (PERF_EVENT_IOC_SET_BPF, prog_fd),
                 (PERF_EVENT_IOC_ENABLE, 0),

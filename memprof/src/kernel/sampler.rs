@@ -45,6 +45,9 @@ impl Sampling {
         others: &[u32],
         per_cpu: bool,
     ) -> crate::error::Result<Self> {
+        // First: threads the target starts after they are listed (below)
+        // would get no event of their own.
+        let interrupt_ns = super::interrupts::measure();
         let tgids: Vec<u32> = std::iter::once(pid).chain(others.iter().copied()).collect();
         let cpus =
             aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
@@ -52,7 +55,7 @@ impl Sampling {
             frequency_hz,
             try_hardware,
             scope: SamplerScope::choose(&tgids, per_cpu, cpus, list_threads),
-            interrupt_ns: super::interrupts::measure(frequency_hz),
+            interrupt_ns,
         })
     }
 }

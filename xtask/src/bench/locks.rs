@@ -309,9 +309,9 @@ impl Bench<'_> {
             let mut v = per[i].clone();
             let ratio = speed(i);
             let target = match *c {
-                Config::Default if w.title == "uncontended" => Some((
-                    1.0 / TARGET_UNCONTENDED_SLOWDOWN,
-                    format!("slowdown ≤ {TARGET_UNCONTENDED_SLOWDOWN}"),
+                Config::Default if idx(Config::BpftraceFutex).is_none() => Some((
+                    w.default_target,
+                    format!("slowdown ≤ {:.2}", 1.0 / w.default_target),
                 )),
                 Config::Default => {
                     let peer = idx(Config::BpftraceFutex).map(speed).unwrap_or(0.0);

@@ -127,7 +127,8 @@ impl Sampling {
 
     /// Records the measured cost of one `cpu-clock` sample, and its share
     /// at the session's rate; none for another source (the cycle
-    /// counter's interrupt, an NMI, is another cost, not measured).
+    /// counter's and the precise events' interrupt, an NMI, is another
+    /// cost, not measured).
     pub fn set_interrupt_cost(&mut self, ns: Option<f64>) {
         self.interrupt_ns = ns.filter(|_| self.source == SampleSource::CpuClock);
         self.interrupt_share = self
