@@ -1,15 +1,32 @@
 //! The CPU sampler's perf events: one per traced thread, or one per CPU.
 //!
-//! Per thread (as `perf record -p` does) the timer runs only while a
-//! traced thread runs, and threads the traced ones start later inherit
-//! the event and its program. Per CPU it runs all the time, idle CPUs
-//! included, and the program drops what is not ours: measured on this
-//! project's VMs (2 vCPUs, `haltpoll` idle, no PMU), a 999 Hz per-CPU
-//! timer slowed a futex hand-off loop (`locks contended_bench 2`) 1.70x
-//! and a lock/yield loop 1.59x, bpftrace's `profile:hz:999` alike, where
-//! per-thread events at the same rate cost 1.24x and 1.03x (`perf
-//! record -F 999`). Per CPU remains for `--cgroup`, whose processes come
-//! and go, and beyond [`MAX_THREAD_EVENTS`].
+//! Per thread the timer runs only while a traced thread runs, and threads
+//! the traced ones start later inherit the event and its program. Per CPU
+//! it runs all the time, idle CPUs included, and the program drops what
+//! is not ours. Which one costs the target less depends on how its events
+//! came to be, measured on this project's VMs (2 vCPUs, `haltpoll` idle,
+//! no PMU, 999 Hz):
+//!
+//! - **A launched command** inherits one event from its first thread, so
+//!   its threads' perf contexts are clones, and the kernel swaps them at a
+//!   context switch between two of them instead of stopping one timer and
+//!   starting the other. Per thread costs a futex hand-off loop (`locks
+//!   contended_bench 2`) 1.24x and a lock/yield loop 1.03x; per CPU 1.70x
+//!   and 1.59x (idle CPUs woken by the timer), bpftrace's `profile:hz:999`
+//!   alike. Launched commands are sampled per thread.
+//! - **Attached with `-p`**, each running thread gets an event of its own:
+//!   no clones, so every context switch of a traced thread stops its timer
+//!   and starts the next one, and reprogramming the timer is a hypervisor
+//!   exit. Debian `sysbench threads --threads=2 --thread-locks=2` pinned to
+//!   one CPU (two threads taking turns with `sched_yield`) kept **0.11** of
+//!   its throughput per thread (`perf record -p` alike: 0.10 at 1 ms, 0.29
+//!   at 10 ms) and 0.93 per CPU; `sysbench threads --threads=4
+//!   --thread-locks=1` 0.67-0.75 per thread and 0.79-0.88 per CPU; a
+//!   contended 2-thread mutex and a spinning thread nothing either way.
+//!   Attached processes are sampled per CPU.
+//!
+//! Per CPU too for `--cgroup`, whose processes come and go, and beyond
+//! [`MAX_THREAD_EVENTS`].
 
 use aya::programs::{
     perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy},
@@ -37,7 +54,7 @@ pub struct Sampling {
 
 impl Sampling {
     /// For the main process `pid` and `others`: per thread unless
-    /// `per_cpu` (see [`SamplerScope::choose`]).
+    /// `per_cpu` (see [`per_cpu`] and [`SamplerScope::choose`]).
     pub fn new(
         frequency_hz: u64,
         try_hardware: bool,
@@ -58,6 +75,13 @@ impl Sampling {
             interrupt_ns,
         })
     }
+}
+
+/// Whether the sampler is per CPU whatever the thread count: for a
+/// target attached to rather than `launched` (its threads' events would be
+/// no clones: see the module's measurements), and for a `cgroup`.
+pub fn per_cpu(launched: bool, cgroup: bool) -> bool {
+    !launched || cgroup
 }
 
 /// Where the sampler's events are opened.
@@ -158,6 +182,16 @@ impl SamplerScope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_thread_only_for_a_launched_command_outside_a_cgroup() {
+        assert!(
+            !per_cpu(true, false),
+            "launched: inherited, cloned contexts"
+        );
+        assert!(per_cpu(false, false), "attached with -p");
+        assert!(per_cpu(true, true) && per_cpu(false, true), "--cgroup");
+    }
 
     #[test]
     fn threads_of_the_traced_processes_unless_per_cpu_or_too_many() {

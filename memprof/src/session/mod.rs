@@ -26,7 +26,7 @@ use crate::{
         loader::{Probes, SamplingSource},
         preflight,
         rings::{decoded, drain, readable, Ring},
-        sampler::Sampling,
+        sampler::{self, Sampling},
         windows::Detaching,
         Kernel,
     },
@@ -185,7 +185,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let has_pmu = preflight::has_hardware_pmu(root);
     // Before the programs load, so their run-time counts cover them all.
     let bpf_stats = BpfStats::enable(root, opts.bpf_stats);
-    let per_cpu = opts.cgroup.is_some(); // its processes come and go
+    let per_cpu = sampler::per_cpu(target.launched(), opts.cgroup.is_some());
     let sampling = Sampling::new(opts.frequency_hz, has_pmu, pid, &others, per_cpu)?;
     let mut probes = Probes::attach(pid, &tracefs_dir, &sampling, &load)?;
     if let Some(c) = &opts.cgroup {

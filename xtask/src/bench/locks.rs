@@ -11,8 +11,8 @@
 //!   critical section);
 //! - many short uncontended critical sections (`locks uncontended N`);
 //! - Debian's `sysbench threads --threads=4 --thread-locks=1` (events);
-//!   and the default mode attached with `-p` to it while it runs
-//!   (`bench_locks_attach`).
+//!   and the default mode attached with `-p` to it and to a pinned
+//!   two-thread `sysbench threads` while they run (`locks_attach`).
 //!
 //! each untraced and under the tool's default mode; the contended ones
 //! also under `--lock-mode off` and under a bpftrace script doing what the
@@ -196,8 +196,9 @@ pub fn run(rounds: usize) -> Result<Value> {
         verdict("locks: loader peak RSS on the bench workloads", rss <= (100u64 << 20) as f64)
     );
     results.insert("loader_peak_rss_bytes_max".into(), json!(rss as u64));
-    let attached = super::locks_attach::run(&tool, &json, rounds)?;
-    results.insert("attached_sysbench".into(), attached);
+    for (key, value) in super::locks_attach::run(&tool, &json, rounds)? {
+        results.insert(key.into(), value);
+    }
     let load = super::locks_load::run(&locks, &tool, &json)?;
     results.insert("load".into(), load);
     Ok(Value::Object(results))

@@ -1,14 +1,21 @@
 //! `cargo xtask bench`, lock part: the default mode attached with `-p` to
-//! a running Debian `sysbench threads`, as a user would, against the same
-//! run's own throughput before and after (issue #33).
+//! running Debian `sysbench threads` processes, as a user would, against
+//! the same run's own throughput before and after (issue #33).
 //!
-//! Each round runs `sysbench threads --threads=4 --thread-locks=1` for 20 s
-//! with a report every second, and attaches the tool to it from 5 s to
-//! 13 s. The ratio is the median events/s of the seconds fully traced
-//! (7-12) over the median of the seconds not traced at all (1-4 and
-//! 16-20); the headline is the median of the rounds' ratios, with their
-//! spread. The report of each session must name the mutex (a futex word
-//! of kind mutex with its waiting code).
+//! Two programs: `sysbench threads --threads=4 --thread-locks=1` (four
+//! threads on one mutex, yielding while they hold it: a convoy, whose
+//! report must name the mutex, a futex word of kind mutex with its waiting
+//! code), and `taskset -c 0 sysbench threads --threads=2 --thread-locks=2`
+//! (two threads on one CPU, each with its own mutex, yielding to each
+//! other: about a million context switches a second and no contention, the
+//! program that per-thread timer events of an attached process slowed to
+//! 0.11, see `memprof/src/kernel/sampler.rs`).
+//!
+//! Each round runs the program for 20 s with a report every second, and
+//! attaches the tool to it from 5 s to 13 s. The ratio is the median
+//! events/s of the seconds fully traced (7-12) over the median of the
+//! seconds not traced at all (1-4 and 16-20); the headline is the median
+//! of the rounds' ratios, with their spread.
 //!
 //! Each round is paired with a control round, run alternately: the same
 //! sysbench run and the same seconds compared, nothing attached. On this
@@ -32,20 +39,61 @@ use crate::bench::{median, read_report, verdict};
 const TARGET_ATTACHED: f64 = 0.90;
 const SYSBENCH: &str = "/usr/bin/sysbench";
 
-pub fn run(tool: &Path, json: &Path, rounds: usize) -> Result<Value> {
+/// A program the tool is attached to.
+struct Program {
+    /// Its key in the results.
+    key: &'static str,
+    /// What the summary calls it.
+    title: &'static str,
+    /// The command: `sysbench threads` with these options, pinned to CPU 0
+    /// when `pinned`.
+    options: &'static [&'static str],
+    pinned: bool,
+    /// Whether the report must name sysbench's mutex.
+    contended: bool,
+}
+
+const PROGRAMS: [Program; 2] = [
+    Program {
+        key: "attached_sysbench",
+        title: "`sysbench threads --threads=4 --thread-locks=1`",
+        options: &["--threads=4", "--thread-locks=1"],
+        pinned: false,
+        contended: true,
+    },
+    Program {
+        key: "attached_switching",
+        title: "`taskset -c 0 sysbench threads --threads=2 --thread-locks=2` \
+                (context switches, no contention)",
+        options: &["--threads=2", "--thread-locks=2"],
+        pinned: true,
+        contended: false,
+    },
+];
+
+/// Each program's results, by its key.
+pub fn run(tool: &Path, json: &Path, rounds: usize) -> Result<Vec<(&'static str, Value)>> {
     if !Path::new(SYSBENCH).exists() {
         println!("lock benchmark: attached to sysbench: SKIPPED ({SYSBENCH} is missing)");
-        return Ok(Value::Null);
+        return Ok(Vec::new());
     }
+    PROGRAMS
+        .iter()
+        .map(|p| Ok((p.key, one_program(p, tool, json, rounds)?)))
+        .collect()
+}
+
+fn one_program(p: &Program, tool: &Path, json: &Path, rounds: usize) -> Result<Value> {
     let mut ratios = Vec::new();
     let mut controls = Vec::new();
     let mut found = Vec::new();
     for round in 0..rounds {
-        let (ratio, mutex) = round_once(Some(tool), json)?;
-        let (control, _) = round_once(None, json)?;
+        let (ratio, mutex) = round_once(p, Some(tool), json)?;
+        let (control, _) = round_once(p, None, json)?;
         eprintln!(
-            "bench: locks attached sysbench round {}/{rounds}: {ratio:.3} (control, nothing \
-             attached: {control:.3}), mutex found: {mutex}",
+            "bench: locks {} round {}/{rounds}: {ratio:.3} (control, nothing attached: \
+             {control:.3}), mutex found: {mutex}",
+            p.key,
             round + 1
         );
         ratios.push(ratio);
@@ -56,24 +104,26 @@ pub fn run(tool: &Path, json: &Path, rounds: usize) -> Result<Value> {
     let (control, control_lo, control_hi) = median_and_spread(&controls);
     let all_found = found.iter().all(|&f| f);
     println!(
-        "lock benchmark: default mode attached with -p to a running `sysbench threads \
-         --threads=4 --thread-locks=1` for 8 s ({rounds} rounds)\n  \
+        "lock benchmark: default mode attached with -p to a running {} for 8 s ({rounds} \
+         rounds)\n  \
          events/s traced / untraced {ratio:.3} ({lo:.3}-{hi:.3})   target ≥ {TARGET_ATTACHED}  {}\n  \
          control rounds, the same seconds with nothing attached: {control:.3} \
-         ({control_lo:.3}-{control_hi:.3})\n  \
-         the mutex named with its waiting code in every session: {all_found}  {}",
-        verdict(
-            "locks: attached to sysbench threads",
-            ratio >= TARGET_ATTACHED
-        ),
-        verdict("locks: attached to sysbench finds its mutex", all_found),
+         ({control_lo:.3}-{control_hi:.3})",
+        p.title,
+        verdict(&format!("locks: {}", p.key), ratio >= TARGET_ATTACHED),
     );
+    if p.contended {
+        println!(
+            "  the mutex named with its waiting code in every session: {all_found}  {}",
+            verdict(&format!("locks: {} finds its mutex", p.key), all_found),
+        );
+    }
     Ok(json!({
         "ratios": ratios,
         "ratio": ratio,
         "control_ratios": controls,
         "control_ratio": control,
-        "mutex_found": found,
+        "mutex_found": p.contended.then_some(found),
     }))
 }
 
@@ -84,20 +134,22 @@ fn median_and_spread(v: &[f64]) -> (f64, f64, f64) {
     (median(&mut v.to_vec()), lo, hi)
 }
 
-/// One 20 s sysbench run with the tool attached from 5 s to 13 s (or,
+/// One 20 s run of `p` with the tool attached from 5 s to 13 s (or,
 /// without `tool`, nothing attached: the control): the traced over
 /// untraced events/s, and whether the report found the mutex.
-fn round_once(tool: Option<&Path>, json: &Path) -> Result<(f64, bool)> {
+fn round_once(p: &Program, tool: Option<&Path>, json: &Path) -> Result<(f64, bool)> {
     let _ = std::fs::remove_file(json);
-    let sysbench = Command::new(SYSBENCH)
-        .args([
-            "threads",
-            "--threads=4",
-            "--thread-locks=1",
-            "--time=20",
-            "--report-interval=1",
-            "run",
-        ])
+    let mut command = if p.pinned {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0", SYSBENCH]);
+        c
+    } else {
+        Command::new(SYSBENCH)
+    };
+    let sysbench = command
+        .arg("threads")
+        .args(p.options)
+        .args(["--time=20", "--report-interval=1", "run"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

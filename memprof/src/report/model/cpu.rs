@@ -47,8 +47,9 @@ schema_enum! {
         /// starts: `frequency_hz` per thread while it runs, none while it
         /// sleeps.
         Threads = "threads",
-        /// One event per CPU, every process (`--cgroup`, or more threads
-        /// than the per-thread events allow): `frequency_hz` per CPU.
+        /// One event per CPU, every process (attached with `-p`,
+        /// `--cgroup`, or more threads than the per-thread events allow):
+        /// `frequency_hz` per CPU.
         Cpus = "cpus",
     }
 }
@@ -59,6 +60,16 @@ impl SamplingScope {
         match self {
             SamplingScope::Threads => "per thread",
             SamplingScope::Cpus => "per CPU",
+        }
+    }
+
+    /// Whose time the timer's interrupts take: "sampled thread" (its
+    /// running time), "CPU" (every process on it, the target's threads
+    /// among them).
+    pub fn whose(self) -> &'static str {
+        match self {
+            SamplingScope::Threads => "sampled thread",
+            SamplingScope::Cpus => "CPU",
         }
     }
 }
@@ -101,8 +112,9 @@ pub struct Sampling {
     #[serde(default)]
     pub interrupt_ns: Option<f64>,
     /// `interrupt_ns × frequency_hz`: the share of a sampled thread's
-    /// running time (of each CPU's, per CPU) the sampler's interrupts
-    /// take, before any delay they pass on to threads waiting for it.
+    /// running time (of each CPU's, per CPU: every process's) the
+    /// sampler's interrupts take, before any delay they pass on to
+    /// threads waiting for it.
     #[serde(default)]
     pub interrupt_share: Option<f64>,
 }
@@ -133,7 +145,12 @@ impl Sampling {
         self.interrupt_ns = ns.filter(|_| self.source == SampleSource::CpuClock);
         self.interrupt_share = self
             .interrupt_ns
-            .map(|ns| ns * self.frequency_hz as f64 / 1e9);
+            .map(|ns| Self::share_at(ns, self.frequency_hz));
+    }
+
+    /// The share of a second `hz` interrupts of `ns` each take.
+    fn share_at(ns: f64, hz: u64) -> f64 {
+        ns * hz as f64 / 1e9
     }
 
     /// A note when the sampler's interrupts alone take a share of the
@@ -146,15 +163,15 @@ impl Sampling {
         }
         let lower = (self.frequency_hz / 5).max(1);
         Some(format!(
-            "the sampler's timer interrupts take about {:.1}% of each sampled thread's running \
-             time on this machine ({:.1} µs each at {} Hz, measured at start-up; virtual \
-             machines pay the hypervisor for every timer interrupt), and more on lock convoys, \
-             where a holder stopped by one stops its waiters: --sample-freq {lower} would take \
-             about {:.1}%",
+            "the sampler's timer interrupts take about {:.1}% of each {}'s time on this \
+             machine ({:.1} µs each at {} Hz, measured at start-up; virtual machines pay the \
+             hypervisor for every timer interrupt), and more on lock convoys, where a holder \
+             stopped by one stops its waiters: --sample-freq {lower} would take about {:.1}%",
             share * 100.0,
+            self.scope.whose(),
             ns / 1e3,
             self.frequency_hz,
-            ns * lower as f64 / 1e7,
+            Self::share_at(ns, lower) * 100.0,
         ))
     }
 }

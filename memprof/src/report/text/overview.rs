@@ -45,9 +45,10 @@ pub(super) fn write_header(out: &mut String, report: &Report) {
         let pct = share * 100.0;
         let _ = writeln!(
             out,
-            "  sampler interrupt: {:.1} µs (measured at start), {pct:.*}% of a sampled thread",
+            "  sampler interrupt: {:.1} µs (measured at start), {pct:.*}% of each {}",
             ns / 1e3,
             if pct < 1.0 { 2 } else { 1 },
+            s.scope.whose(),
         );
     }
     let l = &report.loader;
