@@ -15,9 +15,9 @@
 //! reads; the gaps' share of the time grows by the event's interrupts ×
 //! their cost, so the cost per interrupt is that growth × the period. The
 //! least round of each kind is taken (a burst of other interrupts, or a
-//! slow start, spoils some rounds, not the result). Gaps long enough to be the thread preempted
-//! are left out, and so is their time: the event's interrupts come only
-//! while the thread runs.
+//! slow start, spoils some rounds, not the result). Gaps long enough to be
+//! the thread preempted are left out, and so is their time: the event's
+//! interrupts come only while the thread runs.
 //!
 //! [`GapMeter`] and [`per_interrupt_ns`] are pure; [`measure`] spins.
 

@@ -310,18 +310,16 @@ impl Bench<'_> {
             let mut v = per[i].clone();
             let ratio = speed(i);
             let target = match *c {
-                Config::Default if idx(Config::BpftraceFutex).is_none() => Some((
-                    w.default_target,
-                    format!("slowdown ≤ {:.2}", 1.0 / w.default_target),
-                )),
-                Config::Default => {
-                    let peer = idx(Config::BpftraceFutex).map(speed).unwrap_or(0.0);
-                    let least = w.default_target;
-                    Some((
-                        least.max(peer),
-                        format!("≥ {least} and ≥ bpftrace futex ({peer:.3})"),
-                    ))
-                }
+                Config::Default => Some(match idx(Config::BpftraceFutex).map(speed) {
+                    None => (
+                        w.default_target,
+                        format!("slowdown ≤ {:.2}", 1.0 / w.default_target),
+                    ),
+                    Some(peer) => (
+                        w.default_target.max(peer),
+                        format!("≥ {} and ≥ bpftrace futex ({peer:.3})", w.default_target),
+                    ),
+                }),
                 Config::LockOff => Some((TARGET_LOCK_OFF, format!("≥ {TARGET_LOCK_OFF}"))),
                 _ => None,
             };

@@ -6,10 +6,11 @@
 //! threads on one mutex, yielding while they hold it: a convoy, whose
 //! report must name the mutex, a futex word of kind mutex with its waiting
 //! code), and `taskset -c 0 sysbench threads --threads=2 --thread-locks=2`
-//! (two threads on one CPU, each with its own mutex, yielding to each
-//! other: about a million context switches a second and no contention, the
-//! program that per-thread timer events of an attached process slowed to
-//! 0.11, see `memprof/src/kernel/sampler.rs`).
+//! (two threads on one CPU yielding to each other: about a million context
+//! switches a second; each event takes the next of the two mutexes in
+//! turn, so the threads seldom want the same one), the program that
+//! per-thread timer events of an attached process slowed to 0.11, see
+//! `memprof/src/kernel/sampler.rs`.
 //!
 //! Each round runs the program for 20 s with a report every second, and
 //! attaches the tool to it from 5 s to 13 s. The ratio is the median
@@ -64,7 +65,7 @@ const PROGRAMS: [Program; 2] = [
     Program {
         key: "attached_switching",
         title: "`taskset -c 0 sysbench threads --threads=2 --thread-locks=2` \
-                (context switches, no contention)",
+                (context switches, little contention)",
         options: &["--threads=2", "--thread-locks=2"],
         pinned: true,
         contended: false,

@@ -107,8 +107,9 @@ pub struct Sampling {
     pub addresses: AddressSampling,
     /// What one timer sample took from the thread it landed on, in ns:
     /// the interrupt around the program, measured at start-up
-    /// ([`crate::kernel::interrupts`]). Null for the cycle counter, or
-    /// when it could not be measured.
+    /// ([`crate::kernel::interrupts`]). Null for the cycle counter and
+    /// the precise events (`pebs`, `ibs`), or when it could not be
+    /// measured.
     #[serde(default)]
     pub interrupt_ns: Option<f64>,
     /// `interrupt_ns × frequency_hz`: the share of a sampled thread's
