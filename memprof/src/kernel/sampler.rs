@@ -16,8 +16,9 @@
 //!   alike. Launched commands are sampled per thread.
 //! - **Attached with `-p`**, each running thread gets an event of its own:
 //!   no clones, so every context switch of a traced thread stops its timer
-//!   and starts the next one, and reprogramming the timer is a hypervisor
-//!   exit. Debian `sysbench threads --threads=2 --thread-locks=2` pinned to
+//!   and starts the next one (on a VM, reprogramming the timer traps to
+//!   the hypervisor: the likely reason it costs this much, inferred, not
+//!   measured apart). Debian `sysbench threads --threads=2 --thread-locks=2` pinned to
 //!   one CPU (two threads taking turns with `sched_yield`) kept **0.11** of
 //!   its throughput per thread (`perf record -p` alike: 0.10 at 1 ms, 0.29
 //!   at 10 ms) and 0.93 per CPU; `sysbench threads --threads=4
