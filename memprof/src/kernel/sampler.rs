@@ -24,7 +24,14 @@
 //!   at 10 ms) and 0.93 per CPU; `sysbench threads --threads=4
 //!   --thread-locks=1` 0.67-0.75 per thread and 0.79-0.88 per CPU; a
 //!   contended 2-thread mutex and a spinning thread nothing either way.
-//!   Attached processes are sampled per CPU.
+//!   But per CPU every process takes the interrupts, idle CPUs are woken,
+//!   and `redis-server` under a `redis-benchmark` on the same machine
+//!   (14 k switches a second) kept 0.95 per thread and 0.85 per CPU
+//!   (medians of 4 rounds). So an attached process is sampled per CPU
+//!   only when its threads switch more than [`SWITCHY_PER_S`] times a
+//!   second, counted over the start-up's interrupt measure (`sysbench`:
+//!   190-540 k, pinned: 890 k). The threshold sits between the three
+//!   programs measured, not on a model.
 //!
 //! Per CPU too for `--cgroup`, whose processes come and go, and beyond
 //! [`MAX_THREAD_EVENTS`].
@@ -37,6 +44,10 @@ use aya::programs::{
 use super::detach::OwnedLinks;
 use crate::process::procfs::list_threads;
 
+/// Context switches a second of an attached target's threads from which
+/// it is sampled per CPU (see the module's measurements).
+pub const SWITCHY_PER_S: f64 = 50_000.0;
+
 /// Most per-thread events opened (a file descriptor each); beyond, the
 /// sampler is per CPU.
 pub const MAX_THREAD_EVENTS: usize = 4096;
@@ -48,41 +59,87 @@ pub struct Sampling {
     /// Hardware cycles when the machine has a PMU.
     pub try_hardware: bool,
     pub scope: SamplerScope,
+    pub measured: StartMeasures,
+}
+
+/// What the sampler measured at start-up, before the programs load.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StartMeasures {
     /// What one `cpu-clock` interrupt costs the thread it lands on, ns
-    /// ([`super::interrupts`]), measured before the programs load.
+    /// ([`super::interrupts`]).
     pub interrupt_ns: Option<f64>,
+    /// An attached target's context switches a second (what chose the
+    /// scope), None when launched or for `--cgroup`.
+    pub switches_per_s: Option<f64>,
 }
 
 impl Sampling {
-    /// For the main process `pid` and `others`: per thread unless
-    /// `per_cpu` (see [`per_cpu`] and [`SamplerScope::choose`]).
+    /// For the main process `pid` and `others`, `launched` or attached to,
+    /// in a `cgroup` or not: the scope from [`per_cpu`] and
+    /// [`SamplerScope::choose`].
     pub fn new(
         frequency_hz: u64,
         try_hardware: bool,
         pid: u32,
         others: &[u32],
-        per_cpu: bool,
+        launched: bool,
+        cgroup: bool,
     ) -> crate::error::Result<Self> {
+        let tgids: Vec<u32> = std::iter::once(pid).chain(others.iter().copied()).collect();
+        let counted = |tgids: &[u32]| (std::time::Instant::now(), context_switches(tgids));
+        let before = (!launched && !cgroup).then(|| counted(&tgids));
         // First: threads the target starts after they are listed (below)
         // would get no event of their own.
         let interrupt_ns = super::interrupts::measure();
-        let tgids: Vec<u32> = std::iter::once(pid).chain(others.iter().copied()).collect();
+        let switches_per_s = before.and_then(|(t0, n0)| {
+            let (t1, n1) = counted(&tgids);
+            let secs = t1.duration_since(t0).as_secs_f64();
+            (secs > 0.0).then(|| n1.saturating_sub(n0) as f64 / secs)
+        });
+        tracing::info!("target context switches at start-up: {switches_per_s:?} a second");
         let cpus =
             aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
+        let per_cpu = per_cpu(launched, cgroup, switches_per_s);
         Ok(Self {
             frequency_hz,
             try_hardware,
             scope: SamplerScope::choose(&tgids, per_cpu, cpus, list_threads),
-            interrupt_ns,
+            measured: StartMeasures {
+                interrupt_ns,
+                switches_per_s,
+            },
         })
     }
 }
 
 /// Whether the sampler is per CPU whatever the thread count: for a
-/// target attached to rather than `launched` (its threads' events would be
-/// no clones: see the module's measurements), and for a `cgroup`.
-pub fn per_cpu(launched: bool, cgroup: bool) -> bool {
-    !launched || cgroup
+/// `cgroup`, and for an attached target whose threads switch more than
+/// [`SWITCHY_PER_S`] times a second (their events would be no clones: see
+/// the module's measurements).
+pub fn per_cpu(launched: bool, cgroup: bool, switches_per_s: Option<f64>) -> bool {
+    cgroup || (!launched && switches_per_s.is_some_and(|r| r > SWITCHY_PER_S))
+}
+
+/// The context switches, voluntary or not, of every thread of `tgids` so
+/// far (threads gone since are not counted).
+fn context_switches(tgids: &[u32]) -> u64 {
+    tgids
+        .iter()
+        .flat_map(|&tgid| list_threads(tgid).into_iter().map(move |tid| (tgid, tid)))
+        .filter_map(|(tgid, tid)| {
+            std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/status")).ok()
+        })
+        .map(|status| switches_in_status(&status))
+        .sum()
+}
+
+/// The sum of a task `status` file's two `ctxt_switches` lines.
+fn switches_in_status(status: &str) -> u64 {
+    status
+        .lines()
+        .filter(|l| l.contains("ctxt_switches:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// Where the sampler's events are opened.
@@ -185,13 +242,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn per_thread_only_for_a_launched_command_outside_a_cgroup() {
+    fn per_cpu_for_a_cgroup_or_an_attached_target_that_switches_often() {
+        let launched = "launched: inherited, cloned contexts";
+        assert!(!per_cpu(true, false, None), "{launched}");
+        assert!(!per_cpu(false, false, Some(14_000.0)), "redis under load");
+        assert!(per_cpu(false, false, Some(194_000.0)), "sysbench threads");
+        assert!(!per_cpu(false, false, None), "not counted");
         assert!(
-            !per_cpu(true, false),
-            "launched: inherited, cloned contexts"
+            per_cpu(true, true, None) && per_cpu(false, true, None),
+            "--cgroup"
         );
-        assert!(per_cpu(false, false), "attached with -p");
-        assert!(per_cpu(true, true) && per_cpu(false, true), "--cgroup");
+    }
+
+    #[test]
+    fn a_status_file_gives_both_switch_counts() {
+        let status = "Name:\tsysbench\nThreads:\t5\n\
+                      voluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(switches_in_status(status), 127);
+        assert_eq!(switches_in_status("Name:\tx\n"), 0);
+        // This test's own threads have switched, and are counted.
+        assert!(context_switches(&[std::process::id()]) > 0);
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub fn sample_report() -> Report {
             addresses: AddressSampling::default(),
             interrupt_ns: Some(1_500.0),
             interrupt_share: Some(0.0015),
+            switches_per_s: Some(14_200.0),
         },
         hot_functions: vec![HotFunctionEntry {
             function: "spin".into(),

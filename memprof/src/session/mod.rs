@@ -79,7 +79,7 @@ struct Live {
     command: String,
     frequency_hz: u64,
     scope: SamplingScope,
-    interrupt_ns: Option<f64>,
+    measured: sampler::StartMeasures,
     started: Instant,
     /// How long we traced, once tracing has stopped.
     traced: Option<Duration>,
@@ -185,8 +185,8 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let has_pmu = preflight::has_hardware_pmu(root);
     // Before the programs load, so their run-time counts cover them all.
     let bpf_stats = BpfStats::enable(root, opts.bpf_stats);
-    let per_cpu = sampler::per_cpu(target.launched(), opts.cgroup.is_some());
-    let sampling = Sampling::new(opts.frequency_hz, has_pmu, pid, &others, per_cpu)?;
+    let (launched, cgroup) = (target.launched(), opts.cgroup.is_some());
+    let sampling = Sampling::new(opts.frequency_hz, has_pmu, pid, &others, launched, cgroup)?;
     let mut probes = Probes::attach(pid, &tracefs_dir, &sampling, &load)?;
     if let Some(c) = &opts.cgroup {
         probes.set_traced_cgroups(&c.ids())?;
@@ -226,7 +226,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         command,
         frequency_hz: opts.frequency_hz,
         scope: SamplingScope::from(&sampling.scope),
-        interrupt_ns: sampling.interrupt_ns,
+        measured: sampling.measured,
         started: Instant::now(),
         traced: None,
         target_exited: false,
@@ -580,7 +580,7 @@ impl Live {
         };
         let sampling = (self.source.into(), self.frequency_hz, self.scope);
         let mut report = pipeline::empty_report(target, duration_s, sampling);
-        report.sampling.set_interrupt_cost(self.interrupt_ns);
+        report.sampling.set_measured(self.measured);
         if self.exports.stacks {
             report.cpu_stacks = Some(Vec::new());
             report.alloc_chains = Some(Vec::new());

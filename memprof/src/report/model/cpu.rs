@@ -118,6 +118,12 @@ pub struct Sampling {
     /// threads waiting for it.
     #[serde(default)]
     pub interrupt_share: Option<f64>,
+    /// Attached: the target's context switches a second at start-up, which
+    /// chose the scope (per CPU from
+    /// [`crate::kernel::sampler::SWITCHY_PER_S`]). Null when launched or
+    /// with `--cgroup`.
+    #[serde(default)]
+    pub switches_per_s: Option<f64>,
 }
 
 impl Sampling {
@@ -135,7 +141,14 @@ impl Sampling {
             addresses: AddressSampling::default(),
             interrupt_ns: None,
             interrupt_share: None,
+            switches_per_s: None,
         }
+    }
+
+    /// Records what the sampler measured at start-up.
+    pub fn set_measured(&mut self, m: crate::kernel::sampler::StartMeasures) {
+        self.set_interrupt_cost(m.interrupt_ns);
+        self.switches_per_s = m.switches_per_s;
     }
 
     /// Records the measured cost of one `cpu-clock` sample, and its share

@@ -41,6 +41,15 @@ pub(super) fn write_header(out: &mut String, report: &Report) {
         group(s.lost),
         percent(s.kernel_samples, s.samples),
     );
+    if let Some(rate) = s.switches_per_s {
+        let _ = writeln!(
+            out,
+            "  start: {} switches/s, so sampled {} (per CPU above {})",
+            group(rate as u64),
+            s.scope.per(),
+            group(crate::kernel::sampler::SWITCHY_PER_S as u64),
+        );
+    }
     if let (Some(ns), Some(share)) = (s.interrupt_ns, s.interrupt_share) {
         let pct = share * 100.0;
         let _ = writeln!(
