@@ -55,8 +55,31 @@ pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
 /// A thread's id in the innermost pid namespace it is in, when that is
 /// not ours (a container's process): the last `NSpid` of its status.
 pub fn namespace_tid(pid: u32, tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
-    innermost_ns_id(&status)
+    innermost_ns_id(&thread_status(pid, tid)?)
+}
+
+/// A thread's `status` file, or None when the thread is gone.
+fn thread_status(pid: u32, tid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()
+}
+
+/// The context switches, voluntary or not, of every thread of process
+/// `pid` so far (threads gone since are not counted).
+pub fn context_switches(pid: u32) -> u64 {
+    list_threads(pid)
+        .into_iter()
+        .filter_map(|tid| thread_status(pid, tid))
+        .map(|status| switches_in_status(&status))
+        .sum()
+}
+
+/// The sum of a task `status` file's two `ctxt_switches` lines.
+fn switches_in_status(status: &str) -> u64 {
+    status
+        .lines()
+        .filter(|l| l.contains("ctxt_switches:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// The last id of the `NSpid:` line of a status file, if it has more than
@@ -84,6 +107,16 @@ pub fn command_line(pid: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_file_gives_both_switch_counts() {
+        let status = "Name:\tsysbench\nThreads:\t5\n\
+                      voluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(switches_in_status(status), 127);
+        assert_eq!(switches_in_status("Name:\tx\n"), 0);
+        // This test's own threads have switched, and are counted.
+        assert!(context_switches(std::process::id()) > 0);
+    }
 
     #[test]
     fn stat_fields_start_after_the_last_parenthesis() {

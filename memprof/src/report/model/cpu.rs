@@ -47,9 +47,9 @@ schema_enum! {
         /// starts: `frequency_hz` per thread while it runs, none while it
         /// sleeps.
         Threads = "threads",
-        /// One event per CPU, every process (attached with `-p`,
-        /// `--cgroup`, or more threads than the per-thread events allow):
-        /// `frequency_hz` per CPU.
+        /// One event per CPU, every process (attached with `-p` to threads
+        /// that switch often, `--cgroup`, or more threads than the
+        /// per-thread events allow): `frequency_hz` per CPU.
         Cpus = "cpus",
     }
 }
