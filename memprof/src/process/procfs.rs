@@ -27,6 +27,11 @@ pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
     stat_fields_of(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// [`stat_fields`] of one thread of process `pid`.
+pub fn thread_stat_fields(pid: u32, tid: u32) -> Option<Vec<String>> {
+    stat_fields_of(&std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?)
+}
+
 /// [`stat_fields`] of a stat line. The command name may hold spaces and
 /// parentheses, so the fields start after the last `)`.
 fn stat_fields_of(stat: &str) -> Option<Vec<String>> {

@@ -13,6 +13,7 @@ pub mod cpu_calls;
 pub mod cpu_share;
 pub mod cpu_sites;
 pub mod fast_path;
+mod follow;
 pub mod heap;
 pub mod heap_report;
 pub mod memory;
@@ -359,7 +360,7 @@ struct Traced {
     sites: AllocSites,
     text: tracer::AllocText,
     /// The allocator's cost per call without probes, if measured.
-    /// (Timed every 250 ms by a helper process; a thread reads it.)
+    /// (Timed every 100 ms by a helper process; a thread reads it.)
     untraced: Option<std::result::Result<untraced::Sampler, String>>,
 }
 

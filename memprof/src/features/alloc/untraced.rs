@@ -12,8 +12,9 @@
 //! the allocator's tuning variables taken from the target's environment
 //! (`MALLOC_CONF`, `GLIBC_TUNABLES`, ...). It times `malloc(64)`, `free`,
 //! `calloc(1, 64)` and malloc-free pairs in rounds of six (within glibc's
-//! per-thread cache of seven, as a program's hot path is) for 5 ms every
-//! 250 ms, and prints a line per run: the mean of the fastest 90% of its
+//! per-thread cache of seven, as a program's hot path is) for 1 ms every
+//! 100 ms, on the CPU of the target's busiest thread ([`super::follow`]),
+//! and prints a line per run: the mean of the fastest 90% of its
 //! rounds. The runs' mean is the untraced cost per call, reported beside
 //! the traced latencies and used to estimate call counts from the CPU
 //! time spent in the allocator ([`super::cpu_calls`]). The target's
@@ -35,7 +36,10 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::allocator::{Allocator, AllocatorKind};
+use super::{
+    allocator::{Allocator, AllocatorKind},
+    follow,
+};
 use crate::report::model::UntracedCostReport;
 
 /// The variable that turns our binary into the timing loop.
@@ -48,11 +52,13 @@ pub const SIZE: usize = 64;
 /// `free`, and removes a pair whose block is not used.
 const ROUND: usize = 6;
 /// How long a run of the helper times rounds, and at most how many.
-const RUN_TIME: Duration = Duration::from_millis(5);
-/// Between runs: the helper takes 2% of one CPU. Many short runs follow
-/// the pace the target meets (it varies by 2x over seconds on these VMs)
-/// better than a few long ones.
-const INTERVAL: Duration = Duration::from_millis(250);
+const RUN_TIME: Duration = Duration::from_millis(1);
+/// Between runs: the helper takes 1.5% of one CPU (with the warm-up). Many
+/// short runs follow the pace the target meets better than a few long
+/// ones: it flips between two speeds 2x apart every few hundred ms on
+/// these VMs, idle or not, and five runs of a 2 s session fell all in
+/// one of them now and then (the count then off by 40%, its claim 30%).
+const INTERVAL: Duration = Duration::from_millis(100);
 /// What a single run claims of the pace over the session: the runs of
 /// one session here differed by up to 2x.
 const ONE_RUN_DRIFT: f64 = 0.3;
@@ -61,20 +67,9 @@ const MAX_ROUNDS: usize = 200_000;
 /// own, and the vCPU (the first milliseconds ran at half speed here).
 const WARM_UP: Duration = Duration::from_millis(5);
 /// The same at each later run, after the helper slept.
-const RUN_WARM_UP: Duration = Duration::from_millis(1);
+const RUN_WARM_UP: Duration = Duration::from_micros(500);
 /// How long the helper may take to give its first run.
 const TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Environment variables through which allocators are tuned: the helper
-/// gets the target's values so that it runs the allocator as configured.
-const TUNING_PREFIXES: [&str; 6] = [
-    "MALLOC_",
-    "GLIBC_TUNABLES",
-    "JE_MALLOC_CONF",
-    "_RJEM_MALLOC_CONF",
-    "TCMALLOC_",
-    "MIMALLOC_",
-];
 
 /// The allocator's untraced cost per call, in ns.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -86,7 +81,7 @@ pub struct UntracedCost {
     pub pair_ns: f64,
     /// Timed rounds (each of [`ROUND`] calls of each).
     pub rounds: usize,
-    /// Runs of the loop (one every 250 ms of the session).
+    /// Runs of the loop (one every 100 ms of the session).
     pub measurements: u32,
     /// How uncertain the mean pace over the session is, relatively (see
     /// [`combine`]).
@@ -298,6 +293,8 @@ pub struct Timer {
     /// target's allocator (a library the target's owner chose) with the
     /// target's privileges, never the tool's.
     owner: (u32, u32),
+    /// The target, whose busiest thread's CPU the helper runs on.
+    pid: u32,
 }
 
 impl Timer {
@@ -311,12 +308,13 @@ impl Timer {
         };
         let owner = match run_as {
             Some(owner) => owner,
-            None => owner_of(pid).context("reading the target's owner")?,
+            None => follow::owner_of(pid).context("reading the target's owner")?,
         };
         Ok(Self {
             preload,
-            env: tuning_environment(pid),
+            env: follow::tuning_environment(pid),
             owner,
+            pid,
         })
     }
 
@@ -326,6 +324,7 @@ impl Timer {
         let mut cmd = Command::new("/proc/self/exe");
         cmd.env_clear()
             .env(LOOP_ENV, self.preload.as_deref().unwrap_or("1"))
+            .env(follow::FOLLOW_ENV, self.pid.to_string())
             .current_dir("/")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -351,37 +350,6 @@ fn preloadable(allocator: &Allocator, pid: u32) -> Result<String> {
         bail!("the allocator is part of the executable ({path}): nothing to preload");
     }
     Ok(path)
-}
-
-/// The effective uid and gid of process `pid`.
-fn owner_of(pid: u32) -> Result<(u32, u32)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    owner_in(&status).context("no Uid/Gid lines in its status")
-}
-
-fn owner_in(status: &str) -> Option<(u32, u32)> {
-    let effective = |key: &str| -> Option<u32> {
-        let line = status.lines().find(|l| l.starts_with(key))?;
-        line.split_whitespace().nth(2)?.parse().ok()
-    };
-    Some((effective("Uid:")?, effective("Gid:")?))
-}
-
-/// The target's allocator-tuning variables (none if unreadable).
-fn tuning_environment(pid: u32) -> Vec<(String, String)> {
-    let Ok(raw) = std::fs::read(format!("/proc/{pid}/environ")) else {
-        return Vec::new();
-    };
-    tuning_of(&raw)
-}
-
-fn tuning_of(raw: &[u8]) -> Vec<(String, String)> {
-    raw.split(|b| *b == 0)
-        .filter_map(|kv| std::str::from_utf8(kv).ok())
-        .filter_map(|kv| kv.split_once('='))
-        .filter(|(k, _)| TUNING_PREFIXES.iter().any(|p| k.starts_with(p)))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 /// Reads the helper's line: `malloc_ns free_ns calloc_ns pair_ns rounds`.
@@ -437,13 +405,20 @@ pub fn run_loop() -> ! {
         // SAFETY: dup2 of two open descriptors; fd 2 is replaced.
         unsafe { libc::dup2(null.as_raw_fd(), 2) };
     }
-    let timer = timer_overhead();
     // Preallocated: the loop itself allocates nothing.
     let mut runs = Rounds::with_capacity(MAX_ROUNDS);
     let mut first = true;
+    let target = std::env::var(follow::FOLLOW_ENV)
+        .ok()
+        .and_then(|p| p.parse().ok());
+    let mut last = Vec::new();
     loop {
+        if let Some(cpu) = target.and_then(|pid| follow::busiest(&follow::threads(pid), &mut last))
+        {
+            follow::pin(cpu);
+        }
         runs.clear();
-        runs.time(timer, if first { WARM_UP } else { RUN_WARM_UP });
+        runs.time(if first { WARM_UP } else { RUN_WARM_UP });
         first = false;
         let line = runs.line();
         let mut out = std::io::stdout().lock();
@@ -457,12 +432,15 @@ pub fn run_loop() -> ! {
     }
 }
 
-/// Per-call times of a run's rounds, in ns.
+/// The times of a run's rounds (each of [`ROUND`] calls), in ns.
 struct Rounds {
     malloc: Vec<f64>,
     free: Vec<f64>,
     calloc: Vec<f64>,
     pair: Vec<f64>,
+    /// What reading the clock twice cost in this run (taken off each
+    /// round).
+    timer: f64,
 }
 
 impl Rounds {
@@ -472,6 +450,7 @@ impl Rounds {
             free: Vec::with_capacity(n),
             calloc: Vec::with_capacity(n),
             pair: Vec::with_capacity(n),
+            timer: 0.0,
         }
     }
 
@@ -483,10 +462,13 @@ impl Rounds {
     }
 
     /// Times rounds for [`RUN_TIME`] (at least 100), the first `warm_up`
-    /// of it unrecorded; `timer` is the clock's own cost.
-    fn time(&mut self, timer: f64, warm_up: Duration) {
+    /// of it unrecorded, then the clock's own cost: at this run's pace,
+    /// which is not the last run's (a clock read costs as much as a round
+    /// of calls; taken once at start, a slow start made every later
+    /// call look nearly free).
+    fn time(&mut self, warm_up: Duration) {
         let mut blocks = [std::ptr::null_mut::<libc::c_void>(); ROUND];
-        let per_call = |d: Duration| (d.as_nanos() as f64 - timer).max(0.0) / ROUND as f64;
+        let ns = |d: Duration| d.as_nanos() as f64;
         let start = Instant::now();
         let (warm, until) = (start + warm_up, start + warm_up + RUN_TIME);
         while self.malloc.len() < MAX_ROUNDS && (self.malloc.len() < 100 || Instant::now() < until)
@@ -518,23 +500,26 @@ impl Rounds {
             }
             let t5 = Instant::now();
             if t0 >= warm {
-                self.malloc.push(per_call(t1 - t0));
-                self.free.push(per_call(t2 - t1));
-                self.calloc.push(per_call(t3 - t2));
-                self.pair.push(per_call(t5 - t4));
+                self.malloc.push(ns(t1 - t0));
+                self.free.push(ns(t2 - t1));
+                self.calloc.push(ns(t3 - t2));
+                self.pair.push(ns(t5 - t4));
             }
         }
+        self.timer = timer_overhead();
     }
 
     /// `malloc_ns free_ns calloc_ns pair_ns rounds`.
     fn line(&mut self) -> String {
         let n = self.malloc.len();
+        let timer = self.timer;
+        let per_call = |v: &mut [f64]| (typical(v) - timer).max(0.0) / ROUND as f64;
         format!(
             "{:.1} {:.1} {:.1} {:.1} {n}",
-            typical(&mut self.malloc),
-            typical(&mut self.free),
-            typical(&mut self.calloc),
-            typical(&mut self.pair)
+            per_call(&mut self.malloc),
+            per_call(&mut self.free),
+            per_call(&mut self.calloc),
+            per_call(&mut self.pair)
         )
     }
 }
@@ -596,29 +581,6 @@ fn median(v: &mut [f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_the_allocators_tuning_is_passed_on() {
-        let env = b"PATH=/bin\0MALLOC_CONF=narenas:1\0GLIBC_TUNABLES=glibc.malloc.tcache_count=0\0LD_PRELOAD=/x.so\0HOME=/root\0bad\0";
-        let got = tuning_of(env);
-        assert_eq!(
-            got,
-            [
-                ("MALLOC_CONF".into(), "narenas:1".into()),
-                (
-                    "GLIBC_TUNABLES".into(),
-                    "glibc.malloc.tcache_count=0".into()
-                )
-            ]
-        );
-    }
-
-    #[test]
-    fn the_helper_runs_as_the_targets_effective_owner() {
-        let status = "Name:\tx\nUid:\t1000\t1001\t1001\t1001\nGid:\t100\t102\t102\t102\n";
-        assert_eq!(owner_in(status), Some((1001, 102)));
-        assert_eq!(owner_in("Name:\tx\n"), None);
-    }
 
     #[test]
     fn the_helpers_line_is_read_or_refused() {
