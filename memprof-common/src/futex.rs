@@ -79,8 +79,9 @@ pub const KEY_SAMPLE_INTERVAL_NS: u64 = 250_000_000;
 /// Slots of the sched hooks' table of futex waits in progress, one per
 /// sleeping thread, found by hashing its task pointer ([`futex_slot`]):
 /// an array lookup where a per-thread hash map would cost a hash and a
-/// bucket walk on every context switch of the machine. Two threads of
-/// the target asleep at once in one slot lose the older wait
+/// bucket walk on every context switch of the machine. A thread whose
+/// slot holds another's wait in progress takes the slot beside it, if
+/// free; both held, the older wait in its slot is lost
 /// ([`crate::counter::FUTEX_SLOT_COLLISIONS`]).
 pub const FUTEX_SLOTS: u32 = 1 << FUTEX_SLOT_BITS;
 const FUTEX_SLOT_BITS: u32 = 15;

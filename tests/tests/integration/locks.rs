@@ -1070,6 +1070,33 @@ fn sixty_four_threads_on_one_lock() {
     assert_no_programs_left();
 }
 
+/// The most threads the workload starts (`contended 256 1`), all asleep
+/// on one lock nearly all the time: each one's waits have a slot of the
+/// sched hooks' table, none is lost to another's (`slot_collisions`),
+/// and every thread is counted among the lock's waiters. Before the
+/// hooks took the slot beside a held one, 4 of 10 runs here lost 10-34
+/// waits and one to three threads (a CI run of the 64-thread convoy
+/// above: 184 waits and a thread).
+#[test]
+fn a_convoy_of_256_threads_loses_no_wait() {
+    if !require_root("a_convoy_of_256_threads_loses_no_wait") {
+        return;
+    }
+    let (_, report, _) = launch_truth(
+        "locks-256",
+        &["--alloc-mode", "off"],
+        &locks_workload(),
+        &["contended", "256", "1"],
+    );
+    let contention = report.lock_contention.as_ref().expect("lock_contention");
+    assert_eq!(contention.hooks, "sched", "{contention:#?}");
+    assert_eq!(contention.slot_collisions, 0, "{contention:#?}");
+    let top = top_mutex(&report);
+    assert_eq!(top.name.as_deref(), Some("g_hot_lock"), "{top:#?}");
+    assert_eq!(top.threads, 256, "every thread waited: {top:#?}");
+    assert_no_programs_left();
+}
+
 /// Contention spread over 10,000 locks (`many 10000 2 5`, full mode):
 /// the locks' acquisitions — of those listed one by one and of the "other
 /// locks" aggregated by call site beyond the loader's table — sum to the
