@@ -1766,12 +1766,15 @@ fn untraced_pair_ns(preload: &str) -> f64 {
 /// allocator. The allocator's untraced cost the tool timed in its helper
 /// is the workload's own timed loop's (measured side by side,
 /// untraced) within the issue's ±30% or ±20 ns, and not zero (a loop the
-/// compiler had removed); the malloc and free counts are made from the
-/// CPU time and are within their claim of the loop's own count (see the
-/// limit below), numbers for glibc (#35's target), unknown for another
-/// allocator only if its claim is above 30% (mimalloc: a malloc-free
-/// pair costs it twice what separate calls do, a spread it claims). Before #35 they were
-/// null ("claimed error ±100%").
+/// compiler had removed); glibc's malloc and free counts are made from
+/// the CPU time and are within their claim of the loop's own count (see
+/// the limit below), numbers (#35's target). For another allocator the
+/// helper's loop was not seen to cost what the target's calls do
+/// (mimalloc counted +40% to +99% while claiming as little as ±29%,
+/// which failed a CI run), so its count from CPU time claims a factor of
+/// two, no better than the windows' ±100%: its counts are unknown, or
+/// within their claim if ever shown. Before #35 they were null
+/// ("claimed error ±100%").
 #[test]
 fn hot_loop_counts_come_from_the_allocators_cpu_time() {
     let test = "hot_loop_counts_come_from_the_allocators_cpu_time";
@@ -1814,7 +1817,9 @@ fn hot_loop_counts_come_from_the_allocators_cpu_time() {
             (pair - truth_pair).abs() <= allowed,
             "{label}: helper's pair {pair:.1} ns, the workload's untraced loop {truth_pair:.1} ns"
         );
-        assert_eq!(a.count_basis, Some(CountBasis::CpuTime), "{label}: {a:#?}");
+        if label == "glibc" {
+            assert_eq!(a.count_basis, Some(CountBasis::CpuTime), "{label}: {a:#?}");
+        }
         // The 30% (or the claim, if larger: not for glibc, whose
         // counts must be known), a fifth more: on a VM's two vCPUs the
         // helper's pace and the target's differ (-21% to +24% in 10 runs

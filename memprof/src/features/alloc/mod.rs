@@ -237,7 +237,7 @@ impl Alloc {
                     0 => report::seen_per_op(&t.collector.profile),
                     _ => interior.clone(),
                 };
-                cpu_calls::estimate(&windows, &mix, time, u)
+                cpu_calls::estimate(&windows, &mix, time, u, t.tracer.allocator.kind)
             }
             _ => None,
         };
