@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     }
     // And as the helper that times the target's allocator untraced.
     if std::env::var_os(memprof::features::alloc::untraced::LOOP_ENV).is_some() {
-        memprof::features::alloc::untraced::run_loop();
+        memprof::features::alloc::timed_loop::run_loop();
     }
 
     let cli = match Cli::try_parse() {

@@ -1760,21 +1760,24 @@ fn untraced_pair_ns(preload: &str) -> f64 {
 }
 
 /// Counts a program too hot for the windows come from the CPU time in its
-/// allocator: `alloc loop 200000000` (a malloc-free pair at a time,
+/// allocator: `alloc loop 400000000` (a malloc-free pair at a time,
 /// ~100 M calls/s)
 /// launched in the default mode under glibc and each preloaded
 /// allocator. The allocator's untraced cost the tool timed in its helper
 /// is the workload's own timed loop's (measured side by side,
 /// untraced) within the issue's ±30% or ±20 ns, and not zero (a loop the
-/// compiler had removed); glibc's malloc and free counts are made from
-/// the CPU time and are within their claim of the loop's own count (see
-/// the limit below), numbers (#35's target). For another allocator the
-/// helper's loop was not seen to cost what the target's calls do
-/// (mimalloc counted +40% to +99% while claiming as little as ±29%,
-/// which failed a CI run), so its count from CPU time claims a factor of
-/// two, no better than the windows' ±100%: its counts are unknown, or
-/// within their claim if ever shown. Before #35 they were null
-/// ("claimed error ±100%").
+/// compiler had removed); the malloc and free counts of glibc, jemalloc
+/// and tcmalloc are made from the CPU time and are within their claim of
+/// the loop's own count (see the limit below), numbers (#35's target).
+/// Mimalloc's pairs cost more when they leave a page empty (5.5 ns alone,
+/// 4.2 beside a kept block), which the tool cannot tell of a target's
+/// heap: its claim holds that and is over 30%, so its counts are unknown,
+/// or within their claim if shown. Before #35 they were all null
+/// ("claimed error ±100%"); before the helper timed long rounds of pairs
+/// apart from its short rounds, mimalloc was counted +40% to +99% and
+/// jemalloc's and tcmalloc's counts could not be shown. 400 M pairs give
+/// the helper 12 or more runs under each allocator (7-8 under tcmalloc
+/// at 200 M, whose claims then reached ±29% from the runs' drift).
 #[test]
 fn hot_loop_counts_come_from_the_allocators_cpu_time() {
     let test = "hot_loop_counts_come_from_the_allocators_cpu_time";
@@ -1798,7 +1801,7 @@ fn hot_loop_counts_come_from_the_allocators_cpu_time() {
             &preload_var,
             program.to_str().expect("UTF-8 path"),
             "loop",
-            "200000000",
+            "400000000",
         ];
         let (_, report, truth) = trace_truth(&format!("alloc-hot-{label}"), &args);
         let report = typed(&report);
@@ -1817,10 +1820,11 @@ fn hot_loop_counts_come_from_the_allocators_cpu_time() {
             (pair - truth_pair).abs() <= allowed,
             "{label}: helper's pair {pair:.1} ns, the workload's untraced loop {truth_pair:.1} ns"
         );
-        if label == "glibc" {
+        let known = label != "mimalloc";
+        if known {
             assert_eq!(a.count_basis, Some(CountBasis::CpuTime), "{label}: {a:#?}");
         }
-        // The 30% (or the claim, if larger: not for glibc, whose
+        // The 30% (or the claim, if larger: not for those whose
         // counts must be known), a fifth more: on a VM's two vCPUs the
         // helper's pace and the target's differ (-21% to +24% in 10 runs
         // by hand).
@@ -1831,7 +1835,7 @@ fn hot_loop_counts_come_from_the_allocators_cpu_time() {
             let Some(count) = op_count_if_known(&report, op) else {
                 // Unknown only when the claim is too wide to show.
                 assert!(
-                    label != "glibc" && claimed > MAX_COUNT_ERROR,
+                    !known && claimed > MAX_COUNT_ERROR,
                     "{label}: {op} count unknown (claimed ±{claimed:.2}): {a:#?}"
                 );
                 continue;

@@ -121,6 +121,7 @@ mod tests {
             free_ns: 10.0,
             calloc_ns: 40.0,
             pair_ns: 30.0,
+            heap_spread: 0.0,
             rounds: 100,
             measurements: 4,
             drift: 0.01,

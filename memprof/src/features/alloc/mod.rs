@@ -19,6 +19,7 @@ pub mod heap_report;
 pub mod memory;
 pub mod report;
 pub mod syscalls;
+pub mod timed_loop;
 pub mod tracer;
 pub mod untraced;
 
@@ -237,7 +238,7 @@ impl Alloc {
                     0 => report::seen_per_op(&t.collector.profile),
                     _ => interior.clone(),
                 };
-                cpu_calls::estimate(&windows, &mix, time, u, t.tracer.allocator.kind)
+                cpu_calls::estimate(&windows, &mix, time, u)
             }
             _ => None,
         };

@@ -10,12 +10,25 @@
 //! user, in `/`, with the allocator preloaded (for glibc, nothing to
 //! preload; the helper checks that its `malloc` is the one asked for) and
 //! the allocator's tuning variables taken from the target's environment
-//! (`MALLOC_CONF`, `GLIBC_TUNABLES`, ...). It times `malloc(64)`, `free`,
-//! `calloc(1, 64)` and malloc-free pairs in rounds of six (within glibc's
-//! per-thread cache of seven, as a program's hot path is) for 1 ms every
-//! 100 ms, on the CPU of the target's busiest thread ([`super::follow`]),
-//! and prints a line per run: the mean of the fastest 90% of its
-//! rounds. The runs' mean is the untraced cost per call, reported beside
+//! (`MALLOC_CONF`, `GLIBC_TUNABLES`, ...). For 1 ms every 100 ms, on the
+//! CPU of the target's busiest thread ([`super::follow`]), it times
+//! malloc(64)-free pairs in rounds of sixty, then `malloc(64)`, `free`
+//! and `calloc(1, 64)` in rounds of six (within glibc's per-thread cache
+//! of seven, as a program's hot path is), and prints a line per run
+//! (each the mean of the fastest 90% of its rounds). The long rounds give
+//! the level: in rounds of six a clock read costs as much as the calls
+//! and overlaps them, and the calls came out 20-40% short of what the
+//! same allocator's hot loop spends in it (`perf`); the short rounds
+//! give only how a pair's time splits between malloc and free. The two
+//! patterns are timed apart: interleaved round by round, each spoiled the
+//! other's caches (jemalloc's pairs 6.5 ns instead of 2.3). Half the
+//! pairs are timed with no other block of their size alive, half with
+//! one kept: mimalloc's `free` retires a page it leaves empty, and its
+//! pairs cost 5.5 ns alone, 4.2 with a neighbour (glibc's, jemalloc's
+//! and tcmalloc's the same either way). Which a program meets depends on
+//! its heap, unknown here: the level is the mean of the two, and their
+//! difference is part of a count's claimed error.
+//! The runs' mean is the untraced cost per call, reported beside
 //! the traced latencies and used to estimate call counts from the CPU
 //! time spent in the allocator ([`super::cpu_calls`]). The target's
 //! probes are its pid's only: the helper is never trapped.
@@ -25,7 +38,6 @@
 //! it, or gives no run within 2 s.
 
 use std::{
-    hint::black_box,
     io::{BufRead, BufReader, Read},
     os::unix::process::CommandExt,
     path::Path,
@@ -47,27 +59,9 @@ pub const LOOP_ENV: &str = "MEMPROF_UNTRACED_LOOP";
 /// The request size timed: a small block, in every allocator's fastest
 /// size class.
 pub const SIZE: usize = 64;
-/// Calls per timed round (glibc's tcache holds 7 blocks of a size). The
-/// pointers go through `black_box`: the compiler knows `malloc` and
-/// `free`, and removes a pair whose block is not used.
-const ROUND: usize = 6;
-/// How long a run of the helper times rounds, and at most how many.
-const RUN_TIME: Duration = Duration::from_millis(1);
-/// Between runs: the helper takes 1.5% of one CPU (with the warm-up). Many
-/// short runs follow the pace the target meets better than a few long
-/// ones: it flips between two speeds 2x apart every few hundred ms on
-/// these VMs, idle or not, and five runs of a 2 s session fell all in
-/// one of them now and then (the count then off by 40%, its claim 30%).
-const INTERVAL: Duration = Duration::from_millis(100);
 /// What a single run claims of the pace over the session: the runs of
 /// one session here differed by up to 2x.
 const ONE_RUN_DRIFT: f64 = 0.3;
-const MAX_ROUNDS: usize = 200_000;
-/// Rounds not recorded at first: they warm the caches, the allocator's
-/// own, and the vCPU (the first milliseconds ran at half speed here).
-const WARM_UP: Duration = Duration::from_millis(5);
-/// The same at each later run, after the helper slept.
-const RUN_WARM_UP: Duration = Duration::from_micros(500);
 /// How long the helper may take to give its first run.
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -77,9 +71,14 @@ pub struct UntracedCost {
     pub malloc_ns: f64,
     pub free_ns: f64,
     pub calloc_ns: f64,
-    /// A `malloc` and its `free` at once, as a hot loop does.
+    /// A `malloc` and its `free` at once, as a hot loop does: the level
+    /// `malloc_ns + free_ns` are scaled to. The mean of the pairs timed
+    /// alone and beside a kept block of their size.
     pub pair_ns: f64,
-    /// Timed rounds (each of [`ROUND`] calls of each).
+    /// How the pairs timed alone differ from those beside a kept block:
+    /// (alone - kept) / (alone + kept).
+    pub heap_spread: f64,
+    /// Timed rounds, of both patterns.
     pub rounds: usize,
     /// Runs of the loop (one every 100 ms of the session).
     pub measurements: u32,
@@ -90,12 +89,10 @@ pub struct UntracedCost {
 
 impl UntracedCost {
     /// The untraced cost of a call of operation `op`: malloc's for the
-    /// allocating operations not timed, free's for the freeing ones,
-    /// scaled to the mean of the two patterns timed (calls in rounds of
-    /// six, and pairs).
+    /// allocating operations not timed, free's for the freeing ones.
     pub fn of_op(&self, op: u32) -> f64 {
         use memprof_common::alloc_op;
-        let base = if op == alloc_op::CALLOC {
+        if op == alloc_op::CALLOC {
             self.calloc_ns
         } else if alloc_op::is_free(op) {
             self.free_ns
@@ -104,24 +101,13 @@ impl UntracedCost {
             self.malloc_ns + self.free_ns
         } else {
             self.malloc_ns
-        };
-        let rounds = self.malloc_ns + self.free_ns;
-        match rounds > 0.0 {
-            true => base * (rounds + self.pair_ns) / 2.0 / rounds,
-            false => base,
         }
     }
 
-    /// How far the two patterns timed differ, relatively: a program's
-    /// calls may follow either (mimalloc here: pairs cost twice what
-    /// rounds do).
-    pub fn pattern_spread(&self) -> f64 {
-        let rounds = self.malloc_ns + self.free_ns;
-        let sum = rounds + self.pair_ns;
-        match sum > 0.0 {
-            true => (self.pair_ns - rounds).abs() / sum,
-            false => 0.0,
-        }
+    /// How far a program's calls may cost from [`Self::pair_ns`] for
+    /// its heap's state alone, relatively.
+    pub fn heap_error(&self) -> f64 {
+        self.heap_spread.abs()
     }
 
     /// As the report gives it.
@@ -132,6 +118,7 @@ impl UntracedCost {
             free_ns: self.free_ns,
             calloc_ns: self.calloc_ns,
             pair_ns: self.pair_ns,
+            heap_spread: self.heap_error(),
             rounds: self.rounds as u64,
             measurements: self.measurements,
             drift: self.drift,
@@ -161,6 +148,7 @@ pub fn combine(runs: &[UntracedCost]) -> Option<UntracedCost> {
         free_ns: mean(|c| c.free_ns),
         calloc_ns: mean(|c| c.calloc_ns),
         pair_ns: mean(|c| c.pair_ns),
+        heap_spread: mean(|c| c.heap_spread),
         rounds: runs.iter().map(|c| c.rounds).sum(),
         measurements: n as u32,
         drift,
@@ -352,7 +340,8 @@ fn preloadable(allocator: &Allocator, pid: u32) -> Result<String> {
     Ok(path)
 }
 
-/// Reads the helper's line: `malloc_ns free_ns calloc_ns pair_ns rounds`.
+/// Reads the helper's line: `malloc_ns free_ns calloc_ns pair_ns rounds
+/// heap_spread`.
 fn parse(out: &str) -> Result<UntracedCost> {
     if let Some(why) = out.trim().strip_prefix("error: ") {
         bail!("{why}");
@@ -375,207 +364,16 @@ fn parse(out: &str) -> Result<UntracedCost> {
         calloc_ns: num(2)?,
         pair_ns: num(3)?,
         rounds: num(4)? as usize,
+        heap_spread: fields
+            .get(5)
+            .context("the timing helper's output is short")?
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && v.abs() <= 1.0)
+            .context("the timing helper's spread is not a ratio")?,
         measurements: 1,
         drift: 0.0,
     })
-}
-
-/// The helper: times the calls for [`RUN_TIME`], prints a line, sleeps
-/// [`INTERVAL`], again, until its parent is gone or stops reading.
-/// Called by `main` when [`LOOP_ENV`] is set; never returns.
-pub fn run_loop() -> ! {
-    use std::io::Write;
-    // SAFETY: prctl with PR_SET_PDEATHSIG and a signal number: no memory
-    // is passed; the helper is killed when the tool dies.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-    let parent = std::os::unix::process::parent_id();
-    // The allocator timed must be the one asked for: a preload the
-    // loader refused (a path only the target's mount namespace has, a
-    // secure-mode binary) would leave glibc's malloc in place, silently.
-    if let Ok(expected) = std::env::var(LOOP_ENV) {
-        if let Some(why) = wrong_malloc(&expected) {
-            println!("error: {why}");
-            std::process::exit(0);
-        }
-    }
-    // Nothing more on stderr (an allocator told to print statistics
-    // would fill the pipe, which is read only at the end).
-    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-        use std::os::fd::AsRawFd;
-        // SAFETY: dup2 of two open descriptors; fd 2 is replaced.
-        unsafe { libc::dup2(null.as_raw_fd(), 2) };
-    }
-    // Preallocated: the loop itself allocates nothing.
-    let mut runs = Rounds::with_capacity(MAX_ROUNDS);
-    let mut first = true;
-    let target = std::env::var(follow::FOLLOW_ENV)
-        .ok()
-        .and_then(|p| p.parse().ok());
-    let mut last = Vec::new();
-    loop {
-        if let Some(cpu) = target.and_then(|pid| follow::busiest(&follow::threads(pid), &mut last))
-        {
-            follow::pin(cpu);
-        }
-        runs.clear();
-        runs.time(if first { WARM_UP } else { RUN_WARM_UP });
-        first = false;
-        let line = runs.line();
-        let mut out = std::io::stdout().lock();
-        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err()
-            || std::os::unix::process::parent_id() != parent
-        {
-            std::process::exit(0);
-        }
-        drop(out);
-        std::thread::sleep(INTERVAL);
-    }
-}
-
-/// The times of a run's rounds (each of [`ROUND`] calls), in ns.
-struct Rounds {
-    malloc: Vec<f64>,
-    free: Vec<f64>,
-    calloc: Vec<f64>,
-    pair: Vec<f64>,
-    /// What reading the clock twice cost in this run (taken off each
-    /// round).
-    timer: f64,
-}
-
-impl Rounds {
-    fn with_capacity(n: usize) -> Self {
-        Self {
-            malloc: Vec::with_capacity(n),
-            free: Vec::with_capacity(n),
-            calloc: Vec::with_capacity(n),
-            pair: Vec::with_capacity(n),
-            timer: 0.0,
-        }
-    }
-
-    fn clear(&mut self) {
-        self.malloc.clear();
-        self.free.clear();
-        self.calloc.clear();
-        self.pair.clear();
-    }
-
-    /// Times rounds for [`RUN_TIME`] (at least 100), the first `warm_up`
-    /// of it unrecorded, then the clock's own cost: at this run's pace,
-    /// which is not the last run's (a clock read costs as much as a round
-    /// of calls; taken once at start, a slow start made every later
-    /// call look nearly free).
-    fn time(&mut self, warm_up: Duration) {
-        let mut blocks = [std::ptr::null_mut::<libc::c_void>(); ROUND];
-        let ns = |d: Duration| d.as_nanos() as f64;
-        let start = Instant::now();
-        let (warm, until) = (start + warm_up, start + warm_up + RUN_TIME);
-        while self.malloc.len() < MAX_ROUNDS && (self.malloc.len() < 100 || Instant::now() < until)
-        {
-            let t0 = Instant::now();
-            for b in blocks.iter_mut() {
-                // SAFETY: malloc of a small size; the block is freed below.
-                *b = black_box(unsafe { libc::malloc(black_box(SIZE)) });
-            }
-            let t1 = Instant::now();
-            for b in blocks.iter() {
-                // SAFETY: each block came from malloc above, freed once.
-                unsafe { libc::free(black_box(*b)) };
-            }
-            let t2 = Instant::now();
-            for b in blocks.iter_mut() {
-                // SAFETY: calloc of a small size; the block is freed below.
-                *b = black_box(unsafe { libc::calloc(1, black_box(SIZE)) });
-            }
-            let t3 = Instant::now();
-            for b in blocks.iter() {
-                // SAFETY: each block came from calloc above, freed once.
-                unsafe { libc::free(black_box(*b)) };
-            }
-            let t4 = Instant::now();
-            for _ in 0..ROUND {
-                // SAFETY: a small block, freed at once.
-                unsafe { libc::free(black_box(libc::malloc(black_box(SIZE)))) };
-            }
-            let t5 = Instant::now();
-            if t0 >= warm {
-                self.malloc.push(ns(t1 - t0));
-                self.free.push(ns(t2 - t1));
-                self.calloc.push(ns(t3 - t2));
-                self.pair.push(ns(t5 - t4));
-            }
-        }
-        self.timer = timer_overhead();
-    }
-
-    /// `malloc_ns free_ns calloc_ns pair_ns rounds`.
-    fn line(&mut self) -> String {
-        let n = self.malloc.len();
-        let timer = self.timer;
-        let per_call = |v: &mut [f64]| (typical(v) - timer).max(0.0) / ROUND as f64;
-        format!(
-            "{:.1} {:.1} {:.1} {:.1} {n}",
-            per_call(&mut self.malloc),
-            per_call(&mut self.free),
-            per_call(&mut self.calloc),
-            per_call(&mut self.pair)
-        )
-    }
-}
-
-/// Why the `malloc` this process calls is not `expected`'s (a path, or
-/// "1" for glibc: nothing to check), or None when it is.
-fn wrong_malloc(expected: &str) -> Option<String> {
-    if !expected.starts_with('/') {
-        return None;
-    }
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    let malloc: unsafe extern "C" fn(usize) -> *mut libc::c_void = libc::malloc;
-    // SAFETY: dladdr reads the address and fills `info`, whose strings
-    // point into the loader's own memory (read at once below).
-    let found = unsafe { libc::dladdr(malloc as *const libc::c_void, info.as_mut_ptr()) };
-    // SAFETY: zeroed, then filled by dladdr when it returned non-zero.
-    let info = unsafe { info.assume_init() };
-    if found == 0 || info.dli_fname.is_null() {
-        return Some("cannot tell which object defines malloc".into());
-    }
-    // SAFETY: a NUL-terminated string of the loader's.
-    let file = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy();
-    let real = |p: &str| std::fs::canonicalize(p).unwrap_or_else(|_| p.into());
-    (real(&file) != real(expected))
-        .then(|| format!("malloc is {file}'s, not {expected}'s: the preload was refused"))
-}
-
-/// What reading the clock twice costs, in ns (taken off each round).
-fn timer_overhead() -> f64 {
-    let mut d: Vec<f64> = (0..1000)
-        .map(|_| {
-            let t = Instant::now();
-            (Instant::now() - t).as_nanos() as f64
-        })
-        .collect();
-    median(&mut d)
-}
-
-/// The mean of the fastest 90% of the rounds: the clock's ticks are
-/// coarser than a call, so a median would round to them; the slowest
-/// rounds were interrupted.
-fn typical(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let kept = &v[..(v.len() * 9).div_ceil(10)];
-    kept.iter().sum::<f64>() / kept.len() as f64
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 #[cfg(test)]
@@ -584,12 +382,15 @@ mod tests {
 
     #[test]
     fn the_helpers_line_is_read_or_refused() {
-        let c = parse("18.5 9.0 25.2 20.1 3000\n").unwrap();
+        let c = parse("18.5 9.0 25.2 20.1 3000 -0.125\n").unwrap();
         assert_eq!(
             (c.malloc_ns, c.free_ns, c.calloc_ns, c.pair_ns, c.rounds),
             (18.5, 9.0, 25.2, 20.1, 3000)
         );
+        assert_eq!((c.heap_spread, c.heap_error()), (-0.125, 0.125));
         assert!(parse("18.5 9.0").is_err());
+        assert!(parse("18.5 9.0 25.2 20.1 3000").is_err());
+        assert!(parse("18.5 9.0 25.2 20.1 3000 1.5").is_err());
         assert!(parse("x 1 2 3 4").is_err());
         assert!(parse("NaN 1 2 3 4").is_err());
     }
@@ -599,6 +400,7 @@ mod tests {
         free_ns: 10.0,
         calloc_ns: 30.0,
         pair_ns: 30.0,
+        heap_spread: 0.0,
         rounds: 1,
         measurements: 1,
         drift: 0.0,
@@ -614,15 +416,6 @@ mod tests {
         assert_eq!(c.of_op(alloc_op::DELETE), 10.0);
         assert_eq!(c.of_op(alloc_op::CALLOC), 30.0);
         assert_eq!(c.of_op(alloc_op::REALLOC), 30.0);
-        assert_eq!(c.pattern_spread(), 0.0);
-        // Pairs at twice the rounds' cost: every call at the mean of the
-        // patterns, and the difference claimed.
-        let slow_pairs = UntracedCost {
-            pair_ns: 60.0,
-            ..COST
-        };
-        assert_eq!(slow_pairs.of_op(alloc_op::MALLOC), 30.0);
-        assert!((slow_pairs.pattern_spread() - 1.0 / 3.0).abs() < 1e-12);
     }
 
     #[test]
@@ -635,8 +428,21 @@ mod tests {
             free_ns: 20.0,
             calloc_ns: 60.0,
             pair_ns: 60.0,
+            heap_spread: 0.0,
             ..COST
         };
+        // Spreads of opposite sign are noise, and cancel.
+        let (up, down) = (
+            UntracedCost {
+                heap_spread: 0.1,
+                ..COST
+            },
+            UntracedCost {
+                heap_spread: -0.1,
+                ..COST
+            },
+        );
+        assert_eq!(combine(&[up, down]).unwrap().heap_error(), 0.0);
         let both = combine(&[COST, slow]).unwrap();
         assert_eq!(
             (both.malloc_ns, both.pair_ns, both.measurements),

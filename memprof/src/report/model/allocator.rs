@@ -200,10 +200,16 @@ pub struct UntracedCostReport {
     pub malloc_ns: f64,
     pub free_ns: f64,
     pub calloc_ns: f64,
-    /// A malloc and its free at once, per pair.
+    /// A malloc and its free at once, per pair: the mean of pairs timed
+    /// alone and beside a kept block of their size.
     pub pair_ns: f64,
+    /// How far those two differ, relatively: |alone - kept| / (alone +
+    /// kept), part of a count's claimed error (mimalloc's pairs cost more
+    /// when they empty a page).
+    #[serde(default)]
+    pub heap_spread: f64,
     pub rounds: u64,
-    /// Runs of the loop (one every 250 ms), averaged.
+    /// Runs of the loop (one every 100 ms), averaged.
     pub measurements: u32,
     /// How far the runs differ, relatively (the machine's pace drifts).
     pub drift: f64,
