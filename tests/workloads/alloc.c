@@ -27,7 +27,8 @@
  *   alloc hold SECONDS       malloc(64)/free pairs for SECONDS, sleeping
  *                            1 ms every 1000 pairs (a process to attach to)
  *   alloc loop N             N x malloc(64)/free as fast as possible; prints
- *                            "ns_per_pair X" on stderr
+ *                            "ns_per_pair X" on stderr. With the gate the
+ *                            same pairs run, uncounted, until SIGUSR1
  *   alloc sizes N            N blocks of sizes spread over 1..40000 bytes,
  *                            every 100th 300000, all kept: every size class
  *                            of every allocator. Truth: live_usable, the
@@ -340,8 +341,20 @@ static void alloc_threads(long threads, long n)
 		pthread_join(tids[t], NULL);
 }
 
+static int go_pending(void);
+
+/* "loop": n malloc(64)/free pairs. With the gate, the same pairs run
+ * (uncounted) from "ready" until the go signal, as in "work": a profiler
+ * attaches to a loop already hot. */
 static void alloc_loop(long n)
 {
+	if (go_gate_enabled()) {
+		for (long i = 1; i % 4096 != 0 || !go_pending(); i++) {
+			sink = malloc(64);
+			free(sink);
+		}
+		go_gate_wait();
+	}
 	double started = now();
 	for (long i = 0; i < n; i++) {
 		sink = malloc(64);
@@ -577,7 +590,7 @@ int main(int argc, char **argv)
 		alloc_hold(seconds);
 	} else if (strcmp(mode, "loop") == 0 && argc == 3) {
 		long n = count_arg(argv[2], 1L << 40);
-		start();
+		ready();
 		alloc_loop(n);
 	} else if (strcmp(mode, "sizes") == 0 && argc == 3) {
 		long n = count_arg(argv[2], MAX_BLOCKS);

@@ -1,10 +1,10 @@
 //! CPU time of a traced process, as /proc tells it.
 
-use crate::process::procfs::stat_fields;
+use crate::process::procfs::{stat, stat_fields, stat_number};
 
 /// Clock ticks as seconds.
 fn ticks(fields: &[String], index: usize) -> Option<f64> {
-    let ticks: f64 = fields.get(index)?.parse().ok()?;
+    let ticks: f64 = stat_number(fields, index)?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (hz > 0).then(|| ticks / hz as f64)
@@ -12,13 +12,13 @@ fn ticks(fields: &[String], index: usize) -> Option<f64> {
 
 /// System CPU seconds of process `pid` (all threads, past and present).
 pub fn system_time(pid: u32) -> Option<f64> {
-    ticks(&stat_fields(pid)?, 12)
+    ticks(&stat_fields(pid)?, stat::STIME)
 }
 
 /// CPU seconds of process `pid` (user and system, all threads).
 pub fn cpu_time(pid: u32) -> Option<f64> {
     let fields = stat_fields(pid)?;
-    Some(ticks(&fields, 11)? + ticks(&fields, 12)?)
+    Some(ticks(&fields, stat::UTIME)? + ticks(&fields, stat::STIME)?)
 }
 
 /// CPU seconds of process `pid` by its CPU clock: every thread's, exited
@@ -44,7 +44,7 @@ pub fn cpu_clock(pid: u32) -> Option<f64> {
 /// Threads of process `pid` now (proc(5) field 20): the most CPUs it can
 /// keep busy.
 pub fn threads(pid: u32) -> Option<u32> {
-    stat_fields(pid)?.get(17)?.parse().ok()
+    stat_number(&stat_fields(pid)?, stat::NUM_THREADS)
 }
 
 /// CPUs online.

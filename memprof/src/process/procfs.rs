@@ -27,6 +27,24 @@ pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
     stat_fields_of(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// Indices into [`stat_fields`]: proc(5) numbers the fields from 1, the
+/// pid and the command name first, so its field N is index N - 3.
+pub mod stat {
+    /// User CPU time, in clock ticks (field 14).
+    pub const UTIME: usize = 11;
+    /// System CPU time, in clock ticks (field 15).
+    pub const STIME: usize = 12;
+    /// Threads in the process (field 20).
+    pub const NUM_THREADS: usize = 17;
+    /// The CPU the thread last ran on (field 39).
+    pub const PROCESSOR: usize = 36;
+}
+
+/// Field `index` of [`stat_fields`] as a number.
+pub fn stat_number<T: std::str::FromStr>(fields: &[String], index: usize) -> Option<T> {
+    fields.get(index)?.parse().ok()
+}
+
 /// [`stat_fields`] of one thread of process `pid`.
 pub fn thread_stat_fields(pid: u32, tid: u32) -> Option<Vec<String>> {
     stat_fields_of(&std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?)
@@ -61,6 +79,20 @@ pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
 /// not ours (a container's process): the last `NSpid` of its status.
 pub fn namespace_tid(pid: u32, tid: u32) -> Option<u32> {
     innermost_ns_id(&thread_status(pid, tid)?)
+}
+
+/// The effective user and group of process `pid`; None when it is gone.
+pub fn effective_owner(pid: u32) -> Option<(u32, u32)> {
+    owner_in(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// The effective ids of a `status` file's `Uid:` and `Gid:` lines.
+fn owner_in(status: &str) -> Option<(u32, u32)> {
+    let effective = |key: &str| -> Option<u32> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(2)?.parse().ok()
+    };
+    Some((effective("Uid:")?, effective("Gid:")?))
 }
 
 /// A thread's `status` file, or None when the thread is gone.
@@ -112,6 +144,16 @@ pub fn command_line(pid: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_effective_owner_is_read_from_the_status() {
+        let status = "Name:\tx\nUid:\t1000\t1001\t1001\t1001\nGid:\t100\t102\t102\t102\n";
+        assert_eq!(owner_in(status), Some((1001, 102)));
+        assert_eq!(owner_in("Name:\tx\n"), None);
+        // SAFETY: geteuid and getegid have no preconditions.
+        let me = unsafe { (libc::geteuid(), libc::getegid()) };
+        assert_eq!(effective_owner(std::process::id()), Some(me));
+    }
 
     #[test]
     fn a_status_file_gives_both_switch_counts() {

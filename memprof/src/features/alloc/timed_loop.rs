@@ -71,16 +71,12 @@ pub fn run_loop() -> ! {
     // Preallocated: the loop itself allocates nothing.
     let mut runs = Rounds::with_capacity(MAX_ROUNDS);
     let mut first = true;
-    let target = std::env::var(follow::FOLLOW_ENV)
+    let mut target = std::env::var(follow::FOLLOW_ENV)
         .ok()
-        .and_then(|p| p.parse().ok());
-    // Kept across runs: sized far above the timed block's class, so
-    // that the pairs timed alone are (a 64-byte block of this vector made
-    // mimalloc's pairs 2.9 ns for the 5.3 they cost alone).
-    let mut last = Vec::with_capacity(4096);
+        .and_then(|p| p.parse().ok())
+        .map(follow::Follower::new);
     loop {
-        if let Some(cpu) = target.and_then(|pid| follow::busiest(&follow::threads(pid), &mut last))
-        {
+        if let Some(cpu) = target.as_mut().and_then(follow::Follower::cpu) {
             follow::pin(cpu);
         }
         runs.clear();

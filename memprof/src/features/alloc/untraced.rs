@@ -52,7 +52,7 @@ use super::{
     allocator::{Allocator, AllocatorKind},
     follow,
 };
-use crate::report::model::UntracedCostReport;
+use crate::{process::procfs, report::model::UntracedCostReport};
 
 /// The variable that turns our binary into the timing loop.
 pub const LOOP_ENV: &str = "MEMPROF_UNTRACED_LOOP";
@@ -296,7 +296,7 @@ impl Timer {
         };
         let owner = match run_as {
             Some(owner) => owner,
-            None => follow::owner_of(pid).context("reading the target's owner")?,
+            None => procfs::effective_owner(pid).context("reading the target's owner")?,
         };
         Ok(Self {
             preload,
