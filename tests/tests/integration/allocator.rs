@@ -1326,7 +1326,7 @@ fn assert_shims(tolerance: f64) {
             malloc + free,
             truth_pair.round() as u64,
             tolerance,
-            &format!("{:#?}\n{:#?}", a.probe_cost_ns, a.ops),
+            &format!("{:#?}\n{:#?}\n{:#?}", a.untraced_ns, a.probe_cost_ns, a.ops),
         );
     }
     assert_no_programs_left();
