@@ -25,7 +25,7 @@ use aya_ebpf::{
         bpf_task_pt_regs,
     },
     macros::map,
-    maps::{Array, HashMap, LruHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use memprof_common::{
     counter, for_each_share, futex_ctl, hint_key, hint_word_fits, key_may_sample, lock_event,
@@ -75,6 +75,14 @@ static SAMPLE_BUCKET: Array<u64> = Array::with_max_entries(2, 0);
 /// its end.
 #[map(name = "FUTEX_RELEASES")]
 static RELEASES: LruHashMap<u64, Releases> = LruHashMap::with_max_entries(CONTENTION_KEYS, 0);
+
+/// A lock's releases copied out for one wait's blame: here rather than on
+/// the stack, where its 136 bytes took the futex exit's frame to 480 and,
+/// with the blame's out-of-line closure (80), past the verifier's 512
+/// (seen on a fresh machine of this kind). One slot per CPU: the programs
+/// that blame run with preemption off and never nest.
+#[map(name = "FUTEX_RELEASES_COPY")]
+static RELEASES_COPY: PerCpuArray<Releases> = PerCpuArray::with_max_entries(1, 0);
 
 /// `FUTEX_CMD_MASK`: the command without the private and clock flags.
 const FUTEX_CMD_MASK: u64 = !(128 | 256);
@@ -364,11 +372,17 @@ fn blame(uaddr: u64, start: u64, end: u64) {
 /// [`blame`] for a wait that stands for `weight` waits.
 #[inline(always)]
 fn blame_weighted(uaddr: u64, start: u64, end: u64, weight: u64) {
-    // SAFETY: a map lookup; the releases are plain data, copied out.
-    let Some(r) = (unsafe { RELEASES.get(uaddr) }).copied() else {
+    let (Some(from), Some(copy)) = (RELEASES.get_ptr(uaddr), RELEASES_COPY.get_ptr_mut(0)) else {
         return;
     };
-    for_each_share(&r, start, end, |slot, ns, last| {
+    // SAFETY: both pointers come from map lookups; the releases are plain
+    // data, copied out so that a release on another CPU cannot change
+    // them halfway through, into this CPU's own slot.
+    let r = unsafe {
+        *copy = *from;
+        &*copy
+    };
+    for_each_share(r, start, end, |slot, ns, last| {
         let key = ContentionKey {
             addr: uaddr,
             site: r.sites[slot],
