@@ -186,8 +186,10 @@ fn attached_to_threads_that_switch_often_the_timer_is_per_cpu() {
         return;
     }
     let locks = build_workload("locks", Variant::Debug).expect("building locks");
-    // Two threads on one CPU, each yielding to the other at every round.
-    let args = ["-c", "0", locks.to_str().unwrap(), "yield", "2", "12"];
+    // Two threads on one CPU, each yielding to the other at every round,
+    // for longer than any session here takes: the test ends them (with
+    // 12 s they were gone before a session under CI's load ended).
+    let args = ["-c", "0", locks.to_str().unwrap(), "yield", "2", "40"];
     let mut target = TestProcess::spawn(std::path::Path::new("/usr/bin/taskset"), &args);
     target.wait_ready();
     let pid = target.pid().to_string();
