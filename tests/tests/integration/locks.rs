@@ -571,6 +571,55 @@ fn sampled_mode_estimates_acquisitions() {
     assert_no_programs_left();
 }
 
+/// The default mode attaches no lock probe to a program whose locks no
+/// thread ever waits for (`locks uncontended`: one thread, g_solo_lock
+/// taken N times): its first lock window opens at the first futex wait,
+/// and there is none. The same program in full mode shows g_solo_lock's
+/// every acquisition, so the probes would have seen it.
+#[test]
+fn uncontended_locks_get_no_lock_probe_in_the_default_mode() {
+    if !require_root("uncontended_locks_get_no_lock_probe_in_the_default_mode") {
+        return;
+    }
+    const TIMES: u64 = 200_000;
+    let times = TIMES.to_string();
+    let args = ["uncontended", times.as_str()];
+    let (_, full) = launch_with(
+        "locks-uncontended-full",
+        &["--lock-mode", "full"],
+        &locks_workload(),
+        &args,
+    );
+    let solo = must_lock(&full, "g_solo_lock");
+    assert_eq!(solo.acquisitions, Some(TIMES), "{solo:#?}");
+    let (_, report) = launch("locks-uncontended", &locks_workload(), &args);
+    let tracing = lock_tracing(&report);
+    assert_eq!(tracing.mode, TraceMode::Sampled, "{tracing:#?}");
+    assert_eq!(
+        (
+            tracing.windows,
+            tracing.traced_fraction,
+            tracing.acquisitions_error
+        ),
+        (0, 0.0, None),
+        "{tracing:#?}"
+    );
+    assert!(
+        lock_named(&report, "g_solo_lock").is_none(),
+        "{:#?}",
+        report.locks
+    );
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("no thread of the target waited on a futex")),
+        "{:#?}",
+        report.notes
+    );
+    assert_no_programs_left();
+}
+
 /// Proves that condition-variable waits are not lock contention: in
 /// `condvar 2` a consumer waits on g_queue_cond for an item the producer
 /// pushes every 1 ms, while their mutex g_queue_lock is essentially free.

@@ -55,6 +55,9 @@ pub struct LockCollector {
     pub new_hints: Vec<(u64, SiteHint)>,
     code: CodeCache,
     unwinder: unwind::Unwinder,
+    /// A thread of the target waited on a futex (the default mode's lock
+    /// probes wait for it).
+    pub futex_waited: bool,
 }
 
 impl LockCollector {
@@ -103,6 +106,7 @@ impl LockCollector {
             tracing::warn!("unknown lock record kind {}", ev.kind);
             return;
         }
+        self.futex_waited |= ev.kind == lock_event::WAIT;
         if ev.kind == lock_event::WAIT && ev.owner != 0 && ev.owner != ev.tid {
             let full = self.owners.len() >= LOCKS_WITH_OWNERS;
             if let Some(owners) = match self.owners.get_mut(&ev.addr) {

@@ -43,6 +43,8 @@ pub fn tracing(
     always.sort();
     always.dedup();
     let (traced_fraction, acquisitions_error) = match (tracer.settings.mode, estimate) {
+        // Never attached: the default mode waits for a futex wait.
+        (Mode::Sampled, _) if tracer.windows == 0 => (0.0, None),
         (Mode::Sampled, Some(e)) => (e.traced_fraction, e.error),
         _ => (1.0, None),
     };

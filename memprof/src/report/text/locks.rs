@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::{wrap_into, WIDTH};
 use crate::report::{
     format::{ellipsize, format_ns, group, share_percent},
-    model::{source_label, ContentionClass, LockEntry, LockTracing},
+    model::{source_label, ContentionClass, LockEntry, LockTracing, TraceMode},
 };
 
 /// Lock entries shown in the summary.
@@ -134,7 +134,9 @@ fn write_culprit(out: &mut String, l: &LockEntry) {
 /// What was traced of the lock calls: "every call" only when the probes
 /// were attached all the time.
 fn mode_line(t: &LockTracing) -> String {
-    if t.estimates() {
+    if t.mode == TraceMode::Sampled && t.windows == 0 {
+        "lock calls not traced: no thread waited on a futex".into()
+    } else if t.estimates() {
         let traced = format!(
             "lock calls traced {:.1}% of the time",
             t.traced_fraction * 100.0
@@ -274,6 +276,16 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("65,880 acquisitions"), "{text}");
+        // The default mode's probes never attached (no futex wait): no
+        // share of the time is claimed.
+        let t = r.lock_tracing.as_mut().unwrap();
+        (t.traced_fraction, t.acquisitions_error, t.windows) = (0.0, None, 0);
+        let text = render(&r);
+        assert!(
+            text.contains("lock calls not traced: no thread waited on a futex"),
+            "{text}"
+        );
+        assert!(!text.contains("of the time"), "{text}");
     }
 
     #[test]
