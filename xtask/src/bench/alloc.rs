@@ -138,7 +138,8 @@ pub fn run(rounds: usize) -> Result<serde_json::Value> {
         );
         let mut per_config: Vec<Vec<Sample>> = Config::ALL.iter().map(|_| Vec::new()).collect();
         for round in 0..rounds {
-            for (i, &config) in Config::ALL.iter().enumerate() {
+            for i in super::round_order(Config::ALL.len(), round) {
+                let config = Config::ALL[i];
                 let n = if config.slow() { short_n } else { long_n };
                 let s = measure(config, &alloc, w, n, &tool, &libc, &json)?;
                 eprintln!(

@@ -43,7 +43,8 @@ pub fn run(rounds: usize, tool: &Path, dir: &Path) -> Result<Value> {
     );
     let (mut attach, mut end) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     for round in 0..rounds.max(1) {
-        for (i, private) in [false, true].into_iter().enumerate() {
+        for i in super::round_order(2, round) {
+            let private = i == 1;
             let mut target = if private {
                 let _ = std::fs::create_dir_all(&root);
                 let mut cmd = Command::new("unshare");

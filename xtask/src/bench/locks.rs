@@ -32,7 +32,7 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use crate::{
-    bench::{libc_path, median, number, read_report, run_for_metric, verdict},
+    bench::{libc_path, median, number, read_report, round_order, run_for_metric, verdict},
     root,
 };
 
@@ -245,7 +245,8 @@ impl Bench<'_> {
         let mut per: Vec<Vec<f64>> = vec![Vec::new(); w.configs.len()];
         let mut rss = Vec::new();
         for round in 0..rounds {
-            for (i, &c) in w.configs.iter().enumerate() {
+            for i in round_order(w.configs.len(), round) {
+                let c = w.configs[i];
                 let args = match (n, slow_n) {
                     (Some(n), Some(slow)) => with(&base, if c.slow() { slow } else { n }),
                     _ => base.clone(),
