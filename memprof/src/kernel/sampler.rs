@@ -93,7 +93,11 @@ impl Sampling {
         let before = (!launched && !cgroup).then(|| counted(&tgids));
         // First: threads the target starts after they are listed (below)
         // would get no event of their own.
-        let interrupt_ns = super::interrupts::measure();
+        let (interrupt_ns, measured) = super::interrupts::cost();
+        if before.is_some() && !measured {
+            // The switches are counted over as long as a measure takes.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         let switches_per_s = before.and_then(|(t0, n0)| {
             let (t1, n1) = counted(&tgids);
             let secs = t1.duration_since(t0).as_secs_f64();

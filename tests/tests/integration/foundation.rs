@@ -789,8 +789,10 @@ fn the_samplers_cost_is_what_the_sampled_thread_loses() {
     // which share of its time went in gaps between two reads: untraced
     // for 2 s, then sampled by the tool for 3 s at 4,999 Hz. What the sampler takes
     // from it (the ground truth) is the growth of that share; the report
-    // predicts it from the interrupt it measured at start-up on its own
-    // thread, plus its program's run time per sample.
+    // predicts it from the interrupt it measured on its own thread (at
+    // start-up, or kept from a session of the last hour on this boot:
+    // this also checks that a kept measure still holds), plus its
+    // program's run time per sample.
     let mut target = start_spin(&["gaps", "12"]);
     let lines = target.lines_in_background();
     let ready = Instant::now();

@@ -178,7 +178,7 @@ impl Sampling {
         let lower = (self.frequency_hz / 5).max(1);
         Some(format!(
             "the sampler's timer interrupts take about {:.1}% of each {}'s time on this \
-             machine ({:.1} µs each at {} Hz, measured at start-up; virtual machines pay the \
+             machine ({:.1} µs each at {} Hz, measured this boot; virtual machines pay the \
              hypervisor for every timer interrupt), and more on lock convoys, where a holder \
              stopped by one stops its waiters: --sample-freq {lower} would take about {:.1}%",
             share * 100.0,
