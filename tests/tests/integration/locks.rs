@@ -254,6 +254,11 @@ fn known(value: Option<u64>, key: &str, entry: &LockEntry) -> u64 {
 /// Every entry is well formed and the list is ranked by total wait time.
 fn check_locks(report: &Report) {
     let all = &report.locks;
+    let acquisitions_error = report
+        .lock_tracing
+        .as_ref()
+        .and_then(|t| t.acquisitions_error)
+        .unwrap_or(0.0);
     for entry in all {
         let kind = entry.kind;
         assert!(
@@ -280,13 +285,16 @@ fn check_locks(report: &Report) {
             "p99 ≤ max ≤ total: {entry:#?}"
         );
         // A lock cannot be waited for more often than it was taken: its
-        // acquisitions are unknown (null) or at least its contentions (the
-        // least they may be, when the governor sampled them).
+        // acquisitions are unknown (null) or at least its contentions,
+        // both within their claimed errors when they are estimates (the
+        // most the acquisitions may be, the least the waits may be).
         let error = entry.contention_error.unwrap_or(0.0);
         let least = (entry.contentions as f64 * (1.0 - error)).floor() as u64;
+        let most = |a: u64| (a as f64 * (1.0 + acquisitions_error)).ceil() as u64;
         assert!(
-            entry.acquisitions.is_none_or(|a| a >= least),
-            "acquisitions must be null or ≥ contentions (less their claimed error): {entry:#?}"
+            entry.acquisitions.is_none_or(|a| most(a) >= least),
+            "acquisitions must be null or ≥ contentions (within their claimed errors, \
+             acquisitions ±{acquisitions_error}): {entry:#?}"
         );
         // "N% contended" is a share of the acquisitions: at most all.
         assert!(
@@ -983,7 +991,9 @@ fn assert_within_claim(report: &Report, estimate: u64, real: u64) {
 }
 
 /// The estimate within [`SAMPLED_ACQUISITIONS_TOLERANCE`] of the truth,
-/// which the one-window estimate misses on this machine kind (above).
+/// which the one-window estimate missed on the Xeon machines (above:
+/// +26% in CI). On an AMD EPYC (session 44) it was within -7% to +4% in
+/// 8 runs of 8; the mark stays until a Xeon run shows the same.
 #[test]
 #[ignore = "known wrong: #33 (a one-window estimate runs 7-26% high here)"]
 fn sampled_acquisitions_are_near_the_truth() {
@@ -1006,8 +1016,12 @@ fn sampled_acquisitions_are_near_the_truth() {
 /// 56,850 for 91,547, 104,788 and 95,120 acquisitions (-39%, -46%, -40%)
 /// claiming ±35%, where `--lock-mode full` counted the truth exactly
 /// (79,738 of 79,738). A claim that does not cover the truth is the bug.
+/// In session 43 it failed 3 runs of 4 on another count: the estimate,
+/// 10-14% low, fell below the (sampled) waits and was shown as unknown;
+/// since the two contradict each other only beyond both claims, it was
+/// within its claim in 11 runs of 11 (-12% to -13% of the truth, claiming
+/// ±35%).
 #[test]
-#[ignore = "known wrong: #33 (launched, the one-window estimate falls outside its claim)"]
 fn launched_sampled_acquisitions_are_within_their_claimed_error() {
     const TEST: &str = "launched_sampled_acquisitions_are_within_their_claimed_error";
     if !require_root(TEST) {
@@ -1052,41 +1066,21 @@ fn sampled_estimate() -> (Report, u64, u64) {
     let (report, estimate, real) =
         estimate_of_hot_lock(|| attach("locks-attach-estimate", &[], &["contended", "2", "3"]));
     assert_sampled(&report);
+    assert_no_programs_left();
     (report, estimate, real)
 }
 
-/// The report of the first of up to three default-mode sessions (`run`)
-/// whose estimate of g_hot_lock's acquisitions is known, that estimate
-/// and the workload's count.
+/// The report of a default-mode session (`run`), its estimate of
+/// g_hot_lock's acquisitions and the workload's count.
 ///
 /// Nearly every acquisition of this lock waits (contentions are 94-97%
-/// of them), and its waits are sampled estimates too: an acquisitions
-/// estimate a few percent low falls below the waits and is shown as
-/// unknown, with a note (attached: 1 session in ~6; bursty, where the
-/// estimate ran 3-16% low in 14 sessions, within its ±32% claim, and the
-/// waits' estimate 4-21% low: 3 sessions in 10). Up to two more sessions
-/// then decide (two in a row, ~3%, failed a CI run's worth of odds too
-/// often). All three unknown fails.
+/// of them), and its waits are sampled estimates too: the estimate a few
+/// percent low is below the waits' (bursty: acquisitions 3-16% low in 14
+/// sessions, within their ±32% claim, waits 4-21% low). It is shown all
+/// the same, as the two agree within their claims; shown as unknown (a
+/// failure here) only beyond them.
 fn estimate_of_hot_lock(run: impl Fn() -> (Report, Truth)) -> (Report, u64, u64) {
-    let mut attempt = 0;
-    let (report, truth) = loop {
-        attempt += 1;
-        let (report, truth) = run();
-        let unknown = must_lock(&report, "g_hot_lock").acquisitions.is_none();
-        if !unknown || attempt == 3 {
-            break (report, truth);
-        }
-        let notes = &report.notes;
-        assert!(
-            notes
-                .iter()
-                .any(|n| n.contains("fewer acquisitions traced or estimated than futex waits")),
-            "acquisitions unknown without the note saying why: {notes:#?}"
-        );
-        eprintln!(
-            "sampled acquisitions: estimate below the waits, shown as unknown; another session"
-        );
-    };
+    let (report, truth) = run();
     let hot = must_lock(&report, "g_hot_lock");
     let estimate = known(hot.acquisitions, "acquisitions", hot);
     let real = truth.get("hot_acquisitions");

@@ -408,7 +408,8 @@ impl Feature for Locks {
         if let Some(g) = &self.governed {
             ctx.notes.extend(g.windows_note());
         }
-        let changed = traced::make_consistent(&mut out.locks);
+        let acquisitions_error = out.lock_tracing.as_ref().and_then(|t| t.acquisitions_error);
+        let changed = traced::make_consistent(&mut out.locks, acquisitions_error);
         ctx.notes.extend(traced::consistency_note(changed));
         let unplaced = self.collector.profile.hold_table().sites_unplaced;
         if unplaced > 0 {
