@@ -12,6 +12,7 @@ use std::{
 };
 
 use super::{
+    model::{peak_rss, status_kib},
     pprof,
     profiles::{main_object, profiles, ProfileKind, StackProfile},
     Report,
@@ -135,17 +136,6 @@ impl ProfileFiles {
 fn reset_peak_rss() -> Option<u64> {
     std::fs::write("/proc/self/clear_refs", "5").ok()?;
     status_kib("VmRSS:").map(|k| k * 1024)
-}
-
-/// This process's peak resident memory since the last reset, in bytes.
-fn peak_rss() -> Option<u64> {
-    status_kib("VmHWM:").map(|k| k * 1024)
-}
-
-fn status_kib(key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(key))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn failed(path: &Path, source: std::io::Error) -> Error {

@@ -762,6 +762,41 @@ fn the_report_gives_the_profilers_own_kernel_cost() {
     assert_no_programs_left();
 }
 
+/// Memory the test holds while the tool runs, far above the tool's own.
+const PARENT_RSS: usize = 512 << 20;
+
+/// The report's peak memory is the profiler's own, not its parent's: the
+/// kernel's `ru_maxrss` survives `execve`, so a tool started by a process
+/// holding 512 MiB reported at least that (a CI run's test harness made
+/// the 100 k-mutex session's peak 159 MiB against its bound of 150; by
+/// hand 85-131 MiB). The tool must report its own (a 3 s session: tens
+/// of MiB).
+#[test]
+fn the_profilers_peak_memory_is_its_own_not_its_parents() {
+    let test = "the_profilers_peak_memory_is_its_own_not_its_parents";
+    if !require_root(test) {
+        return;
+    }
+    // Touched, so resident when the tool is started from this process.
+    let held = std::hint::black_box(vec![1u8; PARENT_RSS]);
+    let mut target = start_spin(&["time", "1", "30"]);
+    let pid = target.pid().to_string();
+    let json = report_path("peak-rss");
+    let run = attach_for_3s(&pid, &json, &["--alloc-mode", "off"]).finish(LIMIT);
+    drop(held);
+    let _ = target.child.kill();
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let loader = read_typed(&json).loader;
+    let peak = loader.peak_rss_bytes;
+    assert!(
+        peak >= 1 << 20 && peak < (PARENT_RSS / 2) as u64,
+        "peak {} MiB with a parent of {} MiB: {loader:#?}",
+        peak >> 20,
+        PARENT_RSS >> 20
+    );
+    assert_no_programs_left();
+}
+
 /// The median of the `gaps PPM` lines `spin gaps` printed in `[from, to)`,
 /// as a share; panics with fewer than `least` lines there.
 fn gap_share(lines: &[(Instant, String)], from: Instant, to: Instant, least: usize) -> f64 {
