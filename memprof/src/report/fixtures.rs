@@ -29,6 +29,7 @@ fn sample_untraced() -> UntracedCostReport {
         rounds: 120_000,
         measurements: 2,
         drift: 0.03,
+        pair_range_ns: [17.0, 18.0],
     }
 }
 

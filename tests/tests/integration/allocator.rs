@@ -1850,12 +1850,45 @@ fn assert_hot_counts(label: &str, report: &Report, truth: &Truth, truth_pair: f6
         let count = count as f64;
         assert!(
             (count - real).abs() <= limit * real,
-            "{label}: {op} count {count}, truth {real}, allowed ±{limit:.2} \
-             (claimed ±{claimed:.2}): {a:#?}"
+            "{label}: {op} count {count}, truth {real} ({:+.0}%), allowed ±{limit:.2} \
+             (claimed ±{claimed:.2}); {}; {a:#?}",
+            100.0 * (count / real - 1.0),
+            hot_basis(report, truth, truth_pair)
         );
     }
     let share = a.cpu.as_ref().map_or(0.0, |c| c.share);
     assert!(share > 0.5, "{label}: allocator's CPU share {share}");
+}
+
+/// What a hot loop's count was made of, in a line (the report's debug
+/// form is cut short in CI's log): the helper's pace beside the loop's own
+/// (untraced before the session, and while traced: the calls cost at most
+/// that), and the allocator's CPU time as sampled.
+fn hot_basis(report: &Report, truth: &Truth, truth_pair: f64) -> String {
+    let a = &report.allocator;
+    let s = &report.sampling;
+    let helper = a.untraced_ns.as_ref().map_or("none".to_string(), |u| {
+        format!(
+            "{:.2} ns ({:.2}-{:.2} over {} runs, drift {:.3}, heap {:.3})",
+            u.pair_ns,
+            u.pair_range_ns[0],
+            u.pair_range_ns[1],
+            u.measurements,
+            u.drift,
+            u.heap_spread
+        )
+    });
+    let cpu = a.cpu.as_ref().map_or("none".to_string(), |c| {
+        format!("{} samples, {:.3} of the target's", c.samples, c.share)
+    });
+    format!(
+        "helper's pair {helper}; the loop's untraced {truth_pair:.2} ns, traced {:.2} ns; \
+         allocator CPU {cpu}; sampling {} samples, {} lost at {} Hz",
+        truth.get("loop_ps_per_pair") as f64 / 1000.0,
+        s.samples,
+        s.lost,
+        s.frequency_hz
+    )
 }
 
 /// The same counts with the tool attached (`-p`, the default mode) to a

@@ -190,6 +190,7 @@ mod tests {
         rounds: 1000,
         measurements: 1,
         drift: 0.0,
+        pair_range_ns: [10.0; 2],
     };
 
     fn sampled(samples: u64, received: u64, lost: u64, frequency_hz: u64) -> AllocatorTime {

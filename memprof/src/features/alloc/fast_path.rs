@@ -125,6 +125,7 @@ mod tests {
             rounds: 100,
             measurements: 4,
             drift: 0.01,
+            pair_range_ns: [29.0, 31.0],
         }
     }
 

@@ -85,6 +85,9 @@ pub struct UntracedCost {
     /// How uncertain the mean pace over the session is, relatively (see
     /// [`combine`]).
     pub drift: f64,
+    /// The fastest and the slowest run's [`Self::pair_ns`]: how far the
+    /// machine's pace moved over the session.
+    pub pair_range_ns: [f64; 2],
 }
 
 impl UntracedCost {
@@ -122,6 +125,7 @@ impl UntracedCost {
             rounds: self.rounds as u64,
             measurements: self.measurements,
             drift: self.drift,
+            pair_range_ns: self.pair_range_ns,
         }
     }
 }
@@ -143,6 +147,11 @@ pub fn combine(runs: &[UntracedCost]) -> Option<UntracedCost> {
         let var = runs.iter().map(|c| (total(c) - m).powi(2)).sum::<f64>() / (n - 1) as f64;
         var.sqrt() / m / (n as f64).sqrt()
     };
+    let pairs = runs.iter().map(|c| c.pair_ns);
+    let pair_range_ns = [
+        pairs.clone().fold(f64::INFINITY, f64::min),
+        pairs.fold(0.0, f64::max),
+    ];
     Some(UntracedCost {
         malloc_ns: mean(|c| c.malloc_ns),
         free_ns: mean(|c| c.free_ns),
@@ -152,6 +161,7 @@ pub fn combine(runs: &[UntracedCost]) -> Option<UntracedCost> {
         rounds: runs.iter().map(|c| c.rounds).sum(),
         measurements: n as u32,
         drift,
+        pair_range_ns,
     })
 }
 
@@ -358,11 +368,12 @@ fn parse(out: &str) -> Result<UntracedCost> {
         }
         Ok(v)
     };
+    let pair_ns = num(3)?;
     Ok(UntracedCost {
         malloc_ns: num(0)?,
         free_ns: num(1)?,
         calloc_ns: num(2)?,
-        pair_ns: num(3)?,
+        pair_ns,
         rounds: num(4)? as usize,
         heap_spread: fields
             .get(5)
@@ -373,6 +384,7 @@ fn parse(out: &str) -> Result<UntracedCost> {
             .context("the timing helper's spread is not a ratio")?,
         measurements: 1,
         drift: 0.0,
+        pair_range_ns: [pair_ns; 2],
     })
 }
 
@@ -404,6 +416,7 @@ mod tests {
         rounds: 1,
         measurements: 1,
         drift: 0.0,
+        pair_range_ns: [30.0; 2],
     };
 
     #[test]
@@ -448,6 +461,7 @@ mod tests {
             (both.malloc_ns, both.pair_ns, both.measurements),
             (30.0, 45.0, 2)
         );
+        assert_eq!(both.pair_range_ns, [30.0, 60.0]);
         // Totals 60 and 120: sd 42.4, over the mean 90 and √2.
         let expected = (1800f64).sqrt() / 90.0 / 2f64.sqrt();
         assert!((both.drift - expected).abs() < 1e-12, "{}", both.drift);

@@ -213,6 +213,9 @@ pub struct UntracedCostReport {
     pub measurements: u32,
     /// How far the runs differ, relatively (the machine's pace drifts).
     pub drift: f64,
+    /// The fastest and the slowest run's `pair_ns`.
+    #[serde(default)]
+    pub pair_range_ns: [f64; 2],
 }
 
 /// What estimated counts were extrapolated from.
