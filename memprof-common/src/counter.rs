@@ -64,9 +64,9 @@ pub const LOCK_SAMPLES: u32 = LOCK_STATE_ERRORS + 5;
 /// cap ([`crate::ALLOC_STACKS_PER_S`]) held back.
 pub const ALLOC_STACKS: u32 = LOCK_STATE_ERRORS + 6;
 pub const ALLOC_STACKS_CAPPED: u32 = LOCK_STATE_ERRORS + 7;
-/// Futex waits lost because other threads' waits in progress held their
-/// slot of the sched hooks' table ([`crate::FUTEX_SLOTS`]) and the slot
-/// beside it.
+/// Futex waits lost because other threads' waits in progress held every
+/// slot of their group in the sched hooks' table ([`crate::FUTEX_SLOTS`],
+/// [`crate::FUTEX_SLOT_GROUP`]).
 pub const FUTEX_SLOT_COLLISIONS: u32 = LOCK_STATE_ERRORS + 8;
 /// Futex waits the sched hooks saw but left untraced because the
 /// governor's stride ([`crate::futex_ctl::STRIDE`]) skipped them.

@@ -32,7 +32,7 @@ use aya_ebpf::{
 };
 use memprof_common::{
     counter, futex_ctl, futex_nr, futex_slot, key_may_sample, lock_event, sample_slot,
-    ContentionKey, WaitSpan, FUTEX_SLOTS, SAMPLE_SLOTS, SPANS_PER_S,
+    ContentionKey, WaitSpan, FUTEX_SLOTS, FUTEX_SLOT_GROUP, SAMPLE_SLOTS, SPANS_PER_S,
 };
 
 use super::{
@@ -76,7 +76,7 @@ struct Waiting {
     /// The owner's count of releases (`RELEASES_BY`) at the sleep.
     owner_releases: u32,
     /// Non-zero once a thread hashed here found another's wait in
-    /// progress and took the slot beside this one ([`slot_of`]).
+    /// progress and took another slot of the group ([`slot_of`]).
     spilled: u32,
     _pad: u32,
 }
@@ -234,11 +234,13 @@ fn spans_wanted() -> bool {
 
 /// The slot of the thread whose task pointer is `task`, about to go to
 /// sleep: its hashed slot, or, when another thread's wait is in progress
-/// there, the slot beside it if that one is free (or already its own).
-/// Both held is a collision, counted: the older wait in its hashed slot
-/// is lost. (Two of 64 threads share a slot one run in 16; in a convoy
-/// both sleep nearly always, and a CI run's 64-thread report lost 184
-/// waits and one thread.)
+/// there, the first other slot of its group of [`FUTEX_SLOT_GROUP`] that
+/// is free or already its own. All held is a collision, counted: the
+/// older wait in its hashed slot is lost. (In a convoy every thread
+/// sleeps nearly always: with one slot, two of 64 threads shared it one
+/// run in 16, and a CI run's 64-thread report lost 184 waits and a
+/// thread; with pairs, three of 256 threads shared one about one run in
+/// a hundred, and a CI run's 256-thread convoy lost 16 waits.)
 #[inline(always)]
 fn claim_slot(task: u64) -> Option<*mut Waiting> {
     let slot = futex_slot(task);
@@ -250,11 +252,13 @@ fn claim_slot(task: u64) -> Option<*mut Waiting> {
             return Some(w);
         }
         if (*w).start_ns != 0 {
-            if let Some(v) = WAITING.get_ptr_mut(slot ^ 1) {
-                if (*v).task == task || (*v).start_ns == 0 {
-                    (*w).spilled = 1;
-                    take_slot(v, task);
-                    return Some(v);
+            for k in 1..FUTEX_SLOT_GROUP {
+                if let Some(v) = WAITING.get_ptr_mut(slot ^ k) {
+                    if (*v).task == task || (*v).start_ns == 0 {
+                        (*w).spilled = 1;
+                        take_slot(v, task);
+                        return Some(v);
+                    }
                 }
             }
             count(counter::FUTEX_SLOT_COLLISIONS);
@@ -280,9 +284,10 @@ unsafe fn take_slot(w: *mut Waiting, task: u64) {
 }
 
 /// The slot the thread whose task pointer is `task` took at its last
-/// sleep ([`claim_slot`]), if it still holds it: its hashed slot, or the
-/// one beside it when the hashed one has `spilled` (a second lookup only
-/// then: this runs on every context switch of the machine).
+/// sleep ([`claim_slot`]), if it still holds it: its hashed slot, or
+/// another of its group when the hashed one has `spilled` (more lookups
+/// only then: this runs on every context switch of the machine), the
+/// first with its task, as [`claim_slot`] takes them.
 #[inline(always)]
 fn slot_of(task: u64) -> Option<*mut Waiting> {
     let slot = futex_slot(task);
@@ -296,9 +301,14 @@ fn slot_of(task: u64) -> Option<*mut Waiting> {
             return None;
         }
     }
-    let q = WAITING.get_ptr_mut(slot ^ 1)?;
-    // SAFETY: as above.
-    (unsafe { (*q).task } == task).then_some(q)
+    for k in 1..FUTEX_SLOT_GROUP {
+        let q = WAITING.get_ptr_mut(slot ^ k)?;
+        // SAFETY: as above.
+        if unsafe { (*q).task } == task {
+            return Some(q);
+        }
+    }
+    None
 }
 
 /// A wait the stride skips: its thread still waited on the lock
