@@ -23,7 +23,9 @@ pub struct Options {
     /// Turn on BPF run-time statistics for the session.
     pub bpf_stats: bool,
     pub duration: Option<Duration>,
-    pub frequency_hz: u64,
+    /// `--sample-freq`, if given (else [`crate::kernel::sampler::frequency`]
+    /// picks it).
+    pub frequency_hz: Option<u64>,
     /// Where a launched command's output goes.
     pub command_output: launch::Output,
     /// Whom a launched command runs as (`-u`).

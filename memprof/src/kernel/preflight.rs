@@ -151,7 +151,10 @@ pub fn raise_memlock_limit() {
 
 /// The checks that need no target, in the order a user fixes them; then
 /// tracefs mounted and the memlock limit raised. Returns where tracefs is.
-pub fn check_system(root: &Path, frequency_hz: u64) -> Result<std::path::PathBuf> {
+/// `frequency_hz` is `--sample-freq`'s, if given (a rate the tool picks is
+/// never above the default).
+pub fn check_system(root: &Path, frequency_hz: Option<u64>) -> Result<std::path::PathBuf> {
+    let frequency_hz = frequency_hz.unwrap_or(crate::cli::DEFAULT_SAMPLE_FREQ);
     check_privilege(root)?;
     check_perf_events(root)?;
     check_btf(root)?;

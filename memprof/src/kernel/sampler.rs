@@ -35,6 +35,22 @@
 //!
 //! Per CPU too for `--cgroup`, whose processes come and go, and beyond
 //! [`MAX_THREAD_EVENTS`].
+//!
+//! Per CPU or per thread, such a switchy attached target still pays for
+//! the rate: `sysbench threads --threads=4 --thread-locks=1` attached
+//! (per CPU, 186 k switches a second, 13.6 µs an interrupt) kept 0.69-0.71
+//! of its throughput at 999 Hz, 0.74-0.83 at 300 Hz, 0.90-0.97 at 100 Hz
+//! and 0.89-1.01 at 1 Hz (control 0.91-1.08; medians of seconds 7-12 of
+//! a `--report-interval 1` run, 3-4 runs each), with the lock and
+//! allocator probes off as well as on: ~150 µs of its progress lost per
+//! interrupt, ten times the interrupt's own cost. Its threads hold the
+//! lock across `sched_yield`; an interrupt that lands on the holder, or
+//! on a CPU a waiter is being woken to, stretches a hand-off all wait
+//! for. So when the threshold above makes the sampler per CPU and an
+//! interrupt costs [`SLOW_INTERRUPT_NS`] or more (a VM: bare metal takes
+//! one or two µs), the rate is [`SWITCHY_FREQUENCY_HZ`] unless
+//! `--sample-freq` says otherwise, and the report says so: ten times
+//! fewer samples, over the same seconds.
 
 use aya::programs::{
     perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy},
@@ -42,11 +58,21 @@ use aya::programs::{
 };
 
 use super::detach::OwnedLinks;
+use crate::cli::DEFAULT_SAMPLE_FREQ;
 use crate::process::procfs::{context_switches, list_threads};
 
 /// Context switches a second of an attached target's threads from which
 /// it is sampled per CPU (see the module's measurements).
 pub const SWITCHY_PER_S: f64 = 50_000.0;
+
+/// The sampling rate for an attached target sampled per CPU for its
+/// switches, on a machine of slow interrupts (see the module's
+/// measurements).
+pub const SWITCHY_FREQUENCY_HZ: u64 = 99;
+
+/// An interrupt this costly is a hypervisor's (this project's VMs: 12-16
+/// µs; bare metal: 1-2).
+pub const SLOW_INTERRUPT_NS: f64 = 5_000.0;
 
 /// Most per-thread events opened (a file descriptor each); beyond, the
 /// sampler is per CPU.
@@ -56,6 +82,8 @@ pub const MAX_THREAD_EVENTS: usize = 4096;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
     pub frequency_hz: u64,
+    /// The rate asked for or the default, when [`frequency`] lowered it.
+    pub lowered_from: Option<u64>,
     /// Hardware cycles when the machine has a PMU.
     pub try_hardware: bool,
     pub scope: SamplerScope,
@@ -75,16 +103,17 @@ pub struct StartMeasures {
 
 impl Sampling {
     /// For the main process `pid` and `others`, `launched` or attached to,
-    /// in a `cgroup` or not: the scope from [`per_cpu`] and
-    /// [`SamplerScope::choose`].
+    /// in `opts`' cgroup or not: the scope from [`per_cpu`] and
+    /// [`SamplerScope::choose`], the rate `--sample-freq`'s or else
+    /// [`frequency`]'s.
     pub fn new(
-        frequency_hz: u64,
+        opts: &crate::options::Options,
         try_hardware: bool,
         pid: u32,
         others: &[u32],
         launched: bool,
-        cgroup: bool,
     ) -> crate::error::Result<Self> {
+        let (asked_hz, cgroup) = (opts.frequency_hz, opts.cgroup.is_some());
         let tgids: Vec<u32> = std::iter::once(pid).chain(others.iter().copied()).collect();
         let counted = |tgids: &[u32]| {
             let at = std::time::Instant::now();
@@ -107,8 +136,12 @@ impl Sampling {
         let cpus =
             aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
         let per_cpu = per_cpu(launched, cgroup, switches_per_s);
+        let switchy = per_cpu && !cgroup;
+        let frequency_hz = frequency(asked_hz, switchy, interrupt_ns);
+        let default = asked_hz.unwrap_or(DEFAULT_SAMPLE_FREQ);
         Ok(Self {
             frequency_hz,
+            lowered_from: (frequency_hz != default).then_some(default),
             try_hardware,
             scope: SamplerScope::choose(&tgids, per_cpu, cpus, list_threads),
             measured: StartMeasures {
@@ -116,6 +149,37 @@ impl Sampling {
                 switches_per_s,
             },
         })
+    }
+
+    /// What the report says of a lowered rate.
+    pub fn lowered_note(&self) -> Option<String> {
+        let from = self.lowered_from?;
+        let switches = self.measured.switches_per_s.unwrap_or(0.0);
+        let ns = self.measured.interrupt_ns.unwrap_or(0.0);
+        Some(format!(
+            "CPU sampling at {} Hz, not {from}: the target's threads switch {:.0} k times \
+             a second and a timer interrupt costs {:.1} µs here, so each one stalls their \
+             hand-offs (measured: an attached `sysbench threads` kept 0.70 of its \
+             throughput at 999 Hz, 0.90-0.97 at 100 Hz); --sample-freq sets the rate",
+            self.frequency_hz,
+            switches / 1e3,
+            ns / 1e3
+        ))
+    }
+}
+
+/// The sampling rate: `asked` (`--sample-freq`) if given; else
+/// [`SWITCHY_FREQUENCY_HZ`] for an attached target sampled per CPU for
+/// its switches (`switchy`) where an interrupt costs [`SLOW_INTERRUPT_NS`]
+/// or more, [`DEFAULT_SAMPLE_FREQ`] otherwise (and when the interrupt's
+/// cost is unknown: nothing says the rate costs more than its share).
+pub fn frequency(asked: Option<u64>, switchy: bool, interrupt_ns: Option<f64>) -> u64 {
+    match asked {
+        Some(hz) => hz,
+        None if switchy && interrupt_ns.is_some_and(|ns| ns >= SLOW_INTERRUPT_NS) => {
+            SWITCHY_FREQUENCY_HZ
+        }
+        None => DEFAULT_SAMPLE_FREQ,
     }
 }
 
@@ -225,6 +289,21 @@ impl SamplerScope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_switchy_target_on_slow_interrupts_is_sampled_at_a_lower_rate() {
+        let vm = Some(13_600.0);
+        assert_eq!(frequency(None, true, vm), SWITCHY_FREQUENCY_HZ);
+        assert_eq!(frequency(Some(999), true, vm), 999, "asked for");
+        assert_eq!(frequency(Some(4999), false, vm), 4999);
+        assert_eq!(frequency(None, false, vm), DEFAULT_SAMPLE_FREQ, "redis");
+        assert_eq!(
+            frequency(None, true, Some(1_500.0)),
+            DEFAULT_SAMPLE_FREQ,
+            "bare metal"
+        );
+        assert_eq!(frequency(None, true, None), DEFAULT_SAMPLE_FREQ, "unknown");
+    }
 
     #[test]
     fn per_cpu_for_a_cgroup_or_an_attached_target_that_switches_often() {

@@ -185,8 +185,8 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
     let has_pmu = preflight::has_hardware_pmu(root);
     // Before the programs load, so their run-time counts cover them all.
     let bpf_stats = BpfStats::enable(root, opts.bpf_stats);
-    let (launched, cgroup) = (target.launched(), opts.cgroup.is_some());
-    let sampling = Sampling::new(opts.frequency_hz, has_pmu, pid, &others, launched, cgroup)?;
+    let sampling = Sampling::new(opts, has_pmu, pid, &others, target.launched())?;
+    notes.extend(sampling.lowered_note());
     let mut probes = Probes::attach(pid, &tracefs_dir, &sampling, &load)?;
     if let Some(c) = &opts.cgroup {
         probes.set_traced_cgroups(&c.ids())?;
@@ -224,7 +224,7 @@ async fn start(opts: &Options, signals: Signals, quiet: bool) -> Result<Live> {
         target,
         exports: Exports::new(opts, &command, pid),
         command,
-        frequency_hz: opts.frequency_hz,
+        frequency_hz: sampling.frequency_hz,
         scope: SamplingScope::from(&sampling.scope),
         measured: sampling.measured,
         started: Instant::now(),

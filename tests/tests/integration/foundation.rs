@@ -179,7 +179,11 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
 /// second, the timer is one per CPU: per-thread events opened on threads
 /// that already run stop one timer and start another at each of their
 /// switches (Debian's `sysbench threads` pinned that way kept 0.11 of its
-/// speed under them; see `memprof/src/kernel/sampler.rs`).
+/// speed under them; see `memprof/src/kernel/sampler.rs`). Where an
+/// interrupt costs 5 µs or more (these VMs) the rate is 99 Hz, not 999,
+/// and a note says why (an attached `sysbench threads` kept 0.70 of its
+/// throughput at 999 Hz); `--sample-freq 999` still gets 999. Each rate
+/// keeps the target's samples: its threads keep CPU 0 busy for the 2 s.
 #[test]
 fn attached_to_threads_that_switch_often_the_timer_is_per_cpu() {
     if !require_root("attached_to_threads_that_switch_often_the_timer_is_per_cpu") {
@@ -187,27 +191,54 @@ fn attached_to_threads_that_switch_often_the_timer_is_per_cpu() {
     }
     let locks = build_workload("locks", Variant::Debug).expect("building locks");
     // Two threads on one CPU, each yielding to the other at every round,
-    // for longer than any session here takes: the test ends them (with
-    // 12 s they were gone before a session under CI's load ended).
-    let args = ["-c", "0", locks.to_str().unwrap(), "yield", "2", "40"];
+    // for longer than the two sessions here take: the test ends them
+    // (with 12 s they were gone before a session under CI's load ended;
+    // with 40 s, once here before the second of two).
+    let args = ["-c", "0", locks.to_str().unwrap(), "yield", "2", "120"];
     let mut target = TestProcess::spawn(std::path::Path::new("/usr/bin/taskset"), &args);
     target.wait_ready();
     let pid = target.pid().to_string();
-    let (_, report) = trace("attach-switching", &["-p", &pid, "--duration", "2s"]);
-    let report = typed(&report);
-    let switches = report
-        .sampling
-        .switches_per_s
-        .expect("counted when attached");
-    assert!(
-        switches > 50_000.0,
-        "two pinned yielders switching {switches}/s"
-    );
-    assert_eq!(report.sampling.scope, SamplingScope::Cpus);
-    // The per-CPU timers keep the target's samples: its threads keep CPU 0
-    // busy for the 2 s at 999 Hz.
-    let samples = report.sampling.samples;
-    assert!(samples > 1000, "samples of the target: {samples}");
+    for asked in [None, Some("999")] {
+        // The sampler alone: with the lock and allocator probes on, closing
+        // their uprobe links at exit waited in the kernel's
+        // synchronize_srcu for up to 57 s on this target (1 session in 4
+        // here, kernel 6.18), a defect of its own (#33's closing note).
+        let mut args = vec![
+            "-p",
+            &pid,
+            "--duration",
+            "2s",
+            "--lock-mode",
+            "off",
+            "--alloc-mode",
+            "off",
+        ];
+        args.extend(asked.iter().flat_map(|hz| ["--sample-freq", hz]));
+        let (_, report) = trace("attach-switching", &args);
+        let report = typed(&report);
+        let s = &report.sampling;
+        let switches = s.switches_per_s.expect("counted when attached");
+        assert!(
+            switches > 50_000.0,
+            "two pinned yielders switching {switches}/s"
+        );
+        assert_eq!(s.scope, SamplingScope::Cpus);
+        let slow = s.interrupt_ns.is_some_and(|ns| ns >= 5_000.0);
+        let lowered = asked.is_none() && slow;
+        let expected: u64 = if lowered { 99 } else { 999 };
+        assert_eq!(s.frequency_hz, expected, "asked {asked:?}: {s:?}");
+        let noted = report
+            .notes
+            .iter()
+            .any(|n| n.contains("CPU sampling at 99 Hz"));
+        assert_eq!(noted, lowered, "asked {asked:?}: {:?}", report.notes);
+        // Half of CPU 0's 2 s.
+        assert!(
+            s.samples > expected,
+            "asked {asked:?}: samples of the target: {}",
+            s.samples
+        );
+    }
     assert!(
         target.child.try_wait().unwrap().is_none(),
         "the target must survive the session"
