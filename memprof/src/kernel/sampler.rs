@@ -82,8 +82,8 @@ pub const MAX_THREAD_EVENTS: usize = 4096;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
     pub frequency_hz: u64,
-    /// The rate asked for or the default, when [`frequency`] lowered it.
-    pub lowered_from: Option<u64>,
+    /// [`frequency`] lowered the default rate (never an asked one).
+    pub lowered: bool,
     /// Hardware cycles when the machine has a PMU.
     pub try_hardware: bool,
     pub scope: SamplerScope,
@@ -138,10 +138,9 @@ impl Sampling {
         let per_cpu = per_cpu(launched, cgroup, switches_per_s);
         let switchy = per_cpu && !cgroup;
         let frequency_hz = frequency(asked_hz, switchy, interrupt_ns);
-        let default = asked_hz.unwrap_or(DEFAULT_SAMPLE_FREQ);
         Ok(Self {
             frequency_hz,
-            lowered_from: (frequency_hz != default).then_some(default),
+            lowered: asked_hz.is_none() && frequency_hz != DEFAULT_SAMPLE_FREQ,
             try_hardware,
             scope: SamplerScope::choose(&tgids, per_cpu, cpus, list_threads),
             measured: StartMeasures {
@@ -153,11 +152,13 @@ impl Sampling {
 
     /// What the report says of a lowered rate.
     pub fn lowered_note(&self) -> Option<String> {
-        let from = self.lowered_from?;
+        if !self.lowered {
+            return None;
+        }
         let switches = self.measured.switches_per_s.unwrap_or(0.0);
         let ns = self.measured.interrupt_ns.unwrap_or(0.0);
         Some(format!(
-            "CPU sampling at {} Hz, not {from}: the target's threads switch {:.0} k times \
+            "CPU sampling at {} Hz, not {DEFAULT_SAMPLE_FREQ}: the target's threads switch {:.0} k times \
              a second and a timer interrupt costs {:.1} µs here, so each one stalls their \
              hand-offs (measured: an attached `sysbench threads` kept 0.70 of its \
              throughput at 999 Hz, 0.90-0.97 at 100 Hz); --sample-freq sets the rate",
