@@ -1935,7 +1935,12 @@ fn the_untraced_cost_is_the_targets_allocators() {
         return;
     }
     let lib = build_shared_lib("slowalloc").expect("building libslowalloc.so");
-    let real_pair = untraced_pairs_ns(lib.to_str().expect("UTF-8 path"), 50_000);
+    // Busy waits only get longer when the VM preempts them, so the
+    // fastest of three runs is their cost: one run of a noisy CI machine
+    // timed 4,407 ns.
+    let real_pair = (0..3)
+        .map(|_| untraced_pairs_ns(lib.to_str().expect("UTF-8 path"), 50_000))
+        .fold(f64::INFINITY, f64::min);
     let excess = (real_pair - (SLOW_MALLOC_NS + SLOW_FREE_NS) as f64) / 2.0;
     assert!(
         (0.0..200.0).contains(&excess),
