@@ -18,3 +18,8 @@ pub const ALLOC_GLIBC_HEADER: &str = "ALLOC_GLIBC_HEADER";
 pub const SYSCALL_ARGS_OFFSET: &str = "SYSCALL_ARGS_OFFSET";
 /// `u32`: offset of `ret` in `syscalls:sys_exit_*` records.
 pub const SYSCALL_RET_OFFSET: &str = "SYSCALL_RET_OFFSET";
+/// `u64`: the kernel's tick handler, whose hrtimer expiries the tick
+/// sampler samples on.
+pub const TICK_FUNCTION: &str = "TICK_FUNCTION";
+/// `u32`: offset of `function` in the `timer:hrtimer_expire_entry` record.
+pub const TICK_FUNCTION_OFFSET: &str = "TICK_FUNCTION_OFFSET";

@@ -3,6 +3,8 @@
 
 /// `perf_event` program on `cpu-clock` (or hardware cycles), one per CPU.
 pub const CPU_SAMPLE: &str = "mp_cpu_sample";
+/// `timer:hrtimer_expire_entry`: CPU samples on the scheduler tick.
+pub const TICK_SAMPLE: &str = "mp_tick_sample";
 /// `perf_event` program on precise memory events (PEBS, IBS).
 pub const MEM_SAMPLE: &str = "mp_mem_sample";
 /// `task:task_newtask`: a thread of the target was created.
@@ -54,8 +56,9 @@ pub const LOCK_EXIT: &str = "mp_lock_exit";
 pub const UNLOCK: &str = "mp_unlock";
 
 /// All of them, for checks that nothing is left loaded.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 27] = [
     CPU_SAMPLE,
+    TICK_SAMPLE,
     MEM_SAMPLE,
     TASK_NEW,
     TASK_EXIT,

@@ -1,11 +1,17 @@
-//! CPU sampling: a `perf_event` program on every online CPU.
+//! CPU sampling: a `perf_event` program on the sampler's timer events, or
+//! a tracepoint program on the scheduler tick.
 
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::bpf_get_smp_processor_id,
-    macros::{map, perf_event},
+    bindings::{
+        pt_regs, BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+    },
+    helpers::{
+        bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_probe_read_kernel, bpf_task_pt_regs,
+    },
+    macros::{map, perf_event, tracepoint},
     maps::{RingBuf, StackTrace},
-    programs::{tracing::StackIdContext, PerfEventContext},
+    programs::{tracing::StackIdContext, PerfEventContext, TracePointContext},
+    Global,
 };
 use memprof_common::{
     counter, procs::recipe_key, SampleEvent, SAMPLES_RING_BYTES, SAMPLES_WAKEUP_BYTES,
@@ -29,25 +35,82 @@ const EFAULT: i32 = 14;
 
 #[perf_event]
 pub fn mp_cpu_sample(ctx: PerfEventContext) -> u32 {
-    try_cpu_sample(&ctx);
+    let (tgid, tid) = current_ids();
+    let Some(layout) = traced_layout(tgid) else {
+        return 0;
+    };
+    // SAFETY: the kernel passes a valid `bpf_perf_event_data` whose `regs`
+    // are the interrupted context's registers; reading them is allowed.
+    let regs = unsafe { &(*ctx.ctx).regs };
+    let in_kernel = regs.cs & 3 != 3;
+    record_sample(&ctx, regs, in_kernel, (tgid, tid), layout);
     0
 }
 
-#[inline(always)]
-fn try_cpu_sample(ctx: &PerfEventContext) {
+/// The kernel's tick handler (`tick_nohz_handler`), whose expiries
+/// [`mp_tick_sample`] samples on; written by the loader.
+// SAFETY (no_mangle, both): the loader finds each global by this exact
+// name; no other symbol in the object has it.
+#[unsafe(no_mangle)]
+static TICK_FUNCTION: Global<u64> = Global::new(0);
+/// Offset of `function` in the `timer:hrtimer_expire_entry` record.
+#[unsafe(no_mangle)]
+static TICK_FUNCTION_OFFSET: Global<u32> = Global::new(24);
+
+/// `orig_ax` of registers saved on entry from user mode by a system
+/// interrupt (the local timer's among them): no syscall to restart.
+const ORIG_AX_INTERRUPT: u64 = u64::MAX;
+
+/// The scheduler tick as the sampling timer: it interrupts every busy
+/// CPU `HZ` times a second whether or not anything samples, so sampling
+/// on it adds no interrupt. The thread it lands on is `current`; its user
+/// registers are the ones saved at its entry to the kernel, which are the
+/// interrupted ones when the tick came from user mode (`orig_ax` says
+/// so: a syscall's or fault's number otherwise, then it is a kernel
+/// sample).
+#[tracepoint]
+pub fn mp_tick_sample(ctx: TracePointContext) -> u32 {
+    // SAFETY: reading a field of the record the tracepoint passes, at an
+    // offset the loader read from its format.
+    let function: u64 = match unsafe { ctx.read_at(TICK_FUNCTION_OFFSET.load() as usize) } {
+        Ok(f) => f,
+        Err(_) => return 0,
+    };
+    if function != TICK_FUNCTION.load() {
+        return 0;
+    }
     let (tgid, tid) = current_ids();
     let Some(layout) = traced_layout(tgid) else {
-        return;
+        return 0;
     };
-    count(counter::SAMPLES_SEEN);
+    // SAFETY: helpers that take the current task's BTF pointer and give
+    // the address of its saved user registers; the copy is a checked
+    // kernel read that fails cleanly.
+    let regs = unsafe {
+        let at = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
+        match bpf_probe_read_kernel(at) {
+            Ok(regs) => regs,
+            Err(_) => return 0,
+        }
+    };
+    let in_kernel = regs.orig_rax != ORIG_AX_INTERRUPT;
+    record_sample(&ctx, &regs, in_kernel, (tgid, tid), layout);
+    0
+}
 
-    // SAFETY: the kernel passes a valid `bpf_perf_event_data` whose `regs`
-    // are the interrupted context's registers; reading them is allowed.
-    let (ip, cs, sp, bp) = unsafe {
-        let regs = &(*ctx.ctx).regs;
-        (regs.rip, regs.cs, regs.rsp, regs.rbp)
-    };
-    let in_kernel = cs & 3 != 3;
+/// Sends one CPU sample of thread `ids` (tgid, tid) of a traced process
+/// of code `layout`, interrupted with user registers `regs` (kernel
+/// ones when `in_kernel`).
+#[inline(always)]
+fn record_sample<C: StackIdContext>(
+    ctx: &C,
+    regs: &pt_regs,
+    in_kernel: bool,
+    (tgid, tid): (u32, u32),
+    layout: u32,
+) {
+    count(counter::SAMPLES_SEEN);
+    let (ip, sp, bp) = (regs.rip, regs.rsp, regs.rbp);
 
     // The user stack is walked by the kernel from the thread's saved user
     // registers, so it is valid even when the sample hit kernel code. In
@@ -74,7 +137,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     } else {
         // Recipes are looked up by instruction and code layout: processes
         // whose code differs at the same address have their own.
-        sample_access(ctx, recipe_key(layout, ip), tid, time_ns, false)
+        sample_access(regs, None, recipe_key(layout, ip), tid, time_ns)
     };
 
     let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
@@ -118,13 +181,14 @@ pub fn mp_mem_sample(ctx: PerfEventContext) -> u32 {
         return 0;
     };
     // SAFETY: the kernel passes a valid `bpf_perf_event_data`; reading its
-    // registers is allowed.
-    let (ip, cs) = unsafe { ((*ctx.ctx).regs.rip, (*ctx.ctx).regs.cs) };
-    if cs & 3 != 3 {
+    // registers and address is allowed.
+    let (regs, addr) = unsafe { (&(*ctx.ctx).regs, (*ctx.ctx).addr) };
+    let ip = regs.rip;
+    if regs.cs & 3 != 3 {
         return 0; // a kernel access (the events exclude them; be sure)
     }
     let time_ns = bpf_now();
-    let access = sample_access(&ctx, recipe_key(layout, ip), tid, time_ns, true);
+    let access = sample_access(regs, Some(addr), recipe_key(layout, ip), tid, time_ns);
     let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
         count(counter::SAMPLES_LOST);
         return 0;

@@ -9,11 +9,11 @@
 //! itself is `memprof_common::sharing`, shared with the unit tests.
 
 use aya_ebpf::{
+    bindings::pt_regs,
     bindings::BPF_NOEXIST,
     helpers::bpf_probe_read_user,
     macros::map,
     maps::{Array, HashMap, LruHashMap},
-    programs::PerfEventContext,
 };
 use memprof_common::{
     counter,
@@ -71,16 +71,17 @@ pub struct Access {
     pub size: u32,
 }
 
-/// Computes the sampled access of a user-mode sample of `tid` at `ip`
-/// and records it in the line table. With `precise`, the sample is a
-/// memory event's and carries the address.
+/// Computes the sampled access of a user-mode sample of `tid` at `ip`,
+/// interrupted with user registers `regs`, and records it in the line
+/// table. `precise`: the address a precise memory event's sample
+/// carries (None for a timer sample: computed from `regs`).
 #[inline(always)]
 pub fn sample_access(
-    ctx: &PerfEventContext,
+    regs: &pt_regs,
+    precise: Option<u64>,
     ip: u64,
     tid: u32,
     now_ns: u64,
-    precise: bool,
 ) -> Access {
     count(counter::USER_SAMPLES);
     // SAFETY: a map lookup; the value is plain data and only read.
@@ -92,14 +93,11 @@ pub fn sample_access(
         };
     };
     let recipe = *recipe;
-    let addr = if precise {
-        // SAFETY: the kernel passes a valid `bpf_perf_event_data`; `addr`
-        // is one of its readable fields.
-        let addr = unsafe { (*ctx.ctx).addr };
-        (addr != 0 && recipe.flags & memprof_common::sharing::recipe::NO_OPERAND == 0)
-            .then_some(addr)
-    } else {
-        recipe.address_with(&registers(ctx), read_user_u64)
+    let addr = match precise {
+        Some(addr) => (addr != 0
+            && recipe.flags & memprof_common::sharing::recipe::NO_OPERAND == 0)
+            .then_some(addr),
+        None => recipe.address_with(&registers(regs), read_user_u64),
     };
     let Some(addr) = addr else {
         count(if recipe.loads > 0 {
@@ -124,10 +122,7 @@ pub fn sample_access(
 
 /// The sampled user registers, in x86 encoding order ([`reg`]).
 #[inline(always)]
-fn registers(ctx: &PerfEventContext) -> [u64; reg::COUNT] {
-    // SAFETY: the kernel passes a valid `bpf_perf_event_data`; its `regs`
-    // are the interrupted (user) context's registers, readable fields.
-    let r = unsafe { &(*ctx.ctx).regs };
+fn registers(r: &pt_regs) -> [u64; reg::COUNT] {
     [
         r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11, r.r12,
         r.r13, r.r14, r.r15,

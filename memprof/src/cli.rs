@@ -124,6 +124,17 @@ pub struct Cli {
     )]
     pub sample_freq: Option<u64>,
 
+    /// What interrupts the target to take CPU samples: `timer`, a perf
+    /// timer of the tool's own (at --sample-freq); `tick`, the kernel's
+    /// scheduler tick (CONFIG_HZ, 250 on Debian), which interrupts busy
+    /// CPUs anyway, so sampling adds no interrupt; `auto`, the tick where
+    /// the timer would stall the target's hand-offs (an attached process
+    /// that switches more than 50 k times a second, on a machine where an
+    /// interrupt costs 5 µs or more, as in a VM) and --sample-freq is not
+    /// given, the timer otherwise
+    #[arg(long, value_name = "SOURCE", value_enum, default_value_t = SamplerChoice::Auto)]
+    pub sampler: SamplerChoice,
+
     /// How to trace the allocator's calls: `sampled` attaches its probes in
     /// windows sized to keep the target's slowdown within --budget (counts
     /// are then scaled estimates); `full` traces every call (exact, but each
@@ -197,6 +208,14 @@ pub struct Cli {
     /// The command to launch and trace from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// `--sampler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplerChoice {
+    Auto,
+    Timer,
+    Tick,
 }
 
 /// `--alloc-mode`.

@@ -194,6 +194,7 @@ fn options(cli: &cli::Cli, live: bool) -> Result<(options::Options, Outputs)> {
         bpf_stats: !cli.no_bpf_stats,
         duration: cli.duration,
         frequency_hz: cli.sample_freq,
+        sampler: cli.sampler,
         command_output,
         run_as,
         alloc: experimental.alloc(alloc_settings(cli)),

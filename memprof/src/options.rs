@@ -26,6 +26,8 @@ pub struct Options {
     /// `--sample-freq`, if given (else [`crate::kernel::sampler::frequency`]
     /// picks it).
     pub frequency_hz: Option<u64>,
+    /// `--sampler`.
+    pub sampler: crate::cli::SamplerChoice,
     /// Where a launched command's output goes.
     pub command_output: launch::Output,
     /// Whom a launched command runs as (`-u`).

@@ -38,6 +38,8 @@ pub enum SamplingSource {
     Cycles,
     /// Software timer (works everywhere, including VMs without a PMU).
     CpuClock,
+    /// The kernel's scheduler tick ([`super::sampler::Tick`]).
+    Tick,
 }
 
 impl SamplingSource {
@@ -45,6 +47,7 @@ impl SamplingSource {
         match self {
             SamplingSource::Cycles => "cycles",
             SamplingSource::CpuClock => "cpu-clock",
+            SamplingSource::Tick => "tick",
         }
     }
 }
@@ -100,7 +103,8 @@ impl Probes {
     /// only loaded: the features attach them, in windows, with
     /// [`Probes::attach_points`].
     pub fn attach(tgid: u32, tracefs_dir: &Path, sampling: &Sampling, load: &Load) -> Result<Self> {
-        let (mut ebpf, logger, (multi, link_mode)) = load_object(tgid, tracefs_dir, load)?;
+        let (mut ebpf, logger, (multi, link_mode)) =
+            load_object(tgid, tracefs_dir, load, sampling.tick)?;
         // The main process is traced from the first program on, with
         // layout 0; other processes are added by the session (or, forked
         // children, by the kernel).
@@ -258,6 +262,7 @@ fn load_object(
     tgid: u32,
     tracefs_dir: &Path,
     load: &Load,
+    tick: Option<super::sampler::Tick>,
 ) -> Result<(Ebpf, Logger, (Option<MultiPrograms>, LinkMode))> {
     let pid_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "pid", 4)?;
     let flags_off = tracefs::field_offset(tracefs_dir, "task", "task_newtask", "clone_flags", 8)?;
@@ -279,6 +284,16 @@ fn load_object(
         .override_global(globals::ALLOC_GLIBC_HEADER, &glibc_header, true)
         .override_global(globals::SYSCALL_ARGS_OFFSET, &args_off, true)
         .override_global(globals::SYSCALL_RET_OFFSET, &ret_off, true);
+    let tick_fn = tick.map_or(0, |t| t.function);
+    let tick_off = match tick {
+        Some(_) => {
+            tracefs::field_offset(tracefs_dir, "timer", "hrtimer_expire_entry", "function", 8)?
+        }
+        None => 0,
+    };
+    loader
+        .override_global(globals::TICK_FUNCTION, &tick_fn, true)
+        .override_global(globals::TICK_FUNCTION_OFFSET, &tick_off, true);
     for (ring, bytes) in windowed_sizes(load.alloc_windowed, load.lock_windowed) {
         loader.map_max_entries(ring, bytes);
     }
@@ -520,6 +535,9 @@ fn attach_sampler(
     owned: &mut OwnedLinks,
     sampling: &Sampling,
 ) -> Result<SamplingSource> {
+    if sampling.tick.is_some() {
+        return super::sampler::attach_tick(ebpf, owned);
+    }
     let (scope, frequency_hz) = (&sampling.scope, sampling.frequency_hz);
     let prog: &mut PerfEvent = program(ebpf, programs::CPU_SAMPLE)?;
     prog.load()

@@ -51,6 +51,25 @@
 //! one or two µs), the rate is [`SWITCHY_FREQUENCY_HZ`] unless
 //! `--sample-freq` says otherwise, and the report says so: ten times
 //! fewer samples, over the same seconds.
+//!
+//! **Or no timer at all** ([`Tick`], `--sampler tick`): the scheduler
+//! tick interrupts every busy CPU `CONFIG_HZ` times a second (250 on
+//! Debian) whatever runs, and a program on `timer:hrtimer_expire_entry`
+//! for the tick's handler samples the thread it lands on from the user
+//! registers saved at its entry to the kernel. Measured here (2026-12-06,
+//! `locks contended_bench 2 1600000`, 1,600 ns a section untraced): a
+//! `perf record -e cpu-clock` timer per thread costs it 6% even at 1 Hz
+//! (the switch cost above, with cloned contexts too when a thread sleeps
+//! and another CPU wakes), 10% at 99 Hz, 23% at 999 Hz; per CPU nothing
+//! at 1-10 Hz, 5% at 49 Hz, 10% at 99 Hz; bpftrace counting the tick's
+//! expiries of the same target nothing (1,602-1,613 ns) and saw 95% of
+//! the ticks its threads' CPU time predicts. The tool's default mode went
+//! from 0.79 to 0.90 of untraced with the tick (5 alternating rounds).
+//! It is the `auto` choice where the timer's rate is lowered above, not
+//! everywhere: 250 Hz is a quarter of 999, and a run of the integration
+//! tests with the tick on every VM lost the allocator's CPU-time counts
+//! (claimed error over ±30%), a read-mostly table's lines and two of the
+//! five unnecessary-contention classes to too few samples.
 
 use aya::programs::{
     perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy},
@@ -58,7 +77,7 @@ use aya::programs::{
 };
 
 use super::detach::OwnedLinks;
-use crate::cli::DEFAULT_SAMPLE_FREQ;
+use crate::cli::{SamplerChoice, DEFAULT_SAMPLE_FREQ};
 use crate::process::procfs::{context_switches, list_threads};
 
 /// Context switches a second of an attached target's threads from which
@@ -88,6 +107,9 @@ pub struct Sampling {
     pub try_hardware: bool,
     pub scope: SamplerScope,
     pub measured: StartMeasures,
+    /// Sampling on the scheduler tick instead of a timer of our own
+    /// (`frequency_hz` is then its rate).
+    pub tick: Option<Tick>,
 }
 
 /// What the sampler measured at start-up, before the programs load.
@@ -138,22 +160,50 @@ impl Sampling {
         let per_cpu = per_cpu(launched, cgroup, switches_per_s);
         let switchy = per_cpu && !cgroup;
         let frequency_hz = frequency(asked_hz, switchy, interrupt_ns);
+        let lowered = asked_hz.is_none() && frequency_hz != DEFAULT_SAMPLE_FREQ;
+        let tick = choose_tick(opts.sampler, asked_hz, lowered, try_hardware, Tick::find)?;
+        let scope = match tick {
+            // No event to open; samples land on the running threads.
+            Some(_) => SamplerScope::Threads(Vec::new()),
+            None => SamplerScope::choose(&tgids, per_cpu, cpus, list_threads),
+        };
         Ok(Self {
-            frequency_hz,
-            lowered: asked_hz.is_none() && frequency_hz != DEFAULT_SAMPLE_FREQ,
+            frequency_hz: tick.map_or(frequency_hz, |t| t.hz),
+            lowered: lowered && tick.is_none(),
             try_hardware,
-            scope: SamplerScope::choose(&tgids, per_cpu, cpus, list_threads),
+            scope,
             measured: StartMeasures {
                 interrupt_ns,
                 switches_per_s,
             },
+            tick,
         })
     }
 
-    /// What the report says of a lowered rate.
+    /// What the report says of sampling on the tick.
+    fn tick_note(&self) -> Option<String> {
+        let tick = self.tick?;
+        let why = match self.measured.switches_per_s {
+            Some(s) if s > SWITCHY_PER_S => format!(
+                ", where a timer of its own would stall the target's hand-offs (its threads \
+                 switch {:.0} k times a second)",
+                s / 1e3
+            ),
+            _ => String::new(),
+        };
+        Some(format!(
+            "CPU samples taken on the kernel's {} Hz scheduler tick, which interrupts busy CPUs \
+             anyway: the sampler adds no interrupt of its own{why}; --sampler timer and \
+             --sample-freq set another rate",
+            tick.hz
+        ))
+    }
+
+    /// What the report says of a rate other than the default: a lowered
+    /// one, or the tick's.
     pub fn lowered_note(&self) -> Option<String> {
         if !self.lowered {
-            return None;
+            return self.tick_note();
         }
         let switches = self.measured.switches_per_s.unwrap_or(0.0);
         let ns = self.measured.interrupt_ns.unwrap_or(0.0);
@@ -190,6 +240,124 @@ pub fn frequency(asked: Option<u64>, switchy: bool, interrupt_ns: Option<f64>) -
 /// the module's measurements).
 pub fn per_cpu(launched: bool, cgroup: bool, switches_per_s: Option<f64>) -> bool {
     cgroup || (!launched && switches_per_s.is_some_and(|r| r > SWITCHY_PER_S))
+}
+
+/// The scheduler tick, as a sampling timer ([`SamplerChoice::Tick`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tick {
+    /// The kernel's tick handler (the `function` of its hrtimer).
+    pub function: u64,
+    /// Ticks a second on a busy CPU (`CONFIG_HZ`).
+    pub hz: u64,
+}
+
+/// The tick's hrtimer handler: `tick_nohz_handler` since Linux 6.9,
+/// `tick_sched_timer` before.
+const TICK_HANDLERS: [&str; 2] = ["tick_nohz_handler", "tick_sched_timer"];
+
+impl Tick {
+    /// The running kernel's tick: its handler's address (`/proc/kallsyms`,
+    /// readable by root) and rate (the kernel's configuration); why not,
+    /// when either is unknown or some CPUs run without a tick
+    /// (`nohz_full`).
+    pub fn find() -> Result<Tick, String> {
+        let full = std::fs::read_to_string("/sys/devices/system/cpu/nohz_full").unwrap_or_default();
+        if !matches!(full.trim(), "" | "(null)") {
+            return Err(format!(
+                "CPUs {} run without a tick (nohz_full)",
+                full.trim()
+            ));
+        }
+        let syms = std::fs::read_to_string("/proc/kallsyms")
+            .map_err(|e| format!("cannot read /proc/kallsyms: {e}"))?;
+        let function = kernel_symbol(&syms, &TICK_HANDLERS)
+            .ok_or("the tick handler's address is not in /proc/kallsyms")?;
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let config = std::fs::read_to_string(format!("/boot/config-{}", release.trim()))
+            .ok()
+            .or_else(|| {
+                let gz = std::fs::File::open("/proc/config.gz").ok()?;
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text)
+                    .ok()?;
+                Some(text)
+            })
+            .ok_or("the kernel's configuration (/boot/config-*, /proc/config.gz) is missing")?;
+        let hz = config_hz(&config).ok_or("the kernel's configuration has no CONFIG_HZ")?;
+        Ok(Tick { function, hz })
+    }
+}
+
+/// The address of the first of `names` in `kallsyms` text (zero, as
+/// unprivileged readers see it, is no address).
+pub fn kernel_symbol(kallsyms: &str, names: &[&str]) -> Option<u64> {
+    names.iter().find_map(|name| {
+        kallsyms.lines().find_map(|line| {
+            let mut f = line.split_whitespace();
+            let (addr, _kind, sym) = (f.next()?, f.next()?, f.next()?);
+            let addr = u64::from_str_radix(addr, 16).ok()?;
+            (sym == *name && addr != 0).then_some(addr)
+        })
+    })
+}
+
+/// `CONFIG_HZ` of a kernel configuration.
+pub fn config_hz(config: &str) -> Option<u64> {
+    config
+        .lines()
+        .find_map(|l| l.strip_prefix("CONFIG_HZ="))
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&hz| hz > 0)
+}
+
+/// Whether to sample on the tick (`find` finds it): when asked
+/// (`--sampler tick`; an error when `find` cannot, or with an `asked`
+/// rate), or, `auto`, where [`frequency`] `lowered` the timer's rate for
+/// a switchy target on slow interrupts and no hardware counter is tried:
+/// there the tick gives more samples (`CONFIG_HZ`, 250 on Debian, against
+/// [`SWITCHY_FREQUENCY_HZ`]) for no interrupt. Not everywhere: at 250 Hz
+/// rather than 999, the analyses that need many samples (the allocator's
+/// share of CPU time, a read-mostly table's lines, critical sections'
+/// accesses) fell below what their tests ask.
+pub fn choose_tick(
+    choice: SamplerChoice,
+    asked: Option<u64>,
+    lowered: bool,
+    try_hardware: bool,
+    find: impl Fn() -> Result<Tick, String>,
+) -> crate::error::Result<Option<Tick>> {
+    use crate::error::Error;
+    match choice {
+        SamplerChoice::Timer => Ok(None),
+        SamplerChoice::Tick if asked.is_some() => Err(Error::Usage(
+            "--sampler tick samples at the kernel's tick rate: drop --sample-freq".into(),
+        )),
+        SamplerChoice::Tick => find().map(Some).map_err(|why| Error::KernelFeature {
+            feature: "sampling on the scheduler tick",
+            hint: format!("{why}; use --sampler timer"),
+        }),
+        SamplerChoice::Auto if lowered && asked.is_none() && !try_hardware => match find() {
+            Ok(tick) => Ok(Some(tick)),
+            Err(why) => {
+                tracing::info!("sampling on the tick unavailable ({why}); using the timer");
+                Ok(None)
+            }
+        },
+        SamplerChoice::Auto => Ok(None),
+    }
+}
+
+/// Attaches the tick sampler ([`Tick`]): one tracepoint, every CPU.
+pub fn attach_tick(
+    ebpf: &mut aya::Ebpf,
+    owned: &mut OwnedLinks,
+) -> crate::error::Result<super::loader::SamplingSource> {
+    let (name, event) = (
+        memprof_common::programs::TICK_SAMPLE,
+        "hrtimer_expire_entry",
+    );
+    super::loader::attach_tracepoint_to(ebpf, owned, name, "timer", &[event])?;
+    Ok(super::loader::SamplingSource::Tick)
 }
 
 /// Where the sampler's events are opened.
@@ -304,6 +472,77 @@ mod tests {
             "bare metal"
         );
         assert_eq!(frequency(None, true, None), DEFAULT_SAMPLE_FREQ, "unknown");
+    }
+
+    #[test]
+    fn the_tick_is_found_in_kallsyms_and_the_kernel_config() {
+        let syms = "0000000000000000 t tick_nohz_handler\n\
+                    ffffffff81441150 T tick_handle_periodic\n\
+                    ffffffff814437d0 t tick_sched_timer\n";
+        assert_eq!(
+            kernel_symbol(syms, &TICK_HANDLERS),
+            Some(0xffffffff814437d0),
+            "a zero address (unprivileged) is none; the older name then"
+        );
+        assert_eq!(
+            kernel_symbol("ffffffff81000000 T _stext\n", &TICK_HANDLERS),
+            None
+        );
+        assert_eq!(
+            config_hz("# CONFIG_HZ_100 is not set\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n"),
+            Some(250)
+        );
+        assert_eq!(config_hz("CONFIG_HZ_PERIODIC=y\n"), None);
+    }
+
+    #[test]
+    fn the_tick_samples_where_asked_or_where_the_timer_was_lowered() {
+        let tick = Tick {
+            function: 0xffffffff814437d0,
+            hz: 250,
+        };
+        let found = || Ok(tick);
+        let missing = || Err("no kallsyms".to_string());
+        let auto = SamplerChoice::Auto;
+        assert_eq!(
+            choose_tick(auto, None, true, false, found).unwrap(),
+            Some(tick)
+        );
+        assert_eq!(
+            choose_tick(auto, None, false, false, found).unwrap(),
+            None,
+            "not switchy"
+        );
+        assert_eq!(
+            choose_tick(auto, None, true, true, found).unwrap(),
+            None,
+            "a PMU"
+        );
+        assert_eq!(
+            choose_tick(auto, None, true, false, missing).unwrap(),
+            None,
+            "fallback"
+        );
+        assert_eq!(
+            choose_tick(auto, Some(99), true, false, found).unwrap(),
+            None,
+            "a rate"
+        );
+        let asked = SamplerChoice::Tick;
+        assert_eq!(
+            choose_tick(asked, None, false, true, found).unwrap(),
+            Some(tick)
+        );
+        let err = choose_tick(asked, None, false, false, missing).unwrap_err();
+        assert!(err.to_string().contains("no kallsyms"), "{err}");
+        assert!(matches!(
+            choose_tick(asked, Some(99), false, false, found),
+            Err(crate::error::Error::Usage(_))
+        ));
+        assert_eq!(
+            choose_tick(SamplerChoice::Timer, None, true, false, found).unwrap(),
+            None
+        );
     }
 
     #[test]

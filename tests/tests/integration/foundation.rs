@@ -9,9 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use memprof::report::{
-    model::{Loader, SampleSource, SamplingScope, Schema},
-    Report,
+use memprof::{
+    kernel::sampler::Tick,
+    report::{
+        model::{Loader, SampleSource, SamplingScope, Schema},
+        Report,
+    },
 };
 use memprof_tests::*;
 
@@ -112,6 +115,62 @@ fn launch_names_the_hot_function_with_file_and_line() {
 }
 
 #[test]
+fn the_scheduler_tick_samples_without_an_interrupt_of_its_own() {
+    if !require_root("the_scheduler_tick_samples_without_an_interrupt_of_its_own") {
+        return;
+    }
+    let tick = match Tick::find() {
+        Ok(tick) => tick,
+        Err(why) => {
+            eprintln!("SKIP: this kernel has no tick to sample on: {why}");
+            return;
+        }
+    };
+    let spin = build_workload("spin", Variant::Debug).unwrap();
+    let args = [
+        "--sampler",
+        "tick",
+        "--",
+        spin.to_str().unwrap(),
+        "time",
+        "2",
+        "2",
+    ];
+    let (run, report) = trace("tick", &args);
+    let report = typed(&report);
+    let s = &report.sampling;
+    assert_eq!(s.source, SampleSource::Tick, "{s:?}");
+    assert_eq!(s.frequency_hz, tick.hz, "the kernel's CONFIG_HZ");
+    assert_eq!(s.scope, SamplingScope::Threads);
+    assert_eq!(s.interrupt_ns, None, "no interrupt of the tool's own");
+    assert!(
+        report.notes.iter().any(|n| n.contains("scheduler tick")),
+        "{:?}",
+        report.notes
+    );
+    // The same function and line as the timer finds: the tick's user
+    // registers are the interrupted ones.
+    assert_hot(&report, "spin_worker");
+    // Two spinners, 2 s each: a tick every 1/HZ s of each one's running
+    // time (a little less when the tool's own threads take the CPU).
+    for name in ["spin-0", "spin-1"] {
+        let t = report
+            .threads
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("thread {name}: {:#?}", report.threads));
+        let expected = 2.0 * tick.hz as f64;
+        let got = t.samples as f64;
+        assert!(
+            (0.75 * expected..=1.05 * expected).contains(&got),
+            "{name}: {got} samples against {expected} ticks of 2 s"
+        );
+    }
+    assert!(run.stdout.contains("(tick)"), "summary:\n{}", run.stdout);
+    assert_no_programs_left();
+}
+
+#[test]
 fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
     if !require_root("attach_by_pid_follows_a_thread_created_later_and_honours_duration") {
         return;
@@ -185,8 +244,8 @@ fn attach_by_pid_follows_a_thread_created_later_and_honours_duration() {
 /// throughput at 999 Hz); `--sample-freq 999` still gets 999. Each rate
 /// keeps the target's samples: its threads keep CPU 0 busy for the 2 s.
 #[test]
-fn attached_to_threads_that_switch_often_the_timer_is_per_cpu() {
-    if !require_root("attached_to_threads_that_switch_often_the_timer_is_per_cpu") {
+fn attached_to_threads_that_switch_often_the_timer_is_per_cpu_or_the_tick() {
+    if !require_root("attached_to_threads_that_switch_often_the_timer_is_per_cpu_or_the_tick") {
         return;
     }
     let locks = build_workload("locks", Variant::Debug).expect("building locks");
@@ -198,7 +257,9 @@ fn attached_to_threads_that_switch_often_the_timer_is_per_cpu() {
     let mut target = TestProcess::spawn(std::path::Path::new("/usr/bin/taskset"), &args);
     target.wait_ready();
     let pid = target.pid().to_string();
-    for asked in [None, Some("999")] {
+    // The timer's interrupt cost, from the asked rate's run, first.
+    let mut slow = false;
+    for asked in [Some("999"), None] {
         // The sampler alone: with the lock and allocator probes on, closing
         // their uprobe links at exit waited in the kernel's
         // synchronize_srcu for up to 57 s on this target (1 session in 4
@@ -222,16 +283,49 @@ fn attached_to_threads_that_switch_often_the_timer_is_per_cpu() {
             switches > 50_000.0,
             "two pinned yielders switching {switches}/s"
         );
-        assert_eq!(s.scope, SamplingScope::Cpus);
-        let slow = s.interrupt_ns.is_some_and(|ns| ns >= 5_000.0);
+        // Where the timer's rate would be lowered, the tick samples when
+        // this kernel has one to sample on.
+        if asked.is_some() {
+            slow = s.interrupt_ns.is_some_and(|ns| ns >= 5_000.0);
+        }
         let lowered = asked.is_none() && slow;
-        let expected: u64 = if lowered { 99 } else { 999 };
+        let tick = Tick::find().ok().filter(|_| lowered);
+        if lowered && tick.is_none() {
+            eprintln!("SKIP part: no tick to sample on here ({:?})", Tick::find());
+        }
+        let expected: u64 = match (tick, lowered) {
+            (Some(t), _) => t.hz,
+            (None, true) => 99,
+            (None, false) => 999,
+        };
         assert_eq!(s.frequency_hz, expected, "asked {asked:?}: {s:?}");
-        let noted = report
-            .notes
-            .iter()
-            .any(|n| n.contains("CPU sampling at 99 Hz"));
-        assert_eq!(noted, lowered, "asked {asked:?}: {:?}", report.notes);
+        let (scope, source) = match tick {
+            Some(_) => (SamplingScope::Threads, SampleSource::Tick),
+            None => (SamplingScope::Cpus, SampleSource::CpuClock),
+        };
+        assert_eq!(
+            (s.scope, s.source),
+            (scope, source),
+            "asked {asked:?}: {s:?}"
+        );
+        let note = |text: &str| report.notes.iter().any(|n| n.contains(text));
+        assert_eq!(
+            note("CPU sampling at 99 Hz"),
+            lowered && tick.is_none(),
+            "asked {asked:?}: {:?}",
+            report.notes
+        );
+        assert_eq!(
+            note("scheduler tick") && note("where a timer of its own would stall"),
+            tick.is_some(),
+            "asked {asked:?}: {:?}",
+            report.notes
+        );
+        assert_eq!(
+            s.interrupt_ns.is_none(),
+            tick.is_some(),
+            "no interrupt of ours on the tick"
+        );
         // Half of CPU 0's 2 s.
         assert!(
             s.samples > expected,

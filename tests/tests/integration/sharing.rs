@@ -16,7 +16,8 @@ use std::{path::PathBuf, process::Command};
 
 use memprof::report::{
     model::{
-        AddressMode, DismissReason, DismissedLine, ObjectKind, SharingEntry, SharingKind, TraceMode,
+        AddressMode, DismissReason, DismissedLine, ObjectKind, SampleSource, SharingEntry,
+        SharingKind, TraceMode,
     },
     Report,
 };
@@ -414,7 +415,28 @@ fn per_thread_counters_in_one_global_array_are_false_sharing() {
         return;
     }
     let report = launch("sharing-array", "array", "2");
-    let e = entry_named(&report, "g_counters");
+    assert_counters_false(&report);
+}
+
+#[test]
+fn per_thread_counters_are_false_sharing_when_sampled_on_the_tick() {
+    if !require_root("per_thread_counters_are_false_sharing_when_sampled_on_the_tick") {
+        return;
+    }
+    if let Err(why) = memprof::kernel::sampler::Tick::find() {
+        eprintln!("SKIP: this kernel has no tick to sample on: {why}");
+        return;
+    }
+    // The addresses come from the registers saved at the tick's entry to
+    // the kernel, not from a perf sample's.
+    let report = launch_with("sharing-array-tick", &["--sampler", "tick"], "array", "2");
+    assert_eq!(report.sampling.source, SampleSource::Tick);
+    assert_counters_false(&report);
+}
+
+/// `g_counters`, one `long` per thread, is the one false sharing found.
+fn assert_counters_false(report: &Report) {
+    let e = entry_named(report, "g_counters");
     assert_eq!(e.kind, SharingKind::False, "{e:#?}");
     assert_eq!(e.object.kind, ObjectKind::Global);
     assert_eq!(e.object.offset, 0);
@@ -429,11 +451,11 @@ fn per_thread_counters_in_one_global_array_are_false_sharing() {
         e.cost_share > 0.2,
         "the loop is all the program does: {e:#?}"
     );
-    assert_two_workers_on_disjoint_words(&report, e);
+    assert_two_workers_on_disjoint_words(report, e);
     assert_code_line(e, "sharing.c", marked_line("sharing", "ARRAY_WRITE"));
     assert!(e.advice.contains("64 bytes"));
     assert_eq!(
-        entries(&report).len(),
+        entries(report).len(),
         1,
         "only that line: {:#?}",
         report.false_sharing

@@ -12,6 +12,8 @@ schema_enum! {
         CpuClock = "cpu-clock",
         /// Hardware cycle counter.
         Cycles = "cycles",
+        /// The kernel's scheduler tick (no interrupt of the tool's own).
+        Tick = "tick",
         /// Intel's precise memory events.
         Pebs = "pebs",
         /// AMD's instruction-based sampling.
@@ -36,6 +38,7 @@ impl From<crate::kernel::loader::SamplingSource> for SampleSource {
         match source {
             SamplingSource::Cycles => SampleSource::Cycles,
             SamplingSource::CpuClock => SampleSource::CpuClock,
+            SamplingSource::Tick => SampleSource::Tick,
         }
     }
 }
