@@ -11,6 +11,7 @@ mod demangle;
 pub mod dwarf;
 mod elf;
 mod members;
+pub mod plt;
 pub mod returns;
 pub mod typed;
 #[cfg(test)]
@@ -144,6 +145,8 @@ pub struct Symbolizer {
     /// Per file: its separate debug file, if it is stripped and one is
     /// installed ([`debugfile`]).
     debug_files: HashMap<Arc<str>, Option<PathBuf>>,
+    /// Per file: its PLT stubs ([`plt`]).
+    plt_stubs: HashMap<Arc<str>, Vec<plt::Stub>>,
     /// The type each accessing instruction goes through ([`typed`]).
     access_types: HashMap<Place, Option<typed::AccessType>>,
     /// The type of the first argument of each call, by return address.
@@ -180,6 +183,7 @@ impl Symbolizer {
             typed_files: HashMap::new(),
             vaddr_bias: HashMap::new(),
             debug_files: HashMap::new(),
+            plt_stubs: HashMap::new(),
             generation: debuginfod::generation(),
         }
     }
@@ -233,6 +237,14 @@ impl Symbolizer {
         let Place::File { path, file_offset } = place else {
             return Inlined::alone(Frame::unknown(place));
         };
+        if let Some(name) = self.plt_stub(path, *file_offset) {
+            return Inlined::alone(Frame {
+                function: name,
+                file: None,
+                line: None,
+                ..Frame::unknown(place)
+            });
+        }
         let src = Source::Elf(Elf::new(open_path(path)));
         match self.symbolize_single(&src, Input::FileOffset(*file_offset)) {
             Ok(Symbolized::Sym(sym)) => inline_chain(&sym, short_name(path)),
@@ -260,6 +272,15 @@ impl Symbolizer {
             Ok(Symbolized::Sym(sym)) => Some(inline_chain(&sym, short_name(path))),
             Ok(Symbolized::Unknown(_)) | Err(_) => None,
         }
+    }
+
+    /// The PLT stub of `path` at `file_offset` (`malloc@plt`), if any.
+    fn plt_stub(&mut self, path: &Arc<str>, file_offset: u64) -> Option<String> {
+        let vaddr = file_offset.checked_add(self.vaddr_bias(path)?)?;
+        let stubs = self.plt_stubs.entry(path.clone()).or_insert_with(|| {
+            std::fs::read(open_path(path)).map_or_else(|_| Vec::new(), |data| plt::stubs_of(&data))
+        });
+        plt::stub_at(stubs, vaddr).map(str::to_string)
     }
 
     /// `p_vaddr - p_offset` of the first loadable segment of `path`.
