@@ -240,9 +240,9 @@ impl Symbolizer {
         if let Some(name) = self.plt_stub(path, *file_offset) {
             return Inlined::alone(Frame {
                 function: name,
+                module: short_name(path).to_string(),
                 file: None,
                 line: None,
-                ..Frame::unknown(place)
             });
         }
         let src = Source::Elf(Elf::new(open_path(path)));
