@@ -56,6 +56,10 @@ const SYSBENCH: &str = "/usr/bin/sysbench";
 pub(crate) enum Config {
     Untraced,
     Default,
+    /// The default mode with CPU samples on the scheduler's tick
+    /// (`--sampler tick`): what a launched target that switches threads
+    /// often would keep if the tool chose the tick for it (#33).
+    Tick,
     LockOff,
     Full,
     /// enter/exit futex: wait-time histogram per (word, 5-frame ustack).
@@ -69,6 +73,7 @@ impl Config {
         match self {
             Config::Untraced => "untraced",
             Config::Default => "default",
+            Config::Tick => "--sampler tick",
             Config::LockOff => "--lock-mode off",
             Config::Full => "full mode",
             Config::BpftraceFutex => "bpftrace futex",
@@ -121,7 +126,13 @@ const WORKLOADS: [Workload; 4] = [
         default_target: TARGET_DEFAULT_MUTEX,
         program: |locks| vec![s(locks), "contended_bench".into(), "2".into()],
         metric: Metric::NsPerCs,
-        configs: CONTENDED_CONFIGS,
+        configs: &[
+            Config::Untraced,
+            Config::Default,
+            Config::Tick,
+            Config::LockOff,
+            Config::BpftraceFutex,
+        ],
     },
     Workload {
         title: "uncontended",
@@ -374,10 +385,11 @@ impl Bench<'_> {
                 c.args(&args[1..]);
                 c
             }
-            Config::Default | Config::LockOff | Config::Full => {
+            Config::Default | Config::Tick | Config::LockOff | Config::Full => {
                 let mut c = Command::new(self.tool);
                 c.arg("--json").arg(self.json).arg("--no-tui");
                 match config {
+                    Config::Tick => c.args(["--sampler", "tick"]),
                     Config::LockOff => c.args(["--lock-mode", "off"]),
                     Config::Full => c.args(["--lock-mode", "full"]),
                     _ => &mut c,
@@ -404,9 +416,12 @@ impl Bench<'_> {
             Metric::NsPerCs => "ns_per_cs ",
         };
         let v = run_for_metric(&mut cmd, config.name(), key)?;
-        let report = matches!(config, Config::Default | Config::LockOff | Config::Full)
-            .then(|| read_report(self.json))
-            .transpose()?;
+        let report = matches!(
+            config,
+            Config::Default | Config::Tick | Config::LockOff | Config::Full
+        )
+        .then(|| read_report(self.json))
+        .transpose()?;
         Ok((v, report))
     }
 }
