@@ -315,26 +315,34 @@ fn slot_of(task: u64) -> Option<*mut Waiting> {
 /// (`WAITER_THREADS`, once per thread and lock: a 64-thread convoy's
 /// report missed a thread whose few waits the stride all skipped); and,
 /// when spans are wanted, it is marked ([`mark_untraced`]). The thread's
-/// slot remembers the lock it was last counted on; a slot another thread
-/// holds is not taken for that (its wait may be in progress): the map
-/// is asked instead.
+/// slot remembers the lock it was last counted on. Without spans, a slot
+/// another thread holds is not taken for that (its wait may be in
+/// progress): the map is asked instead. With spans the slot is claimed
+/// first and serves both, one lookup instead of two on this path, which
+/// runs before the waiter sleeps (a slot taken from another thread starts
+/// with nothing seen, so the lock is counted, as the map would be asked).
 #[inline(always)]
 fn skipped(task: u64, addr: u64, tid: u32) {
-    match slot_of(task) {
-        // SAFETY: the pointer comes from the map lookup; only this
-        // thread's sleep writes `seen` of a slot it holds.
-        Some(w) => unsafe {
-            if (*w).seen != addr {
-                (*w).seen = addr;
-                count_waiter(addr, tid);
-            }
-        },
-        None => count_waiter(addr, tid),
-    }
-    if spans_wanted() {
-        if let Some(w) = claim_slot(task) {
-            mark_untraced(w);
+    let spans = spans_wanted();
+    let slot = if spans {
+        claim_slot(task)
+    } else {
+        slot_of(task)
+    };
+    let Some(w) = slot else {
+        count_waiter(addr, tid);
+        return;
+    };
+    // SAFETY: the pointer comes from the map lookup; only this thread's
+    // sleep writes `seen` of a slot it holds.
+    unsafe {
+        if (*w).seen != addr {
+            (*w).seen = addr;
+            count_waiter(addr, tid);
         }
+    }
+    if spans {
+        mark_untraced(w);
     }
 }
 
