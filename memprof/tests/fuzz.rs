@@ -1,6 +1,7 @@
 //! Fuzzing of the parsers that read data the traced program controls: its
 //! binaries' ELF symbols and DWARF (naming variables and fields), their
-//! `.eh_frame` call-frame information (unwinding), its `/proc/PID/maps`
+//! `.eh_frame` call-frame information (unwinding) and PLT (naming the
+//! stubs their library calls go through), its `/proc/PID/maps`
 //! and its machine code (decoding the operand of a sampled instruction).
 //!
 //! Each target mutates real seed inputs (this executable, the libc it
@@ -20,7 +21,7 @@ use std::{collections::BTreeMap, ops::Range, sync::Arc};
 use engine::{fuzz, hash, replaying, Seed, Sig};
 use memprof::{
     object::{
-        symbolize::{dwarf, Symbolizer},
+        symbolize::{dwarf, plt, Symbolizer},
         unwind,
         x86::{access, calls},
     },
@@ -606,6 +607,67 @@ fn fuzz_elf_symbols() {
                 path: path.clone(),
                 file_offset: addr,
             });
+        }
+        sig.0
+    });
+}
+
+// ---------------------------------------------------------------------------
+// PLT stubs
+
+/// The PLT stubs' names (`malloc@plt`) come from the file's `.rela.plt`,
+/// `.dynsym` and the PLT sections' headers: a small Debian executable
+/// with a lazy PLT is the seed, its relocations and symbols hot.
+#[test]
+fn fuzz_plt() {
+    let _exclusive = engine::exclusive();
+    let mut seeds = Vec::new();
+    for path in ["/usr/bin/true", "/usr/bin/sleep", "/bin/true"] {
+        let Some(elf) = Elf::read(path) else { continue };
+        let Some(rela) = elf.section(".rela.plt") else {
+            continue;
+        };
+        // The ELF header (the section table's place) and the names' sources.
+        let hot = [Some(rela), elf.section(".dynsym"), elf.section(".dynstr")]
+            .into_iter()
+            .flatten()
+            .map(|s| s.offset as usize..(s.offset + s.size) as usize)
+            .chain(std::iter::once(0..64))
+            .collect();
+        let data = std::fs::read(path).expect("the seed is readable");
+        if !replaying() {
+            let named = plt::stubs_of(&data);
+            assert!(!named.is_empty(), "{path}: a lazy PLT names no stub");
+        }
+        seeds.push(Seed {
+            data,
+            hot,
+            origin: seeds.len(),
+        });
+        break;
+    }
+    if seeds.is_empty() {
+        eprintln!("fuzz_plt: SKIPPED (no /usr/bin/true with a .rela.plt to start from)");
+        return;
+    }
+    let dict: &[&[u8]] = &[
+        b".plt\0",
+        b".plt.sec\0",
+        b".rela.plt\0",
+        b"\x07\x00\x00\x00",
+        b"\xff\xff\xff\xff\xff\xff\xff\xff",
+        b"\x00\x00\x00\x00\x00\x00\x00\x80",
+    ];
+    fuzz("plt", seeds, dict, 1 << 17, &mut |input, _| {
+        let stubs = plt::stubs_of(input);
+        let mut sig = Sig(stubs.len() as u64);
+        for s in stubs.iter().take(64) {
+            assert!(
+                s.at.end - s.at.start == 16 && s.name.ends_with("@plt"),
+                "a stub is 16 bytes and named name@plt: {s:?}"
+            );
+            assert_eq!(plt::stub_at(&stubs, s.at.start), Some(s.name.as_str()));
+            sig.add(hash(s.name.as_bytes()) ^ s.at.start);
         }
         sig.0
     });

@@ -71,7 +71,7 @@ enum Task {
         only: Option<bench::Part>,
     },
     /// Fuzz the parsers of target-controlled data (ELF symbols, DWARF,
-    /// .eh_frame, /proc/PID/maps, machine code), optimised, for longer than
+    /// .eh_frame, PLT stubs, /proc/PID/maps, machine code), optimised, for longer than
     /// `test` does.
     Fuzz {
         /// Seconds per target.
