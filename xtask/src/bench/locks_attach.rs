@@ -19,12 +19,13 @@
 //! of the rounds' ratios, with their spread.
 //!
 //! For the contended program, each traced round then attaches the tool a
-//! second time, from 21 s to 29 s of a 32 s run, in full mode with
-//! `--budget 100` (every wait traced, the governor never thins them out:
-//! the exact reference) and the allocator off: the mutex's wait time per
-//! second in the default mode must be within its own claimed error
-//! (`contention_error`) of that reference. Seconds 21-32 count in neither
-//! throughput figure. Measured by hand (2026-12-06): default 2.72 and
+//! second time, from 21 s to about 30 s of a 36 s run, in full mode with
+//! `--budget 100` (the governor then traces every wait: the exact
+//! reference; one it thinned, or one sysbench's end cut short, is not
+//! used and the round has no check) and the allocator off: the mutex's
+//! wait time per second in the default mode must be within its own
+//! claimed error (`contention_error`) of that reference. Seconds 21-36
+//! count in neither throughput figure. Measured by hand (2026-12-06): default 2.72 and
 //! 2.72 s of waiting per second with claims of ±4.5% and ±5.2%, the exact
 //! reference 2.80 and 2.81; the waiters' off-CPU time from
 //! `/proc/PID/task/*/schedstat` was 2.33-2.37 s/s (a wait also counts
@@ -52,7 +53,7 @@ use crate::bench::{median, read_report, verdict};
 const TARGET_ATTACHED: f64 = 0.90;
 /// When the full-mode reference attaches, and how long sysbench then runs.
 const REFERENCE_AT_S: u64 = 21;
-const WITH_REFERENCE_S: u64 = 32;
+const WITH_REFERENCE_S: u64 = 36;
 const SYSBENCH: &str = "/usr/bin/sysbench";
 
 /// A program the tool is attached to.
@@ -175,7 +176,7 @@ fn print_wait_checks(p: &Program, checks: &[WaitCheck], rounds: usize) {
         deviations.join(", "),
         verdict(
             &format!("locks: {} wait total", p.key),
-            checks.len() == rounds && within + 1 >= rounds
+            checks.len() == rounds && within > 0 && within + 1 >= rounds
         ),
     );
 }
@@ -256,6 +257,8 @@ fn round_once(p: &Program, tool: Option<&Path>, json: &Path) -> Result<Round> {
         (Ok(_), true) => {
             let until = Duration::from_secs(REFERENCE_AT_S).saturating_sub(started.elapsed());
             std::thread::sleep(until);
+            // The default session's report must not pass for the reference's.
+            let _ = std::fs::remove_file(json);
             let full = [
                 "--lock-mode",
                 "full",
@@ -272,10 +275,18 @@ fn round_once(p: &Program, tool: Option<&Path>, json: &Path) -> Result<Round> {
     // overlap it.
     let out = sysbench.wait_with_output()?;
     let report = report?;
-    let wait = match reference {
-        Some(full) => wait_check(&report, &full.context("the full-mode reference")?),
-        None => None,
-    };
+    let wait = reference.and_then(|full| match full {
+        Ok(full) => wait_check(&report, &full),
+        // The round then has no check, and the verdict misses: said, not
+        // fatal to the rest of the bench.
+        Err(e) => {
+            eprintln!(
+                "bench: locks {}: the full-mode reference failed: {e:#}",
+                p.key
+            );
+            None
+        }
+    });
     Ok(Round {
         ratio: ratio(&String::from_utf8_lossy(&out.stdout)),
         mutex: sysbench_mutex(&report).is_some(),
@@ -309,8 +320,15 @@ fn sysbench_mutex(report: &Value) -> Option<&Value> {
     })
 }
 
-/// The mutex's wait per second in `default` and in the `full` reference.
+/// The mutex's wait per second in `default` and in the `full` reference;
+/// None unless the reference traced every wait (no `contention_error`)
+/// for its whole 8 s (sysbench still running at its end).
 fn wait_check(default: &Value, full: &Value) -> Option<WaitCheck> {
+    let exact = sysbench_mutex(full)?["contention_error"].is_null();
+    if !exact || full["duration_s"].as_f64()? < 7.5 {
+        eprintln!("bench: locks: the full-mode reference was not exact or was cut short");
+        return None;
+    }
     let per_s = |r: &Value| -> Option<f64> {
         let wait = sysbench_mutex(r)?["wait_total_ns"].as_f64()?;
         Some(wait / 1e9 / r["duration_s"].as_f64()?)
@@ -336,7 +354,7 @@ fn ratio(stdout: &str) -> f64 {
             .collect()
     };
     let traced = median(&mut pick(&|t| (7..=12).contains(&t)));
-    let untraced = median(&mut pick(&|t| t <= 4 || t >= 16));
+    let untraced = median(&mut pick(&|t| t <= 4 || (16..=20).contains(&t)));
     traced / untraced
 }
 
@@ -363,7 +381,8 @@ mod tests {
     }
 
     /// The mutex is the one waited on from sysbench's code; its wait is
-    /// per second of the session; a null claim (every wait traced) is 0.
+    /// per second of the session; a null claim (every wait traced) is 0;
+    /// the reference counts only when exact and 8 s long.
     #[test]
     fn the_wait_check_compares_sysbench_mutexes_per_second() {
         let report = |wait: f64, seconds: f64, error: Value| {
@@ -377,31 +396,31 @@ mod tests {
                 ],
             })
         };
-        let w = wait_check(
-            &report(21.6e9, 8.0, json!(0.05)),
-            &report(14.0e9, 5.0, json!(null)),
-        )
-        .expect("both reports name the mutex");
+        let exact_reference = report(22.4e9, 8.0, json!(null));
+        let w = wait_check(&report(21.6e9, 8.0, json!(0.05)), &exact_reference)
+            .expect("both reports name the mutex");
         assert!((w.default_per_s - 2.7).abs() < 1e-9 && (w.reference_per_s - 2.8).abs() < 1e-9);
         assert!((w.deviation() - 0.1 / 2.8).abs() < 1e-9 && w.within());
-        let exact = wait_check(
-            &report(21.6e9, 8.0, json!(null)),
-            &report(14.0e9, 5.0, json!(0.5)),
-        );
-        assert!(!exact.expect("named").within());
+        let claims_exact = wait_check(&report(21.6e9, 8.0, json!(null)), &exact_reference);
+        assert!(!claims_exact.expect("named").within());
+        let default = report(21.6e9, 8.0, json!(0.05));
+        let thinned = report(22.4e9, 8.0, json!(0.04));
+        assert!(wait_check(&default, &thinned).is_none(), "not exact");
+        let cut_short = report(14.0e9, 5.0, json!(null));
+        assert!(wait_check(&default, &cut_short).is_none(), "cut short");
         let unnamed = json!({"duration_s": 8.0, "locks": [{"kind": "mutex", "waiters": []}]});
-        assert!(wait_check(&unnamed, &report(14.0e9, 5.0, json!(null))).is_none());
+        assert!(wait_check(&unnamed, &exact_reference).is_none());
     }
 
     /// Seconds 7-12 against 1-4 and 16-20; 5, 6 and 13-15 (attaching,
-    /// detaching) count in neither.
+    /// detaching) count in neither, nor do 21-36 (the reference session).
     #[test]
     fn the_ratio_compares_the_traced_seconds_with_the_untouched_ones() {
-        let text: String = (1..=20)
+        let text: String = (1..=36)
             .map(|t| {
                 let eps = match t {
                     7..=12 => 300,
-                    5 | 6 | 13..=15 => 1,
+                    5 | 6 | 13..=15 | 21.. => 1,
                     _ => 400,
                 };
                 format!("[ {t}s ] thds: 4 eps: {eps}.00 lat (ms,95%): 1.0\n")
