@@ -324,21 +324,16 @@ fn sysbench_mutex(report: &Value) -> Option<&Value> {
 /// None unless the reference traced every wait (no `contention_error`)
 /// for its whole 8 s (sysbench still running at its end).
 fn wait_check(default: &Value, full: &Value) -> Option<WaitCheck> {
-    let exact = sysbench_mutex(full)?["contention_error"].is_null();
-    if !exact || full["duration_s"].as_f64()? < 7.5 {
+    let (mutex, reference) = (sysbench_mutex(default)?, sysbench_mutex(full)?);
+    let full_s = full["duration_s"].as_f64()?;
+    if !reference["contention_error"].is_null() || full_s < 7.5 {
         eprintln!("bench: locks: the full-mode reference was not exact or was cut short");
         return None;
     }
-    let per_s = |r: &Value| -> Option<f64> {
-        let wait = sysbench_mutex(r)?["wait_total_ns"].as_f64()?;
-        Some(wait / 1e9 / r["duration_s"].as_f64()?)
-    };
     Some(WaitCheck {
-        default_per_s: per_s(default)?,
-        claimed: sysbench_mutex(default)?["contention_error"]
-            .as_f64()
-            .unwrap_or(0.0),
-        reference_per_s: per_s(full)?,
+        default_per_s: mutex["wait_total_ns"].as_f64()? / 1e9 / default["duration_s"].as_f64()?,
+        claimed: mutex["contention_error"].as_f64().unwrap_or(0.0),
+        reference_per_s: reference["wait_total_ns"].as_f64()? / 1e9 / full_s,
     })
 }
 
