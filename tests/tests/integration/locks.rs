@@ -1042,7 +1042,11 @@ fn launched_sampled_acquisitions_are_within_their_claimed_error() {
 /// of the contended loop each second, then sleep) gets an estimate
 /// within its claim. A gap's calls follow the target's own CPU time, not
 /// the rate of the window before it: a window in a burst would give each
-/// gap 3.3x its calls, one between bursts none.
+/// gap 3.3x its calls, one between bursts none. On an AMD EPYC it ran
+/// -14.6% and (in CI) -22% claiming ±12-12.5%: the convoy slows under the
+/// probes more than their modelled cost, which the claim now allows for
+/// (`TRAP_COST_ERROR` in the lock tracer): -1% to -26% in 6 runs by
+/// hand (session 50), then within claims of ±35-38% in 5 runs of 5.
 #[test]
 fn bursty_acquisitions_are_within_their_claimed_error() {
     const TEST: &str = "bursty_acquisitions_are_within_their_claimed_error";

@@ -83,7 +83,9 @@ pub struct WindowSettings {
     pub trap_cost_s: f64,
     /// How far `trap_cost_s` may be off, relatively, as the cost the
     /// target pays per call: 1 for a model figure, less when measured on
-    /// this machine at start (see [`CALIBRATED_COST_ERROR`]).
+    /// this machine at start (see [`CALIBRATED_COST_ERROR`]), more where
+    /// the target's pace under the probes strays further (a contended
+    /// lock's convoy).
     pub trap_cost_error: f64,
     /// How long the probes stay attached per window.
     pub window: Duration,
