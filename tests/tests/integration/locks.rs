@@ -828,6 +828,43 @@ fn compressible_text(bytes: usize) -> Vec<u8> {
     text
 }
 
+/// A stripped program's lock has no symbol to be named by (Debian's
+/// `stress-ng` showed its mutex as a bare address): it is named by the
+/// file and its address there, which is what `nm` gives for `g_hot_lock`
+/// in the same build before stripping.
+#[test]
+fn a_stripped_programs_lock_is_named_by_file_and_address() {
+    const TEST: &str = "a_stripped_programs_lock_is_named_by_file_and_address";
+    if !require_root(TEST) {
+        return;
+    }
+    let stripped = build_workload("locks", Variant::Stripped).expect("building locks, stripped");
+    let nm = std::process::Command::new("nm")
+        .arg(locks_workload())
+        .output()
+        .expect("nm runs (binutils)");
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    let vaddr = symbols
+        .lines()
+        .find_map(|l| l.strip_suffix(" B g_hot_lock"))
+        .and_then(|a| u64::from_str_radix(a, 16).ok())
+        .unwrap_or_else(|| panic!("g_hot_lock in nm's output: {symbols}"));
+    let flags = ["--lock-mode", "off", "--alloc-mode", "off"];
+    let (_, report) = launch_with(TEST, &flags, &stripped, &["contended", "2", "2"]);
+    let file = stripped
+        .file_name()
+        .and_then(|f| f.to_str())
+        .expect("a file name");
+    let name = format!("{file}+{vaddr:#x}");
+    let lock = report
+        .locks
+        .iter()
+        .find(|l| l.kind == LockKind::Mutex && l.contentions > 100)
+        .unwrap_or_else(|| panic!("no contended mutex: {:#?}", report.locks));
+    assert_eq!(lock.name.as_deref(), Some(name.as_str()), "{lock:#?}");
+    assert_no_programs_left();
+}
+
 /// Proves that contention is found in a real program without debug
 /// symbols: Debian's pbzip2 (stripped) compressing a 40 MB file with two
 /// workers. Its queue mutexes are heap objects its threads meet on

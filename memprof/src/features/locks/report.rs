@@ -16,7 +16,7 @@ use crate::{
         LockProfile, WakeSite,
     },
     heap::{BlockLookup, Heap},
-    process::maps::{is_libc, ProcMaps},
+    process::maps::{is_libc, short_name, ProcMaps},
     report::{
         model::{LockAddress, LockEntry, LockKind},
         names::Names,
@@ -301,7 +301,7 @@ impl Naming<'_> {
     fn name_of(&mut self, uaddr: u64, waiter: Option<&Chain>) -> Option<String> {
         let blocks = self.blocks.map(|(h, i)| (*h, &**i));
         let data = data_name(self.maps, blocks, self.names, uaddr);
-        if data.as_ref().is_some_and(|d| !d.heap) {
+        if data.as_ref().is_some_and(|d| !d.heap && !d.unnamed) {
             return data.map(|d| d.name);
         }
         let typed = waiter.and_then(|c| lock_argument(c, self.names));
@@ -325,38 +325,54 @@ fn lock_argument(chain: &Chain, names: &mut dyn Names) -> Option<String> {
 }
 
 /// What holds an address: its name, the offset in it, and whether it
-/// is a heap block.
+/// is a heap block or a place in an object file without a symbol for it
+/// (`stress-ng+0x83e140`: a stripped program's global).
 pub(crate) struct DataName {
     pub name: String,
     pub offset: u64,
     pub heap: bool,
+    pub unnamed: bool,
 }
 
-/// The data at `addr`: a global's symbol, or "heap block from
-/// file:line" (the allocation call's own line, also inside an inlined
-/// helper) when `blocks` knows its block.
+/// The data at `addr`: a global's symbol; "heap block from file:line"
+/// (the allocation call's own line, also inside an inlined helper) when
+/// `blocks` knows its block; or, in an object file's data without a
+/// symbol for it (a stripped program), the file and the address in it
+/// (`stress-ng+0x83e140`, as false sharing names such a line), which
+/// `nm` or `gdb` place once its debug symbols are at hand.
 pub(crate) fn data_name(
     maps: &ProcMaps,
     blocks: Option<(&dyn Heap, &dyn BlockLookup)>,
     names: &mut dyn Names,
     addr: u64,
 ) -> Option<DataName> {
-    if let Some((path, base)) = maps.data_owner(addr) {
-        if let Some(sym) = names.data(&path, base, addr) {
+    let owner = maps.data_owner(addr);
+    if let Some((path, base)) = &owner {
+        if let Some(sym) = names.data(path, *base, addr) {
             return Some(DataName {
                 name: sym.name,
                 offset: sym.offset,
                 heap: false,
+                unnamed: false,
             });
         }
     }
-    let (heap, index) = blocks?;
-    let block = index.containing(addr)?;
-    let site = heap.site_name(block.site, names);
+    let block = blocks.and_then(|(heap, index)| Some((heap, index.containing(addr)?)));
+    if let Some((heap, block)) = block {
+        let site = heap.site_name(block.site, names);
+        return Some(DataName {
+            name: format!("heap block from {}", site.label()),
+            offset: addr - block.start,
+            heap: true,
+            unnamed: false,
+        });
+    }
+    let (path, base) = owner?;
     Some(DataName {
-        name: format!("heap block from {}", site.label()),
-        offset: addr - block.start,
-        heap: true,
+        name: format!("{}+{:#x}", short_name(&path), addr - base),
+        offset: 0,
+        heap: false,
+        unnamed: true,
     })
 }
 
@@ -578,6 +594,35 @@ mod tests {
         assert_eq!(
             (kernel.function.as_str(), kernel.wait_ns),
             ("fault_in", 500)
+        );
+    }
+
+    /// A lock in a stripped program's data (no symbol covers it: Debian's
+    /// `stress-ng`, whose mutex was shown as a bare address) is named by
+    /// the file and its address there, as false sharing names a line; a
+    /// heap word no block covers stays unnamed.
+    #[test]
+    fn a_lock_without_a_symbol_is_named_by_its_file_and_address() {
+        let mut p = LockProfile::new();
+        let stripped = G_LOCK + 0x100;
+        add_waits(
+            &mut p,
+            vec![
+                wait(stripped, 2, 1, 3000, chain(0x200, 0x10)),
+                wait(HEAP_WORD, 3, 1, 1000, chain(0x200, 0x20)),
+            ],
+        );
+        let entries = report(&p, &program_maps(), None, None, &mut names());
+        let named: Vec<_> = entries
+            .iter()
+            .map(|e| (e.address, e.name.as_deref()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                (LockAddress::At(stripped), Some("prog+0x4140")),
+                (LockAddress::At(HEAP_WORD), None),
+            ]
         );
     }
 
