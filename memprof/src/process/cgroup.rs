@@ -28,6 +28,17 @@ pub fn unified_root(mountinfo: &str) -> Option<PathBuf> {
 }
 
 impl Cgroup {
+    /// What the report says of a `--cgroup` session with `count` processes
+    /// at its start.
+    pub fn start_note(&self, count: usize) -> String {
+        format!(
+            "cgroup {}: {count} process{} at the start; those started in it later are \
+             traced from their exec, those moved into it within a second",
+            self.dir.display(),
+            if count == 1 { "" } else { "es" }
+        )
+    }
+
     /// Finds the cgroup `spec` names: a directory of the unified hierarchy
     /// (absolute, or relative to its root), or a systemd unit (or slice,
     /// scope) name, looked for anywhere in it.

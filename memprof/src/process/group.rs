@@ -367,9 +367,72 @@ pub fn shared_object_name(name: &str) -> String {
     }
 }
 
+/// What the report says when the attached process `main` has child
+/// processes that were running before tracing began and are not among
+/// the `traced` pids: `--no-children` aside, only the children it forks
+/// later are followed, so a parent that hands its work to workers (as
+/// `stress-ng` does) shows an idle process. `children`: (pid, name).
+pub fn untraced_children_note(
+    main: u32,
+    traced: &[u32],
+    children: &[(u32, String)],
+) -> Option<String> {
+    let left: Vec<&(u32, String)> = children
+        .iter()
+        .filter(|(p, _)| !traced.contains(p))
+        .collect();
+    let first = left.first()?;
+    const SHOWN: usize = 4;
+    let mut list: Vec<String> = left
+        .iter()
+        .take(SHOWN)
+        .map(|(p, name)| format!("{p} {name}"))
+        .collect();
+    if left.len() > SHOWN {
+        list.push(format!("and {} more", left.len() - SHOWN));
+    }
+    let all: Vec<String> = std::iter::once(main)
+        .chain(left.iter().map(|(p, _)| *p))
+        .map(|p| p.to_string())
+        .collect();
+    Some(format!(
+        "pid {main} has {} child process(es) started before tracing ({}): they are not \
+         traced (only children it forks while traced are); their own work needs -p {} (the \
+         allocator and lock probes follow the first pid) or -p {} for CPU sampling and false \
+         sharing in all",
+        left.len(),
+        list.join(", "),
+        first.0,
+        all.join(",")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn children_running_before_tracing_are_named_unless_traced() {
+        let kids = [
+            (11, "stress-ng-mutex".to_string()),
+            (12, "stress-ng-mutex".to_string()),
+        ];
+        let note = untraced_children_note(10, &[], &kids).expect("a note");
+        assert!(
+            note.contains("2 child process(es)")
+                && note.contains("11 stress-ng-mutex, 12 stress-ng-mutex")
+                && note.contains("-p 11 ")
+                && note.contains("-p 10,11,12 "),
+            "{note}"
+        );
+        let note = untraced_children_note(10, &[11], &kids).expect("one left");
+        assert!(
+            note.contains("1 child process(es) started before tracing (12 "),
+            "{note}"
+        );
+        assert_eq!(untraced_children_note(10, &[11, 12], &kids), None);
+        assert_eq!(untraced_children_note(10, &[], &[]), None);
+    }
 
     const MAPS: &str = "\
 55d0c8a01000-55d0c8a02000 r-xp 00001000 fe:01 123 /tmp/prog

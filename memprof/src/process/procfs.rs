@@ -69,6 +69,22 @@ pub fn list_threads(pid: u32) -> Vec<u32> {
     tids
 }
 
+/// The processes whose parent is `pid` now, with their names (`comm`),
+/// by pid: `/proc/PID/stat` of every process (a thread's `children` file
+/// lists only the children that thread forked).
+pub fn child_processes(pid: u32) -> Vec<(u32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children: Vec<(u32, String)> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| stat_fields(p).and_then(|f| stat_number::<u32>(&f, 1)) == Some(pid))
+        .map(|p| (p, thread_name(p, p).unwrap_or_default()))
+        .collect();
+    children.sort_unstable();
+    children
+}
+
 /// A thread's name (`comm`), or None when the thread is gone.
 pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
     let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
@@ -144,6 +160,24 @@ pub fn command_line(pid: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_process_is_listed_under_its_parent() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep runs");
+        let children = child_processes(std::process::id());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            children
+                .iter()
+                .any(|(p, name)| *p == child.id() && name == "sleep"),
+            "{children:?}"
+        );
+        assert_eq!(child_processes(u32::MAX - 1), []);
+    }
 
     #[test]
     fn the_effective_owner_is_read_from_the_status() {

@@ -32,7 +32,14 @@ use crate::{
     },
     object::{debuginfod, symbolize::Symbolizer},
     options::Options,
-    process::{cgroup::Cgroup, handle::TargetHandle, state::Process, threads::ThreadEvent},
+    process::{
+        cgroup::Cgroup,
+        group::untraced_children_note,
+        handle::{TargetHandle, TargetSpec},
+        procfs::child_processes,
+        state::Process,
+        threads::ThreadEvent,
+    },
     report::{
         model::{Loader, SamplingScope, Target},
         push::Pusher,
@@ -251,17 +258,6 @@ fn follow(pid: u32, launched: bool, others: &[u32]) -> (Process, Vec<ThreadEvent
     (process, existing)
 }
 
-/// What the report says of a `--cgroup` session with `count` processes
-/// at its start.
-fn cgroup_note(c: &Cgroup, count: usize) -> String {
-    format!(
-        "cgroup {}: {count} process{} at the start; those started in it later are traced \
-         from their exec, those moved into it within a second",
-        c.dir.display(),
-        if count == 1 { "" } else { "es" }
-    )
-}
-
 /// The other `-p` pids (or the cgroup's other processes) as processes (a
 /// thread id stands for its process), each checked as the main one is (a
 /// cgroup's process gone since it was listed is left out); a note says
@@ -290,11 +286,13 @@ fn other_pids(root: &Path, main: u32, opts: &Options, notes: &mut Vec<String>) -
             list.join(", ")
         ));
     }
-    notes.extend(
-        opts.cgroup
-            .as_ref()
-            .map(|c| cgroup_note(c, tgids.len() + 1)),
-    );
+    match &opts.cgroup {
+        Some(c) => notes.push(c.start_note(tgids.len() + 1)),
+        None if matches!(opts.target, TargetSpec::Pid(_)) => {
+            notes.extend(untraced_children_note(main, &tgids, &child_processes(main)));
+        }
+        None => {}
+    }
     Ok(tgids)
 }
 

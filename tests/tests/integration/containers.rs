@@ -273,6 +273,73 @@ fn attach_for_2s(name: &str, pid: &str) -> (ToolRun, Report) {
     (run, read_typed(&json))
 }
 
+/// Attached to a parent whose work runs in child processes started before
+/// the tool (as `stress-ng` hands its stressors to workers), the report
+/// says so and how to trace them: before, it showed an idle process and
+/// nothing else. Listed with `-p`, the children get no such note.
+#[test]
+fn children_started_before_attaching_are_named_in_a_note() {
+    if !require_root("children_started_before_attaching_are_named_in_a_note") {
+        return;
+    }
+    let mut parent = Command::new("sh")
+        .args(["-c", "sleep 30 & sleep 30 & wait"])
+        .spawn()
+        .expect("sh runs");
+    let pid = parent.id();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let children = loop {
+        let kids = children_of(pid);
+        if kids.len() == 2 || std::time::Instant::now() > deadline {
+            break kids;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(children.len(), 2, "sh started its two sleeps: {children:?}");
+    let (_, report) = attach_for_2s("children-note", &pid.to_string());
+    let all = format!("{pid},{},{}", children[0], children[1]);
+    let (_, listed) = attach_for_2s("children-listed", &all);
+    for kid in &children {
+        let _ = Command::new("kill").arg(kid.to_string()).status();
+    }
+    let _ = parent.wait();
+    let note = report
+        .notes
+        .iter()
+        .find(|n| n.contains("child process(es) started before tracing"))
+        .unwrap_or_else(|| panic!("no note on the children: {:#?}", report.notes));
+    assert!(
+        note.contains(&format!("pid {pid} has 2 child"))
+            && note.contains(&format!("{} sleep", children[0]))
+            && note.contains(&format!("-p {all} ")),
+        "{note}"
+    );
+    assert!(
+        !listed
+            .notes
+            .iter()
+            .any(|n| n.contains("started before tracing")),
+        "{:#?}",
+        listed.notes
+    );
+    assert_no_programs_left();
+}
+
+/// The processes whose parent is `pid`, by pid.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut kids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|p: &u32| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            rest.split_whitespace().nth(1) == Some(&pid.to_string())
+        })
+        .collect();
+    kids.sort_unstable();
+    kids
+}
+
 /// Proves a binary deleted after it started is read from the mapping, not
 /// looked for at its path: the hot function of `spin`, started from a
 /// copy that is then removed, is named with its source line.
