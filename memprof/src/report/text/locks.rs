@@ -45,6 +45,11 @@ pub(super) fn write_locks(out: &mut String, locks: &[LockEntry], tracing: Option
             format_ns(l.wait_p99_ns),
             format_ns(l.wait_max_ns)
         );
+        if name.chars().count() > 20 {
+            // Cut short in the table: the whole name (a type and field
+            // with its allocation site, a stripped file's address).
+            let _ = writeln!(out, "{}", ellipsize(&format!("      {name}"), WIDTH));
+        }
         if let Some(w) = l.waiters.first() {
             let at = source_label(w.file.as_deref(), w.line, &w.module);
             let line = format!("      waited in {} {at}", w.function);
@@ -286,6 +291,23 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("of the time"), "{text}");
+    }
+
+    /// A name cut short in the table (redis's jemalloc mutexes were all
+    /// `libjemalloc.so.2+0x…`) is also given whole, on the next line.
+    #[test]
+    fn a_long_lock_name_is_given_whole_under_its_row() {
+        let mut r = report_with_locks();
+        r.locks[0].name = Some("libjemalloc.so.2+0x1d2c80".into());
+        let text = render(&r);
+        let lines: Vec<&str> = text.lines().collect();
+        let row = lines
+            .iter()
+            .position(|l| l.starts_with("    libjemalloc.so.2+0x…"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(lines[row + 1], "      libjemalloc.so.2+0x1d2c80", "{text}");
+        r.locks[0].name = Some("g_lock".into());
+        assert!(!render(&r).contains("      g_lock\n"));
     }
 
     #[test]
