@@ -367,15 +367,23 @@ pub fn shared_object_name(name: &str) -> String {
     }
 }
 
+/// [`untraced_children_note`] for the children `main` has now.
+pub fn children_left_out(main: u32, traced: &[u32], follow_children: bool) -> Option<String> {
+    let children = super::procfs::child_processes(main);
+    untraced_children_note(main, traced, &children, follow_children)
+}
+
 /// What the report says when the attached process `main` has child
 /// processes that were running before tracing began and are not among
-/// the `traced` pids: `--no-children` aside, only the children it forks
-/// later are followed, so a parent that hands its work to workers (as
-/// `stress-ng` does) shows an idle process. `children`: (pid, name).
+/// the other `traced` pids: only the children it forks later are
+/// followed (with `follow_children`), so a parent that hands its work to
+/// workers (as `stress-ng` does) shows an idle process. `children`: (pid,
+/// name).
 pub fn untraced_children_note(
     main: u32,
     traced: &[u32],
     children: &[(u32, String)],
+    follow_children: bool,
 ) -> Option<String> {
     let left: Vec<&(u32, String)> = children
         .iter()
@@ -392,16 +400,21 @@ pub fn untraced_children_note(
         list.push(format!("and {} more", left.len() - SHOWN));
     }
     let all: Vec<String> = std::iter::once(main)
+        .chain(traced.iter().copied())
         .chain(left.iter().map(|(p, _)| *p))
         .map(|p| p.to_string())
         .collect();
     Some(format!(
         "pid {main} has {} child process(es) started before tracing ({}): they are not \
-         traced (only children it forks while traced are); their own work needs -p {} (the \
-         allocator and lock probes follow the first pid) or -p {} for CPU sampling and false \
-         sharing in all",
+         traced{}; their own work needs -p {} (the allocator and lock probes follow the first \
+         pid) or -p {} for CPU sampling and false sharing in all",
         left.len(),
         list.join(", "),
+        if follow_children {
+            " (only children it forks while traced are)"
+        } else {
+            ""
+        },
         first.0,
         all.join(",")
     ))
@@ -417,21 +430,26 @@ mod tests {
             (11, "stress-ng-mutex".to_string()),
             (12, "stress-ng-mutex".to_string()),
         ];
-        let note = untraced_children_note(10, &[], &kids).expect("a note");
+        let note = untraced_children_note(10, &[], &kids, true).expect("a note");
         assert!(
             note.contains("2 child process(es)")
                 && note.contains("11 stress-ng-mutex, 12 stress-ng-mutex")
+                && note.contains("while traced are")
                 && note.contains("-p 11 ")
                 && note.contains("-p 10,11,12 "),
             "{note}"
         );
-        let note = untraced_children_note(10, &[11], &kids).expect("one left");
+        // Pids listed already stay in the list suggested.
+        let note = untraced_children_note(10, &[11, 30], &kids, false).expect("one left");
         assert!(
-            note.contains("1 child process(es) started before tracing (12 "),
+            note.contains("1 child process(es) started before tracing (12 ")
+                && note.contains("-p 12 ")
+                && note.contains("-p 10,11,30,12 ")
+                && !note.contains("while traced"),
             "{note}"
         );
-        assert_eq!(untraced_children_note(10, &[11, 12], &kids), None);
-        assert_eq!(untraced_children_note(10, &[], &[]), None);
+        assert_eq!(untraced_children_note(10, &[11, 12], &kids, true), None);
+        assert_eq!(untraced_children_note(10, &[], &[], true), None);
     }
 
     const MAPS: &str = "\

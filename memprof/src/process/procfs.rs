@@ -69,20 +69,41 @@ pub fn list_threads(pid: u32) -> Vec<u32> {
     tids
 }
 
-/// The processes whose parent is `pid` now, with their names (`comm`),
-/// by pid: `/proc/PID/stat` of every process (a thread's `children` file
-/// lists only the children that thread forked).
+/// The live processes whose parent is `pid` now, with their names
+/// (`comm`), by pid: `/proc/PID/stat` of every process (a thread's
+/// `children` file lists only the children that thread forked). Zombies
+/// (nothing to trace) and this process and its ancestors (`sudo
+/// memprof-ebpf -p $$` from a shell) are left out.
 pub fn child_processes(pid: u32) -> Vec<(u32, String)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    let ours = ancestors(std::process::id());
     let mut children: Vec<(u32, String)> = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&p| stat_fields(p).and_then(|f| stat_number::<u32>(&f, 1)) == Some(pid))
+        .filter(|p| !ours.contains(p))
+        .filter(|&p| {
+            stat_fields(p).is_some_and(|f| {
+                f.first().is_some_and(|state| state != "Z")
+                    && stat_number::<u32>(&f, 1) == Some(pid)
+            })
+        })
         .map(|p| (p, thread_name(p, p).unwrap_or_default()))
         .collect();
     children.sort_unstable();
     children
+}
+
+/// `pid` and the processes above it, up to the first without a parent.
+fn ancestors(pid: u32) -> Vec<u32> {
+    let mut line = vec![pid];
+    while let Some(parent) = stat_fields(line[line.len() - 1])
+        .and_then(|f| stat_number::<u32>(&f, 1))
+        .filter(|&p| p != 0 && !line.contains(&p))
+    {
+        line.push(parent);
+    }
+    line
 }
 
 /// A thread's name (`comm`), or None when the thread is gone.
@@ -177,6 +198,12 @@ mod tests {
             "{children:?}"
         );
         assert_eq!(child_processes(u32::MAX - 1), []);
+        // This process is its parent's child, but never a child to name.
+        let me = std::process::id();
+        let parent = stat_fields(me)
+            .and_then(|f| stat_number::<u32>(&f, 1))
+            .expect("a parent");
+        assert!(child_processes(parent).iter().all(|(p, _)| *p != me));
     }
 
     #[test]

@@ -31,6 +31,15 @@ pub trait Names {
     /// The layout of global `name` of `path`, from its debug info.
     fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<Layout>;
 
+    /// `addr` as an address of the object file `path` (mapped with file
+    /// offset 0 at `file_base`): what `nm` and `gdb` call it, for data no
+    /// symbol covers. Taken as the offset in the file where the file's
+    /// own addresses are not known (tests; a position-independent file's
+    /// are the same).
+    fn link_address(&mut self, _path: &Arc<str>, file_base: u64, addr: u64) -> Option<u64> {
+        addr.checked_sub(file_base)
+    }
+
     /// The layout of what a pointer declared at `file:line` of `path`
     /// points to, from its debug info (the element of a heap block
     /// allocated on that line).
@@ -71,6 +80,10 @@ impl Names for Symbolizer {
 
     fn data_layout(&mut self, path: &Arc<str>, name: &str) -> Option<Layout> {
         Symbolizer::data_layout(self, path, name)
+    }
+
+    fn link_address(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<u64> {
+        Symbolizer::link_address(self, path, file_base, addr)
     }
 
     fn pointee_layout(&mut self, path: &Arc<str>, file: &str, line: u32) -> Option<Layout> {

@@ -34,9 +34,8 @@ use crate::{
     options::Options,
     process::{
         cgroup::Cgroup,
-        group::untraced_children_note,
+        group::children_left_out,
         handle::{TargetHandle, TargetSpec},
-        procfs::child_processes,
         state::Process,
         threads::ThreadEvent,
     },
@@ -289,7 +288,7 @@ fn other_pids(root: &Path, main: u32, opts: &Options, notes: &mut Vec<String>) -
     match &opts.cgroup {
         Some(c) => notes.push(c.start_note(tgids.len() + 1)),
         None if matches!(opts.target, TargetSpec::Pid(_)) => {
-            notes.extend(untraced_children_note(main, &tgids, &child_processes(main)));
+            notes.extend(children_left_out(main, &tgids, opts.follow_children));
         }
         None => {}
     }

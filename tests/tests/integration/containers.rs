@@ -282,15 +282,31 @@ fn children_started_before_attaching_are_named_in_a_note() {
     if !require_root("children_started_before_attaching_are_named_in_a_note") {
         return;
     }
-    let mut parent = Command::new("sh")
-        .args(["-c", "sleep 30 & sleep 30 & wait"])
-        .spawn()
-        .expect("sh runs");
-    let pid = parent.id();
+    /// Ends the shell and its sleeps however the test ends.
+    struct Family(std::process::Child);
+    impl Drop for Family {
+        fn drop(&mut self) {
+            for kid in children_of(self.0.id()) {
+                let _ = Command::new("kill").arg(kid.to_string()).status();
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let family = Family(
+        Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 30 & wait"])
+            .spawn()
+            .expect("sh runs"),
+    );
+    let pid = family.0.id();
+    let is_sleep = |p: &u32| {
+        std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let children = loop {
         let kids = children_of(pid);
-        if kids.len() == 2 || std::time::Instant::now() > deadline {
+        if (kids.len() == 2 && kids.iter().all(is_sleep)) || std::time::Instant::now() > deadline {
             break kids;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -299,10 +315,7 @@ fn children_started_before_attaching_are_named_in_a_note() {
     let (_, report) = attach_for_2s("children-note", &pid.to_string());
     let all = format!("{pid},{},{}", children[0], children[1]);
     let (_, listed) = attach_for_2s("children-listed", &all);
-    for kid in &children {
-        let _ = Command::new("kill").arg(kid.to_string()).status();
-    }
-    let _ = parent.wait();
+    drop(family);
     let note = report
         .notes
         .iter()

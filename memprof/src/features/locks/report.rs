@@ -368,8 +368,9 @@ pub(crate) fn data_name(
         });
     }
     let (path, base) = owner?;
+    let at = names.link_address(&path, base, addr)?;
     Some(DataName {
-        name: format!("{}+{:#x}", short_name(&path), addr - base),
+        name: format!("{}+{at:#x}", short_name(&path)),
         offset: 0,
         heap: false,
         unnamed: true,

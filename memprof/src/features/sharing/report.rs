@@ -425,9 +425,14 @@ fn global_object(
             let offset = line as i64 - (addr - sym.offset) as i64;
             (sym.name, offset, sym.size, layout)
         }
-        // Stripped: the object file and offset are all there is.
+        // Stripped: the object file and the address in it are all there
+        // is (as `nm` and `gdb` give it once debug symbols are at hand).
         None => (
-            format!("{}+{:#x}", short_name(path), addr - base),
+            format!(
+                "{}+{:#x}",
+                short_name(path),
+                names.link_address(path, base, addr).unwrap_or(addr - base)
+            ),
             0,
             None,
             None,

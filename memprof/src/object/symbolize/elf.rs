@@ -11,6 +11,21 @@ const PT_LOAD: u32 = 1;
 /// 64-bit little-endian ELF file: 0 for PIE executables and shared
 /// libraries, the link address (e.g. 0x400000) for fixed executables.
 pub fn first_load_bias(path: &Path) -> std::io::Result<u64> {
+    load_layout(path).map(|l| l.bias)
+}
+
+/// How a file's loadable segments lie in its own addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadLayout {
+    /// See [`first_load_bias`].
+    pub bias: u64,
+    /// The end of the highest segment in memory (`p_vaddr + p_memsz`,
+    /// `.bss` included): an address at or past it is not the file's.
+    pub end: u64,
+}
+
+/// The [`LoadLayout`] of a 64-bit little-endian ELF file.
+pub fn load_layout(path: &Path) -> std::io::Result<LoadLayout> {
     let mut header = [0u8; 64];
     let mut file = File::open(path)?;
     file.read_exact(&mut header)?;
@@ -40,7 +55,7 @@ fn program_headers_at(header: &[u8; 64], file_len: u64) -> std::io::Result<(u64,
     }
 }
 
-fn parse(header: &[u8; 64], phdrs: &[u8]) -> std::io::Result<u64> {
+fn parse(header: &[u8; 64], phdrs: &[u8]) -> std::io::Result<LoadLayout> {
     if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
         return Err(bad("not a 64-bit little-endian ELF file"));
     }
@@ -48,16 +63,26 @@ fn parse(header: &[u8; 64], phdrs: &[u8]) -> std::io::Result<u64> {
     if phentsize < 56 {
         return Err(bad("bad program header size"));
     }
+    let field =
+        |ph: &[u8], at: usize| u64::from_le_bytes(ph[at..at + 8].try_into().unwrap_or_default());
+    let mut layout: Option<LoadLayout> = None;
     for ph in phdrs.chunks_exact(phentsize) {
         let p_type = u32::from_le_bytes(ph[0..4].try_into().unwrap_or_default());
-        if p_type == PT_LOAD {
-            let p_offset = u64::from_le_bytes(ph[8..16].try_into().unwrap_or_default());
-            let p_vaddr = u64::from_le_bytes(ph[16..24].try_into().unwrap_or_default());
-            const PAGE: u64 = 4096;
-            return Ok((p_vaddr & !(PAGE - 1)).wrapping_sub(p_offset & !(PAGE - 1)));
+        if p_type != PT_LOAD {
+            continue;
+        }
+        let (p_offset, p_vaddr, p_memsz) = (field(ph, 8), field(ph, 16), field(ph, 40));
+        let end = p_vaddr.saturating_add(p_memsz);
+        match &mut layout {
+            Some(l) => l.end = l.end.max(end),
+            None => {
+                const PAGE: u64 = 4096;
+                let bias = (p_vaddr & !(PAGE - 1)).wrapping_sub(p_offset & !(PAGE - 1));
+                layout = Some(LoadLayout { bias, end });
+            }
         }
     }
-    Err(bad("no loadable segment"))
+    layout.ok_or_else(|| bad("no loadable segment"))
 }
 
 #[cfg(test)]
@@ -65,16 +90,27 @@ mod tests {
     use super::*;
 
     fn elf(phdrs: &[(u32, u64, u64)]) -> ([u8; 64], Vec<u8>) {
+        elf_sized(
+            &phdrs
+                .iter()
+                .map(|&(t, o, v)| (t, o, v, 0))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Program headers (type, offset, vaddr, memsz).
+    fn elf_sized(phdrs: &[(u32, u64, u64, u64)]) -> ([u8; 64], Vec<u8>) {
         let mut h = [0u8; 64];
         h[..6].copy_from_slice(b"\x7fELF\x02\x01");
         h[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
         h[0x38..0x3a].copy_from_slice(&(phdrs.len() as u16).to_le_bytes());
         let mut p = Vec::new();
-        for &(ty, off, vaddr) in phdrs {
+        for &(ty, off, vaddr, memsz) in phdrs {
             let mut e = [0u8; 56];
             e[0..4].copy_from_slice(&ty.to_le_bytes());
             e[8..16].copy_from_slice(&off.to_le_bytes());
             e[16..24].copy_from_slice(&vaddr.to_le_bytes());
+            e[40..48].copy_from_slice(&memsz.to_le_bytes());
             p.extend_from_slice(&e);
         }
         (h, p)
@@ -83,9 +119,21 @@ mod tests {
     #[test]
     fn pie_and_fixed_executables() {
         let (h, p) = elf(&[(6, 0x40, 0x40), (PT_LOAD, 0, 0)]);
-        assert_eq!(parse(&h, &p).unwrap(), 0);
+        assert_eq!(parse(&h, &p).unwrap().bias, 0);
         let (h, p) = elf(&[(PT_LOAD, 0, 0x400000)]);
-        assert_eq!(parse(&h, &p).unwrap(), 0x400000);
+        assert_eq!(parse(&h, &p).unwrap().bias, 0x400000);
+        // The end is the highest segment's in memory, its .bss included.
+        let (h, p) = elf_sized(&[
+            (PT_LOAD, 0, 0x400000, 0x1000),
+            (PT_LOAD, 0x2f28, 0x403f28, 0x9000),
+        ]);
+        assert_eq!(
+            parse(&h, &p).unwrap(),
+            LoadLayout {
+                bias: 0x400000,
+                end: 0x40cf28
+            }
+        );
         let (h, p) = elf(&[]);
         assert!(parse(&h, &p).is_err());
         let (mut h, p) = elf(&[(PT_LOAD, 0, 0)]);

@@ -141,7 +141,7 @@ pub struct Symbolizer {
     /// What the pointer declared at (object, source file, line) points to.
     pointees: HashMap<(Arc<str>, String, u32), Option<dwarf::Layout>>,
     /// Per file: `p_vaddr - p_offset` of its first loadable segment.
-    vaddr_bias: HashMap<Arc<str>, Option<u64>>,
+    vaddr_bias: HashMap<Arc<str>, Option<elf::LoadLayout>>,
     /// Per file: its separate debug file, if it is stripped and one is
     /// installed ([`debugfile`]).
     debug_files: HashMap<Arc<str>, Option<PathBuf>>,
@@ -285,10 +285,14 @@ impl Symbolizer {
 
     /// `p_vaddr - p_offset` of the first loadable segment of `path`.
     fn vaddr_bias(&mut self, path: &Arc<str>) -> Option<u64> {
+        self.load_layout(path).map(|l| l.bias)
+    }
+
+    fn load_layout(&mut self, path: &Arc<str>) -> Option<elf::LoadLayout> {
         *self
             .vaddr_bias
             .entry(path.clone())
-            .or_insert_with(|| elf::first_load_bias(&open_path(path)).ok())
+            .or_insert_with(|| elf::load_layout(&open_path(path)).ok())
     }
 
     /// Blazesym's answer, with a panic of its parsers (0.2.7 has an
@@ -349,13 +353,22 @@ impl Symbolizer {
             .clone()
     }
 
+    /// `addr` as an address of the object file `path` whose file offset
+    /// 0 is at `file_base`: the address its symbols, `nm` and `gdb` use.
+    /// None past the file's last segment in memory (anonymous memory
+    /// right after its `.bss` is not the file's).
+    pub fn link_address(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<u64> {
+        let layout = self.load_layout(path)?;
+        let at = addr.checked_sub(file_base)?.checked_add(layout.bias)?;
+        (at < layout.end).then_some(at)
+    }
+
     /// The global or static variable holding `addr`, in the object file
     /// `path` whose file offset 0 is at `file_base` (see
     /// [`crate::process::maps::ProcMaps::data_owner`]).
     pub fn data(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<DataSymbol> {
         self.refresh();
-        let bias = self.vaddr_bias(path)?;
-        let vaddr = addr.checked_sub(file_base)?.checked_add(bias)?;
+        let vaddr = self.link_address(path, file_base, addr)?;
         // The ELF symbol table has both function and object symbols; DWARF
         // would only name functions, so it is not consulted here. A
         // stripped binary's table is in its debug file, at the same
