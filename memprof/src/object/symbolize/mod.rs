@@ -140,8 +140,8 @@ pub struct Symbolizer {
     layouts: HashMap<(Arc<str>, String), Option<dwarf::Layout>>,
     /// What the pointer declared at (object, source file, line) points to.
     pointees: HashMap<(Arc<str>, String, u32), Option<dwarf::Layout>>,
-    /// Per file: `p_vaddr - p_offset` of its first loadable segment.
-    vaddr_bias: HashMap<Arc<str>, Option<elf::LoadLayout>>,
+    /// Per file: how its loadable segments lie in its own addresses.
+    load_layouts: HashMap<Arc<str>, Option<elf::LoadLayout>>,
     /// Per file: its separate debug file, if it is stripped and one is
     /// installed ([`debugfile`]).
     debug_files: HashMap<Arc<str>, Option<PathBuf>>,
@@ -181,7 +181,7 @@ impl Symbolizer {
             access_types: HashMap::new(),
             argument_types: HashMap::new(),
             typed_files: HashMap::new(),
-            vaddr_bias: HashMap::new(),
+            load_layouts: HashMap::new(),
             debug_files: HashMap::new(),
             plt_stubs: HashMap::new(),
             generation: debuginfod::generation(),
@@ -290,7 +290,7 @@ impl Symbolizer {
 
     fn load_layout(&mut self, path: &Arc<str>) -> Option<elf::LoadLayout> {
         *self
-            .vaddr_bias
+            .load_layouts
             .entry(path.clone())
             .or_insert_with(|| elf::load_layout(&open_path(path)).ok())
     }
