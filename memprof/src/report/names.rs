@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::{
     object::symbolize::{dwarf::Layout, typed::AccessType, DataSymbol, Frame, Inlined, Symbolizer},
-    process::maps::Place,
+    process::maps::{short_name, Place},
     report::model::{CallerRef, CodeRef},
 };
 
@@ -38,6 +38,15 @@ pub trait Names {
     /// are the same).
     fn link_address(&mut self, _path: &Arc<str>, file_base: u64, addr: u64) -> Option<u64> {
         addr.checked_sub(file_base)
+    }
+
+    /// Data no symbol covers, named as `nm` and `gdb` place it once
+    /// debug symbols are at hand: the object file and its own address
+    /// (`stress-ng+0x83e140`, a stripped program's global). None past
+    /// the file's last segment, where the file holds nothing.
+    fn file_address(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<String> {
+        let at = self.link_address(path, file_base, addr)?;
+        Some(format!("{}+{at:#x}", short_name(path)))
     }
 
     /// The layout of what a pointer declared at `file:line` of `path`

@@ -16,7 +16,7 @@ use crate::{
         LockProfile, WakeSite,
     },
     heap::{BlockLookup, Heap},
-    process::maps::{is_libc, short_name, ProcMaps},
+    process::maps::{is_libc, ProcMaps},
     report::{
         model::{LockAddress, LockEntry, LockKind},
         names::Names,
@@ -301,7 +301,7 @@ impl Naming<'_> {
     fn name_of(&mut self, uaddr: u64, waiter: Option<&Chain>) -> Option<String> {
         let blocks = self.blocks.map(|(h, i)| (*h, &**i));
         let data = data_name(self.maps, blocks, self.names, uaddr);
-        if data.as_ref().is_some_and(|d| !d.heap && !d.unnamed) {
+        if data.as_ref().is_some_and(|d| d.kind == DataKind::Symbol) {
             return data.map(|d| d.name);
         }
         let typed = waiter.and_then(|c| lock_argument(c, self.names));
@@ -324,22 +324,32 @@ fn lock_argument(chain: &Chain, names: &mut dyn Names) -> Option<String> {
     Some(format!("{}.{}", t.layout.type_name.as_ref()?, t.field()?))
 }
 
-/// What holds an address: its name, the offset in it, and whether it
-/// is a heap block or a place in an object file without a symbol for it
-/// (`stress-ng+0x83e140`: a stripped program's global).
+/// What holds an address: its name, the offset in it, and what kind of
+/// thing it is.
 pub(crate) struct DataName {
     pub name: String,
     pub offset: u64,
-    pub heap: bool,
-    pub unnamed: bool,
+    pub kind: DataKind,
+}
+
+/// Where a [`DataName`] came from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum DataKind {
+    /// A global's or static's symbol.
+    Symbol,
+    /// A heap block, named by its allocation site.
+    HeapBlock,
+    /// A place in an object file's data that no symbol covers (a
+    /// stripped program's global: `stress-ng+0x83e140`).
+    FileAddress,
 }
 
 /// The data at `addr`: a global's symbol; "heap block from file:line"
 /// (the allocation call's own line, also inside an inlined helper) when
 /// `blocks` knows its block; or, in an object file's data without a
 /// symbol for it (a stripped program), the file and the address in it
-/// (`stress-ng+0x83e140`, as false sharing names such a line), which
-/// `nm` or `gdb` place once its debug symbols are at hand.
+/// (as false sharing names such a line), which `nm` or `gdb` place once
+/// its debug symbols are at hand.
 pub(crate) fn data_name(
     maps: &ProcMaps,
     blocks: Option<(&dyn Heap, &dyn BlockLookup)>,
@@ -352,8 +362,7 @@ pub(crate) fn data_name(
             return Some(DataName {
                 name: sym.name,
                 offset: sym.offset,
-                heap: false,
-                unnamed: false,
+                kind: DataKind::Symbol,
             });
         }
     }
@@ -363,17 +372,14 @@ pub(crate) fn data_name(
         return Some(DataName {
             name: format!("heap block from {}", site.label()),
             offset: addr - block.start,
-            heap: true,
-            unnamed: false,
+            kind: DataKind::HeapBlock,
         });
     }
     let (path, base) = owner?;
-    let at = names.link_address(&path, base, addr)?;
     Some(DataName {
-        name: format!("{}+{at:#x}", short_name(&path)),
+        name: names.file_address(&path, base, addr)?,
         offset: 0,
-        heap: false,
-        unnamed: true,
+        kind: DataKind::FileAddress,
     })
 }
 
@@ -625,6 +631,10 @@ mod tests {
                 (LockAddress::At(HEAP_WORD), None),
             ]
         );
+        // Past the file's last segment: no file's address to give.
+        let mut past_end = names().file_ends_at(0x4140);
+        let entries = report(&p, &program_maps(), None, None, &mut past_end);
+        assert!(entries.iter().all(|e| e.name.is_none()), "{entries:?}");
     }
 
     #[test]

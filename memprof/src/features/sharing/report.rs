@@ -19,7 +19,7 @@ use crate::{
     features::sharing::analysis::{self, Dismissal, LineFinding, SharingProfile},
     heap::{Heap, HeapBlock},
     object::symbolize::dwarf::Layout,
-    process::maps::{short_name, Place, ProcMaps},
+    process::maps::{Place, ProcMaps},
     report::{
         model::{
             Dependences, DismissReason, DismissedLine, ObjectKind, PredictedGain, ProcessThreads,
@@ -426,13 +426,11 @@ fn global_object(
             (sym.name, offset, sym.size, layout)
         }
         // Stripped: the object file and the address in it are all there
-        // is (as `nm` and `gdb` give it once debug symbols are at hand).
+        // is; past the file's last segment, the address itself.
         None => (
-            format!(
-                "{}+{:#x}",
-                short_name(path),
-                names.link_address(path, base, addr).unwrap_or(addr - base)
-            ),
+            names
+                .file_address(path, base, addr)
+                .unwrap_or_else(|| format!("{addr:#x}")),
             0,
             None,
             None,
@@ -1097,6 +1095,11 @@ mod tests {
             object(0x1000),
             (ObjectKind::Unknown, "unmapped at the end".into(), 0)
         );
+        // Past the file's last segment the file holds nothing: the name
+        // is the address, not an offset that `nm` would not know.
+        let mut names = TableNames::new().file_ends_at(0x4040);
+        let (o, _) = object_of(&inputs, G_ARGS, G_ARGS, &mut names);
+        assert_eq!(o.name, format!("{G_ARGS:#x}"));
     }
 
     /// The report's names are the analysis's.

@@ -8,7 +8,10 @@ use super::analysis::{
 use crate::{
     cli::LockMode,
     features::{
-        locks::{analysis::LockProfile, report::data_name},
+        locks::{
+            analysis::LockProfile,
+            report::{data_name, DataKind},
+        },
         FastMap, FastSet,
     },
     heap::{BlockLookup, Heap},
@@ -248,7 +251,7 @@ impl Naming<'_, '_> {
     fn word(&mut self, addr: u64) -> String {
         let blocks = self.inputs.heap.zip(self.index);
         match data_name(self.inputs.maps, blocks, self.names, addr) {
-            Some(d) if d.heap => format!("{} +{:#x}", d.name, d.offset),
+            Some(d) if d.kind == DataKind::HeapBlock => format!("{} +{:#x}", d.name, d.offset),
             Some(d) if d.offset == 0 => d.name,
             Some(d) => format!("{}+{:#x}", d.name, d.offset),
             None => format!("{addr:#x}"),
