@@ -116,6 +116,7 @@ impl Objects {
             tracing::debug!("cannot reach {name} of process {pid}");
             return None;
         };
+        let name = started_as(pid, &name, id).unwrap_or(name);
         let free = self.taken.get(&name).is_none_or(|&other| other == id);
         let name: Arc<str> = if free { name } else { Arc::from(in_root) };
         let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
@@ -126,6 +127,47 @@ impl Objects {
         Some(name)
     }
 }
+
+/// The name a process was started by, where that is a symbolic link to
+/// its executable `name` (the file `id`) beside it: Debian's
+/// `redis-server` is a link to `redis-check-rdb`, and the maps name the
+/// file the link resolves to, so every frame of the server read
+/// `(redis-check-rdb)`. Users know the program as `ps` and `top` show
+/// it: by its `comm`, the name of what was executed (cut at 15 bytes).
+/// None for other files, or when no link beside the file by that name
+/// is the file.
+fn started_as(pid: u32, name: &str, id: FileId) -> Option<Arc<str>> {
+    let exe = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    if !same_file(&exe, id) {
+        return None;
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let comm = comm.trim_end_matches('\n');
+    let (dir, file) = name.rsplit_once('/')?;
+    if comm.is_empty() || comm.contains('/') || file == comm {
+        return None;
+    }
+    let in_root = format!("/proc/{pid}/root{dir}");
+    let is_link_to_file = |entry: &str| {
+        let at = format!("{in_root}/{entry}");
+        std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink())
+            && std::fs::metadata(&at).is_ok_and(|m| same_file(&m, id))
+    };
+    let entry = if comm.len() < COMM_MAX {
+        is_link_to_file(comm).then(|| comm.to_string())
+    } else {
+        // Cut short: any link whose name begins so.
+        std::fs::read_dir(&in_root).ok()?.find_map(|e| {
+            let entry = e.ok()?.file_name().into_string().ok()?;
+            (entry.starts_with(comm) && is_link_to_file(&entry)).then_some(entry)
+        })
+    }?;
+    tracing::debug!("{name} of process {pid} is named {dir}/{entry}, as it was started");
+    Some(Arc::from(format!("{dir}/{entry}")))
+}
+
+/// The longest `comm` the kernel keeps (`TASK_COMM_LEN` less its NUL).
+const COMM_MAX: usize = 15;
 
 /// Opens `path` to read, without side effects on a device or FIFO (never
 /// expected among code files, but the names come from the target).
@@ -148,4 +190,61 @@ fn same_file(meta: &std::fs::Metadata, (dev, inode): FileId) -> bool {
 /// Whether mapping `m` maps the file `meta` describes.
 pub fn maps_file(m: &Mapping, meta: &std::fs::Metadata) -> bool {
     same_file(meta, (m.dev, m.inode))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{os::unix::fs::symlink, path::Path};
+
+    use crate::process::maps::ProcMaps;
+
+    /// The name the mappings give the executable `program` is mapped
+    /// by, once it has exec'd (one whose file name is in `names`).
+    fn exe_name(program: &Path, names: &[&str]) -> Option<String> {
+        let mut child = std::process::Command::new(program)
+            .arg("5")
+            .spawn()
+            .expect("starting sleep");
+        let mut name = None;
+        for _ in 0..400 {
+            let maps = ProcMaps::read(child.id()).unwrap_or_default();
+            name = maps
+                .mappings()
+                .iter()
+                .find(|m| m.executable && names.iter().any(|n| m.name.ends_with(n)))
+                .map(|m| m.name.to_string());
+            if name.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        name
+    }
+
+    /// A program started by a link beside its file is named by the link
+    /// (Debian's `redis-server`, a link to `redis-check-rdb`); one
+    /// started by its own name keeps it. Two copies of `sleep`: a file
+    /// is named as first seen.
+    #[test]
+    fn a_program_started_by_a_link_is_named_by_it() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let at = |name: &str| dir.path().join(name);
+        for copy in ["real-sleeper", "own-sleeper"] {
+            std::fs::copy("/bin/sleep", at(copy)).expect("copying sleep");
+        }
+        symlink("real-sleeper", at("sleeper-link")).expect("making the link");
+        let names = ["/real-sleeper", "/sleeper-link"];
+        assert_eq!(
+            exe_name(&at("sleeper-link"), &names),
+            Some(at("sleeper-link").to_string_lossy().into_owned()),
+            "started by the link"
+        );
+        assert_eq!(
+            exe_name(&at("own-sleeper"), &["/own-sleeper"]),
+            Some(at("own-sleeper").to_string_lossy().into_owned()),
+            "started by its own name"
+        );
+    }
 }

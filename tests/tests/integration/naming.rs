@@ -275,3 +275,42 @@ fn plt_stubs_are_named_after_the_function_they_call() {
     assert!(stubs.iter().all(|h| h.module == "alloc"), "{stubs:#?}");
     assert_no_programs_left();
 }
+
+/// A program started by a symbolic link beside its file is named by the
+/// link, as `ps` and `top` name it: Debian's `redis-server` is a link to
+/// `redis-check-rdb`, and every frame of an attached server read
+/// `(redis-check-rdb)`. Here `spin`, copied and started through a link
+/// of another name in the same directory, is attached to.
+#[test]
+fn a_program_started_by_a_link_is_named_by_the_link() {
+    if !require_root("a_program_started_by_a_link_is_named_by_the_link") {
+        return;
+    }
+    let spin = build_workload("spin", Variant::Debug).expect("building spin");
+    let (real, link) = (
+        workload_dir().join("spin-linked-file"),
+        workload_dir().join("spin-by-link"),
+    );
+    let _ = std::fs::remove_file(&link);
+    std::fs::copy(&spin, &real).expect("copying spin");
+    std::os::unix::fs::symlink("spin-linked-file", &link).expect("linking");
+    let mut target = TestProcess::spawn(&link, &["time", "2", "20"]);
+    target.wait_ready();
+    let json = report_path("started-by-link");
+    let pid = target.pid().to_string();
+    let args = ["-p", &pid, "--duration", "2s", "--no-tui", "--json"];
+    let mut all = args.to_vec();
+    all.push(json.to_str().expect("UTF-8 path"));
+    let run = run_tool(&all, std::time::Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = read_typed(&json);
+    let hot = hot_function(&report, "spin_worker")
+        .unwrap_or_else(|| panic!("spin_worker is named: {:#?}", report.hot_functions));
+    assert_eq!(hot.module, "spin-by-link", "{hot:#?}");
+    assert!(
+        hot.file.as_deref().is_some_and(|f| f.ends_with("spin.c")) && hot.line.is_some(),
+        "with its source line: {hot:#?}"
+    );
+    assert!(!run.stdout.contains("spin-linked-file"), "{}", run.stdout);
+    assert_no_programs_left();
+}
