@@ -125,7 +125,18 @@ impl Object {
         Some((start, end))
     }
 
-    fn rule(&self, offset: u64) -> Option<FrameRule> {
+    /// Runs `f` on the FDE covering file offset `offset`, with the
+    /// section and bases it reads with, and the offset's address.
+    fn with_fde<R>(
+        &self,
+        offset: u64,
+        f: impl FnOnce(
+            &Fde<'_>,
+            &EhFrame<EndianSlice<'_, LittleEndian>>,
+            &BaseAddresses,
+            u64,
+        ) -> Option<R>,
+    ) -> Option<R> {
         let address = self.vaddr(offset)?;
         let (hdr_off, hdr_size, hdr_vaddr) = self.hdr;
         let hdr_bytes = self.data.get(hdr_off..hdr_off.checked_add(hdr_size)?)?;
@@ -163,32 +174,78 @@ impl Object {
         if !fde.contains(address) {
             return None;
         }
-        let mut ctx: UnwindContext<usize> = UnwindContext::new();
-        let row = fde
-            .unwind_info_for_address(&eh_frame, &bases, &mut ctx, address)
-            .ok()?;
-        let (base, cfa_offset) = match row.cfa() {
-            CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => {
-                (Base::Sp, *offset)
-            }
-            CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => {
-                (Base::Bp, *offset)
-            }
-            _ => return None,
-        };
-        let RegisterRule::Offset(ra_offset) = row.register(X86_64::RA)? else {
-            return None;
-        };
-        let bp_offset = match row.register(X86_64::RBP) {
-            Some(RegisterRule::Offset(o)) => Some(o),
-            _ => None,
-        };
-        Some(FrameRule {
-            base,
-            cfa_offset,
-            ra_offset,
-            bp_offset,
+        f(&fde, &eh_frame, &bases, address)
+    }
+
+    fn rule(&self, offset: u64) -> Option<FrameRule> {
+        self.with_fde(offset, |fde, eh_frame, bases, address| {
+            frame_rule(fde, eh_frame, bases, address)
         })
+    }
+
+    /// The file offset of the start of the function holding `offset`.
+    fn function_start(&self, offset: u64) -> Option<u64> {
+        self.with_fde(offset, |fde, _, _, _| {
+            let (start, _) = self.file_offset(fde.initial_address())?;
+            u64::try_from(start).ok()
+        })
+    }
+}
+
+/// An FDE of `.eh_frame`, read from the file's bytes.
+type Fde<'a> = gimli::FrameDescriptionEntry<EndianSlice<'a, LittleEndian>, usize>;
+
+/// The frame rule at `address` from its FDE.
+fn frame_rule(
+    fde: &Fde<'_>,
+    eh_frame: &EhFrame<EndianSlice<'_, LittleEndian>>,
+    bases: &BaseAddresses,
+    address: u64,
+) -> Option<FrameRule> {
+    let mut ctx: UnwindContext<usize> = UnwindContext::new();
+    let row = fde
+        .unwind_info_for_address(eh_frame, bases, &mut ctx, address)
+        .ok()?;
+    let (base, cfa_offset) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => {
+            (Base::Sp, *offset)
+        }
+        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => {
+            (Base::Bp, *offset)
+        }
+        _ => return None,
+    };
+    let RegisterRule::Offset(ra_offset) = row.register(X86_64::RA)? else {
+        return None;
+    };
+    let bp_offset = match row.register(X86_64::RBP) {
+        Some(RegisterRule::Offset(o)) => Some(o),
+        _ => None,
+    };
+    Some(FrameRule {
+        base,
+        cfa_offset,
+        ra_offset,
+        bp_offset,
+    })
+}
+
+/// The functions of one object file as its call-frame information gives
+/// them: every function the compiler emitted has an FDE with its range,
+/// in a stripped file too, where no symbol names it.
+pub struct Functions(Option<Object>);
+
+impl Functions {
+    /// From the file's bytes; knows no function if they are no ELF file
+    /// with `.eh_frame_hdr`.
+    pub fn of(data: Arc<[u8]>) -> Self {
+        Self(Object::load(data))
+    }
+
+    /// The file offset where the function holding file offset `offset`
+    /// starts, if an FDE covers it.
+    pub fn start_of(&self, offset: u64) -> Option<u64> {
+        self.0.as_ref()?.function_start(offset)
     }
 }
 

@@ -4,7 +4,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 /// Files larger than this are not read (no lock implementation is).
-const MAX_FILE: u64 = 512 << 20;
+pub const MAX_FILE: u64 = 512 << 20;
 
 /// The bytes of the object files seen, read once each and shared by the
 /// return-address checks and the unwinder.

@@ -248,3 +248,35 @@ fn a_void_function_is_not_an_allocation_wrapper() {
         }
     }
 }
+
+/// In a stripped build, every instruction of a function without a symbol
+/// is named by the function's start, from its FDE (`names-s+0x1189`),
+/// so its samples and sites add up as one; the start is the one the
+/// unstripped build's symbol table gives.
+#[test]
+fn stripped_code_is_named_by_its_functions_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path());
+    let stripped = dir.path().join("names-s");
+    let out = std::process::Command::new("strip")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(&*exe)
+        .output()
+        .expect("running strip");
+    assert!(out.status.success(), "{out:?}");
+    let stripped: Arc<str> = Arc::from(stripped.to_str().unwrap());
+    let mut s = Symbolizer::new();
+    for name in ["w", "cd"] {
+        let (start, size) = symbol(&exe, name);
+        let expected = match code_place(&stripped, start) {
+            Place::File { file_offset, .. } => format!("names-s+{file_offset:#x}"),
+            other => panic!("{other:?}"),
+        };
+        for at in [start, start + 1, start + size - 1] {
+            let f = s.code(&code_place(&stripped, at));
+            assert_eq!(f.function, expected, "{name} at {at:#x}");
+            assert_eq!(f.module, "names-s");
+        }
+    }
+}

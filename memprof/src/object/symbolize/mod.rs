@@ -24,8 +24,9 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blazesym,
 };
 
-use crate::object::{debugfile, debuginfod};
+use crate::object::{debugfile, debuginfod, unwind::Functions};
 use crate::process::{
+    files::MAX_FILE,
     maps::{short_name, Place},
     objects::open_path,
 };
@@ -147,6 +148,8 @@ pub struct Symbolizer {
     debug_files: HashMap<Arc<str>, Option<PathBuf>>,
     /// Per file: its PLT stubs ([`plt`]).
     plt_stubs: HashMap<Arc<str>, Vec<plt::Stub>>,
+    /// Per file: its functions' ranges, for code no symbol names.
+    functions: HashMap<Arc<str>, Functions>,
     /// The type each accessing instruction goes through ([`typed`]).
     access_types: HashMap<Place, Option<typed::AccessType>>,
     /// The type of the first argument of each call, by return address.
@@ -184,6 +187,7 @@ impl Symbolizer {
             load_layouts: HashMap::new(),
             debug_files: HashMap::new(),
             plt_stubs: HashMap::new(),
+            functions: HashMap::new(),
             generation: debuginfod::generation(),
         }
     }
@@ -251,7 +255,7 @@ impl Symbolizer {
             Ok(Symbolized::Unknown(reason)) => {
                 tracing::debug!("no symbol for {path}+{file_offset:#x}: {reason}");
                 self.resolve_in_debug_file(path, *file_offset)
-                    .unwrap_or_else(|| Inlined::alone(Frame::unknown(place)))
+                    .unwrap_or_else(|| Inlined::alone(self.unnamed_function(path, *file_offset)))
             }
             Err(e) => {
                 tracing::debug!("symbolizing {path}+{file_offset:#x} failed: {e}");
@@ -272,6 +276,25 @@ impl Symbolizer {
             Ok(Symbolized::Sym(sym)) => Some(inline_chain(&sym, short_name(path))),
             Ok(Symbolized::Unknown(_)) | Err(_) => None,
         }
+    }
+
+    /// Code no symbol names, named by the start of its function as the
+    /// file's call-frame information gives it (`pbzip2+0x6e80`), so that
+    /// a stripped function's samples, waits and sites add up as one
+    /// (each instruction was its own "function"); by its own offset
+    /// where no FDE covers it.
+    fn unnamed_function(&mut self, path: &Arc<str>, file_offset: u64) -> Frame {
+        let functions = self.functions.entry(path.clone()).or_insert_with(|| {
+            let at = open_path(path);
+            let small = std::fs::metadata(&at).is_ok_and(|m| m.len() <= MAX_FILE);
+            let data = small.then(|| std::fs::read(&at).ok()).flatten();
+            Functions::of(Arc::from(data.unwrap_or_default()))
+        });
+        let start = functions.start_of(file_offset).unwrap_or(file_offset);
+        Frame::unknown(&Place::File {
+            path: path.clone(),
+            file_offset: start,
+        })
     }
 
     /// The PLT stub of `path` at `file_offset` (`malloc@plt`), if any.
