@@ -51,6 +51,14 @@
  *                            (SPLIT_A), split_b() once, through xmalloc()
  *                            (SPLIT_B): 3/4 of the allocator's time is
  *                            spent for SPLIT_A. Truth: split_iterations
+ *   alloc arena SECONDS      for SECONDS, a thread mallocs blocks into a
+ *                            ring that two other threads empty and free:
+ *                            free locks the arena of the thread that made
+ *                            the block, so the three wait for that arena's
+ *                            lock. Truth: arena_heap, the start of that
+ *                            arena's heap (from the first block's chunk,
+ *                            with NON_MAIN_ARENA set), arena_lock, where
+ *                            the heap's first word (the arena) points
  *   alloc work N [HASH]      a moderate, more realistic load: N iterations
  *                            of (malloc 32..512 bytes, fill it, HASH rounds
  *                            of hashing (default 4096, a few microseconds),
@@ -111,7 +119,7 @@ static void usage(void)
 	fprintf(stderr, "usage: alloc reuse N | large N SIZE | small N | mixed THREADS N"
 			" | leak N | dlopen LIB N | threads T N | hold SECONDS | loop N | split SECONDS"
 			" | work N [HASH]"
-			" | sizes N | chains SECONDS [SPIN]\n");
+			" | sizes N | chains SECONDS [SPIN] | arena SECONDS\n");
 	exit(2);
 }
 
@@ -544,6 +552,59 @@ static void alloc_work(long n)
 	fprintf(stderr, "ns_per_iter %.1f\n", elapsed * 1e9 / n);
 }
 
+#define ARENA_RING 4096
+static void *arena_ring[ARENA_RING];
+static int arena_stop;
+static unsigned long arena_heap, arena_lock;
+
+/* glibc: a chunk's size word holds NON_MAIN_ARENA (4); such a chunk's heap
+ * is 64 MiB-aligned and starts with heap_info, whose first word points at
+ * the arena (its first field, the lock). */
+static void *arena_producer(void *arg)
+{
+	(void)arg;
+	/* Through the sink: the header is glibc's data, which the compiler
+	 * would take for bytes malloc left uninitialised. */
+	thread_sink = malloc(64);
+	unsigned long *first = (unsigned long *)thread_sink;
+	unsigned long size = first[-1];
+	if (size & 4) {
+		arena_heap = (unsigned long)first & ~((64UL << 20) - 1);
+		arena_lock = *(unsigned long *)arena_heap;
+	}
+	free(first);
+	for (unsigned long i = 0; !__atomic_load_n(&arena_stop, __ATOMIC_RELAXED); i++) {
+		void *q = malloc(64 + (i % 8) * 16);
+		void *old = __atomic_exchange_n(&arena_ring[i % ARENA_RING], q, __ATOMIC_ACQ_REL);
+		free(old);
+	}
+	return NULL;
+}
+
+static void *arena_consumer(void *arg)
+{
+	(void)arg;
+	for (unsigned long i = 0; !__atomic_load_n(&arena_stop, __ATOMIC_RELAXED); i++)
+		free(__atomic_exchange_n(&arena_ring[i % ARENA_RING], NULL, __ATOMIC_ACQ_REL));
+	return NULL;
+}
+
+static void alloc_arena(double seconds)
+{
+	pthread_t t[3];
+	pthread_create(&t[0], NULL, arena_producer, NULL);
+	for (int i = 1; i < 3; i++)
+		pthread_create(&t[i], NULL, arena_consumer, NULL);
+	usleep((useconds_t)(seconds * 1e6));
+	__atomic_store_n(&arena_stop, 1, __ATOMIC_RELAXED);
+	for (int i = 0; i < 3; i++)
+		pthread_join(t[i], NULL);
+	for (int i = 0; i < ARENA_RING; i++)
+		free(arena_ring[i]);
+	truth("arena_heap", arena_heap);
+	truth("arena_lock", arena_lock);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3)
@@ -612,6 +673,12 @@ int main(int argc, char **argv)
 			usage();
 		start();
 		alloc_split(seconds);
+	} else if (strcmp(mode, "arena") == 0 && argc == 3) {
+		double seconds = atof(argv[2]);
+		if (seconds <= 0)
+			usage();
+		start();
+		alloc_arena(seconds);
 	} else if (strcmp(mode, "work") == 0 && (argc == 3 || argc == 4)) {
 		long n = count_arg(argv[2], 1L << 40);
 		if (argc == 4)

@@ -135,6 +135,19 @@ pub fn chunk_at(mem: &dyn Memory, region: Region, addr: u64) -> Option<Chunk> {
         .find_map(|first| walk(mem, first, end, addr, true))
 }
 
+/// The start of the heap whose arena's lock is at `addr`, in an
+/// anonymous mapping from `mapping_start`: glibc's arenas other than the
+/// main one live in their first heap, right after its `heap_info`
+/// (0x20 or, from glibc 2.35, 0x30 bytes), and the lock is the arena's
+/// first field, so the heap's first word (`ar_ptr`) points at it. No
+/// program block can be there: chunks start after the arena.
+pub fn arena_of_lock(mem: &dyn Memory, mapping_start: u64, addr: u64) -> Option<u64> {
+    let base = addr & !(HEAP_MAX - 1);
+    let at = addr - base;
+    let arena = base >= mapping_start && (0x20..=0x40).contains(&at) && at.is_multiple_of(ALIGN);
+    (arena && mem.word(base)? == addr).then_some(base)
+}
+
 /// A block with a mapping of its own: glibc writes a zero `prev_size` and
 /// a page-multiple size with only `IS_MMAPPED` set at the mapping's start.
 /// Such mappings next to each other are one in the maps (the kernel
@@ -232,6 +245,35 @@ mod tests {
             c += s;
         }
         Words(words)
+    }
+
+    /// An arena's lock is where its heap's first word points, right
+    /// after `heap_info` (0x20 before glibc 2.35, 0x30 since).
+    #[test]
+    fn an_arenas_lock_is_where_its_heap_points() {
+        let heap = 0x7f00_0400_0000;
+        for at in [0x20, 0x30] {
+            let mem = Words(vec![(heap, heap + at)]);
+            assert_eq!(arena_of_lock(&mem, heap, heap + at), Some(heap));
+            assert_eq!(
+                arena_of_lock(&mem, heap + 0x1000, heap + at),
+                None,
+                "another mapping"
+            );
+        }
+        let mem = Words(vec![(heap, heap + 0x30)]);
+        assert_eq!(
+            arena_of_lock(&mem, heap, heap + 0x40),
+            None,
+            "not the arena"
+        );
+        let block = Words(vec![(heap, heap + 0x1030)]);
+        assert_eq!(arena_of_lock(&block, heap, heap + 0x1030), None, "a block");
+        assert_eq!(
+            arena_of_lock(&Words(vec![]), heap, heap + 0x30),
+            None,
+            "unread"
+        );
     }
 
     #[test]

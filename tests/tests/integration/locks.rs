@@ -9,7 +9,10 @@
 //! the JSON report, then checks that nothing is left loaded. They share
 //! kernel state, so `cargo xtask test` runs them one at a time.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use memprof::report::{
     model::{
@@ -1934,6 +1937,78 @@ fn syscall_fallback_still_finds_the_hot_lock() {
         site_at(&hot.waiters, "locks.c", line).is_some(),
         "waited at locks.c:{line}: {:#?}",
         hot.waiters
+    );
+    assert_no_programs_left();
+}
+
+/// Threads that free blocks another thread's glibc arena made wait for
+/// that arena's lock (`alloc arena`): attached to while it runs, the
+/// lock is named as the arena's, at the heap the workload found its own
+/// block in, with a note on what causes it. Before, it was a bare
+/// address. A lock that is no arena's is never named so.
+#[test]
+fn a_glibc_arenas_lock_is_named_as_the_arenas() {
+    const TEST: &str = "a_glibc_arenas_lock_is_named_as_the_arenas";
+    if !require_root(TEST) {
+        return;
+    }
+    let alloc = build_workload("alloc", Variant::Debug).expect("building alloc");
+    let truth_path = Truth::path(TEST);
+    let truth_env = truth_path.to_str().expect("UTF-8 path");
+    let mut target =
+        TestProcess::spawn_env(&alloc, &["arena", "8"], &[("WORKLOAD_TRUTH", truth_env)]);
+    target.wait_ready();
+    let json = report_path(TEST);
+    let pid = target.pid().to_string();
+    let json_arg = json.to_str().expect("UTF-8 path");
+    let args = [
+        "-p",
+        &pid,
+        "--duration",
+        "3s",
+        "--no-tui",
+        "--json",
+        json_arg,
+    ];
+    let run = run_tool(&args, Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    assert!(
+        target.wait_timeout(Duration::from_secs(30)).is_some(),
+        "the workload ends"
+    );
+    let truth = Truth::read(&truth_path);
+    let (heap, lock) = (truth.get("arena_heap"), truth.get("arena_lock"));
+    assert!(
+        heap != 0 && lock > heap,
+        "the producer's block is a non-main arena's"
+    );
+    let report = read_typed(&json);
+    let entry = report
+        .locks
+        .iter()
+        .find(|l| l.address == LockAddress::At(lock))
+        .unwrap_or_else(|| panic!("the arena's lock {lock:#x} is listed: {:#?}", report.locks));
+    assert_eq!(
+        entry.name.as_deref(),
+        Some(format!("glibc malloc arena at {heap:#x}").as_str()),
+        "{entry:#?}"
+    );
+    assert!(entry.contentions > 0, "{entry:#?}");
+    for l in &report.locks {
+        if let (Some(name), LockAddress::At(at)) = (l.name.as_deref(), l.address) {
+            if name.starts_with("glibc malloc arena at") {
+                let base = at & !((64 << 20) - 1);
+                assert_eq!(name, format!("glibc malloc arena at {base:#x}"), "{l:#?}");
+            }
+        }
+    }
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("glibc malloc arena's lock")),
+        "{:#?}",
+        report.notes
     );
     assert_no_programs_left();
 }

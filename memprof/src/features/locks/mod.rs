@@ -38,7 +38,10 @@ use crate::{
         windows::{Detaching, Windowed},
     },
     options::Options,
-    process::state::Process,
+    process::{
+        chunks::{Memory, ProcMemory},
+        state::Process,
+    },
     report::{
         model::{LockContention, LockEntry},
         Report,
@@ -382,13 +385,17 @@ impl Feature for Locks {
             LockMode::Full | LockMode::Off => Scale::exact(),
         });
         let heap: Option<&dyn Heap> = ctx.heap;
+        // Read while the target runs (attached): glibc's arena locks.
+        let memory = ProcMemory::open(ctx.process.pid());
         out.locks = report::report(
             &self.collector.profile,
             ctx.process.maps(),
             heap,
+            memory.as_ref().map(|m| m as &dyn Memory),
             scale.as_ref(),
             ctx.symbolizer,
         );
+        ctx.notes.extend(report::arena_note(&out.locks));
         if let Some(u) = &self.ulcp {
             let inputs = ulcp::report::Inputs {
                 profile: &u.profile,

@@ -16,7 +16,10 @@ use crate::{
         LockProfile, WakeSite,
     },
     heap::{BlockLookup, Heap},
-    process::maps::{is_libc, ProcMaps},
+    process::{
+        chunks::{self, Memory},
+        maps::{is_libc, ProcMaps},
+    },
     report::{
         model::{LockAddress, LockEntry, LockKind},
         names::Names,
@@ -50,6 +53,7 @@ pub fn report(
     profile: &LockProfile,
     maps: &ProcMaps,
     heap: Option<&dyn Heap>,
+    memory: Option<&dyn Memory>,
     scale: Option<&Scale>,
     names: &mut dyn Names,
 ) -> Vec<LockEntry> {
@@ -57,6 +61,7 @@ pub fn report(
     let mut naming = Naming {
         maps,
         blocks: blocks.as_ref(),
+        memory,
         names,
     };
     let mut table = Table::default();
@@ -94,6 +99,8 @@ type Blocks<'a> = (&'a dyn Heap, Box<dyn BlockLookup + 'a>);
 struct Naming<'a> {
     maps: &'a ProcMaps,
     blocks: Option<&'a Blocks<'a>>,
+    /// The target's memory, while it runs: what glibc's metadata says.
+    memory: Option<&'a dyn Memory>,
     names: &'a mut dyn Names,
 }
 
@@ -300,8 +307,11 @@ impl Naming<'_> {
     /// `waiter` (`struct table.lock (heap block from x.c:40)`).
     fn name_of(&mut self, uaddr: u64, waiter: Option<&Chain>) -> Option<String> {
         let blocks = self.blocks.map(|(h, i)| (*h, &**i));
-        let data = data_name(self.maps, blocks, self.names, uaddr);
-        if data.as_ref().is_some_and(|d| d.kind == DataKind::Symbol) {
+        let data = data_name(self.maps, blocks, self.memory, self.names, uaddr);
+        if data
+            .as_ref()
+            .is_some_and(|d| matches!(d.kind, DataKind::Symbol | DataKind::ArenaLock))
+        {
             return data.map(|d| d.name);
         }
         let typed = waiter.and_then(|c| lock_argument(c, self.names));
@@ -324,6 +334,25 @@ fn lock_argument(chain: &Chain, names: &mut dyn Names) -> Option<String> {
     Some(format!("{}.{}", t.layout.type_name.as_ref()?, t.field()?))
 }
 
+/// Share of all the locks' wait time from which waits for glibc's arena
+/// locks get a note: a few waits at a thread's start are no finding.
+const ARENA_NOTE_SHARE: f64 = 0.1;
+
+/// What to do when threads waited for glibc malloc arenas' locks for a
+/// good part ([`ARENA_NOTE_SHARE`]) of their lock waits.
+pub fn arena_note(locks: &[LockEntry]) -> Option<String> {
+    let is_arena = |l: &&LockEntry| l.name.as_deref().is_some_and(|n| n.starts_with(ARENA_LOCK));
+    let arena: u64 = locks.iter().filter(is_arena).map(|l| l.wait_total_ns).sum();
+    let all: u64 = locks.iter().map(|l| l.wait_total_ns).sum();
+    let waited = arena > 0 && arena as f64 >= ARENA_NOTE_SHARE * all as f64;
+    waited.then(|| {
+        "threads waited for a glibc malloc arena's lock: blocks are freed by threads \
+         other than the ones that allocated them (free locks the block's arena), or more \
+         threads share an arena than MALLOC_ARENA_MAX allows"
+            .to_string()
+    })
+}
+
 /// What holds an address: its name, the offset in it, and what kind of
 /// thing it is.
 pub(crate) struct DataName {
@@ -342,7 +371,12 @@ pub(crate) enum DataKind {
     /// A place in an object file's data that no symbol covers (a
     /// stripped program's global: `stress-ng+0x83e140`).
     FileAddress,
+    /// The lock of one of glibc malloc's arenas (not the main one).
+    ArenaLock,
 }
+
+/// How the lock of a glibc malloc arena is named (with its heap's start).
+pub const ARENA_LOCK: &str = "glibc malloc arena at";
 
 /// The data at `addr`: a global's symbol; "heap block from file:line"
 /// (the allocation call's own line, also inside an inlined helper) when
@@ -353,6 +387,7 @@ pub(crate) enum DataKind {
 pub(crate) fn data_name(
     maps: &ProcMaps,
     blocks: Option<(&dyn Heap, &dyn BlockLookup)>,
+    memory: Option<&dyn Memory>,
     names: &mut dyn Names,
     addr: u64,
 ) -> Option<DataName> {
@@ -374,6 +409,16 @@ pub(crate) fn data_name(
             offset: addr - block.start,
             kind: DataKind::HeapBlock,
         });
+    }
+    let anonymous = maps.find(addr).filter(|m| m.name.is_empty() && !m.shared);
+    if let (Some(m), Some(mem)) = (anonymous, memory) {
+        if let Some(heap) = chunks::arena_of_lock(mem, m.start, addr) {
+            return Some(DataName {
+                name: format!("{ARENA_LOCK} {heap:#x}"),
+                offset: 0,
+                kind: DataKind::ArenaLock,
+            });
+        }
     }
     let (path, base) = owner?;
     Some(DataName {
@@ -521,6 +566,7 @@ mod tests {
             p,
             &program_maps(),
             None,
+            None,
             Some(&Scale::exact()),
             &mut names(),
         )
@@ -556,7 +602,7 @@ mod tests {
         p.add_kernel_waits(2, fault, &k);
         let heap = heap();
         add_waits(&mut p, waits);
-        let entries = report(&p, &program_maps(), Some(&heap), None, &mut names());
+        let entries = report(&p, &program_maps(), Some(&heap), None, None, &mut names());
         use LockAddress::{At, Kernel};
         let summary: Vec<_> = entries
             .iter()
@@ -619,7 +665,7 @@ mod tests {
                 wait(HEAP_WORD, 3, 1, 1000, chain(0x200, 0x20)),
             ],
         );
-        let entries = report(&p, &program_maps(), None, None, &mut names());
+        let entries = report(&p, &program_maps(), None, None, None, &mut names());
         let named: Vec<_> = entries
             .iter()
             .map(|e| (e.address, e.name.as_deref()))
@@ -633,8 +679,51 @@ mod tests {
         );
         // Past the file's last segment: no file's address to give.
         let mut past_end = names().file_ends_at(0x4140);
-        let entries = report(&p, &program_maps(), None, None, &mut past_end);
+        let entries = report(&p, &program_maps(), None, None, None, &mut past_end);
         assert!(entries.iter().all(|e| e.name.is_none()), "{entries:?}");
+    }
+
+    /// The target's memory: words at addresses.
+    struct Words(Vec<(u64, u64)>);
+
+    impl Memory for Words {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+            let word = self.0.iter().find(|(a, _)| *a == addr);
+            word.filter(|_| buf.len() == 8)
+                .map(|(_, w)| buf.copy_from_slice(&w.to_le_bytes()))
+                .is_some()
+        }
+    }
+
+    /// A lock where a glibc arena's is (its heap's first word points at
+    /// it) is named as that arena's, with a note on what makes threads
+    /// wait for it; the same address without glibc's pointer is not, and
+    /// nor is it without the target's memory (the target has exited).
+    #[test]
+    fn a_glibc_arenas_lock_is_named_with_what_to_do() {
+        let heap = 0x7f00_0000_0000;
+        let lock = heap + 0x30;
+        let mut p = LockProfile::new();
+        add_waits(&mut p, vec![wait(lock, 2, 1, 3000, chain(0x200, 0x10))]);
+        let arena = Words(vec![(heap, lock)]);
+        let other = Words(vec![(heap, heap + 0x900)]);
+        let name = |memory: Option<&dyn Memory>| {
+            let entries = report(&p, &program_maps(), None, memory, None, &mut names());
+            (entries[0].name.clone(), arena_note(&entries).is_some())
+        };
+        assert_eq!(
+            name(Some(&arena)),
+            (Some("glibc malloc arena at 0x7f0000000000".into()), true)
+        );
+        assert_eq!(name(Some(&other)), (None, false));
+        assert_eq!(name(None), (None, false));
+        // A few waits beside a lock waited for 13 times longer: named,
+        // no note.
+        add_waits(&mut p, vec![wait(G_LOCK, 3, 1, 40_000, chain(0x200, 0x20))]);
+        let entries = report(&p, &program_maps(), None, Some(&arena), None, &mut names());
+        let arena_entry = entries.iter().find(|e| e.address == LockAddress::At(lock));
+        assert!(arena_entry.is_some_and(|e| e.name.is_some()), "{entries:?}");
+        assert_eq!(arena_note(&entries), None);
     }
 
     #[test]
@@ -651,7 +740,7 @@ mod tests {
                 p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 100));
             }
             add_waits(&mut p, vec![wait(G_LOCK, 3, 2, 5000, unnamed.clone())]);
-            let entries = report(&p, &program_maps(), None, None, &mut names());
+            let entries = report(&p, &program_maps(), None, None, None, &mut names());
             let g = entries
                 .iter()
                 .find(|e| e.address == LockAddress::At(G_LOCK));
@@ -713,7 +802,7 @@ mod tests {
         ];
         let heap = heap();
         add_waits(&mut p, waits);
-        let entries = report(&p, &program_maps(), Some(&heap), None, &mut names());
+        let entries = report(&p, &program_maps(), Some(&heap), None, None, &mut names());
         assert_eq!(entries.len(), 1, "{entries:?}");
         let lock = &entries[0];
         assert_eq!(lock.name.as_deref(), Some("heap block from prog.c:30"));
@@ -762,7 +851,7 @@ mod tests {
         let heap = heap();
         add_waits(&mut p, waits);
         let mut names = names().access_type(0x10, table);
-        let entries = report(&p, &program_maps(), Some(&heap), None, &mut names);
+        let entries = report(&p, &program_maps(), Some(&heap), None, None, &mut names);
         let named: Vec<_> = entries.iter().map(|e| e.name.as_deref()).collect();
         assert_eq!(
             named,

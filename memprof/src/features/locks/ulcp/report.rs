@@ -250,7 +250,7 @@ impl Naming<'_, '_> {
 
     fn word(&mut self, addr: u64) -> String {
         let blocks = self.inputs.heap.zip(self.index);
-        match data_name(self.inputs.maps, blocks, self.names, addr) {
+        match data_name(self.inputs.maps, blocks, None, self.names, addr) {
             Some(d) if d.kind == DataKind::HeapBlock => format!("{} +{:#x}", d.name, d.offset),
             Some(d) if d.offset == 0 => d.name,
             Some(d) => format!("{}+{:#x}", d.name, d.offset),
