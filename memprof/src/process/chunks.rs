@@ -139,13 +139,21 @@ pub fn chunk_at(mem: &dyn Memory, region: Region, addr: u64) -> Option<Chunk> {
 /// anonymous mapping from `mapping_start`: glibc's arenas other than the
 /// main one live in their first heap, right after its `heap_info`
 /// (0x20 or, from glibc 2.35, 0x30 bytes), and the lock is the arena's
-/// first field, so the heap's first word (`ar_ptr`) points at it. No
-/// program block can be there: chunks start after the arena.
+/// first field, so the heap's first word (`ar_ptr`) points at it; the
+/// rest of `heap_info` must be a first heap's too (no previous heap, a
+/// size in use within what is made accessible, within `HEAP_MAX`), so
+/// another allocator's region is not taken for one. No program block can
+/// be there: chunks start after the arena.
 pub fn arena_of_lock(mem: &dyn Memory, mapping_start: u64, addr: u64) -> Option<u64> {
     let base = addr & !(HEAP_MAX - 1);
     let at = addr - base;
-    let arena = base >= mapping_start && (0x20..=0x40).contains(&at) && at.is_multiple_of(ALIGN);
-    (arena && mem.word(base)? == addr).then_some(base)
+    let place = base >= mapping_start && (0x20..=0x40).contains(&at) && at.is_multiple_of(ALIGN);
+    if !place || mem.word(base)? != addr || mem.word(base + 8)? != 0 {
+        return None;
+    }
+    let (size, accessible) = (mem.word(base + 16)?, mem.word(base + 24)?);
+    let heap_info = (FIRST_CHUNK_MAX..=accessible).contains(&size) && accessible <= HEAP_MAX;
+    heap_info.then_some(base)
 }
 
 /// A block with a mapping of its own: glibc writes a zero `prev_size` and
@@ -252,28 +260,44 @@ mod tests {
     #[test]
     fn an_arenas_lock_is_where_its_heap_points() {
         let heap = 0x7f00_0400_0000;
+        // ar_ptr, prev, size, mprotect_size.
+        let info = |ar_ptr: u64, prev: u64, size: u64, accessible: u64| {
+            Words(vec![
+                (heap, ar_ptr),
+                (heap + 8, prev),
+                (heap + 16, size),
+                (heap + 24, accessible),
+            ])
+        };
         for at in [0x20, 0x30] {
-            let mem = Words(vec![(heap, heap + at)]);
+            let mem = info(heap + at, 0, 0x21000, 0x21000);
             assert_eq!(arena_of_lock(&mem, heap, heap + at), Some(heap));
-            assert_eq!(
-                arena_of_lock(&mem, heap + 0x1000, heap + at),
-                None,
-                "another mapping"
-            );
+            let elsewhere = arena_of_lock(&mem, heap + 0x1000, heap + at);
+            assert_eq!(elsewhere, None, "another mapping");
         }
-        let mem = Words(vec![(heap, heap + 0x30)]);
-        assert_eq!(
-            arena_of_lock(&mem, heap, heap + 0x40),
-            None,
-            "not the arena"
-        );
-        let block = Words(vec![(heap, heap + 0x1030)]);
-        assert_eq!(arena_of_lock(&block, heap, heap + 0x1030), None, "a block");
-        assert_eq!(
-            arena_of_lock(&Words(vec![]), heap, heap + 0x30),
-            None,
-            "unread"
-        );
+        let cases = [
+            (
+                info(heap + 0x30, 0, 0x21000, 0x21000),
+                0x40,
+                "not the arena",
+            ),
+            (info(heap + 0x1030, 0, 0x21000, 0x21000), 0x1030, "a block"),
+            (Words(vec![]), 0x30, "unread"),
+            (
+                info(heap + 0x30, heap - HEAP_MAX, 0x21000, 0x21000),
+                0x30,
+                "a previous heap",
+            ),
+            (
+                info(heap + 0x30, 0, 0x21000, 0x1000),
+                0x30,
+                "in use > accessible",
+            ),
+            (Words(vec![(heap, heap + 0x30)]), 0x30, "no heap_info"),
+        ];
+        for (mem, at, why) in cases {
+            assert_eq!(arena_of_lock(&mem, heap, heap + at), None, "{why}");
+        }
     }
 
     #[test]

@@ -375,6 +375,42 @@ pub(crate) enum DataKind {
     ArenaLock,
 }
 
+/// What glibc's metadata in the target's memory says of a heap address
+/// no traced block holds: an arena's lock, or a block glibc handed out
+/// before tracing (its usable size from its chunk header; the
+/// allocation site is not known).
+fn in_glibc_heap(maps: &ProcMaps, mem: &dyn Memory, addr: u64) -> Option<DataName> {
+    let m = maps.find(addr)?;
+    let brk_heap = &*m.name == "[heap]";
+    // glibc names its mappings `[anon: glibc: ...]` when asked to.
+    let anonymous = m.name.is_empty() || m.name.starts_with("[anon:");
+    if !(brk_heap || anonymous) || m.shared || maps.in_thread_stack(addr) {
+        return None;
+    }
+    if let Some(heap) = chunks::arena_of_lock(mem, m.start, addr).filter(|_| !brk_heap) {
+        return Some(DataName {
+            name: format!("{ARENA_LOCK} {heap:#x}"),
+            offset: 0,
+            kind: DataKind::ArenaLock,
+        });
+    }
+    let region = chunks::Region {
+        start: m.start,
+        end: m.end,
+        brk_heap,
+    };
+    let chunk = chunks::chunk_at(mem, region, addr)?;
+    Some(DataName {
+        name: format!("{}-byte {UNSEEN_BLOCK}", chunk.usable),
+        offset: addr - chunk.start,
+        kind: DataKind::HeapBlock,
+    })
+}
+
+/// How a heap block glibc handed out before tracing is named (after its
+/// usable size).
+const UNSEEN_BLOCK: &str = "heap block allocated before tracing";
+
 /// How the lock of a glibc malloc arena is named (with its heap's start).
 pub const ARENA_LOCK: &str = "glibc malloc arena at";
 
@@ -410,15 +446,8 @@ pub(crate) fn data_name(
             kind: DataKind::HeapBlock,
         });
     }
-    let anonymous = maps.find(addr).filter(|m| m.name.is_empty() && !m.shared);
-    if let (Some(m), Some(mem)) = (anonymous, memory) {
-        if let Some(heap) = chunks::arena_of_lock(mem, m.start, addr) {
-            return Some(DataName {
-                name: format!("{ARENA_LOCK} {heap:#x}"),
-                offset: 0,
-                kind: DataKind::ArenaLock,
-            });
-        }
+    if let Some(named) = memory.and_then(|mem| in_glibc_heap(maps, mem, addr)) {
+        return Some(named);
     }
     let (path, base) = owner?;
     Some(DataName {
@@ -705,8 +734,15 @@ mod tests {
         let lock = heap + 0x30;
         let mut p = LockProfile::new();
         add_waits(&mut p, vec![wait(lock, 2, 1, 3000, chain(0x200, 0x10))]);
-        let arena = Words(vec![(heap, lock)]);
-        let other = Words(vec![(heap, heap + 0x900)]);
+        let info = |ar_ptr: u64| {
+            Words(vec![
+                (heap, ar_ptr),
+                (heap + 8, 0),
+                (heap + 16, 0x21000),
+                (heap + 24, 0x21000),
+            ])
+        };
+        let (arena, other) = (info(lock), info(heap + 0x900));
         let name = |memory: Option<&dyn Memory>| {
             let entries = report(&p, &program_maps(), None, memory, None, &mut names());
             (entries[0].name.clone(), arena_note(&entries).is_some())
@@ -724,6 +760,34 @@ mod tests {
         let arena_entry = entries.iter().find(|e| e.address == LockAddress::At(lock));
         assert!(arena_entry.is_some_and(|e| e.name.is_some()), "{entries:?}");
         assert_eq!(arena_note(&entries), None);
+    }
+
+    /// A lock in a block glibc handed out before tracing (Debian's
+    /// `pbzip2` makes its mutexes with `new` at start-up) is named by the
+    /// block's usable size from its chunk header, not a bare address.
+    #[test]
+    fn a_lock_in_a_block_made_before_tracing_is_named_by_its_chunk() {
+        // [heap] of program_maps(): chunks of 0x290 and 0x40 bytes, then
+        // the top chunk to the end.
+        let start = 0x5555_5555_a000;
+        let sizes = [0x290, 0x40, 0x2_1000 - 0x2d0];
+        let mut words = Vec::new();
+        let mut c = start;
+        for size in sizes {
+            words.push((c + 8, size | 1));
+            c += size;
+        }
+        let lock = start + 0x290 + 0x10;
+        let mut p = LockProfile::new();
+        add_waits(&mut p, vec![wait(lock, 2, 1, 3000, chain(0x200, 0x10))]);
+        let memory = Words(words);
+        let entries = report(&p, &program_maps(), None, Some(&memory), None, &mut names());
+        assert_eq!(
+            entries[0].name.as_deref(),
+            Some("56-byte heap block allocated before tracing")
+        );
+        let entries = report(&p, &program_maps(), None, None, None, &mut names());
+        assert_eq!(entries[0].name, None, "without the target's memory");
     }
 
     #[test]
