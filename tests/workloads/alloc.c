@@ -55,10 +55,12 @@
  *                            ring that two other threads empty and free:
  *                            free locks the arena of the thread that made
  *                            the block, so the three wait for that arena's
- *                            lock. Truth: arena_heap, the start of that
- *                            arena's heap (from the first block's chunk,
- *                            with NON_MAIN_ARENA set), arena_lock, where
- *                            the heap's first word (the arena) points
+ *                            lock. Truth, written at once (a test may
+ *                            end the workload): arena_heap, the start of
+ *                            that arena's heap (from the first block's
+ *                            chunk, with NON_MAIN_ARENA set), arena_lock,
+ *                            where the heap's first word (the arena)
+ *                            points
  *   alloc work N [HASH]      a moderate, more realistic load: N iterations
  *                            of (malloc 32..512 bytes, fill it, HASH rounds
  *                            of hashing (default 4096, a few microseconds),
@@ -572,6 +574,8 @@ static void *arena_producer(void *arg)
 		arena_heap = (unsigned long)first & ~((64UL << 20) - 1);
 		arena_lock = *(unsigned long *)arena_heap;
 	}
+	truth("arena_heap", arena_heap);
+	truth("arena_lock", arena_lock);
 	free(first);
 	for (unsigned long i = 0; !__atomic_load_n(&arena_stop, __ATOMIC_RELAXED); i++) {
 		void *q = malloc(64 + (i % 8) * 16);
@@ -601,8 +605,6 @@ static void alloc_arena(double seconds)
 		pthread_join(t[i], NULL);
 	for (int i = 0; i < ARENA_RING; i++)
 		free(arena_ring[i]);
-	truth("arena_heap", arena_heap);
-	truth("arena_lock", arena_lock);
 }
 
 int main(int argc, char **argv)

@@ -125,19 +125,17 @@ impl Object {
         Some((start, end))
     }
 
-    /// Runs `f` on the FDE covering file offset `offset`, with the
-    /// section and bases it reads with, and the offset's address.
-    fn with_fde<R>(
+    /// Runs `f` on the `.eh_frame_hdr` search table, with the
+    /// `.eh_frame` section it indexes, its bases and its address.
+    fn with_table<R>(
         &self,
-        offset: u64,
         f: impl FnOnce(
-            &Fde<'_>,
+            &HdrTable<'_>,
             &EhFrame<EndianSlice<'_, LittleEndian>>,
             &BaseAddresses,
             u64,
         ) -> Option<R>,
     ) -> Option<R> {
-        let address = self.vaddr(offset)?;
         let (hdr_off, hdr_size, hdr_vaddr) = self.hdr;
         let hdr_bytes = self.data.get(hdr_off..hdr_off.checked_add(hdr_size)?)?;
         let bases = BaseAddresses::default().set_eh_frame_hdr(hdr_vaddr);
@@ -157,24 +155,56 @@ impl Object {
         if fde_count > hdr_bytes.len() / 4 {
             return None;
         }
-        // Not `table.unwind_info_for_address`: gimli 0.34 subtracts the
-        // `.eh_frame` address from the table's FDE address unchecked (a
-        // panic with overflow checks when the FDE lies below it).
-        let Pointer::Direct(fde_vaddr) = table.lookup(address, &bases).ok()? else {
-            return None;
-        };
-        let fde_offset = usize::try_from(fde_vaddr.checked_sub(eh_vaddr)?).ok()?;
-        let fde = eh_frame
-            .fde_from_offset(
-                &bases,
-                EhFrameOffset(fde_offset),
-                EhFrame::<EndianSlice<LittleEndian>>::cie_from_offset,
-            )
-            .ok()?;
-        if !fde.contains(address) {
-            return None;
-        }
-        f(&fde, &eh_frame, &bases, address)
+        f(&table, &eh_frame, &bases, eh_vaddr)
+    }
+
+    /// Runs `f` on the FDE covering file offset `offset`, with the
+    /// section and bases it reads with, and the offset's address.
+    fn with_fde<R>(
+        &self,
+        offset: u64,
+        f: impl FnOnce(
+            &Fde<'_>,
+            &EhFrame<EndianSlice<'_, LittleEndian>>,
+            &BaseAddresses,
+            u64,
+        ) -> Option<R>,
+    ) -> Option<R> {
+        let address = self.vaddr(offset)?;
+        self.with_table(|table, eh_frame, bases, eh_vaddr| {
+            // Not `table.unwind_info_for_address`: gimli 0.34 subtracts
+            // the `.eh_frame` address from the table's FDE address
+            // unchecked (a panic with overflow checks when the FDE lies
+            // below it).
+            let Pointer::Direct(fde_vaddr) = table.lookup(address, bases).ok()? else {
+                return None;
+            };
+            let fde = fde_at(eh_frame, bases, eh_vaddr, fde_vaddr)?;
+            if !fde.contains(address) {
+                return None;
+            }
+            f(&fde, eh_frame, bases, address)
+        })
+    }
+
+    /// Every function's range of file offsets, from its FDE, sorted.
+    fn function_ranges(&self) -> Option<Vec<(u64, u64)>> {
+        self.with_table(|table, eh_frame, bases, eh_vaddr| {
+            let mut ranges = Vec::new();
+            let mut entries = table.iter(bases);
+            while let Ok(Some((_, Pointer::Direct(fde_vaddr)))) = entries.next() {
+                let Some(fde) = fde_at(eh_frame, bases, eh_vaddr, fde_vaddr) else {
+                    continue;
+                };
+                let Some((start, _)) = self.file_offset(fde.initial_address()) else {
+                    continue;
+                };
+                let start = start as u64;
+                ranges.push((start, start.saturating_add(fde.len())));
+            }
+            ranges.sort_unstable();
+            Some(ranges)
+        })
     }
 
     fn rule(&self, offset: u64) -> Option<FrameRule> {
@@ -182,18 +212,30 @@ impl Object {
             frame_rule(fde, eh_frame, bases, address)
         })
     }
-
-    /// The file offset of the start of the function holding `offset`.
-    fn function_start(&self, offset: u64) -> Option<u64> {
-        self.with_fde(offset, |fde, _, _, _| {
-            let (start, _) = self.file_offset(fde.initial_address())?;
-            u64::try_from(start).ok()
-        })
-    }
 }
 
 /// An FDE of `.eh_frame`, read from the file's bytes.
 type Fde<'a> = gimli::FrameDescriptionEntry<EndianSlice<'a, LittleEndian>, usize>;
+
+/// The search table of `.eh_frame_hdr`.
+type HdrTable<'a> = gimli::EhHdrTable<'a, EndianSlice<'a, LittleEndian>>;
+
+/// The FDE at address `fde_vaddr` of `.eh_frame` (at `eh_vaddr`).
+fn fde_at<'a>(
+    eh_frame: &EhFrame<EndianSlice<'a, LittleEndian>>,
+    bases: &BaseAddresses,
+    eh_vaddr: u64,
+    fde_vaddr: u64,
+) -> Option<Fde<'a>> {
+    let fde_offset = usize::try_from(fde_vaddr.checked_sub(eh_vaddr)?).ok()?;
+    eh_frame
+        .fde_from_offset(
+            bases,
+            EhFrameOffset(fde_offset),
+            EhFrame::<EndianSlice<LittleEndian>>::cie_from_offset,
+        )
+        .ok()
+}
 
 /// The frame rule at `address` from its FDE.
 fn frame_rule(
@@ -232,20 +274,24 @@ fn frame_rule(
 
 /// The functions of one object file as its call-frame information gives
 /// them: every function the compiler emitted has an FDE with its range,
-/// in a stripped file too, where no symbol names it.
-pub struct Functions(Option<Object>);
+/// in a stripped file too, where no symbol names it. Only the ranges are
+/// kept, not the file.
+pub struct Functions(Vec<(u64, u64)>);
 
 impl Functions {
     /// From the file's bytes; knows no function if they are no ELF file
     /// with `.eh_frame_hdr`.
-    pub fn of(data: Arc<[u8]>) -> Self {
-        Self(Object::load(data))
+    pub fn of(data: &[u8]) -> Self {
+        let ranges = Object::load(Arc::from(data)).and_then(|o| o.function_ranges());
+        Self(ranges.unwrap_or_default())
     }
 
     /// The file offset where the function holding file offset `offset`
     /// starts, if an FDE covers it.
     pub fn start_of(&self, offset: u64) -> Option<u64> {
-        self.0.as_ref()?.function_start(offset)
+        let after = self.0.partition_point(|&(start, _)| start <= offset);
+        let (start, end) = *self.0.get(after.checked_sub(1)?)?;
+        (offset < end).then_some(start)
     }
 }
 

@@ -21,8 +21,11 @@
 //! itself. Only code files (mapped executable somewhere) are handled so:
 //! data files and shared memory keep their names, and are not held.
 //!
-//! One file mapped under different names (two processes in different
-//! namespaces) is one object, named as first seen; two different files
+//! An executable started by a symbolic link beside it is named by the
+//! link (`started_as`: Debian's `redis-server`, a link to
+//! `redis-check-rdb`). One file mapped under different names (two
+//! processes in different namespaces, or started by different links) is
+//! one object, named as first seen; two different files
 //! under one name (the host's and a container's libc) are two objects, the
 //! later one named `/proc/PID/root/NAME` after the process it was found in,
 //! which keeps its file name for display.
@@ -117,6 +120,7 @@ impl Objects {
             return None;
         };
         let name = started_as(pid, &name, id).unwrap_or(name);
+        let in_root = format!("/proc/{pid}/root{name}");
         let free = self.taken.get(&name).is_none_or(|&other| other == id);
         let name: Arc<str> = if free { name } else { Arc::from(in_root) };
         let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
@@ -155,12 +159,15 @@ fn started_as(pid: u32, name: &str, id: FileId) -> Option<Arc<str>> {
     };
     let entry = if comm.len() < COMM_MAX {
         is_link_to_file(comm).then(|| comm.to_string())
+    } else if file.starts_with(comm) {
+        None // cut short, and the file's own name may be what was run
     } else {
-        // Cut short: any link whose name begins so.
-        std::fs::read_dir(&in_root).ok()?.find_map(|e| {
+        // Cut short: the one link whose name begins so, if only one does.
+        let mut links = std::fs::read_dir(&in_root).ok()?.filter_map(|e| {
             let entry = e.ok()?.file_name().into_string().ok()?;
             (entry.starts_with(comm) && is_link_to_file(&entry)).then_some(entry)
-        })
+        });
+        links.next().filter(|_| links.next().is_none())
     }?;
     tracing::debug!("{name} of process {pid} is named {dir}/{entry}, as it was started");
     Some(Arc::from(format!("{dir}/{entry}")))

@@ -292,11 +292,13 @@ impl Alloc {
     }
 }
 
-/// The allocator's module as the samples name it: the file the path
-/// leads to (`LD_PRELOAD=.../libtcmalloc_minimal.so.4` maps
-/// `libtcmalloc_minimal.so.4.5.9`).
+/// The allocator's module as the samples name it: a mapping's name as
+/// it is (a program started by a link is named by the link), else the
+/// file a given path leads to (`LD_PRELOAD=.../libtcmalloc_minimal.so.4`
+/// maps `libtcmalloc_minimal.so.4.5.9`).
 fn module_name(path: &str) -> String {
-    let real = std::fs::canonicalize(path).ok();
+    let known = crate::process::objects::open_path(path) != std::path::Path::new(path);
+    let real = (!known).then(|| std::fs::canonicalize(path).ok()).flatten();
     let path = real.as_deref().and_then(|p| p.to_str()).unwrap_or(path);
     path.rsplit('/').next().unwrap_or_default().to_string()
 }

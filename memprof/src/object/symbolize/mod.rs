@@ -259,7 +259,7 @@ impl Symbolizer {
             }
             Err(e) => {
                 tracing::debug!("symbolizing {path}+{file_offset:#x} failed: {e}");
-                Inlined::alone(Frame::unknown(place))
+                Inlined::alone(self.unnamed_function(path, *file_offset))
             }
         }
     }
@@ -288,7 +288,7 @@ impl Symbolizer {
             let at = open_path(path);
             let small = std::fs::metadata(&at).is_ok_and(|m| m.len() <= MAX_FILE);
             let data = small.then(|| std::fs::read(&at).ok()).flatten();
-            Functions::of(Arc::from(data.unwrap_or_default()))
+            Functions::of(&data.unwrap_or_default())
         });
         let start = functions.start_of(file_offset).unwrap_or(file_offset);
         Frame::unknown(&Place::File {
