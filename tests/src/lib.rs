@@ -316,6 +316,42 @@ pub fn report_path(test: &str) -> PathBuf {
     path
 }
 
+/// Where `nm` puts `symbol`, of `nm`'s kind letter `kind` (`T` text,
+/// `B` bss), in `program`: its link address.
+pub fn nm_address(program: &Path, kind: char, symbol: &str) -> u64 {
+    let nm = Command::new("nm")
+        .arg(program)
+        .output()
+        .expect("nm runs (binutils)");
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    let suffix = format!(" {kind} {symbol}");
+    symbols
+        .lines()
+        .find_map(|l| l.strip_suffix(&suffix))
+        .and_then(|a| u64::from_str_radix(a, 16).ok())
+        .unwrap_or_else(|| panic!("{symbol} in nm's output: {symbols}"))
+}
+
+/// Attaches the tool to `pids` (`-p`'s list) for `duration` (`"2s"`)
+/// without the dashboard: the run (which must succeed) and its report
+/// (test `name`'s).
+pub fn attach_for(name: &str, pids: &str, duration: &str) -> (ToolRun, memprof::report::Report) {
+    let json = report_path(name);
+    let json_arg = json.to_str().expect("UTF-8 path");
+    let args = [
+        "-p",
+        pids,
+        "--duration",
+        duration,
+        "--no-tui",
+        "--json",
+        json_arg,
+    ];
+    let run = run_tool(&args, Duration::from_secs(60));
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    (run, read_typed(&json))
+}
+
 /// The hot-function entry named `function`, if any.
 pub fn hot_function<'a>(
     report: &'a memprof::report::Report,

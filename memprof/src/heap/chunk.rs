@@ -16,17 +16,7 @@ impl HeapBlock {
     /// The glibc block holding `addr` (in heap or anonymous memory of the
     /// main process), from the allocator's own chunk headers.
     pub fn from_chunk(process: &Process, mem: &ProcMemory, addr: u64) -> Option<Self> {
-        let m = process.find(addr)?;
-        let heap = &*m.name == "[heap]";
-        if !(heap || m.name.is_empty()) || m.shared || process.maps().in_thread_stack(addr) {
-            return None;
-        }
-        let region = Region {
-            start: m.start,
-            end: m.end,
-            brk_heap: heap,
-        };
-        let c = chunks::chunk_at(mem, region, addr)?;
+        let c = chunks::chunk_at(mem, Region::of(process.maps(), addr)?, addr)?;
         Some(Self {
             start: c.start,
             size: c.usable,

@@ -109,6 +109,23 @@ pub struct Region {
     pub brk_heap: bool,
 }
 
+impl Region {
+    /// The mapping of `maps` holding `addr` if glibc's heap memory can be
+    /// there: `[heap]`, or private anonymous memory (which glibc names
+    /// `[anon: glibc: ...]` when asked to) that is no thread's stack.
+    pub fn of(maps: &super::maps::ProcMaps, addr: u64) -> Option<Self> {
+        let m = maps.find(addr)?;
+        let brk_heap = &*m.name == "[heap]";
+        let anonymous = m.name.is_empty() || m.name.starts_with("[anon:");
+        let heap = (brk_heap || anonymous) && !m.shared && !maps.in_thread_stack(addr);
+        heap.then_some(Self {
+            start: m.start,
+            end: m.end,
+            brk_heap,
+        })
+    }
+}
+
 /// The glibc block holding `addr` in `region`, if the allocator's
 /// metadata says so consistently.
 pub fn chunk_at(mem: &dyn Memory, region: Region, addr: u64) -> Option<Chunk> {

@@ -262,17 +262,6 @@ fn allocator_latency_in_a_private_mount_namespace() {
     assert_no_programs_left();
 }
 
-/// The tool attached to `pid` for 2 s: its run and report (`name`).
-fn attach_for_2s(name: &str, pid: &str) -> (ToolRun, Report) {
-    let json = report_path(name);
-    let args = ["-p", pid, "--duration", "2s", "--no-tui", "--json"];
-    let mut all: Vec<&str> = args.to_vec();
-    all.push(json.to_str().expect("UTF-8 path"));
-    let run = run_tool(&all, Duration::from_secs(60));
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    (run, read_typed(&json))
-}
-
 /// Attached to a parent whose work runs in child processes started before
 /// the tool (as `stress-ng` hands its stressors to workers), the report
 /// says so and how to trace them: before, it showed an idle process and
@@ -312,9 +301,9 @@ fn children_started_before_attaching_are_named_in_a_note() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(children.len(), 2, "sh started its two sleeps: {children:?}");
-    let (_, report) = attach_for_2s("children-note", &pid.to_string());
+    let (_, report) = attach_for("children-note", &pid.to_string(), "2s");
     let all = format!("{pid},{},{}", children[0], children[1]);
-    let (_, listed) = attach_for_2s("children-listed", &all);
+    let (_, listed) = attach_for("children-listed", &all, "2s");
     drop(family);
     let note = report
         .notes
@@ -373,7 +362,7 @@ fn a_deleted_binary_is_still_symbolized() {
         1,
         "the kernel says the mapped file is deleted"
     );
-    let (_, report) = attach_for_2s("deleted-binary", &target.pid().to_string());
+    let (_, report) = attach_for("deleted-binary", &target.pid().to_string(), "2s");
     let hot = hot_function(&report, "spin_worker")
         .unwrap_or_else(|| panic!("spin_worker is named: {:#?}", report.hot_functions));
     assert_eq!(hot.module, "spin-deleted", "{hot:#?}");
@@ -404,7 +393,7 @@ fn a_replaced_binary_is_read_from_its_mapping() {
     let upgrade = workload_dir().join("spin-replaced.new");
     std::fs::copy(&locks, &upgrade).expect("copying locks");
     std::fs::rename(&upgrade, &path).expect("replacing the binary");
-    let (_, report) = attach_for_2s("replaced-binary", &target.pid().to_string());
+    let (_, report) = attach_for("replaced-binary", &target.pid().to_string(), "2s");
     let hot = hot_function(&report, "spin_worker")
         .unwrap_or_else(|| panic!("spin_worker is named: {:#?}", report.hot_functions));
     assert!(
@@ -473,7 +462,7 @@ fn a_pid_namespace_shows_both_ids() {
         skip(test, "unshare --pid started no child");
         return;
     };
-    let (run, report) = attach_for_2s("pid-namespace", &pid);
+    let (run, report) = attach_for("pid-namespace", &pid, "2s");
     let processes = &report.target.processes;
     assert_eq!(processes.len(), 1, "{processes:#?}");
     assert_eq!(Some(processes[0].pid), pid.parse().ok());

@@ -446,16 +446,7 @@ fn stripped_binary_degrades_to_module_and_offset() {
     // default position-independent executable, text's addresses are its
     // file offsets, which name code without a symbol.
     let unstripped = build_workload("spin", Variant::Debug).unwrap();
-    let nm = std::process::Command::new("nm")
-        .arg(&unstripped)
-        .output()
-        .expect("nm runs (binutils)");
-    let symbols = String::from_utf8_lossy(&nm.stdout);
-    let spin_worker = symbols
-        .lines()
-        .find_map(|l| l.strip_suffix(" T spin_worker"))
-        .and_then(|a| u64::from_str_radix(a, 16).ok())
-        .unwrap_or_else(|| panic!("spin_worker in nm's output: {symbols}"));
+    let spin_worker = nm_address(&unstripped, 'T', "spin_worker");
     assert_eq!(
         function,
         format!("spin-stripped+{spin_worker:#x}"),

@@ -296,14 +296,7 @@ fn a_program_started_by_a_link_is_named_by_the_link() {
     std::os::unix::fs::symlink("spin-linked-file", &link).expect("linking");
     let mut target = TestProcess::spawn(&link, &["time", "2", "20"]);
     target.wait_ready();
-    let json = report_path("started-by-link");
-    let pid = target.pid().to_string();
-    let args = ["-p", &pid, "--duration", "2s", "--no-tui", "--json"];
-    let mut all = args.to_vec();
-    all.push(json.to_str().expect("UTF-8 path"));
-    let run = run_tool(&all, std::time::Duration::from_secs(60));
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let report = read_typed(&json);
+    let (run, report) = attach_for("started-by-link", &target.pid().to_string(), "2s");
     let hot = hot_function(&report, "spin_worker")
         .unwrap_or_else(|| panic!("spin_worker is named: {:#?}", report.hot_functions));
     assert_eq!(hot.module, "spin-by-link", "{hot:#?}");

@@ -380,25 +380,15 @@ pub(crate) enum DataKind {
 /// before tracing (its usable size from its chunk header; the
 /// allocation site is not known).
 fn in_glibc_heap(maps: &ProcMaps, mem: &dyn Memory, addr: u64) -> Option<DataName> {
-    let m = maps.find(addr)?;
-    let brk_heap = &*m.name == "[heap]";
-    // glibc names its mappings `[anon: glibc: ...]` when asked to.
-    let anonymous = m.name.is_empty() || m.name.starts_with("[anon:");
-    if !(brk_heap || anonymous) || m.shared || maps.in_thread_stack(addr) {
-        return None;
-    }
-    if let Some(heap) = chunks::arena_of_lock(mem, m.start, addr).filter(|_| !brk_heap) {
+    let region = chunks::Region::of(maps, addr)?;
+    let arena = chunks::arena_of_lock(mem, region.start, addr).filter(|_| !region.brk_heap);
+    if let Some(heap) = arena {
         return Some(DataName {
             name: format!("{ARENA_LOCK} {heap:#x}"),
             offset: 0,
             kind: DataKind::ArenaLock,
         });
     }
-    let region = chunks::Region {
-        start: m.start,
-        end: m.end,
-        brk_heap,
-    };
     let chunk = chunks::chunk_at(mem, region, addr)?;
     Some(DataName {
         name: format!("{}-byte {UNSEEN_BLOCK}", chunk.usable),
