@@ -76,6 +76,10 @@ pub struct Probes {
     /// The hot programs loaded again for `uprobe_multi` links (None: single
     /// links, see `link_mode`).
     pub(super) multi: Option<MultiPrograms>,
+    /// The ids of `multi`'s programs once it is given up for single links:
+    /// links from earlier windows may still hold them, and the tool must
+    /// wait for them too before it exits.
+    pub(super) retired: Vec<u32>,
     /// How the hot uprobes are linked.
     pub link_mode: LinkMode,
     /// How futex waits are hooked.
@@ -129,6 +133,7 @@ impl Probes {
             precise_error: None,
             rings: RingCounts::default(),
             multi,
+            retired: Vec::new(),
             link_mode,
             futex_hooks,
             contention,
@@ -195,6 +200,7 @@ impl Probes {
                 .map(MultiPrograms::ids)
                 .unwrap_or_default(),
         );
+        ids.extend(&self.retired);
         ids
     }
 

@@ -104,9 +104,16 @@ impl Probes {
         if self.multi.is_some() {
             match self.attach_multi(path, &plan, pid.get()) {
                 Ok(links) => return Ok(links),
+                // The process is gone: single links could not do better,
+                // and no later window would find it either.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                    return Err(anyhow::anyhow!("process {pid} exited: {e}").into());
+                }
                 Err(e) => {
                     tracing::warn!("uprobe_multi links failed, using single links: {e}");
-                    self.multi = None;
+                    if let Some(multi) = self.multi.take() {
+                        self.retired.extend(multi.ids());
+                    }
                     self.link_mode = LinkMode {
                         kind: "single",
                         why: Some(format!("uprobe_multi link refused: {e}")),
