@@ -4,10 +4,12 @@
 //! The sampler's BPF program runs for about a microsecond a sample (the
 //! kernel's statistics say so), but the interrupt around it costs more,
 //! and how much depends on the machine: on this project's VMs a timer
-//! interrupt stops the thread for 12-16 µs (the hypervisor takes the timer
-//! and the re-arming of the next one), on bare metal one or two. At 999 Hz
-//! that is 1.4% of every sampled thread's time here, and more on a lock
-//! convoy, where a holder stopped in an interrupt stops its waiters too.
+//! interrupt stops the thread for 12-30 µs (the hypervisor takes the timer
+//! and the re-arming of the next one; the cost moves within seconds with
+//! the host's load, so a measure is an estimate, good to about a factor
+//! of 1.6 there), on bare metal one or two. At 999 Hz that is 1.2-3% of
+//! every sampled thread's time here, and more on a lock convoy, where a
+//! holder stopped in an interrupt stops its waiters too.
 //!
 //! The measure: a thread of the profiler spins reading the clock, first
 //! alone, then with a `cpu-clock` event of a 250 µs period on itself, in

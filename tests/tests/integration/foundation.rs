@@ -1014,10 +1014,21 @@ fn the_samplers_cost_is_what_the_sampled_thread_loses() {
         15,
     );
     let lost = during - before;
-    // Within a third, or 0.3 points of the thread's time where it is
-    // small (bare metal: an interrupt of 1-2 µs is 0.1-0.2%, near the
-    // noise of the measure).
-    let tolerance = (lost.abs() / 3.0).max(0.003);
+    // Within a factor of two, or 0.3 points of the thread's time where it
+    // is small (bare metal: an interrupt of 1-2 µs is 0.1-0.2%, near the
+    // noise of the measure). On the project's 2-vCPU VMs an interrupt's
+    // cost moves between 15 and 30 µs within seconds with the host's
+    // load, and the start-up measure is 0.2 s of it: in 24 runs here
+    // (2026-12-07) the thread lost 0.58-1.57 times the prediction (two
+    // official CI runs: 1.53 and 1.57), and the prediction itself ranged
+    // over 8.7-15.2%. A prediction that left out the interrupt (the
+    // program alone: 1%) or took another rate is still far outside.
+    let tolerance = if predicted > lost {
+        predicted / 2.0
+    } else {
+        predicted
+    }
+    .max(0.003);
     let measure = run
         .stderr
         .lines()

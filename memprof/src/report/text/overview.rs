@@ -54,7 +54,7 @@ pub(super) fn write_header(out: &mut String, report: &Report) {
         let pct = share * 100.0;
         let _ = writeln!(
             out,
-            "  sampler interrupt: {:.1} µs (measured this boot), {pct:.*}% of each {}",
+            "  sampler interrupt: {:.1} µs (estimate, this boot), {pct:.*}% of each {}",
             ns / 1e3,
             if pct < 1.0 { 2 } else { 1 },
             s.scope.whose(),
