@@ -173,6 +173,67 @@ pub fn arena_of_lock(mem: &dyn Memory, mapping_start: u64, addr: u64) -> Option<
     heap_info.then_some(base)
 }
 
+/// Where glibc's `malloc_state` (64-bit, glibc 2.27 and later: an int
+/// `have_fastchunks` before `fastbinsY`) keeps `top`, the unsorted bin's
+/// two links, `next` (the next arena of the circular list) and
+/// `system_mem` (the bytes it took with `brk`).
+const TOP: u64 = 0x60;
+const UNSORTED: u64 = 0x70;
+const NEXT: u64 = 0x870;
+const SYSTEM_MEM: u64 = 0x888;
+/// How far into `[heap]` the main arena's memory may start: what was
+/// taken with `brk` before malloc's first call (a static program's TLS
+/// block: 0xd00 bytes here).
+const BRK_BEFORE_MALLOC: u64 = 1 << 20;
+/// Reads of `top` and its size tried when another thread moves `top`
+/// between the two.
+const TOP_READS: usize = 3;
+
+/// Whether `addr`, in an object file's data (libc's, or a static
+/// program's), is glibc's main arena, whose lock is its first field. Its
+/// name is not in a stripped libc's symbols, so its state must say so:
+/// `top` is a chunk (after an in-use one) whose end, less `system_mem`,
+/// is the start of `[heap]` (or at most [`BRK_BEFORE_MALLOC`] into it):
+/// the arena's memory is `[heap]`'s; each unsorted-bin link is the bin's
+/// own header (empty: `top`'s field, 0x10 before the links) or a chunk of
+/// that memory; and `next` is the arena itself (the only one) or another
+/// arena's lock where its heap's first word says so. Only `[heap]`'s
+/// start is used from `maps`, which does not move as the heap grows or
+/// shrinks. A main arena that had to take memory outside `[heap]` (`brk`
+/// refused) is not recognised, nor an older glibc's layout or another
+/// allocator: no answer rather than a guess.
+pub fn is_main_arena(mem: &dyn Memory, maps: &super::maps::ProcMaps, addr: u64) -> bool {
+    let heap = maps.mappings().iter().find(|m| &*m.name == "[heap]");
+    let (Some(heap), true) = (heap, addr.is_multiple_of(8)) else {
+        return false;
+    };
+    let word = |at: u64| mem.word(addr.checked_add(at)?);
+    let Some(arena) = (0..TOP_READS).find_map(|_| main_arena_memory(mem, addr, heap.start)) else {
+        return false;
+    };
+    let header = addr + TOP;
+    let links = [UNSORTED, UNSORTED + 8]
+        .iter()
+        .all(|&at| word(at).is_some_and(|p| p == header || arena.contains(&p)));
+    links
+        && word(NEXT)
+            .is_some_and(|next| next == addr || mem.word(next & !(HEAP_MAX - 1)) == Some(next))
+}
+
+/// The memory of the main arena at `addr` from `top` and `system_mem`,
+/// if it starts in `[heap]` (at `heap_start`) and `top` is a chunk after
+/// an in-use one that ends it; None also when `top` moved while read.
+fn main_arena_memory(mem: &dyn Memory, addr: u64, heap_start: u64) -> Option<std::ops::Range<u64>> {
+    let top = mem.word(addr.checked_add(TOP)?)?;
+    let size = mem.word(top.checked_add(8)?)?;
+    let end = top.checked_add(size & !FLAGS)?;
+    let start = end.checked_sub(mem.word(addr + SYSTEM_MEM)?)?;
+    let placed = (heap_start..=heap_start + BRK_BEFORE_MALLOC).contains(&start);
+    let chunk = size & PREV_INUSE != 0 && size & !FLAGS >= MIN_CHUNK && top >= start;
+    let same = mem.word(addr + TOP)? == top;
+    (placed && chunk && same).then_some(start..end)
+}
+
 /// A block with a mapping of its own: glibc writes a zero `prev_size` and
 /// a page-multiple size with only `IS_MMAPPED` set at the mapping's start.
 /// Such mappings next to each other are one in the maps (the kernel
@@ -270,6 +331,82 @@ mod tests {
             c += s;
         }
         Words(words)
+    }
+
+    /// The main arena as glibc 2.36 left it in a program here (in
+    /// libc's data, 0xc60 into its writable mapping; `[heap]` of 0x21000
+    /// bytes with the top chunk at its end, the unsorted bin empty, one
+    /// thread arena at 0x30 into its heap), and what that is not.
+    #[test]
+    fn the_main_arena_is_known_by_its_state() {
+        const HEAP: &str = "55e058952000-55e058973000 rw-p 00000000 00:00 0 [heap]\n";
+        let maps = super::super::maps::ProcMaps::parse(HEAP);
+        let (main, top, thread_arena) = (0x7fcb_6540_ec60, 0x55e0_5895_33c0, 0x7fcb_6000_0030);
+        let state = |top: u64, top_size: u64, unsorted: u64, next: u64| {
+            Words(vec![
+                (main + TOP, top),
+                (top.wrapping_add(8), top_size),
+                (main + UNSORTED, unsorted),
+                (main + UNSORTED + 8, main + TOP),
+                (main + NEXT, next),
+                (main + SYSTEM_MEM, 0x21000),
+                (thread_arena - 0x30, thread_arena),
+            ])
+        };
+        let arena = state(top, 0x1fc41, main + TOP, thread_arena);
+        assert!(is_main_arena(&arena, &maps, main));
+        let alone = state(top, 0x1fc41, 0x55e0_5895_2290, main);
+        assert!(
+            is_main_arena(&alone, &maps, main),
+            "the only arena, a chunk unsorted"
+        );
+        // The heap grew past the maps last read: its start is what counts.
+        let grown = state(top, 0x1fc41 + 0x10000, main + TOP, main);
+        let grown = Words([&grown.0[..5], &[(main + SYSTEM_MEM, 0x31000)]].concat());
+        assert!(is_main_arena(&grown, &maps, main), "grown");
+        let cases = [
+            (
+                state(top, 0x1fc41, main + TOP, main),
+                main + 8,
+                "not its start",
+            ),
+            (
+                state(top, 0x1fc40, main + TOP, main),
+                main,
+                "top after a free chunk",
+            ),
+            (
+                state(top, 0x1e041, main + TOP, main),
+                main,
+                "memory before [heap]",
+            ),
+            (
+                state(top, 0x1fc41, main + 0x200, main),
+                main,
+                "a link outside",
+            ),
+            (
+                state(top, 0x1fc41, main + TOP, main + 0x900),
+                main,
+                "next no arena",
+            ),
+            (
+                state(u64::MAX - 4, 0x41, main + TOP, main),
+                main,
+                "no address",
+            ),
+            (
+                state(u64::MAX - 8, 0x41, main + TOP, main),
+                main,
+                "past the end",
+            ),
+            (Words(vec![]), main, "unread"),
+        ];
+        for (mem, addr, why) in cases {
+            assert!(!is_main_arena(&mem, &maps, addr), "{why}");
+        }
+        let no_heap = super::super::maps::ProcMaps::parse("");
+        assert!(!is_main_arena(&arena, &no_heap, main), "no [heap]");
     }
 
     /// An arena's lock is where its heap's first word points, right

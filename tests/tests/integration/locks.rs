@@ -9,10 +9,7 @@
 //! the JSON report, then checks that nothing is left loaded. They share
 //! kernel state, so `cargo xtask test` runs them one at a time.
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::path::{Path, PathBuf};
 
 use memprof::report::{
     model::{
@@ -1952,6 +1949,87 @@ fn syscall_fallback_still_finds_the_hot_lock() {
     assert_no_programs_left();
 }
 
+/// `alloc arena 60` built as `variant`, with `env` besides its truth
+/// file, ready: it runs past the tool's report, which reads its memory
+/// (ended when dropped). Returns it and its truth file.
+fn start_arenas(test: &str, variant: Variant, env: &[(&str, &str)]) -> (TestProcess, PathBuf) {
+    let alloc = build_workload("alloc", variant).expect("building alloc");
+    let truth_path = Truth::path(test);
+    let mut all = vec![("WORKLOAD_TRUTH", truth_path.to_str().expect("UTF-8 path"))];
+    all.extend_from_slice(env);
+    let mut target = TestProcess::spawn_env(&alloc, &["arena", "60"], &all);
+    target.wait_ready();
+    (target, truth_path)
+}
+
+/// The note on waits for glibc malloc arenas' locks is in `report`.
+fn assert_arena_note(report: &Report) {
+    let note = report
+        .notes
+        .iter()
+        .any(|n| n.contains("glibc malloc arena's lock"));
+    assert!(note, "{:#?}", report.notes);
+}
+
+/// glibc's main arena is in libc's data, where a stripped libc has no
+/// symbol for it (it showed as `libc.so.6+0x1d3c60`). With
+/// `MALLOC_ARENA_MAX=1` all of `alloc arena`'s threads share it, and a
+/// static, stripped build puts it in the program's own data, where no
+/// symbol or debug file names it (this machine's libc has a debug file):
+/// attached to, the lock there is named as the main arena's from its
+/// state in memory, with the arenas' note.
+#[test]
+fn the_main_arenas_lock_is_named_without_its_symbol() {
+    const TEST: &str = "the_main_arenas_lock_is_named_without_its_symbol";
+    if !require_root(TEST) {
+        return;
+    }
+    let only_main = [("MALLOC_ARENA_MAX", "1")];
+    let (target, truth_path) = start_arenas(TEST, Variant::StaticStripped, &only_main);
+    let pid = target.pid();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("the target's maps");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the workload's path");
+    let data = maps
+        .lines()
+        .filter(|l| l.ends_with(exe.to_str().expect("UTF-8 path")) && l.contains(" rw-p "))
+        .filter_map(|l| {
+            let (lo, hi) = l.split_once(' ')?.0.split_once('-')?;
+            Some(u64::from_str_radix(lo, 16).ok()?..u64::from_str_radix(hi, 16).ok()?)
+        })
+        .next()
+        .unwrap_or_else(|| panic!("the program's data in its maps:\n{maps}"));
+    let (_, report) = attach_for(TEST, &pid.to_string(), "3s");
+    let truth = Truth::read(&truth_path);
+    assert_eq!(
+        truth.get("arena_heap"),
+        0,
+        "the producer's blocks are the main arena's"
+    );
+    let in_data = |l: &&LockEntry| matches!(l.address, LockAddress::At(a) if data.contains(&a));
+    let main = report
+        .locks
+        .iter()
+        .filter(in_data)
+        .max_by_key(|l| l.wait_total_ns)
+        .unwrap_or_else(|| {
+            panic!(
+                "a lock in the program's data {data:x?}: {:#?}",
+                report.locks
+            )
+        });
+    assert_eq!(
+        main.name.as_deref(),
+        Some("glibc malloc main arena"),
+        "{main:#?}"
+    );
+    assert!(main.contentions > 0, "{main:#?}");
+    let named = report.locks.iter().filter(|l| l.name == main.name).count();
+    assert_eq!(named, 1, "one main arena: {:#?}", report.locks);
+    assert_arena_note(&report);
+    drop(target);
+    assert_no_programs_left();
+}
+
 /// Threads that free blocks another thread's glibc arena made wait for
 /// that arena's lock (`alloc arena`): attached to while it runs, the
 /// lock is named as the arena's, at the heap the workload found its own
@@ -1963,28 +2041,8 @@ fn a_glibc_arenas_lock_is_named_as_the_arenas() {
     if !require_root(TEST) {
         return;
     }
-    let alloc = build_workload("alloc", Variant::Debug).expect("building alloc");
-    let truth_path = Truth::path(TEST);
-    let truth_env = truth_path.to_str().expect("UTF-8 path");
-    // Runs past the tool's report, which reads its memory; ended when
-    // dropped.
-    let mut target =
-        TestProcess::spawn_env(&alloc, &["arena", "60"], &[("WORKLOAD_TRUTH", truth_env)]);
-    target.wait_ready();
-    let json = report_path(TEST);
-    let pid = target.pid().to_string();
-    let json_arg = json.to_str().expect("UTF-8 path");
-    let args = [
-        "-p",
-        &pid,
-        "--duration",
-        "3s",
-        "--no-tui",
-        "--json",
-        json_arg,
-    ];
-    let run = run_tool(&args, Duration::from_secs(60));
-    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let (mut target, truth_path) = start_arenas(TEST, Variant::Debug, &[]);
+    let (_, report) = attach_for(TEST, &target.pid().to_string(), "3s");
     assert!(
         target.child.try_wait().expect("try_wait").is_none(),
         "still runs"
@@ -1995,7 +2053,6 @@ fn a_glibc_arenas_lock_is_named_as_the_arenas() {
         heap != 0 && lock > heap,
         "the producer's block is a non-main arena's"
     );
-    let report = read_typed(&json);
     let entry = report
         .locks
         .iter()
@@ -2007,6 +2064,7 @@ fn a_glibc_arenas_lock_is_named_as_the_arenas() {
         "{entry:#?}"
     );
     assert!(entry.contentions > 0, "{entry:#?}");
+    assert!(entry.owners.is_empty(), "no owner read: {entry:#?}");
     for l in &report.locks {
         if let (Some(name), LockAddress::At(at)) = (l.name.as_deref(), l.address) {
             if name.starts_with("glibc malloc arena at") {
@@ -2015,14 +2073,7 @@ fn a_glibc_arenas_lock_is_named_as_the_arenas() {
             }
         }
     }
-    assert!(
-        report
-            .notes
-            .iter()
-            .any(|n| n.contains("glibc malloc arena's lock")),
-        "{:#?}",
-        report.notes
-    );
+    assert_arena_note(&report);
     drop(target); // nothing of the test runs on
 
     assert_no_programs_left();

@@ -46,6 +46,9 @@ pub enum Variant {
     Stripped,
     /// Statically linked (`-static`).
     Static,
+    /// Statically linked, then `strip`ped: libc's own data (glibc's main
+    /// arena) is the program's, with no symbol for it.
+    StaticStripped,
     /// `-g -O0`: every variable lives in a stack slot and is reloaded
     /// before each use, as in code built without optimisation.
     Unoptimized,
@@ -60,6 +63,7 @@ pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
         Variant::Debug => "",
         Variant::Stripped => "-stripped",
         Variant::Static => "-static",
+        Variant::StaticStripped => "-static-stripped",
         Variant::Unoptimized => "-O0",
         Variant::Optimized => "-O2",
     };
@@ -85,11 +89,11 @@ pub fn build_workload(name: &str, variant: Variant) -> anyhow::Result<PathBuf> {
     ])
     .arg(&tmp)
     .arg(&src);
-    if variant == Variant::Static {
+    if matches!(variant, Variant::Static | Variant::StaticStripped) {
         cc.arg("-static");
     }
     run_ok(&mut cc)?;
-    if variant == Variant::Stripped {
+    if matches!(variant, Variant::Stripped | Variant::StaticStripped) {
         run_ok(Command::new("strip").arg(&tmp))?;
     }
     install_built(&tmp, &out)?;

@@ -136,8 +136,11 @@ fn add_futexes(table: &mut Table, profile: &LockProfile, naming: &mut Naming<'_>
         } else {
             naming.name_of(address, top)
         };
+        // An arena's lock is a plain glibc lock: what follows it is the
+        // arena's state, not an owner.
+        let owners = kind == LockKind::Mutex && glibc && !name.as_deref().is_some_and(is_arena);
         let m = table.slot(address, name, kind);
-        m.add_futex(f, kind == LockKind::Mutex && glibc, naming.names);
+        m.add_futex(f, owners, naming.names);
     }
 }
 
@@ -334,16 +337,26 @@ fn lock_argument(chain: &Chain, names: &mut dyn Names) -> Option<String> {
     Some(format!("{}.{}", t.layout.type_name.as_ref()?, t.field()?))
 }
 
-/// Share of all the locks' wait time from which waits for glibc's arena
-/// locks get a note: a few waits at a thread's start are no finding.
+/// Share of the waits for locks (not for events: condvars, barriers)
+/// from which waits for glibc's arena locks get a note: a few waits at a
+/// thread's start are no finding.
 const ARENA_NOTE_SHARE: f64 = 0.1;
 
 /// What to do when threads waited for glibc malloc arenas' locks for a
-/// good part ([`ARENA_NOTE_SHARE`]) of their lock waits.
+/// good part ([`ARENA_NOTE_SHARE`]) of their lock waits. A condvar's
+/// waits are left out: `pbzip2`'s idle consumers waited seconds on theirs
+/// while its main arena's lock took 71 ms of its 90 ms of lock waits.
 pub fn arena_note(locks: &[LockEntry]) -> Option<String> {
-    let is_arena = |l: &&LockEntry| l.name.as_deref().is_some_and(|n| n.starts_with(ARENA_LOCK));
-    let arena: u64 = locks.iter().filter(is_arena).map(|l| l.wait_total_ns).sum();
-    let all: u64 = locks.iter().map(|l| l.wait_total_ns).sum();
+    let arena: u64 = locks
+        .iter()
+        .filter(|l| l.name.as_deref().is_some_and(is_arena))
+        .map(|l| l.wait_total_ns)
+        .sum();
+    let all: u64 = locks
+        .iter()
+        .filter(|l| l.kind.is_contention())
+        .map(|l| l.wait_total_ns)
+        .sum();
     let waited = arena > 0 && arena as f64 >= ARENA_NOTE_SHARE * all as f64;
     waited.then(|| {
         "threads waited for a glibc malloc arena's lock: blocks are freed by threads \
@@ -351,6 +364,12 @@ pub fn arena_note(locks: &[LockEntry]) -> Option<String> {
          threads share an arena than MALLOC_ARENA_MAX allows"
             .to_string()
     })
+}
+
+/// Whether a lock's name is a glibc malloc arena's (`main_arena` where
+/// libc's symbols name the main one).
+fn is_arena(name: &str) -> bool {
+    name.starts_with(ARENA_LOCK) || name == MAIN_ARENA_LOCK || name == "main_arena"
 }
 
 /// What holds an address: its name, the offset in it, and what kind of
@@ -371,7 +390,7 @@ pub(crate) enum DataKind {
     /// A place in an object file's data that no symbol covers (a
     /// stripped program's global: `stress-ng+0x83e140`).
     FileAddress,
-    /// The lock of one of glibc malloc's arenas (not the main one).
+    /// The lock of one of glibc malloc's arenas.
     ArenaLock,
 }
 
@@ -403,13 +422,17 @@ const UNSEEN_BLOCK: &str = "heap block allocated before tracing";
 
 /// How the lock of a glibc malloc arena is named (with its heap's start).
 pub const ARENA_LOCK: &str = "glibc malloc arena at";
+/// How the lock of glibc malloc's main arena is named (it is in libc's
+/// data, without a symbol in a stripped libc; `main_arena` with one).
+pub const MAIN_ARENA_LOCK: &str = "glibc malloc main arena";
 
 /// The data at `addr`: a global's symbol; "heap block from file:line"
 /// (the allocation call's own line, also inside an inlined helper) when
 /// `blocks` knows its block; or, in an object file's data without a
-/// symbol for it (a stripped program), the file and the address in it
-/// (as false sharing names such a line), which `nm` or `gdb` place once
-/// its debug symbols are at hand.
+/// symbol for it (a stripped program or libc), glibc's main arena when its
+/// state says so, else the file and the address in it (as false sharing
+/// names such a line), which `nm` or `gdb` place once its debug symbols
+/// are at hand.
 pub(crate) fn data_name(
     maps: &ProcMaps,
     blocks: Option<(&dyn Heap, &dyn BlockLookup)>,
@@ -440,6 +463,13 @@ pub(crate) fn data_name(
         return Some(named);
     }
     let (path, base) = owner?;
+    if memory.is_some_and(|mem| chunks::is_main_arena(mem, maps, addr)) {
+        return Some(DataName {
+            name: MAIN_ARENA_LOCK.into(),
+            offset: 0,
+            kind: DataKind::ArenaLock,
+        });
+    }
     Some(DataName {
         name: names.file_address(&path, base, addr)?,
         offset: 0,
@@ -750,6 +780,70 @@ mod tests {
         let arena_entry = entries.iter().find(|e| e.address == LockAddress::At(lock));
         assert!(arena_entry.is_some_and(|e| e.name.is_some()), "{entries:?}");
         assert_eq!(arena_note(&entries), None);
+    }
+
+    /// glibc's main arena is in libc's data, where a stripped libc has no
+    /// symbol for it: its lock is named as the main arena's when the
+    /// memory there is an arena's state (here in the program's data, as
+    /// in a static program), with the arenas' note; other words there
+    /// keep their file address.
+    #[test]
+    fn the_main_arenas_lock_is_named_from_its_state() {
+        let main = G_LOCK + 0x100;
+        let top = 0x5555_5555_a290;
+        let mut p = LockProfile::new();
+        add_waits(&mut p, vec![wait(main, 2, 1, 3000, chain(0x200, 0x10))]);
+        let state = |top_size: u64| {
+            Words(vec![
+                (main + 0x60, top),
+                (top + 8, top_size),
+                (main + 0x70, main + 0x60),
+                (main + 0x78, main + 0x60),
+                (main + 0x870, main),
+                (main + 0x888, 0x5555_5557_b000 - 0x5555_5555_a000),
+            ])
+        };
+        let name = |memory: &dyn Memory| {
+            let entries = report(&p, &program_maps(), None, Some(memory), None, &mut names());
+            (entries[0].name.clone(), arena_note(&entries).is_some())
+        };
+        let arena = state((0x5555_5557_b000 - top) | 1);
+        assert_eq!(name(&arena), (Some(MAIN_ARENA_LOCK.into()), true));
+        // The word after its lock is the arena's state, not an owner.
+        let entries = report(&p, &program_maps(), None, Some(&arena), None, &mut names());
+        assert!(entries[0].owners.is_empty(), "{:?}", entries[0].owners);
+        let short = state(0x1000 | 1);
+        assert_eq!(name(&short), (Some("prog+0x4140".into()), false));
+        let entries = report(&p, &program_maps(), None, Some(&short), None, &mut names());
+        assert_eq!(
+            entries[0].owners,
+            [OwnerEntry { tid: 1, count: 1 }],
+            "a mutex's"
+        );
+    }
+
+    /// The arenas' note weighs their waits against the other locks', not
+    /// against waits for events.
+    #[test]
+    fn the_arena_note_leaves_condvars_out() {
+        let entry = |name: &str, kind: LockKind, wait_total_ns: u64| LockEntry {
+            name: Some(name.into()),
+            kind,
+            wait_total_ns,
+            ..LockEntry::default()
+        };
+        let mut locks = vec![
+            entry(MAIN_ARENA_LOCK, LockKind::Mutex, 71_000_000),
+            entry("queue.notEmpty", LockKind::Condvar, 2_000_000_000),
+            entry("kernel spinlock", LockKind::Kernel, 19_000_000),
+        ];
+        assert!(arena_note(&locks).is_some());
+        locks.push(entry("g_lock", LockKind::Mutex, 1_000_000_000));
+        assert_eq!(
+            arena_note(&locks),
+            None,
+            "a lock waited for 10 times longer"
+        );
     }
 
     /// A lock in a block glibc handed out before tracing (Debian's
