@@ -7,7 +7,7 @@
 //! interrupt stops the thread for 12-30 µs (the hypervisor takes the timer
 //! and the re-arming of the next one; the cost moves within seconds with
 //! the host's load, so a measure is an estimate, good to about a factor
-//! of 1.6 there), on bare metal one or two. At 999 Hz that is 1.2-3% of
+//! of 1.7 there), on bare metal one or two. At 999 Hz that is 1.2-3% of
 //! every sampled thread's time here, and more on a lock convoy, where a
 //! holder stopped in an interrupt stops its waiters too.
 //!

@@ -227,7 +227,7 @@ fn main_arena_memory(mem: &dyn Memory, addr: u64, heap_start: u64) -> Option<std
     let top = mem.word(addr.checked_add(TOP)?)?;
     let size = mem.word(top.checked_add(8)?)?;
     let end = top.checked_add(size & !FLAGS)?;
-    let start = end.checked_sub(mem.word(addr + SYSTEM_MEM)?)?;
+    let start = end.checked_sub(mem.word(addr.checked_add(SYSTEM_MEM)?)?)?;
     let placed = (heap_start..=heap_start + BRK_BEFORE_MALLOC).contains(&start);
     let chunk = size & PREV_INUSE != 0 && size & !FLAGS >= MIN_CHUNK && top >= start;
     let same = mem.word(addr + TOP)? == top;

@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+use memprof::process::maps::ProcMaps;
 use memprof::report::{
     model::{
         HolderSite, LockAddress, LockContention, LockEntry, LockKind, LockTracing, ObjectKind,
@@ -1987,17 +1988,14 @@ fn the_main_arenas_lock_is_named_without_its_symbol() {
     let only_main = [("MALLOC_ARENA_MAX", "1")];
     let (target, truth_path) = start_arenas(TEST, Variant::StaticStripped, &only_main);
     let pid = target.pid();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("the target's maps");
+    let maps = ProcMaps::read(pid).expect("the target's maps");
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the workload's path");
     let data = maps
-        .lines()
-        .filter(|l| l.ends_with(exe.to_str().expect("UTF-8 path")) && l.contains(" rw-p "))
-        .filter_map(|l| {
-            let (lo, hi) = l.split_once(' ')?.0.split_once('-')?;
-            Some(u64::from_str_radix(lo, 16).ok()?..u64::from_str_radix(hi, 16).ok()?)
-        })
-        .next()
-        .unwrap_or_else(|| panic!("the program's data in its maps:\n{maps}"));
+        .mappings()
+        .iter()
+        .find(|m| m.writable && Path::new(&*m.name) == exe)
+        .map(|m| m.start..m.end)
+        .unwrap_or_else(|| panic!("the program's data in its maps: {maps:#?}"));
     let (_, report) = attach_for(TEST, &pid.to_string(), "3s");
     let truth = Truth::read(&truth_path);
     assert_eq!(

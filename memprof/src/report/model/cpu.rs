@@ -182,8 +182,9 @@ impl Sampling {
         Some(format!(
             "the sampler's timer interrupts take about {:.1}% of each {}'s time on this \
              machine ({:.1} µs each at {} Hz, measured this boot; virtual machines pay the \
-             hypervisor for every timer interrupt, a cost that moves with the host's load), and more on lock convoys, where a holder \
-             stopped by one stops its waiters: --sample-freq {lower} would take about {:.1}%",
+             hypervisor for every timer interrupt, a cost that moves with the host's load), \
+             and more on lock convoys, where a holder stopped by one stops its waiters: \
+             --sample-freq {lower} would take about {:.1}%",
             share * 100.0,
             self.scope.whose(),
             ns / 1e3,
