@@ -16,6 +16,7 @@ pub mod precise;
 pub mod preflight;
 pub mod rings;
 pub mod sampler;
+pub mod spread;
 pub mod tracefs;
 pub mod uprobes;
 pub mod windows;

@@ -254,14 +254,22 @@ fn sampled_mode_keeps_every_traced_block_of_a_leaking_site_live() {
 /// session 9 one CI run was off by 25.7% while the tool claimed ±25.6%,
 /// and some sessions get two windows (claimed ±31-38%): the bound is 25%,
 /// or the claimed error when that is larger (what the report promises).
-/// Since session 11 a claim above 50% shows the acquisitions as unknown
+/// Since session 11 a claim above 50% (60% since session 54) shows the acquisitions as unknown
 /// (null), with a note that says why. On 2026-12-07 a CI run counted
 /// 38,344 acquisitions for 24,108 rounds (+59%) while claiming ±37.5%
-/// (two windows, 5.1% of the time; each gap extrapolated at the rate per
-/// CPU second of the window before it, which a change of the demo's
-/// phase in the gap would defeat: the cause is not confirmed).
+/// (two windows, 5.1% of the time). The cause (session 54): the demo's
+/// pace alternates between phases (its false sharing costs the rounds 5x
+/// more while both workers count at once: windows of one run saw 2,200 to
+/// 13,700 lock calls a second), both windows fell in the fast phase,
+/// 17% apart, and that spread was taken as the rate's. It is now taken at
+/// the upper bound two windows allow (3.95x), which covers that run
+/// (±65%) and left 10 runs since unknown (6, claims ±58-81%), exact or
+/// within the claim. But two windows of one phase that agree closely
+/// would still claim ±35%: no spread shows a phase no window fell in.
+/// That needs a signal the tool has all the time (the CPU samples' share
+/// in the critical section, or the futex waits), hence the mark.
 #[test]
-#[ignore = "known wrong: #33 (a two-window estimate ran 59% high against a claim of ±37.5%)"]
+#[ignore = "known wrong: #33 (two windows in one phase of a program whose pace alternates claim too little)"]
 fn default_lock_mode_counts_the_demo_lock_acquisitions() {
     if !require_root("default_lock_mode_counts_the_demo_lock_acquisitions") {
         return;
@@ -284,7 +292,7 @@ fn default_lock_mode_counts_the_demo_lock_acquisitions() {
         .as_ref()
         .and_then(|t| t.acquisitions_error)
         .unwrap_or(0.0);
-    if claimed > 0.5 {
+    if claimed > memprof::kernel::calls::MAX_ACQUISITIONS_ERROR {
         let notes = &report.notes;
         assert!(
             lock.acquisitions.is_none()

@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+use memprof::kernel::calls::MAX_ACQUISITIONS_ERROR;
 use memprof::process::maps::ProcMaps;
 use memprof::report::{
     model::{
@@ -558,12 +559,16 @@ fn sampled_mode_estimates_acquisitions() {
             truth.get("hot_acquisitions") as f64 * 1.5,
             &format!("{hot:#?}"),
         ),
-        // A 3 s session affords one window under the lock budget; an
-        // estimate from it below the futex waits seen is shown as unknown,
-        // with a note (seen once in CI on 455875a). The number itself is
-        // checked by sampled_acquisitions_are_within_their_claimed_error.
+        // A 3 s session affords one or two windows under the lock budget;
+        // an estimate from them below the futex waits seen is shown as
+        // unknown, with a note (seen once in CI on 455875a), and so is
+        // one whose claim is above ±60% (a window that slowed the target
+        // past correction: seen once by hand in session 54, in 8 runs).
+        // The number itself is checked by the claim tests
+        // (sampled_acquisitions_are_within_their_claimed_error and the
+        // launched one), which require one.
         None => assert!(
-            said("their acquisitions are shown as unknown"),
+            said("their acquisitions are shown as unknown") || said("acquisitions are unknown"),
             "acquisitions null without a note saying why: {notes:#?}"
         ),
     }
@@ -1023,6 +1028,21 @@ fn sampled_acquisitions_are_within_their_claimed_error() {
     assert_within_claim(&report, estimate, real);
 }
 
+/// Acquisitions shown as unknown come with the claim that made them so
+/// (above [`MAX_ACQUISITIONS_ERROR`]) and a note that says why.
+fn assert_unknown_said_why(report: &Report) {
+    let claimed = lock_tracing(report).acquisitions_error.unwrap_or(0.0);
+    assert!(
+        claimed > MAX_ACQUISITIONS_ERROR
+            && report
+                .notes
+                .iter()
+                .any(|n| n.contains("acquisitions are unknown")),
+        "acquisitions unknown while claiming ±{claimed:.3}: {:#?}",
+        report.notes
+    );
+}
+
 /// The report's claimed acquisitions error covers `estimate` for `real`.
 fn assert_within_claim(report: &Report, estimate: u64, real: u64) {
     let claimed = report
@@ -1092,7 +1112,19 @@ fn launched_sampled_acquisitions_are_within_their_claimed_error() {
 /// -14.6% and (in CI) -22% claiming ±12-12.5%: the convoy slows under the
 /// probes more than their modelled cost, which the claim now allows for
 /// (`TRAP_COST_ERROR` in the lock tracer): -1% to -26% in 6 runs by
-/// hand (session 50), then within claims of ±35-38% in 5 runs of 5.
+/// hand (session 50), then within claims of ±35-38% in 5 runs of 5. In
+/// session 54 CI failed it at -24% claiming ±20%: with three windows
+/// or more the claim is mostly the slowdown correction's error, then
+/// taken as 2.5x the 7% modelled; the miss was 3.7x. Taken as 4x: -13%
+/// to -24% claiming ±31-44% in 6 runs by hand. Two windows' spread is
+/// now taken at its upper bound (3.95x from two, 2.1x from three), and
+/// with the correction's ±30% the claims are ±31-52%, above ±50% (then
+/// the limit: an unknown count, with a note that says why) in 4 sessions
+/// of 10 by hand; the limit is now ±60%.
+/// That is a right answer, so up to three sessions are run: each unknown
+/// must say why, and one must give a number (a gap filled at the
+/// window's rate instead, 3.3x too many calls, would make every window's
+/// spread, and every session unknown).
 #[test]
 fn bursty_acquisitions_are_within_their_claimed_error() {
     const TEST: &str = "bursty_acquisitions_are_within_their_claimed_error";
@@ -1101,9 +1133,20 @@ fn bursty_acquisitions_are_within_their_claimed_error() {
     }
     let flags = ["--alloc-mode", "off"];
     let args = ["bursty", "2", "6"];
-    let (report, estimate, real) = estimate_of_hot_lock(|| {
+    let session = || {
         let (_, report, truth) = launch_truth(TEST, &flags, &locks_workload(), &args);
         (report, truth)
+    };
+    let (report, estimate, real) = estimate_of_hot_lock(|| {
+        for attempt in 1..=3 {
+            let (report, truth) = session();
+            if attempt == 3 || must_lock(&report, "g_hot_lock").acquisitions.is_some() {
+                return (report, truth);
+            }
+            assert_unknown_said_why(&report);
+            eprintln!("{TEST}: acquisitions unknown (session {attempt}), with a note; another");
+        }
+        unreachable!("the third session returns")
     });
     assert_sampled(&report);
     assert_within_claim(&report, estimate, real);

@@ -192,6 +192,8 @@ impl AllocTracer {
                 } else {
                     1.0
                 },
+                // The floor was measured on lock workloads.
+                floor_holds_slowdown: false,
                 window: WINDOW,
                 first_window: FIRST_WINDOW,
                 max_gap: MAX_GAP,

@@ -84,9 +84,10 @@ pub fn estimate_note(t: &LockTracing, e: &CallEstimate) -> Option<String> {
          acquisitions are scaled estimates: the calls the kernel counted while attached, extrapolated \
          over each gap at the rate of the window before it (corrected for the probes' slowdown \
          of the target), shared among the locks as their sections were seen; claimed error \
-         ±{:.0}% (the spread of the windows' rates, their counting noise, the slowdown \
-         correction, and a floor for changes no window saw: {:.0}%, {:.0}% with fewer than {} \
-         windows); {}",
+         ±{:.0}% (the spread of the windows' rates, as large as so few windows allow it to be, \
+         their counting noise, the slowdown correction, and a floor for changes no window saw: \
+         {:.0}%, or {:.0}% with fewer than {} windows, which stands for their spread and the \
+         correction unless either is larger); {}",
         t.traced_fraction * 100.0,
         t.windows,
         error * 100.0,
@@ -371,6 +372,7 @@ mod tests {
             aim: 0.8,
             trap_cost_s: 1e-6,
             trap_cost_error: 1.0,
+            floor_holds_slowdown: true,
             window: Duration::from_millis(100),
             first_window: Duration::from_millis(100),
             max_gap: Duration::from_secs(1),
@@ -539,11 +541,11 @@ mod tests {
         let acquired = scale.acquisitions(h).unwrap();
         assert!((acquired - (50.0 * 30.0 + 50.0)).abs() < 1e-9);
         assert_eq!(Scale::exact().acquisitions(h), Some(100.0));
-        // Claimed ±58% (two windows): the windowed mutex calls are
+        // Claimed ±68% (two windows): the windowed mutex calls are
         // unknown, so are the acquisitions of every lock taken by them;
         // a lock taken only by the exact rwlock path stays a number.
         let rough = CallEstimate {
-            error: Some(0.58),
+            error: Some(0.68),
             windows: 2,
             ..estimate.clone()
         };
@@ -578,7 +580,7 @@ mod tests {
         };
         let note = estimate_note(&t, &rough).unwrap();
         assert!(
-            note.contains("±58%") && note.contains("acquisitions are unknown"),
+            note.contains("±68%") && note.contains("acquisitions are unknown"),
             "{note}"
         );
         assert!(note.contains("too few windows"), "{note}");

@@ -87,6 +87,10 @@ pub struct WindowSettings {
     /// the target's pace under the probes strays further (a contended
     /// lock's convoy).
     pub trap_cost_error: f64,
+    /// Whether the call estimate's few-windows floor stands for the
+    /// slowdown correction's error too (see
+    /// `CallCounter::floor_holds_slowdown`).
+    pub floor_holds_slowdown: bool,
     /// How long the probes stay attached per window.
     pub window: Duration,
     /// How long the first window (and each of its quiet stretches) lasts:
@@ -216,7 +220,14 @@ impl Windowed {
             detaching: Vec::new(),
             later: Vec::new(),
             windows: 0,
-            counter: CallCounter::new(family.counters().1 as usize, settings.trap_cost_error),
+            counter: {
+                let c = CallCounter::new(family.counters().1 as usize, settings.trap_cost_error);
+                if settings.floor_holds_slowdown {
+                    c.floor_holds_slowdown()
+                } else {
+                    c
+                }
+            },
             cpu: None,
             stime: stime::OwnSystemTime::new(pid),
             cpu_polled: None,

@@ -271,12 +271,12 @@ mod tests {
         // Windows whose estimate is too rough: no number, and the mode
         // line says why.
         let t = r.lock_tracing.as_mut().unwrap();
-        (t.mode, t.traced_fraction, t.acquisitions_error) = (TraceMode::Sampled, 0.02, Some(0.58));
+        (t.mode, t.traced_fraction, t.acquisitions_error) = (TraceMode::Sampled, 0.02, Some(0.68));
         r.locks[0].acquisitions = None;
         let text = render(&r);
         assert!(
             text.contains(
-                "lock calls traced 2.0% of the time: acquisitions unknown (±58%, too rough)"
+                "lock calls traced 2.0% of the time: acquisitions unknown (±68%, too rough)"
             ),
             "{text}"
         );
