@@ -40,6 +40,8 @@
 use std::time::{Duration, Instant};
 
 use super::spread::Spread;
+mod doubt;
+pub use doubt::Doubt;
 
 /// Relative error assumed of any extrapolated rate: what the windows could
 /// not see (the target changing pace within a gap).
@@ -111,6 +113,8 @@ pub struct CallEstimate {
     pub error: Option<f64>,
     /// Windows whose rates were extrapolated.
     pub windows: u64,
+    /// What most of the claimed error comes from (None: exact).
+    pub doubt: Option<Doubt>,
 }
 
 impl CallEstimate {
@@ -125,14 +129,11 @@ impl CallEstimate {
 
     /// Why an estimate's claimed error is too large to show its counts,
     /// for the note that says they are unknown.
-    pub fn why_rough(&self) -> &'static str {
-        if self.windows < WINDOWS_FOR_SPREAD {
-            "too few windows to know how steady the rate is (a longer session helps), or the \
-             probes slowed the target too much to correct for"
-        } else {
-            "the rate varied between windows, or the probes slowed the target too much to \
-             correct for"
-        }
+    pub fn why_rough(&self) -> String {
+        self.doubt.map_or_else(
+            || "the rate varied, or the probes slowed the target too much".to_string(),
+            |d| d.reason(),
+        )
     }
 
     /// Whether extrapolated counts are good enough to show as numbers,
@@ -524,18 +525,16 @@ impl CallCounter {
             // Slowed beyond what can be corrected for, the rate seen
             // attached may be any fraction of the real one (a hot
             // allocator's: 1%).
-            if this.saturated {
-                error.max(SATURATED_ERROR)
-            } else {
-                error
-            }
+            let least = if this.saturated { SATURATED_ERROR } else { 0.0 };
+            (error.max(least), this.doubt(spread, slow, counting))
         });
         CallEstimate {
             calls,
             exact: this.extrapolated_any.iter().map(|x| !x).collect(),
             traced_fraction,
-            error,
+            error: error.map(|(e, _)| e),
             windows: this.windows,
+            doubt: error.map(|(_, d)| d),
         }
     }
 }
@@ -723,7 +722,9 @@ mod tests {
         let share = 562_500.0 / 612_500.0;
         let expected = share * (RATE_ERROR_FLOOR.powi(2) + 0.25f64.powi(2) + 1e-4).sqrt();
         assert!((slowed.error.unwrap() - expected).abs() < 1e-9);
-        assert!(steady(0.0, 25).error.unwrap() > 0.15, "25 calls say little");
+        let few_calls = steady(0.0, 25);
+        assert!(few_calls.error.unwrap() > 0.15, "25 calls say little");
+        assert_eq!(few_calls.doubt, Some(Doubt::Counting { calls: 25 }));
         // A per-call cost measured at start: the correction is trusted to
         // its stated error.
         let calibrated = steady_with(0.2 / 100_000.0, 10_000, 0.35);
@@ -733,6 +734,8 @@ mod tests {
         // attached says little, calibrated or not.
         let saturated = steady_with(0.6 / 100_000.0, 10_000, 0.35);
         assert!(saturated.error.unwrap() >= SATURATED_ERROR);
+        assert_eq!(saturated.doubt, Some(Doubt::Saturated));
+        assert!(saturated.why_rough().contains("more than 50%"));
     }
 
     /// A CI run of the demo (2026-12-07): its lock windows both fell in
@@ -768,6 +771,12 @@ mod tests {
         let claimed = e.error.unwrap();
         assert!(claimed >= off, "claimed ±{claimed:.3}, off by {off:.3}");
         assert!(claimed > MAX_ACQUISITIONS_ERROR, "{claimed}");
+        // The note says it was the two windows' spread.
+        let Some(Doubt::Spread { upper, n: 2 }) = e.doubt else {
+            panic!("{e:?}");
+        };
+        assert!(upper > 0.6, "{upper}");
+        assert!(e.why_rough().contains("between the 2 windows"), "{e:?}");
     }
 
     /// With fewer than three windows the locks' floor stands for their
@@ -811,6 +820,8 @@ mod tests {
         let share = (e.calls[0] - 10_000.0) / e.calls[0];
         let expected = share * (FEW_WINDOWS_ERROR_FLOOR.powi(2) + 1e-4).sqrt();
         assert!((e.error.unwrap() - expected).abs() < 1e-9, "{e:?}");
+        assert_eq!(e.doubt, Some(Doubt::FewWindows { n: 1 }));
+        assert!(e.why_rough().starts_with("only 1 window measured"), "{e:?}");
         // 20%, known to 4x: ±100%, beyond the floor.
         let e = run(2, 0.2, 4.0);
         let share = (e.calls[0] - 20_000.0) / e.calls[0];
@@ -818,6 +829,16 @@ mod tests {
         assert!(
             (e.error.unwrap() - share * (slow * slow + 1e-4).sqrt()).abs() < 1e-9,
             "{e:?}"
+        );
+        let Some(Doubt::Slowdown { slowed, error }) = e.doubt else {
+            panic!("{e:?}");
+        };
+        assert!((slowed - 0.2).abs() < 1e-9 && (error - slow).abs() < 1e-9);
+        assert!(
+            e.why_rough().contains("took 20% of the target's time")
+                && e.why_rough().contains("±100%"),
+            "{}",
+            e.why_rough()
         );
         // Without the locks' floor, they add up.
         let e = run_with(1, 0.07, 4.0, false);

@@ -20,7 +20,10 @@
 //!
 //! Pure: over the estimate, the calls traced and the samples.
 
-use crate::{kernel::calls::CallEstimate, report::model::AllocatorCpu};
+use crate::{
+    kernel::calls::{CallEstimate, Doubt},
+    report::model::AllocatorCpu,
+};
 
 use super::untraced::UntracedCost;
 
@@ -154,14 +157,22 @@ pub fn estimate(
     let counting = 1.0 / time.samples as f64;
     let standin =
         STANDIN_ERROR_HOT + (STANDIN_ERROR_COLD - STANDIN_ERROR_HOT) * (1.0 - share).powi(2);
-    let error =
-        (counting + standin.powi(2) + cost.heap_error().powi(2) + cost.drift.powi(2)).sqrt();
+    let varied = cost.heap_error().hypot(cost.drift);
+    let error = (counting + standin.powi(2) + varied.powi(2)).sqrt();
+    let doubt = if counting.sqrt() > standin.max(varied) {
+        Doubt::Samples { n: time.samples }
+    } else if varied > standin {
+        Doubt::CostVaried
+    } else {
+        Doubt::StandIn { share }
+    };
     Some(CallEstimate {
         calls,
         exact: windows.exact.clone(),
         traced_fraction: windows.traced_fraction,
         error: Some(error),
         windows: windows.windows,
+        doubt: Some(doubt),
     })
 }
 
@@ -178,6 +189,7 @@ mod tests {
             traced_fraction: 0.01,
             error: Some(1.0),
             windows: 2,
+            doubt: Some(Doubt::FewWindows { n: 2 }),
         }
     }
 
@@ -224,6 +236,11 @@ mod tests {
         assert!(
             err > STANDIN_ERROR_HOT && err < STANDIN_ERROR_HOT + 0.02,
             "{err}"
+        );
+        // The note's reason is the stand-in, with the allocator's share.
+        assert!(
+            matches!(e.doubt, Some(Doubt::StandIn { share }) if share > 0.98),
+            "{e:?}"
         );
         // Pairs that cost 13 ns alone and 7 ns beside a kept block (mean
         // 10): the same counts, the difference claimed.

@@ -490,6 +490,7 @@ mod tests {
             analysis::{op_name, AllocCall, LargeRule, SyscallCall},
             classes::SizeClasses,
         },
+        kernel::calls::Doubt,
         object::symbolize::Frame,
         options::AllocSettings,
         report::fixtures::code_at,
@@ -547,6 +548,7 @@ mod tests {
             traced_fraction: 0.25,
             error: Some(error),
             windows: 5,
+            doubt: Some(Doubt::Spread { upper: error, n: 5 }),
         }
     }
 

@@ -360,6 +360,7 @@ mod tests {
 
     use super::*;
     use crate::kernel::{
+        calls::Doubt,
         uprobes::{Family, ProbePoint},
         windows::WindowSettings,
     };
@@ -515,6 +516,7 @@ mod tests {
             traced_fraction: 0.1,
             error: Some(0.2),
             windows: 3,
+            doubt: Some(Doubt::Spread { upper: 0.2, n: 3 }),
         };
         let mut p = LockProfile::new();
         for (lock, op) in [
@@ -547,6 +549,7 @@ mod tests {
         let rough = CallEstimate {
             error: Some(0.68),
             windows: 2,
+            doubt: Some(Doubt::Spread { upper: 0.7, n: 2 }),
             ..estimate.clone()
         };
         let scale = Scale::new(&rough, &p);
@@ -583,7 +586,10 @@ mod tests {
             note.contains("±68%") && note.contains("acquisitions are unknown"),
             "{note}"
         );
-        assert!(note.contains("too few windows"), "{note}");
+        assert!(
+            note.contains("the rate varied between the 2 windows that measured it (±70%"),
+            "{note}"
+        );
         let fine = estimate_note(
             &LockTracing {
                 acquisitions_error: Some(0.38),
