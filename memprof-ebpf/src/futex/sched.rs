@@ -12,7 +12,9 @@
 //!   lookup, cheap enough for every context switch on the machine);
 //! - `sched_waking`, in the waker's context before the sleeper is queued
 //!   to run: if the sleeper has a wait in progress and the waker is in a
-//!   futex wake of the target, the waker's call site and the time;
+//!   futex wake of the target, the waker's call site and the time; a
+//!   futex wake of the target that wakes a task with no wait in progress
+//!   (a waiter not yet asleep) counts as the waker's release;
 //! - `sched_switch` again, the sleeper coming back (`next`): the wait is
 //!   aggregated, the release recorded and the wait charged to the
 //!   holders that released the lock during it (as the syscall path does
@@ -85,10 +87,12 @@ struct Waiting {
 static WAITING: Array<Waiting> = Array::with_max_entries(FUTEX_SLOTS, 0);
 
 /// Per thread (tid modulo the size): the futex wakes it made that woke a
-/// wait of the target, traced or skipped by the stride (counted while
-/// spans are wanted). An owner that woke a waiter with no other wake
-/// since that waiter's sleep held the lock throughout: the wait's span
-/// is its section ([`send_span`]).
+/// wait of the target, traced or skipped by the stride, or a task with
+/// no wait in progress ([`release_before_sleep`]; counted while spans are
+/// wanted). An owner that woke a waiter with no other wake since that
+/// waiter's sleep held the lock throughout: the wait's span is its
+/// section ([`send_span`]). Counting a wake that was no release only
+/// withholds a span.
 #[map(name = "FUTEX_RELEASES_BY")]
 static RELEASES_BY: Array<u32> = Array::with_max_entries(FUTEX_SLOTS, 0);
 
@@ -482,7 +486,10 @@ pub fn mp_futex_sw(ctx: RawTracePointContext) -> u32 {
 
 /// Every wake-up on the machine, in the waker's context: for a sleeper
 /// with a futex wait in progress, the waker's site if it is the target
-/// in a futex wake.
+/// in a futex wake; for a task with none, the waker's release
+/// ([`release_before_sleep`]). A sleeper already woken is not woken
+/// again (it is running until its `sched_switch` ends the wait), so its
+/// waker's release was counted by the first wake.
 #[raw_tracepoint(tracepoint = "sched_waking")]
 pub fn mp_futex_wk(ctx: RawTracePointContext) -> u32 {
     let task = ctx.arg::<u64>(0);
@@ -546,14 +553,17 @@ pub fn mp_futex_wk(ctx: RawTracePointContext) -> u32 {
 
 /// A wake-up of a task with no wait in progress: a waiter that queued on
 /// the futex but had not gone to sleep yet (its `sched_switch` comes
-/// later, if at all: the wake sets it running first) still took the
-/// lock from its waker. That release is counted when the waker is a
-/// thread of the target in a futex wake, or the owner would look as if
-/// it held the lock through a later wait it ended (its span would take
-/// in the code it ran between its sections: 4% of the wakes in the
-/// `ulcp` workload came before the sleep, measured with bpftrace). Only
-/// while spans are wanted, the one use of the count; this is the path
-/// of every other wake-up on the machine, so the cheapest test first.
+/// later, if at all: the wake sets it running first) may have been
+/// handed the lock by its waker. Such a wake is counted as the waker's
+/// release when the waker is a thread of the target in a futex wake, or
+/// the owner would look as if it held the lock through a later wait it
+/// ended (that span would take in the code it ran between its sections:
+/// 4.4% of the `ulcp` workload's wakes between its threads came to a
+/// thread not asleep, measured with bpftrace). Counting a wake that was
+/// none (of another process, or from an interrupt during a futex wake)
+/// only withholds a span. Only while spans are wanted, the one use of
+/// the count; this is the path of every other wake-up on the machine,
+/// so the cheapest test first.
 #[inline(always)]
 fn release_before_sleep() {
     if !spans_wanted() {
@@ -582,7 +592,8 @@ fn futex_wake_op(r: &SyscallRegs) -> Option<u32> {
     }
 }
 
-/// Counts a futex wake by thread `tid` that woke a wait of the target.
+/// Counts a futex wake by thread `tid` as a release (see
+/// [`RELEASES_BY`]).
 #[inline(always)]
 fn count_release(tid: u32) {
     if let Some(c) = releases_by(tid) {

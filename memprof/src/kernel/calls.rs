@@ -735,7 +735,7 @@ mod tests {
         let saturated = steady_with(0.6 / 100_000.0, 10_000, 0.35);
         assert!(saturated.error.unwrap() >= SATURATED_ERROR);
         assert_eq!(saturated.doubt, Some(Doubt::Saturated));
-        assert!(saturated.why_rough().contains("more than 50%"));
+        assert!(saturated.why_rough().contains("by 50% or more"));
     }
 
     /// A CI run of the demo (2026-12-07): its lock windows both fell in
@@ -835,8 +835,9 @@ mod tests {
         };
         assert!((slowed - 0.2).abs() < 1e-9 && (error - slow).abs() < 1e-9);
         assert!(
-            e.why_rough().contains("took 20% of the target's time")
-                && e.why_rough().contains("±100%"),
+            e.why_rough()
+                .contains("estimated at 20% of the target's CPU time")
+                && e.why_rough().contains("uncertain by ±100%"),
             "{}",
             e.why_rough()
         );
@@ -960,6 +961,23 @@ mod tests {
         let floor = FEW_WINDOWS_ERROR_FLOOR.powi(2);
         let expected = 5_000.0 / 6_000.0 * (floor + 1e-3f64).sqrt();
         assert!((e.error.unwrap() - expected).abs() < 1e-9, "{e:?}");
+    }
+
+    /// A target idle through its only window measured no rate: the note
+    /// says so, not that a window counted 0 calls.
+    #[test]
+    fn a_window_idled_through_says_no_rate_was_measured() {
+        let t = Target {
+            t0: Instant::now(),
+            counted: [0, 0],
+        };
+        let mut c = CallCounter::new(1, 0.35);
+        c.attached(t.at(0), &[0], Some(0.0));
+        c.detaching(t.at(100), &[0], Some(0.0), &[false], TrapCost::FREE);
+        c.end(t.at(1000), &[40], Some(0.5));
+        let e = c.estimate(t.at(1000), None, None);
+        assert_eq!(e.doubt, Some(Doubt::NoRate), "{e:?}");
+        assert!(e.why_rough().contains("idled through"), "{e:?}");
     }
 
     #[test]

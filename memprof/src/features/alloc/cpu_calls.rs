@@ -162,9 +162,12 @@ pub fn estimate(
     let doubt = if counting.sqrt() > standin.max(varied) {
         Doubt::Samples { n: time.samples }
     } else if varied > standin {
-        Doubt::CostVaried
+        Doubt::CostVaried { error: varied }
     } else {
-        Doubt::StandIn { share }
+        Doubt::StandIn {
+            error: standin,
+            share,
+        }
     };
     Some(CallEstimate {
         calls,
@@ -239,7 +242,7 @@ mod tests {
         );
         // The note's reason is the stand-in, with the allocator's share.
         assert!(
-            matches!(e.doubt, Some(Doubt::StandIn { share }) if share > 0.98),
+            matches!(e.doubt, Some(Doubt::StandIn { error, share }) if share > 0.98 && error < 0.26),
             "{e:?}"
         );
         // Pairs that cost 13 ns alone and 7 ns beside a kept block (mean
@@ -252,6 +255,9 @@ mod tests {
         assert_eq!(h.calls, e.calls);
         let expected = (err.powi(2) + 0.09).sqrt();
         assert!((h.error.unwrap() - expected).abs() < 1e-9, "{h:?}");
+        // Unknown (over 30%), for the cost's spread with the heap.
+        assert_eq!(h.doubt, Some(Doubt::CostVaried { error: 0.3 }), "{h:?}");
+        assert!(h.why_rough().contains("varied by ±30%"), "{h:?}");
     }
 
     #[test]
