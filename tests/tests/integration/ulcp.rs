@@ -189,38 +189,57 @@ fn needed_contention_is_not_called_unnecessary() {
     }
 }
 
-/// Attached in the default mode (lock calls traced in windows, 1.5% of
-/// the time), few samples fall in traced sections: a verdict may come
-/// from a handful, and then says it is weak. No claim is confidently
-/// wrong, and the needed contention is never called unnecessary
-/// confidently.
+/// Attached in the default mode for 20 s (#33's bar): at least 4 of the 5
+/// locks get their class, from the futex waits that show their holders'
+/// sections and the lock calls traced in windows (1.5% of the time).
+/// Few samples fall in each section, so a verdict may rest on a handful
+/// and then says it is weak: a wrong one must say so. Where futex waits
+/// are traced at the syscalls (no waker's thread, so no holder's
+/// section), verdicts need `--lock-mode full`: then at least a note says
+/// why they are missing. Measured by hand (session 55, once an owner's
+/// release to a waiter not yet asleep was counted): 5 of 5 in 9 runs.
 #[test]
-fn attached_default_mode_claims_are_right_or_called_weak() {
-    if !require_root("attached_default_mode_claims_are_right_or_called_weak") {
+fn attached_default_mode_gets_the_classes() {
+    const TEST: &str = "attached_default_mode_gets_the_classes";
+    if !require_root(TEST) {
         return;
     }
     let w = build_workload("ulcp", Variant::Debug).expect("building ulcp");
     let run = attach_gated("ulcp-attached", &[], &w, &["20", "4"], &[]);
     let report = typed(&run.report);
     let mut verdicts = 0;
+    let mut right = Vec::new();
     for (name, class, _) in LOCKS {
         let Some(u) = &lock(&report, name).unnecessary else {
             continue;
         };
         verdicts += 1;
-        let confidence = u.confidence;
-        let basis = u.confidence_basis.as_str();
-        if u.class != class {
-            assert!(
-                confidence < MIN_CONFIDENCE && basis.starts_with("weak"),
-                "{name}: confidently wrong: {u:#?}"
-            );
+        if u.class == class {
+            right.push(name);
+            continue;
         }
+        assert!(
+            u.confidence < MIN_CONFIDENCE && u.confidence_basis.starts_with("weak"),
+            "{name}: confidently wrong: {u:#?}"
+        );
     }
-    let notes = &report.notes;
+    let hooks = report.lock_contention.as_ref().map(|c| c.hooks.as_str());
+    if hooks == Some("sched") {
+        assert!(
+            right.len() >= 4,
+            "only {right:?} got their class: {:#?}",
+            report.locks
+        );
+        return;
+    }
+    eprintln!(
+        "SKIP part of {TEST}: futex waits traced at the syscalls here ({hooks:?}), which show \
+         no holder's section; checking only that verdicts come or a note says why"
+    );
     assert!(
         verdicts >= 2
-            || notes
+            || report
+                .notes
                 .iter()
                 .any(|n| n.contains("no unnecessary-contention verdict")),
         "no verdict and no note saying why: {:#?}",
