@@ -42,8 +42,7 @@ struct Index<'a>(&'a BTreeMap<u64, HeapBlock>);
 
 impl BlockLookup for Index<'_> {
     fn containing(&self, addr: u64) -> Option<HeapBlock> {
-        let (_, b) = self.0.range(..=addr).next_back()?;
-        b.contains(addr).then_some(*b)
+        HeapBlock::in_map(self.0, addr)
     }
 }
 

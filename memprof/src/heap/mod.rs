@@ -10,7 +10,10 @@
 mod chunk;
 #[cfg(test)]
 pub mod fixture;
+mod remembered;
 pub mod site_name;
+
+pub use remembered::Remembered;
 
 use crate::{process::maps::Place, report::names::Names};
 use site_name::{name_at, SiteName};
@@ -67,5 +70,11 @@ impl HeapBlock {
     /// of 0 bytes (`malloc(0)`'s unique pointer) holds its first byte.
     pub fn holds(start: u64, size: u64, addr: u64) -> bool {
         start <= addr && addr < start + size.max(1)
+    }
+
+    /// The block of `blocks` (by start) that holds `addr`.
+    pub fn in_map(blocks: &std::collections::BTreeMap<u64, Self>, addr: u64) -> Option<Self> {
+        let (_, b) = blocks.range(..=addr).next_back()?;
+        b.contains(addr).then_some(*b)
     }
 }

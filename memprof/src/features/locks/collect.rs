@@ -58,6 +58,9 @@ pub struct LockCollector {
     /// A thread of the target waited on a futex (the default mode's lock
     /// probes wait for it).
     pub futex_waited: bool,
+    /// The futex words waits were sampled on (at most
+    /// [`LOCKS_WITH_OWNERS`]), for naming them while their memory is live.
+    waited: FastSet<u64>,
 }
 
 impl LockCollector {
@@ -107,6 +110,9 @@ impl LockCollector {
             return;
         }
         self.futex_waited |= ev.kind == lock_event::WAIT;
+        if ev.kind == lock_event::WAIT && self.waited.len() < LOCKS_WITH_OWNERS {
+            self.waited.insert(ev.addr);
+        }
         if ev.kind == lock_event::WAIT && ev.owner != 0 && ev.owner != ev.tid {
             let full = self.owners.len() >= LOCKS_WITH_OWNERS;
             if let Some(owners) = match self.owners.get_mut(&ev.addr) {
@@ -138,6 +144,11 @@ impl LockCollector {
             }
         }
         self.keep_chain(ev.addr, ev.site, chain);
+    }
+
+    /// The futex words waits were sampled on.
+    pub fn waited_words(&self) -> impl Iterator<Item = u64> + '_ {
+        self.waited.iter().copied()
     }
 
     /// Keeps the first chain of a (lock, site) and of a site, unless its

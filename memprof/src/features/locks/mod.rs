@@ -30,7 +30,7 @@ use super::{Feature, Plan, ReportContext, Target};
 use crate::{
     cli::LockMode,
     error::Result,
-    heap::Heap,
+    heap::{Heap, Remembered},
     kernel::{
         contention::ContentionMaps,
         loader::{Load, Probes},
@@ -159,6 +159,7 @@ impl Plan for LockPlan {
             ulcp,
             spans,
             armed,
+            blocks: Remembered::default(),
         }))
     }
 }
@@ -188,6 +189,10 @@ pub struct Locks {
     /// The default mode's lock probes, before and after their first
     /// window.
     armed: Option<Armed>,
+    /// The heap blocks that held the waited-on words: a lock in a block
+    /// the program freed before the report is still named by its
+    /// allocation site.
+    blocks: Remembered,
 }
 
 /// In the default mode the lock probes' first window opens at the first
@@ -338,9 +343,12 @@ impl Feature for Locks {
         self.calls.is_some() && self.mode == LockMode::Sampled
     }
 
-    fn settle(&mut self, _process: &mut Process, _heap: Option<&dyn Heap>) {
+    fn settle(&mut self, _process: &mut Process, heap: Option<&dyn Heap>) {
         if let Some(u) = &mut self.ulcp {
             u.profile.settle();
+        }
+        if let Some(heap) = heap {
+            self.blocks.settle(heap, self.collector.waited_words());
         }
     }
 
@@ -390,7 +398,7 @@ impl Feature for Locks {
         out.locks = report::report(
             &self.collector.profile,
             ctx.process.maps(),
-            heap,
+            heap.map(|h| (h, self.blocks.over(h.index()))),
             memory.as_ref().map(|m| m as &dyn Memory),
             scale.as_ref(),
             ctx.symbolizer,

@@ -48,16 +48,16 @@ struct Merged {
 
 /// The lock entries of a report: contended locks first, most wait time
 /// first, then other waits, then (with the uprobes) locks taken without
-/// contention, most hold time first.
+/// contention, most hold time first. `blocks` is the heap with its blocks
+/// by address.
 pub fn report(
     profile: &LockProfile,
     maps: &ProcMaps,
-    heap: Option<&dyn Heap>,
+    blocks: Option<Blocks<'_>>,
     memory: Option<&dyn Memory>,
     scale: Option<&Scale>,
     names: &mut dyn Names,
 ) -> Vec<LockEntry> {
-    let blocks = heap.map(|h| (h, h.index()));
     let mut naming = Naming {
         maps,
         blocks: blocks.as_ref(),
@@ -92,7 +92,7 @@ fn rank(entries: &mut [LockEntry]) {
 }
 
 /// The heap blocks by address, with the heap that knows their sites.
-type Blocks<'a> = (&'a dyn Heap, Box<dyn BlockLookup + 'a>);
+pub type Blocks<'a> = (&'a dyn Heap, Box<dyn BlockLookup + 'a>);
 
 /// What names a lock and its code: the memory map (globals), the heap
 /// blocks, and the symbols.
@@ -580,6 +580,11 @@ mod tests {
         p.add_wakes(uaddr, chain, w);
     }
 
+    /// `heap` with its index, as [`report`] takes it.
+    fn blocks_of(heap: &FakeHeap) -> Option<Blocks<'_>> {
+        Some((heap, heap.index()))
+    }
+
     /// A heap holding two 64-byte blocks from `make_queue`, 0x100 and
     /// 0x200 bytes into the program's heap ([`HEAP_WORD`] is in the first).
     fn heap() -> FakeHeap {
@@ -651,7 +656,14 @@ mod tests {
         p.add_kernel_waits(2, fault, &k);
         let heap = heap();
         add_waits(&mut p, waits);
-        let entries = report(&p, &program_maps(), Some(&heap), None, None, &mut names());
+        let entries = report(
+            &p,
+            &program_maps(),
+            blocks_of(&heap),
+            None,
+            None,
+            &mut names(),
+        );
         use LockAddress::{At, Kernel};
         let summary: Vec<_> = entries
             .iter()
@@ -950,7 +962,14 @@ mod tests {
         ];
         let heap = heap();
         add_waits(&mut p, waits);
-        let entries = report(&p, &program_maps(), Some(&heap), None, None, &mut names());
+        let entries = report(
+            &p,
+            &program_maps(),
+            blocks_of(&heap),
+            None,
+            None,
+            &mut names(),
+        );
         assert_eq!(entries.len(), 1, "{entries:?}");
         let lock = &entries[0];
         assert_eq!(lock.name.as_deref(), Some("heap block from prog.c:30"));
@@ -999,7 +1018,14 @@ mod tests {
         let heap = heap();
         add_waits(&mut p, waits);
         let mut names = names().access_type(0x10, table);
-        let entries = report(&p, &program_maps(), Some(&heap), None, None, &mut names);
+        let entries = report(
+            &p,
+            &program_maps(),
+            blocks_of(&heap),
+            None,
+            None,
+            &mut names,
+        );
         let named: Vec<_> = entries.iter().map(|e| e.name.as_deref()).collect();
         assert_eq!(
             named,
