@@ -1254,8 +1254,8 @@ fn latencies_exclude_the_probes_own_cost() {
 /// Launches `alloc loop N` in full mode with `preload` (nothing: glibc)
 /// and returns the report and the loop's own untraced cost of a
 /// malloc-free pair, timed side by side.
-fn loop_medians(name: &str, preload: &str) -> (Report, f64) {
-    let truth_pair = untraced_pair_ns(preload);
+fn loop_medians(name: &str, preload: &str, timed_pairs: u64) -> (Report, f64) {
+    let truth_pair = untraced_pairs_ns(preload, timed_pairs);
     let (report, _) = launch_preloaded(name, preload, &["loop", "200000"]);
     (report, truth_pair)
 }
@@ -1277,7 +1277,8 @@ fn small_malloc_medians_are_each_allocators_untraced_cost() {
         return;
     }
     for (label, preload) in installed_allocators(test) {
-        let (report, truth_pair) = loop_medians(&format!("alloc-median-{label}"), preload);
+        let (report, truth_pair) =
+            loop_medians(&format!("alloc-median-{label}"), preload, UNTRACED_PAIRS);
         let (malloc, mb) = small_medians(&report, AllocOp::Malloc);
         let (free, fb) = small_medians(&report, AllocOp::Free);
         let pair = (malloc + free) as f64;
@@ -1315,7 +1316,10 @@ fn assert_shims(tolerance: f64) {
     for ns in [50, 200, 1000] {
         let lib = slowalloc_of(ns);
         let lib = lib.to_str().expect("UTF-8 path");
-        let (report, truth_pair) = loop_medians(&format!("alloc-shim-{ns}"), lib);
+        // About half a second of the shim's spins: 20 M pairs took 40 s
+        // at 1 us, for a figure no steadier than this one.
+        let pairs = 250_000_000 / ns;
+        let (report, truth_pair) = loop_medians(&format!("alloc-shim-{ns}"), lib, pairs);
         let path = report.allocator.path.as_deref().unwrap_or_default();
         assert!(path.ends_with(&format!("libslowalloc-{ns}.so")), "{path}");
         let (malloc, mb) = small_medians(&report, AllocOp::Malloc);
@@ -1736,8 +1740,12 @@ const MAX_COUNT_ERROR: f64 = 0.3;
 /// The workload's own untraced timing of `alloc loop N` (ns per
 /// malloc-free pair), with `preload` (empty: glibc).
 fn untraced_pair_ns(preload: &str) -> f64 {
-    untraced_pairs_ns(preload, 20_000_000)
+    untraced_pairs_ns(preload, UNTRACED_PAIRS)
 }
+
+/// Pairs an allocator's untraced loop times: about 0.2-0.5 s of a real
+/// allocator's small pairs (10-25 ns each).
+const UNTRACED_PAIRS: u64 = 20_000_000;
 
 /// As [`untraced_pair_ns`], timing `pairs` pairs.
 fn untraced_pairs_ns(preload: &str, pairs: u64) -> f64 {
