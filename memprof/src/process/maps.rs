@@ -140,17 +140,35 @@ impl ProcMaps {
         }
         let owner = if m.is_file() {
             m
-        } else if m.name.is_empty() && i > 0 {
-            let prev = &self.mappings[i - 1];
-            if prev.is_file() && prev.writable && prev.end == m.start {
-                prev
-            } else {
-                return None;
-            }
+        } else if self.extends_file_data(i) {
+            &self.mappings[i - 1]
         } else {
             return None;
         };
         Some((owner.name.clone(), self.file_base(&owner.name)?))
+    }
+
+    /// Whether mapping `i` is anonymous and right after a writable file
+    /// mapping: the part of that file's `.bss` beyond its last page.
+    fn extends_file_data(&self, i: usize) -> bool {
+        let m = &self.mappings[i];
+        let Some(prev) = i.checked_sub(1).map(|p| &self.mappings[p]) else {
+            return false;
+        };
+        m.name.is_empty() && prev.is_file() && prev.writable && prev.end == m.start
+    }
+
+    /// The object files' writable data (`.data`, `.bss`): private writable
+    /// file mappings and the anonymous mappings that extend them, as
+    /// (start, end) in address order.
+    pub fn data_images(&self) -> Vec<(u64, u64)> {
+        (0..self.mappings.len())
+            .filter(|&i| {
+                let m = &self.mappings[i];
+                m.writable && !m.shared && (m.is_file() || self.extends_file_data(i))
+            })
+            .map(|i| (self.mappings[i].start, self.mappings[i].end))
+            .collect()
     }
 
     /// Whether `addr` is in what looks like a thread's stack: an anonymous

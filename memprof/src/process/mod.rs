@@ -12,6 +12,7 @@ pub mod command;
 pub mod files;
 pub mod group;
 pub mod handle;
+pub mod holders;
 pub mod launch;
 pub mod maps;
 pub mod objects;

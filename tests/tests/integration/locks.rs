@@ -2081,6 +2081,40 @@ fn the_main_arenas_lock_is_named_without_its_symbol() {
     assert_no_programs_left();
 }
 
+/// A mutex in a heap block allocated before the attach has no allocation
+/// site, but the program keeps the block in a global (`g_table =
+/// calloc(...)`): attached to `locks table` while it runs, the lock is
+/// named by its type and field, the block's usable size from its chunk,
+/// and the global that points at it. Before, "struct table.lock (96-byte
+/// heap block allocated before tracing)", which did not say which one.
+#[test]
+fn a_lock_in_a_block_made_before_the_attach_is_named_by_the_global_that_keeps_it() {
+    const TEST: &str =
+        "a_lock_in_a_block_made_before_the_attach_is_named_by_the_global_that_keeps_it";
+    if !require_root(TEST) {
+        return;
+    }
+    // No go gate: the workload allocates its table as soon as it is ready,
+    // well before the tool has attached.
+    let mut target = TestProcess::spawn(&locks_workload(), &["table", "4", "8"]);
+    target.wait_ready();
+    let (_, report) = attach_for(TEST, &target.pid().to_string(), "3s");
+    assert!(
+        target.child.try_wait().expect("try_wait").is_none(),
+        "still runs"
+    );
+    let top = top_mutex(&report);
+    let name = top.name.as_deref().unwrap_or_default();
+    assert!(
+        name.starts_with("struct table.lock (")
+            && name.contains("heap block allocated before tracing")
+            && name.ends_with(", pointed to by g_table)"),
+        "{top:#?}"
+    );
+    drop(target);
+    assert_no_programs_left();
+}
+
 /// Threads that free blocks another thread's glibc arena made wait for
 /// that arena's lock (`alloc arena`): attached to while it runs, the
 /// lock is named as the arena's, at the heap the workload found its own

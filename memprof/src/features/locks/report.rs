@@ -18,6 +18,7 @@ use crate::{
     heap::{BlockLookup, Heap},
     process::{
         chunks::{self, Memory},
+        holders,
         maps::{is_libc, ProcMaps},
     },
     report::{
@@ -61,7 +62,10 @@ pub fn report(
     let mut naming = Naming {
         maps,
         blocks: blocks.as_ref(),
-        memory,
+        memory: memory.map(|mem| TargetMemory {
+            mem,
+            scan_left: HOLDER_SCAN_MAX,
+        }),
         names,
     };
     let mut table = Table::default();
@@ -100,8 +104,21 @@ struct Naming<'a> {
     maps: &'a ProcMaps,
     blocks: Option<&'a Blocks<'a>>,
     /// The target's memory, while it runs: what glibc's metadata says.
-    memory: Option<&'a dyn Memory>,
+    memory: Option<TargetMemory<'a>>,
     names: &'a mut dyn Names,
+}
+
+/// Bytes of the target's globals a report reads, at most, to find the
+/// globals that point at blocks allocated before tracing (a program's and
+/// its libraries' writable data is usually a few MiB; the dashboard makes a
+/// report a second).
+const HOLDER_SCAN_MAX: u64 = 32 << 20;
+
+/// The target's memory while it runs, and how much of its globals may
+/// still be read.
+pub(crate) struct TargetMemory<'a> {
+    pub mem: &'a dyn Memory,
+    pub scan_left: u64,
 }
 
 /// Adds the futex words threads waited on, merged into their locks.
@@ -310,7 +327,7 @@ impl Naming<'_> {
     /// `waiter` (`struct table.lock (heap block from x.c:40)`).
     fn name_of(&mut self, uaddr: u64, waiter: Option<&Chain>) -> Option<String> {
         let blocks = self.blocks.map(|(h, i)| (*h, &**i));
-        let data = data_name(self.maps, blocks, self.memory, self.names, uaddr);
+        let data = data_name(self.maps, blocks, self.memory.as_mut(), self.names, uaddr);
         if data
             .as_ref()
             .is_some_and(|d| matches!(d.kind, DataKind::Symbol | DataKind::ArenaLock))
@@ -397,8 +414,15 @@ pub(crate) enum DataKind {
 /// What glibc's metadata in the target's memory says of a heap address
 /// no traced block holds: an arena's lock, or a block glibc handed out
 /// before tracing (its usable size from its chunk header; the
-/// allocation site is not known).
-fn in_glibc_heap(maps: &ProcMaps, mem: &dyn Memory, addr: u64) -> Option<DataName> {
+/// allocation site is not known), with the global that points into it
+/// when one does.
+fn in_glibc_heap(
+    maps: &ProcMaps,
+    memory: &mut TargetMemory<'_>,
+    names: &mut dyn Names,
+    addr: u64,
+) -> Option<DataName> {
+    let mem = memory.mem;
     let region = chunks::Region::of(maps, addr)?;
     let arena = chunks::arena_of_lock(mem, region.start, addr).filter(|_| !region.brk_heap);
     if let Some(heap) = arena {
@@ -409,11 +433,29 @@ fn in_glibc_heap(maps: &ProcMaps, mem: &dyn Memory, addr: u64) -> Option<DataNam
         });
     }
     let chunk = chunks::chunk_at(mem, region, addr)?;
+    let block = (chunk.start, chunk.start + chunk.usable);
+    let holder = holders::pointer_into(maps, mem, block, &mut memory.scan_left)
+        .and_then(|word| global_name(maps, names, word));
+    let name = format!("{}-byte {UNSEEN_BLOCK}", chunk.usable);
     Some(DataName {
-        name: format!("{}-byte {UNSEEN_BLOCK}", chunk.usable),
+        name: match holder {
+            Some(global) => format!("{name}, pointed to by {global}"),
+            None => name,
+        },
         offset: addr - chunk.start,
         kind: DataKind::HeapBlock,
     })
+}
+
+/// A global by its symbol (`g_table`, `g_tables+0x10`), else by its file
+/// and address (`sysbench+0x5c9e8`).
+fn global_name(maps: &ProcMaps, names: &mut dyn Names, addr: u64) -> Option<String> {
+    let (path, base) = maps.data_owner(addr)?;
+    match names.data(&path, base, addr) {
+        Some(sym) if sym.offset == 0 => Some(sym.name),
+        Some(sym) => Some(format!("{}+{:#x}", sym.name, sym.offset)),
+        None => names.file_address(&path, base, addr),
+    }
 }
 
 /// How a heap block glibc handed out before tracing is named (after its
@@ -436,7 +478,7 @@ pub const MAIN_ARENA_LOCK: &str = "glibc malloc main arena";
 pub(crate) fn data_name(
     maps: &ProcMaps,
     blocks: Option<(&dyn Heap, &dyn BlockLookup)>,
-    memory: Option<&dyn Memory>,
+    mut memory: Option<&mut TargetMemory<'_>>,
     names: &mut dyn Names,
     addr: u64,
 ) -> Option<DataName> {
@@ -459,11 +501,14 @@ pub(crate) fn data_name(
             kind: DataKind::HeapBlock,
         });
     }
-    if let Some(named) = memory.and_then(|mem| in_glibc_heap(maps, mem, addr)) {
+    if let Some(named) = memory
+        .as_mut()
+        .and_then(|mem| in_glibc_heap(maps, mem, names, addr))
+    {
         return Some(named);
     }
     let (path, base) = owner?;
-    if memory.is_some_and(|mem| chunks::is_main_arena(mem, maps, addr)) {
+    if memory.is_some_and(|m| chunks::is_main_arena(m.mem, maps, addr)) {
         return Some(DataName {
             name: MAIN_ARENA_LOCK.into(),
             offset: 0,

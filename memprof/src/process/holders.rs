@@ -1,0 +1,124 @@
+//! The global that keeps a heap block. A block allocated before tracing
+//! has no allocation site, but a program usually keeps it in a variable
+//! (`g_table = calloc(...)`), and that variable says which object it is.
+//! Found by reading the target's writable data (the program's and its
+//! libraries' `.data` and `.bss`) for a word that points into the block.
+
+use super::{chunks::Memory, maps::ProcMaps};
+
+/// Bytes read per read of the target's memory.
+const STEP: usize = 64 << 10;
+
+/// Where a word of the target's object files' writable data points into
+/// `[start, end)`: the first such word, in address order (a PIE program's
+/// own data comes before its libraries'), within `budget` bytes read,
+/// which it spends.
+pub fn pointer_into(
+    maps: &ProcMaps,
+    mem: &dyn Memory,
+    (start, end): (u64, u64),
+    budget: &mut u64,
+) -> Option<u64> {
+    let mut buf = vec![0u8; STEP];
+    for (from, to) in maps.data_images() {
+        let mut at = from;
+        while at < to && *budget > 0 {
+            let len = ((to - at).min(STEP as u64).min(*budget) as usize) & !7;
+            if len == 0 || !mem.read(at, &mut buf[..len]) {
+                break;
+            }
+            *budget -= len as u64;
+            let hit = buf[..len]
+                .chunks_exact(8)
+                .position(|w| (start..end).contains(&u64::from_le_bytes(w.try_into().unwrap())));
+            if let Some(i) = hit {
+                return Some(at + 8 * i as u64);
+            }
+            at += len as u64;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Memory of one region, zero but for the given words.
+    struct Region {
+        start: u64,
+        bytes: Vec<u8>,
+    }
+
+    impl Region {
+        fn new(start: u64, len: usize, words: &[(u64, u64)]) -> Self {
+            let mut bytes = vec![0u8; len];
+            for (addr, w) in words {
+                let at = (addr - start) as usize;
+                bytes[at..at + 8].copy_from_slice(&w.to_le_bytes());
+            }
+            Self { start, bytes }
+        }
+    }
+
+    impl Memory for Region {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+            let Some(at) = addr.checked_sub(self.start).map(|a| a as usize) else {
+                return false;
+            };
+            let Some(src) = self.bytes.get(at..at + buf.len()) else {
+                return false;
+            };
+            buf.copy_from_slice(src);
+            true
+        }
+    }
+
+    const MAPS: &str = "\
+555555554000-555555556000 r-xp 00000000 08:01 100 /usr/bin/prog
+555555556000-555555557000 rw-p 00002000 08:01 100 /usr/bin/prog
+555555557000-555555559000 rw-p 00000000 00:00 0 
+555555559000-55555557a000 rw-p 00000000 00:00 0 [heap]
+";
+
+    /// The program's writable data of [`MAPS`]: its `.data` holds an
+    /// unrelated heap pointer, the `.bss` beyond the file's page one into
+    /// [`BLOCK`] (not at its start).
+    fn program_data() -> Region {
+        Region::new(
+            0x5555_5555_6000,
+            0x3000,
+            &[
+                (0x5555_5555_6010, 0x5555_5555_9100),
+                (0x5555_5555_7a08, 0x5555_5555_a010),
+            ],
+        )
+    }
+
+    const BLOCK: (u64, u64) = (0x5555_5555_a000, 0x5555_5555_a040);
+
+    #[test]
+    fn the_word_in_the_programs_bss_that_points_into_the_block_is_found() {
+        let (maps, mem) = (ProcMaps::parse(MAPS), program_data());
+        let mut budget = 1 << 20;
+        assert_eq!(
+            pointer_into(&maps, &mem, BLOCK, &mut budget),
+            Some(0x5555_5555_7a08)
+        );
+        assert_eq!(budget, (1 << 20) - 0x3000, "read up to the hit's step");
+    }
+
+    #[test]
+    fn no_pointer_or_no_budget_finds_nothing() {
+        let (maps, mem) = (ProcMaps::parse(MAPS), program_data());
+        let mut budget = 1 << 20;
+        let elsewhere = (0x1000, 0x2000);
+        assert_eq!(pointer_into(&maps, &mem, elsewhere, &mut budget), None);
+        // The heap itself is not read: only object files' data.
+        assert_eq!(budget, (1 << 20) - 0x3000);
+        // The budget runs out in .data, before the pointer in .bss.
+        let mut budget = 0x1000;
+        assert_eq!(pointer_into(&maps, &mem, BLOCK, &mut budget), None);
+        assert_eq!(budget, 0);
+    }
+}
