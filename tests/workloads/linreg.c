@@ -85,6 +85,10 @@ static double now_ns(void)
 	return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
+/* The program keeps its block in a global, as programs do: a profiler
+ * attached after the allocation names the block by it. */
+char *g_linreg_block;
+
 static lreg_args *make_args(const char *layout, int threads)
 {
 	if (!strcmp(layout, "padded")) {
@@ -98,6 +102,7 @@ static lreg_args *make_args(const char *layout, int threads)
 	char *raw = calloc(1, threads * sizeof(lreg_args) + 64); /* LINREG_CALLOC */
 	if (!raw)
 		exit(1);
+	g_linreg_block = raw;
 	uintptr_t at = ((uintptr_t)raw + 63) / 64 * 64 + 16;
 	if (at - (uintptr_t)raw >= 64)
 		at -= 64;

@@ -9,6 +9,19 @@ use super::{chunks::Memory, maps::ProcMaps};
 /// Bytes read per read of the target's memory.
 const STEP: usize = 64 << 10;
 
+/// Bytes of the target's globals read, at most, each time blocks are
+/// named (a program's and its libraries' writable data is usually a few
+/// MiB; the dashboard makes a report a second).
+pub const SCAN_MAX: u64 = 32 << 20;
+
+/// How a block is named after the global that points into it.
+pub fn pointed_to_by(name: String, global: Option<String>) -> String {
+    match global {
+        Some(global) => format!("{name}, pointed to by {global}"),
+        None => name,
+    }
+}
+
 /// Where a word of the target's object files' writable data points into
 /// `[start, end)`: the first such word, in address order (a PIE program's
 /// own data comes before its libraries'), within `budget` bytes read,

@@ -5,9 +5,20 @@ use std::sync::Arc;
 
 use crate::{
     object::symbolize::{dwarf::Layout, typed::AccessType, DataSymbol, Frame, Inlined, Symbolizer},
-    process::maps::{short_name, Place},
+    process::maps::{short_name, Place, ProcMaps},
     report::model::{CallerRef, CodeRef},
 };
+
+/// A global by its symbol (`g_table`, `g_tables+0x10`), else by its file
+/// and address (`sysbench+0x5c9e8`).
+pub fn global_name(maps: &ProcMaps, names: &mut dyn Names, addr: u64) -> Option<String> {
+    let (path, base) = maps.data_owner(addr)?;
+    match names.data(&path, base, addr) {
+        Some(sym) if sym.offset == 0 => Some(sym.name),
+        Some(sym) => Some(format!("{}+{:#x}", sym.name, sym.offset)),
+        None => names.file_address(&path, base, addr),
+    }
+}
 
 /// Names of code places and data addresses.
 pub trait Names {

@@ -847,7 +847,8 @@ fn an_unoptimised_pointer_reload_kernel_is_false_sharing_at_its_calloc_line() {
 /// start gate: the calloc right after "ready" is over before the attach),
 /// the block is found from glibc's chunk header: its usable size (the
 /// request rounded up by at most 23 bytes) and where the line lies in it,
-/// typed `lreg_args` with its fields; no allocation site is claimed.
+/// typed `lreg_args` with its fields, and named by the global the program
+/// keeps it in (`g_linreg_block`); no allocation site is claimed.
 /// Before: "lreg_args in a heap block allocated before tracing", no size.
 #[test]
 fn a_block_allocated_before_the_attach_is_sized_from_its_chunk_header() {
@@ -887,6 +888,7 @@ fn a_block_allocated_before_the_attach_is_sized_from_its_chunk_header() {
         name.contains("heap block of lreg_args allocated before tracing"),
         "{name}"
     );
+    assert!(name.ends_with(", pointed to by g_linreg_block"), "{name}");
     // calloc(1, 2 * sizeof(lreg_args) + 64): glibc rounds the chunk up to
     // 16 bytes with 8 of header, so 0 to 23 usable bytes more.
     let asked = 2 * truth.get("struct_size") + 64;

@@ -23,7 +23,7 @@ use crate::{
     },
     report::{
         model::{LockAddress, LockEntry, LockKind},
-        names::Names,
+        names::{global_name, Names},
     },
 };
 
@@ -64,7 +64,7 @@ pub fn report(
         blocks: blocks.as_ref(),
         memory: memory.map(|mem| TargetMemory {
             mem,
-            scan_left: HOLDER_SCAN_MAX,
+            scan_left: holders::SCAN_MAX,
         }),
         names,
     };
@@ -107,12 +107,6 @@ struct Naming<'a> {
     memory: Option<TargetMemory<'a>>,
     names: &'a mut dyn Names,
 }
-
-/// Bytes of the target's globals a report reads, at most, to find the
-/// globals that point at blocks allocated before tracing (a program's and
-/// its libraries' writable data is usually a few MiB; the dashboard makes a
-/// report a second).
-const HOLDER_SCAN_MAX: u64 = 32 << 20;
 
 /// The target's memory while it runs, and how much of its globals may
 /// still be read.
@@ -438,24 +432,10 @@ fn in_glibc_heap(
         .and_then(|word| global_name(maps, names, word));
     let name = format!("{}-byte {UNSEEN_BLOCK}", chunk.usable);
     Some(DataName {
-        name: match holder {
-            Some(global) => format!("{name}, pointed to by {global}"),
-            None => name,
-        },
+        name: holders::pointed_to_by(name, holder),
         offset: addr - chunk.start,
         kind: DataKind::HeapBlock,
     })
-}
-
-/// A global by its symbol (`g_table`, `g_tables+0x10`), else by its file
-/// and address (`sysbench+0x5c9e8`).
-fn global_name(maps: &ProcMaps, names: &mut dyn Names, addr: u64) -> Option<String> {
-    let (path, base) = maps.data_owner(addr)?;
-    match names.data(&path, base, addr) {
-        Some(sym) if sym.offset == 0 => Some(sym.name),
-        Some(sym) => Some(format!("{}+{:#x}", sym.name, sym.offset)),
-        None => names.file_address(&path, base, addr),
-    }
 }
 
 /// How a heap block glibc handed out before tracing is named (after its

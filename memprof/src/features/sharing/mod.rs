@@ -26,7 +26,7 @@ use crate::{
     kernel::{loader::Probes, maps::Counters},
     object::x86::access,
     options::Options,
-    process::{chunks::ProcMemory, state::Process},
+    process::{chunks::ProcMemory, holders, state::Process},
     report::{
         model::{AddressMode, AddressSampling, SampleSource},
         Report,
@@ -69,6 +69,9 @@ pub struct Sharing {
     recipes_dropped: usize,
     /// The heap block under each shared line, looked up while it is live.
     line_blocks: FastMap<u64, Option<HeapBlock>>,
+    /// For blocks allocated before tracing (by start), the word of the
+    /// target's globals that points into them, read while it runs.
+    block_holders: FastMap<u64, u64>,
     /// Samples per instruction and per thread (each line's cost; the CPU
     /// samples the share of each line is taken of).
     code: CodeSamples,
@@ -86,6 +89,7 @@ impl Sharing {
             recipes_reset: false,
             recipes_dropped: 0,
             line_blocks: FastMap::default(),
+            block_holders: FastMap::default(),
             code: CodeSamples::default(),
             final_lines: None,
         }
@@ -263,6 +267,7 @@ impl Feature for Sharing {
         }
         let index = heap.map(Heap::index);
         let mut mem = None;
+        let mut scan_left = holders::SCAN_MAX;
         for line in new {
             // Any byte of the line: a block may start inside it.
             let first = line + u64::from(self.profile.first_offset(line));
@@ -272,7 +277,15 @@ impl Feature for Sharing {
                 .or_else(|| {
                     // Not seen allocated: glibc's header says where it is.
                     let mem = mem.get_or_insert_with(|| ProcMemory::open(process.pid()));
-                    HeapBlock::from_chunk(process, mem.as_ref()?, first)
+                    let mem = mem.as_ref()?;
+                    let block = HeapBlock::from_chunk(process, mem, first)?;
+                    let span = (block.start, block.start + block.size);
+                    if let Some(word) =
+                        holders::pointer_into(process.maps(), mem, span, &mut scan_left)
+                    {
+                        self.block_holders.insert(block.start, word);
+                    }
+                    Some(block)
                 });
             self.line_blocks.insert(line, block);
         }
@@ -293,7 +306,7 @@ impl Feature for Sharing {
         } else {
             self.code.cpu_samples()
         };
-        let blocks = &self.line_blocks;
+        let (blocks, holders) = (&self.line_blocks, &self.block_holders);
         let process: &Process = ctx.process;
         let inputs = Inputs {
             code: &self.code,
@@ -301,6 +314,7 @@ impl Feature for Sharing {
             maps: process.maps(),
             heap: ctx.heap,
             line_block: Box::new(|line| blocks.get(&line).copied().flatten()),
+            block_holder: Box::new(|start| holders.get(&start).copied()),
             procs: Some(report::Procs {
                 main: process.main_pid(),
                 pid_of: Box::new(|tid| process.tgid(tid)),

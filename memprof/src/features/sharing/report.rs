@@ -19,13 +19,16 @@ use crate::{
     features::sharing::analysis::{self, Dismissal, LineFinding, SharingProfile},
     heap::{Heap, HeapBlock},
     object::symbolize::dwarf::Layout,
-    process::maps::{Place, ProcMaps},
+    process::{
+        holders,
+        maps::{Place, ProcMaps},
+    },
     report::{
         model::{
             Dependences, DismissReason, DismissedLine, ObjectKind, PredictedGain, ProcessThreads,
             SharedObject, SharingCode, SharingEntry, SharingKind, WordEntry,
         },
-        names::{callers, Names},
+        names::{callers, global_name, Names},
     },
 };
 
@@ -81,6 +84,9 @@ pub struct Inputs<'a> {
     pub maps: &'a ProcMaps,
     pub heap: Option<&'a dyn Heap>,
     pub line_block: Box<dyn Fn(u64) -> Option<HeapBlock> + 'a>,
+    /// Where in the target's globals a word points into the block
+    /// allocated before tracing that starts here.
+    pub block_holder: Box<dyn Fn(u64) -> Option<u64> + 'a>,
     /// Samples per instruction and thread: each line's cost.
     pub code: &'a CodeSamples,
     /// Several processes: the traced processes, for the threads of other
@@ -295,7 +301,7 @@ fn type_object(
     if object.kind == ObjectKind::Heap {
         object.name = match object.name.strip_prefix(UNSEEN_BLOCK) {
             Some(rest) => format!("{label} in a {UNSEEN_BLOCK}{rest}"),
-            None if object.name.ends_with(CHUNK_BLOCK) => object.name.replacen(
+            None if object.name.contains(CHUNK_BLOCK) => object.name.replacen(
                 "heap block allocated",
                 &format!("heap block of {label} allocated"),
                 1,
@@ -377,7 +383,10 @@ fn object_of(
         return global_object(&path, base, addr, line, names);
     }
     match (block, heap) {
-        (Some(b), _) if b.site == HeapBlock::UNSEEN => return (chunk_object(b, line), None),
+        (Some(b), _) if b.site == HeapBlock::UNSEEN => {
+            let global = (inputs.block_holder)(b.start).and_then(|w| global_name(maps, names, w));
+            return (chunk_object(b, line, global), None);
+        }
         (Some(b), Some(heap)) => return (heap_object(b, heap, line, names), None),
         _ => {}
     }
@@ -449,10 +458,10 @@ fn global_object(
 
 /// A heap block the tracker did not see allocated, found from glibc's
 /// chunk header: its start and usable size are known, its site is not.
-fn chunk_object(b: HeapBlock, line: u64) -> SharedObject {
+fn chunk_object(b: HeapBlock, line: u64, global: Option<String>) -> SharedObject {
     SharedObject {
         kind: ObjectKind::Heap,
-        name: format!("{}-byte {CHUNK_BLOCK}", b.size),
+        name: holders::pointed_to_by(format!("{}-byte {CHUNK_BLOCK}", b.size), global),
         offset: line as i64 - b.start as i64,
         size: Some(b.size),
         alloc_site: None,
@@ -651,6 +660,7 @@ mod tests {
                 maps: &self.maps,
                 heap: heap.map(|h| h as &dyn Heap),
                 line_block: Box::new(move |_| block),
+                block_holder: Box::new(|_| None),
                 code: &self.code,
                 procs: None,
             }
@@ -1060,6 +1070,7 @@ mod tests {
             maps: &program_maps(),
             heap: Some(&heap),
             line_block: Box::new(|_| None),
+            block_holder: Box::new(|_| None),
             code: &CodeSamples::default(),
             procs: None,
         };
