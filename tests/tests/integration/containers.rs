@@ -249,13 +249,16 @@ fn allocator_latency_in_a_private_mount_namespace() {
             .map(|r| r.p50_ns.unwrap_or(0) * r.traced)
             .sum::<u64>()
             / traced;
-        // As in the allocator suite: 20% (the bench judges the 10%).
+        // As in the allocator suite: 20% (the bench judges the 10%). The
+        // probes' calibrated cost is printed too: a CI run on a fresh
+        // machine once reported free at 1,237 ns (by hand 1,044-1,083),
+        // and the ops alone could not say whether the correction moved.
         assert_near(
             &format!("{op} p50 (ns)"),
             p50,
             truth_ns,
             0.2,
-            &format!("{:#?}", a.ops),
+            &format!("{:#?}\n{:#?}", a.probe_cost_ns, a.ops),
         );
     }
     let _ = std::fs::remove_dir(&dir);
