@@ -5,15 +5,17 @@
 //!
 //! Also what naming heap memory needs whatever keeps the heap: sites
 //! named past their wrappers ([`site_name`]), and the block under an
-//! address the heap did not see allocated ([`HeapBlock::from_chunk`]).
+//! address the heap did not see allocated, from glibc's chunk headers
+//! ([`Unseen`]).
 
-mod chunk;
 #[cfg(test)]
 pub mod fixture;
 mod remembered;
 pub mod site_name;
+mod unseen;
 
 pub use remembered::Remembered;
+pub use unseen::Unseen;
 
 use crate::{process::maps::Place, report::names::Names};
 use site_name::{name_at, SiteName};

@@ -46,6 +46,11 @@ impl Remembered {
         })
     }
 
+    /// Whether a remembered block holds `addr`.
+    pub fn holds(&self, addr: u64) -> bool {
+        self.containing(addr).is_some()
+    }
+
     fn containing(&self, addr: u64) -> Option<HeapBlock> {
         HeapBlock::in_map(&self.blocks, addr)
     }

@@ -305,32 +305,18 @@ fn walk(mem: &dyn Memory, first: u64, end: u64, addr: u64, strict: bool) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A fake memory: words at addresses.
-    struct Words(Vec<(u64, u64)>);
-
-    impl Memory for Words {
-        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
-            match self.0.iter().find(|(a, _)| *a == addr) {
-                Some((_, w)) if buf.len() == 8 => {
-                    buf.copy_from_slice(&w.to_le_bytes());
-                    true
-                }
-                _ => false,
-            }
-        }
-    }
+    use crate::process::fake_memory::FakeMemory;
 
     /// Chunks of the given sizes from `start`, each marked in use by the
     /// next; the last is the top chunk.
-    fn heap(start: u64, sizes: &[u64]) -> Words {
+    fn heap(start: u64, sizes: &[u64]) -> FakeMemory {
         let mut words = Vec::new();
         let mut c = start;
         for &s in sizes {
             words.push((c + 8, s | PREV_INUSE));
             c += s;
         }
-        Words(words)
+        FakeMemory::words(&words)
     }
 
     /// The main arena as glibc 2.36 left it in a program here (in
@@ -343,7 +329,7 @@ mod tests {
         let maps = super::super::maps::ProcMaps::parse(HEAP);
         let (main, top, thread_arena) = (0x7fcb_6540_ec60, 0x55e0_5895_33c0, 0x7fcb_6000_0030);
         let state = |top: u64, top_size: u64, unsorted: u64, next: u64| {
-            Words(vec![
+            FakeMemory::words(&[
                 (main + TOP, top),
                 (top.wrapping_add(8), top_size),
                 (main + UNSORTED, unsorted),
@@ -362,7 +348,7 @@ mod tests {
         );
         // The heap grew past the maps last read: its start is what counts.
         let grown = state(top, 0x1fc41 + 0x10000, main + TOP, main);
-        let grown = Words([&grown.0[..5], &[(main + SYSTEM_MEM, 0x31000)]].concat());
+        let grown = grown.word(main + SYSTEM_MEM, 0x31000);
         assert!(is_main_arena(&grown, &maps, main), "grown");
         let cases = [
             (
@@ -400,7 +386,7 @@ mod tests {
                 main,
                 "past the end",
             ),
-            (Words(vec![]), main, "unread"),
+            (FakeMemory::words(&[]), main, "unread"),
         ];
         for (mem, addr, why) in cases {
             assert!(!is_main_arena(&mem, &maps, addr), "{why}");
@@ -416,7 +402,7 @@ mod tests {
         let heap = 0x7f00_0400_0000;
         // ar_ptr, prev, size, mprotect_size.
         let info = |ar_ptr: u64, prev: u64, size: u64, accessible: u64| {
-            Words(vec![
+            FakeMemory::words(&[
                 (heap, ar_ptr),
                 (heap + 8, prev),
                 (heap + 16, size),
@@ -436,7 +422,7 @@ mod tests {
                 "not the arena",
             ),
             (info(heap + 0x1030, 0, 0x21000, 0x21000), 0x1030, "a block"),
-            (Words(vec![]), 0x30, "unread"),
+            (FakeMemory::words(&[]), 0x30, "unread"),
             (
                 info(heap + 0x30, heap - HEAP_MAX, 0x21000, 0x21000),
                 0x30,
@@ -447,7 +433,11 @@ mod tests {
                 0x30,
                 "in use > accessible",
             ),
-            (Words(vec![(heap, heap + 0x30)]), 0x30, "no heap_info"),
+            (
+                FakeMemory::words(&[(heap, heap + 0x30)]),
+                0x30,
+                "no heap_info",
+            ),
         ];
         for (mem, at, why) in cases {
             assert_eq!(arena_of_lock(&mem, heap, heap + at), None, "{why}");
@@ -477,7 +467,7 @@ mod tests {
     #[test]
     fn mapped_blocks_in_one_merged_mapping_are_told_apart() {
         let start = 0x7f00_0000_0000;
-        let mem = Words(vec![
+        let mem = FakeMemory::words(&[
             (start, 0),
             (start + 8, 0x21000 | IS_MMAPPED),
             (start + 0x21000, 0),

@@ -56,56 +56,16 @@ pub fn pointer_into(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Memory of one region, zero but for the given words.
-    struct Region {
-        start: u64,
-        bytes: Vec<u8>,
-    }
-
-    impl Region {
-        fn new(start: u64, len: usize, words: &[(u64, u64)]) -> Self {
-            let mut bytes = vec![0u8; len];
-            for (addr, w) in words {
-                let at = (addr - start) as usize;
-                bytes[at..at + 8].copy_from_slice(&w.to_le_bytes());
-            }
-            Self { start, bytes }
-        }
-    }
-
-    impl Memory for Region {
-        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
-            let Some(at) = addr.checked_sub(self.start).map(|a| a as usize) else {
-                return false;
-            };
-            let Some(src) = self.bytes.get(at..at + buf.len()) else {
-                return false;
-            };
-            buf.copy_from_slice(src);
-            true
-        }
-    }
-
-    const MAPS: &str = "\
-555555554000-555555556000 r-xp 00000000 08:01 100 /usr/bin/prog
-555555556000-555555557000 rw-p 00002000 08:01 100 /usr/bin/prog
-555555557000-555555559000 rw-p 00000000 00:00 0 
-555555559000-55555557a000 rw-p 00000000 00:00 0 [heap]
-";
+    use crate::process::fake_memory::{FakeMemory, PROGRAM_MAPS as MAPS};
 
     /// The program's writable data of [`MAPS`]: its `.data` holds an
     /// unrelated heap pointer, the `.bss` beyond the file's page one into
     /// [`BLOCK`] (not at its start).
-    fn program_data() -> Region {
-        Region::new(
-            0x5555_5555_6000,
-            0x3000,
-            &[
-                (0x5555_5555_6010, 0x5555_5555_9100),
-                (0x5555_5555_7a08, 0x5555_5555_a010),
-            ],
-        )
+    fn program_data() -> FakeMemory {
+        FakeMemory::default()
+            .region(0x5555_5555_6000, 0x3000)
+            .word(0x5555_5555_6010, 0x5555_5555_9100)
+            .word(0x5555_5555_7a08, 0x5555_5555_a010)
     }
 
     const BLOCK: (u64, u64) = (0x5555_5555_a000, 0x5555_5555_a040);

@@ -9,6 +9,8 @@
 pub mod cgroup;
 pub mod chunks;
 pub mod command;
+#[cfg(test)]
+pub mod fake_memory;
 pub mod files;
 pub mod group;
 pub mod handle;

@@ -30,7 +30,7 @@ use super::{Feature, Plan, ReportContext, Target};
 use crate::{
     cli::LockMode,
     error::Result,
-    heap::{Heap, Remembered},
+    heap::{Heap, Remembered, Unseen},
     kernel::{
         contention::ContentionMaps,
         loader::{Load, Probes},
@@ -160,6 +160,7 @@ impl Plan for LockPlan {
             spans,
             armed,
             blocks: Remembered::default(),
+            unseen: Unseen::default(),
         }))
     }
 }
@@ -193,6 +194,9 @@ pub struct Locks {
     /// the program freed before the report is still named by its
     /// allocation site.
     blocks: Remembered,
+    /// The blocks allocated before tracing that held waited-on words,
+    /// found from glibc's headers, with the globals that keep them.
+    unseen: Unseen,
 }
 
 /// In the default mode the lock probes' first window opens at the first
@@ -343,12 +347,27 @@ impl Feature for Locks {
         self.calls.is_some() && self.mode == LockMode::Sampled
     }
 
-    fn settle(&mut self, _process: &mut Process, heap: Option<&dyn Heap>) {
+    /// Looks up the blocks under newly waited-on words while the target
+    /// runs: traced ones before they are freed, and the others (allocated
+    /// before tracing) with the global that keeps each, read once here
+    /// rather than at each of the dashboard's reports.
+    fn settle(&mut self, process: &mut Process, heap: Option<&dyn Heap>) {
         if let Some(u) = &mut self.ulcp {
             u.profile.settle();
         }
         if let Some(heap) = heap {
             self.blocks.settle(heap, self.collector.waited_words());
+        }
+        let untraced: Vec<u64> = self
+            .collector
+            .waited_words()
+            .filter(|&w| !self.unseen.asked(w) && !self.blocks.holds(w))
+            .collect();
+        if untraced.is_empty() {
+            return;
+        }
+        if let Some(mem) = ProcMemory::open(process.pid()) {
+            self.unseen.settle(process.maps(), &mem, untraced);
         }
     }
 
@@ -400,6 +419,7 @@ impl Feature for Locks {
             ctx.process.maps(),
             heap.map(|h| (h, self.blocks.over(h.index()))),
             memory.as_ref().map(|m| m as &dyn Memory),
+            &mut self.unseen,
             scale.as_ref(),
             ctx.symbolizer,
         );

@@ -15,7 +15,7 @@ use crate::{
         is_lock_implementation, kernel_lock_kind, Chain, Durations, FutexStats, HoldStats,
         LockProfile, WakeSite,
     },
-    heap::{BlockLookup, Heap},
+    heap::{BlockLookup, Heap, Unseen},
     process::{
         chunks::{self, Memory},
         holders,
@@ -56,16 +56,18 @@ pub fn report(
     maps: &ProcMaps,
     blocks: Option<Blocks<'_>>,
     memory: Option<&dyn Memory>,
+    unseen: &mut Unseen,
     scale: Option<&Scale>,
     names: &mut dyn Names,
 ) -> Vec<LockEntry> {
     let mut naming = Naming {
         maps,
         blocks: blocks.as_ref(),
-        memory: memory.map(|mem| TargetMemory {
-            mem,
+        memory: TargetMemory {
+            mem: memory,
             scan_left: holders::SCAN_MAX,
-        }),
+            unseen,
+        },
         names,
     };
     let mut table = Table::default();
@@ -103,16 +105,18 @@ pub type Blocks<'a> = (&'a dyn Heap, Box<dyn BlockLookup + 'a>);
 struct Naming<'a> {
     maps: &'a ProcMaps,
     blocks: Option<&'a Blocks<'a>>,
-    /// The target's memory, while it runs: what glibc's metadata says.
-    memory: Option<TargetMemory<'a>>,
+    /// What glibc's metadata says, read or remembered.
+    memory: TargetMemory<'a>,
     names: &'a mut dyn Names,
 }
 
-/// The target's memory while it runs, and how much of its globals may
-/// still be read.
+/// The target's memory while it runs, how much of its globals may still
+/// be read, and the blocks allocated before tracing found in it before
+/// (also after it exited).
 pub(crate) struct TargetMemory<'a> {
-    pub mem: &'a dyn Memory,
+    pub mem: Option<&'a dyn Memory>,
     pub scan_left: u64,
+    pub unseen: &'a mut Unseen,
 }
 
 /// Adds the futex words threads waited on, merged into their locks.
@@ -321,7 +325,7 @@ impl Naming<'_> {
     /// `waiter` (`struct table.lock (heap block from x.c:40)`).
     fn name_of(&mut self, uaddr: u64, waiter: Option<&Chain>) -> Option<String> {
         let blocks = self.blocks.map(|(h, i)| (*h, &**i));
-        let data = data_name(self.maps, blocks, self.memory.as_mut(), self.names, uaddr);
+        let data = data_name(self.maps, blocks, Some(&mut self.memory), self.names, uaddr);
         if data
             .as_ref()
             .is_some_and(|d| matches!(d.kind, DataKind::Symbol | DataKind::ArenaLock))
@@ -409,31 +413,37 @@ pub(crate) enum DataKind {
 /// no traced block holds: an arena's lock, or a block glibc handed out
 /// before tracing (its usable size from its chunk header; the
 /// allocation site is not known), with the global that points into it
-/// when one does.
+/// when one does. Blocks are found once ([`Unseen`]): after the target
+/// exited, those found while it ran still name their locks.
 fn in_glibc_heap(
     maps: &ProcMaps,
     memory: &mut TargetMemory<'_>,
     names: &mut dyn Names,
     addr: u64,
 ) -> Option<DataName> {
-    let mem = memory.mem;
     let region = chunks::Region::of(maps, addr)?;
-    let arena = chunks::arena_of_lock(mem, region.start, addr).filter(|_| !region.brk_heap);
-    if let Some(heap) = arena {
-        return Some(DataName {
-            name: format!("{ARENA_LOCK} {heap:#x}"),
-            offset: 0,
-            kind: DataKind::ArenaLock,
-        });
-    }
-    let chunk = chunks::chunk_at(mem, region, addr)?;
-    let block = (chunk.start, chunk.start + chunk.usable);
-    let holder = holders::pointer_into(maps, mem, block, &mut memory.scan_left)
+    let block = match memory.mem {
+        Some(mem) => {
+            let arena = chunks::arena_of_lock(mem, region.start, addr).filter(|_| !region.brk_heap);
+            if let Some(heap) = arena {
+                return Some(DataName {
+                    name: format!("{ARENA_LOCK} {heap:#x}"),
+                    offset: 0,
+                    kind: DataKind::ArenaLock,
+                });
+            }
+            memory.unseen.find(maps, mem, addr, &mut memory.scan_left)
+        }
+        None => memory.unseen.containing(addr),
+    }?;
+    let holder = memory
+        .unseen
+        .holder(block.start)
         .and_then(|word| global_name(maps, names, word));
-    let name = format!("{}-byte {UNSEEN_BLOCK}", chunk.usable);
+    let name = format!("{}-byte {UNSEEN_BLOCK}", block.size);
     Some(DataName {
         name: holders::pointed_to_by(name, holder),
-        offset: addr - chunk.start,
+        offset: addr - block.start,
         kind: DataKind::HeapBlock,
     })
 }
@@ -488,7 +498,8 @@ pub(crate) fn data_name(
         return Some(named);
     }
     let (path, base) = owner?;
-    if memory.is_some_and(|m| chunks::is_main_arena(m.mem, maps, addr)) {
+    let mem = memory.and_then(|m| m.mem);
+    if mem.is_some_and(|mem| chunks::is_main_arena(mem, maps, addr)) {
         return Some(DataName {
             name: MAIN_ARENA_LOCK.into(),
             offset: 0,
@@ -512,7 +523,7 @@ mod tests {
     use crate::{
         features::locks::analysis::{classify, is_contention, Chain, Section},
         heap::fixture::FakeHeap,
-        process::maps::Place,
+        process::{fake_memory::FakeMemory, maps::Place},
         report::{
             fixtures::{code_at, program_maps, TableNames},
             model::{OwnerEntry, SectionEntry},
@@ -639,6 +650,23 @@ mod tests {
         profile.set_site_place(2, code_at(0x12));
     }
 
+    /// The report of `p` without the uprobes or a heap, with `memory`.
+    fn report_untraced(
+        p: &LockProfile,
+        memory: Option<&dyn Memory>,
+        names: &mut dyn Names,
+    ) -> Vec<LockEntry> {
+        report(
+            p,
+            &program_maps(),
+            None,
+            memory,
+            &mut Unseen::default(),
+            None,
+            names,
+        )
+    }
+
     /// The report of `p` with every lock call traced.
     fn report_traced(p: &LockProfile) -> Vec<LockEntry> {
         report(
@@ -646,6 +674,7 @@ mod tests {
             &program_maps(),
             None,
             None,
+            &mut Unseen::default(),
             Some(&Scale::exact()),
             &mut names(),
         )
@@ -686,6 +715,7 @@ mod tests {
             &program_maps(),
             blocks_of(&heap),
             None,
+            &mut Unseen::default(),
             None,
             &mut names(),
         );
@@ -751,7 +781,7 @@ mod tests {
                 wait(HEAP_WORD, 3, 1, 1000, chain(0x200, 0x20)),
             ],
         );
-        let entries = report(&p, &program_maps(), None, None, None, &mut names());
+        let entries = report_untraced(&p, None, &mut names());
         let named: Vec<_> = entries
             .iter()
             .map(|e| (e.address, e.name.as_deref()))
@@ -765,20 +795,8 @@ mod tests {
         );
         // Past the file's last segment: no file's address to give.
         let mut past_end = names().file_ends_at(0x4140);
-        let entries = report(&p, &program_maps(), None, None, None, &mut past_end);
+        let entries = report_untraced(&p, None, &mut past_end);
         assert!(entries.iter().all(|e| e.name.is_none()), "{entries:?}");
-    }
-
-    /// The target's memory: words at addresses.
-    struct Words(Vec<(u64, u64)>);
-
-    impl Memory for Words {
-        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
-            let word = self.0.iter().find(|(a, _)| *a == addr);
-            word.filter(|_| buf.len() == 8)
-                .map(|(_, w)| buf.copy_from_slice(&w.to_le_bytes()))
-                .is_some()
-        }
     }
 
     /// A lock where a glibc arena's is (its heap's first word points at
@@ -792,7 +810,7 @@ mod tests {
         let mut p = LockProfile::new();
         add_waits(&mut p, vec![wait(lock, 2, 1, 3000, chain(0x200, 0x10))]);
         let info = |ar_ptr: u64| {
-            Words(vec![
+            FakeMemory::words(&[
                 (heap, ar_ptr),
                 (heap + 8, 0),
                 (heap + 16, 0x21000),
@@ -801,7 +819,7 @@ mod tests {
         };
         let (arena, other) = (info(lock), info(heap + 0x900));
         let name = |memory: Option<&dyn Memory>| {
-            let entries = report(&p, &program_maps(), None, memory, None, &mut names());
+            let entries = report_untraced(&p, memory, &mut names());
             (entries[0].name.clone(), arena_note(&entries).is_some())
         };
         assert_eq!(
@@ -813,7 +831,7 @@ mod tests {
         // A few waits beside a lock waited for 13 times longer: named,
         // no note.
         add_waits(&mut p, vec![wait(G_LOCK, 3, 1, 40_000, chain(0x200, 0x20))]);
-        let entries = report(&p, &program_maps(), None, Some(&arena), None, &mut names());
+        let entries = report_untraced(&p, Some(&arena), &mut names());
         let arena_entry = entries.iter().find(|e| e.address == LockAddress::At(lock));
         assert!(arena_entry.is_some_and(|e| e.name.is_some()), "{entries:?}");
         assert_eq!(arena_note(&entries), None);
@@ -831,7 +849,7 @@ mod tests {
         let mut p = LockProfile::new();
         add_waits(&mut p, vec![wait(main, 2, 1, 3000, chain(0x200, 0x10))]);
         let state = |top_size: u64| {
-            Words(vec![
+            FakeMemory::words(&[
                 (main + 0x60, top),
                 (top + 8, top_size),
                 (main + 0x70, main + 0x60),
@@ -841,17 +859,17 @@ mod tests {
             ])
         };
         let name = |memory: &dyn Memory| {
-            let entries = report(&p, &program_maps(), None, Some(memory), None, &mut names());
+            let entries = report_untraced(&p, Some(memory), &mut names());
             (entries[0].name.clone(), arena_note(&entries).is_some())
         };
         let arena = state((0x5555_5557_b000 - top) | 1);
         assert_eq!(name(&arena), (Some(MAIN_ARENA_LOCK.into()), true));
         // The word after its lock is the arena's state, not an owner.
-        let entries = report(&p, &program_maps(), None, Some(&arena), None, &mut names());
+        let entries = report_untraced(&p, Some(&arena), &mut names());
         assert!(entries[0].owners.is_empty(), "{:?}", entries[0].owners);
         let short = state(0x1000 | 1);
         assert_eq!(name(&short), (Some("prog+0x4140".into()), false));
-        let entries = report(&p, &program_maps(), None, Some(&short), None, &mut names());
+        let entries = report_untraced(&p, Some(&short), &mut names());
         assert_eq!(
             entries[0].owners,
             [OwnerEntry { tid: 1, count: 1 }],
@@ -885,30 +903,41 @@ mod tests {
 
     /// A lock in a block glibc handed out before tracing (Debian's
     /// `pbzip2` makes its mutexes with `new` at start-up) is named by the
-    /// block's usable size from its chunk header, not a bare address.
+    /// block's usable size from its chunk header, not a bare address, and
+    /// by the global that points into it; found once, the block still
+    /// names the lock after the target exited (no memory to read).
     #[test]
     fn a_lock_in_a_block_made_before_tracing_is_named_by_its_chunk() {
         // [heap] of program_maps(): chunks of 0x290 and 0x40 bytes, then
         // the top chunk to the end.
         let start = 0x5555_5555_a000;
         let sizes = [0x290, 0x40, 0x2_1000 - 0x2d0];
-        let mut words = Vec::new();
+        let mut memory = FakeMemory::default().region(0x5555_5555_8000, 0x2000);
         let mut c = start;
         for size in sizes {
-            words.push((c + 8, size | 1));
+            memory = memory.word(c + 8, size | 1);
             c += size;
         }
         let lock = start + 0x290 + 0x10;
         let mut p = LockProfile::new();
         add_waits(&mut p, vec![wait(lock, 2, 1, 3000, chain(0x200, 0x10))]);
-        let memory = Words(words);
-        let entries = report(&p, &program_maps(), None, Some(&memory), None, &mut names());
+        let name = |memory: Option<&dyn Memory>, unseen: &mut Unseen| {
+            let mut names = names().global(0x5555_5555_8100, 8, "g_table");
+            let entries = report(&p, &program_maps(), None, memory, unseen, None, &mut names);
+            entries[0].name.clone()
+        };
+        let unkept = name(Some(&memory), &mut Unseen::default());
         assert_eq!(
-            entries[0].name.as_deref(),
+            unkept.as_deref(),
             Some("56-byte heap block allocated before tracing")
         );
-        let entries = report(&p, &program_maps(), None, None, None, &mut names());
-        assert_eq!(entries[0].name, None, "without the target's memory");
+        let kept = memory.word(0x5555_5555_8100, lock + 8);
+        let mut unseen = Unseen::default();
+        let want = "56-byte heap block allocated before tracing, pointed to by g_table";
+        assert_eq!(name(Some(&kept), &mut unseen).as_deref(), Some(want));
+        assert_eq!(name(None, &mut unseen).as_deref(), Some(want), "exited");
+        let never = name(None, &mut Unseen::default());
+        assert_eq!(never, None, "without the target's memory");
     }
 
     #[test]
@@ -925,7 +954,7 @@ mod tests {
                 p.add_section(section(G_LOCK, lock_op::MUTEX_LOCK, 100));
             }
             add_waits(&mut p, vec![wait(G_LOCK, 3, 2, 5000, unnamed.clone())]);
-            let entries = report(&p, &program_maps(), None, None, None, &mut names());
+            let entries = report_untraced(&p, None, &mut names());
             let g = entries
                 .iter()
                 .find(|e| e.address == LockAddress::At(G_LOCK));
@@ -992,6 +1021,7 @@ mod tests {
             &program_maps(),
             blocks_of(&heap),
             None,
+            &mut Unseen::default(),
             None,
             &mut names(),
         );
@@ -1048,6 +1078,7 @@ mod tests {
             &program_maps(),
             blocks_of(&heap),
             None,
+            &mut Unseen::default(),
             None,
             &mut names,
         );

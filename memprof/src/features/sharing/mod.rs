@@ -22,7 +22,7 @@ use super::{FastMap, Feature, Plan, ReportContext, Target};
 use crate::process::threads::ThreadEvent;
 use crate::{
     error::Result,
-    heap::{Heap, HeapBlock},
+    heap::{Heap, HeapBlock, Unseen},
     kernel::{loader::Probes, maps::Counters},
     object::x86::access,
     options::Options,
@@ -69,9 +69,9 @@ pub struct Sharing {
     recipes_dropped: usize,
     /// The heap block under each shared line, looked up while it is live.
     line_blocks: FastMap<u64, Option<HeapBlock>>,
-    /// For blocks allocated before tracing (by start), the word of the
-    /// target's globals that points into them, read while it runs.
-    block_holders: FastMap<u64, u64>,
+    /// Blocks allocated before tracing, from glibc's headers, with the
+    /// global that points into each, read while the target runs.
+    unseen: Unseen,
     /// Samples per instruction and per thread (each line's cost; the CPU
     /// samples the share of each line is taken of).
     code: CodeSamples,
@@ -89,7 +89,7 @@ impl Sharing {
             recipes_reset: false,
             recipes_dropped: 0,
             line_blocks: FastMap::default(),
-            block_holders: FastMap::default(),
+            unseen: Unseen::default(),
             code: CodeSamples::default(),
             final_lines: None,
         }
@@ -278,14 +278,7 @@ impl Feature for Sharing {
                     // Not seen allocated: glibc's header says where it is.
                     let mem = mem.get_or_insert_with(|| ProcMemory::open(process.pid()));
                     let mem = mem.as_ref()?;
-                    let block = HeapBlock::from_chunk(process, mem, first)?;
-                    let span = (block.start, block.start + block.size);
-                    if let Some(word) =
-                        holders::pointer_into(process.maps(), mem, span, &mut scan_left)
-                    {
-                        self.block_holders.insert(block.start, word);
-                    }
-                    Some(block)
+                    self.unseen.find(process.maps(), mem, first, &mut scan_left)
                 });
             self.line_blocks.insert(line, block);
         }
@@ -306,7 +299,7 @@ impl Feature for Sharing {
         } else {
             self.code.cpu_samples()
         };
-        let (blocks, holders) = (&self.line_blocks, &self.block_holders);
+        let (blocks, unseen) = (&self.line_blocks, &self.unseen);
         let process: &Process = ctx.process;
         let inputs = Inputs {
             code: &self.code,
@@ -314,7 +307,7 @@ impl Feature for Sharing {
             maps: process.maps(),
             heap: ctx.heap,
             line_block: Box::new(|line| blocks.get(&line).copied().flatten()),
-            block_holder: Box::new(|start| holders.get(&start).copied()),
+            block_holder: Box::new(|start| unseen.holder(start)),
             procs: Some(report::Procs {
                 main: process.main_pid(),
                 pid_of: Box::new(|tid| process.tgid(tid)),
