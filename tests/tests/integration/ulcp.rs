@@ -253,8 +253,11 @@ fn attached_default_mode_gets_the_classes() {
 /// wake ends the wait with no other release in between, its CPU samples
 /// in the wait fell in its section. 20 s of the five locks: at least 4
 /// of 5 get their class from that evidence, and the lock whose waits are
-/// needed is never called unnecessary. Run without the lock uprobes so
-/// that a pass cannot come from the windowed lock calls.
+/// needed is never called unnecessary, and the sections are named by the
+/// line that released the lock (before: "the holders' sections while
+/// others slept on the lock", which says nothing of where they are). Run
+/// without the lock uprobes so that a pass cannot come from the windowed
+/// lock calls.
 #[test]
 fn futex_waits_alone_give_the_classes() {
     if !require_root("futex_waits_alone_give_the_classes") {
@@ -304,6 +307,11 @@ fn futex_waits_alone_give_the_classes() {
         assert!(
             section.contains("futex waits"),
             "{name}: evidence not from the waits: {u:#?}"
+        );
+        // Named by where the holders released the lock, in the source.
+        assert!(
+            section.starts_with("the holders' sections ending at ") && section.contains("ulcp.c:"),
+            "{name}: the sections are not named by their release: {u:#?}"
         );
         if name == "g_counter_lock" {
             assert_eq!(

@@ -26,6 +26,10 @@ use crate::{
     },
 };
 
+/// How the sections of a lock's holders seen only from the futex waits
+/// are named when no release of the lock was named either.
+const HOLDERS_SECTIONS: &str = "the holders' sections";
+
 /// Shared words named per section.
 const WORDS_NAMED: usize = 8;
 /// Sections listed as evidence.
@@ -60,6 +64,10 @@ pub fn annotate(entries: &mut [LockEntry], inputs: &Inputs<'_>, names: &mut dyn 
             inputs,
             index: index.as_deref(),
             names: &mut *names,
+            released_at: entry
+                .holders
+                .first()
+                .map(|h| code_label(&h.function, h.file.as_deref(), h.line, &h.module)),
         };
         let profile = inputs.profile;
         let shared = |addr| profile.shared(addr);
@@ -190,10 +198,17 @@ fn advice(class: Class, evidence: &[SectionEvidence], wasted_ns: u64) -> String 
         words.join(", ")
     };
     let gain = format!("up to {} of waiting", format_ns(wasted_ns));
+    // A section named by where it starts, or the holders' sections seen
+    // from the futex waits (named by where they end, when known).
+    let sections = if site.starts_with(HOLDERS_SECTIONS) {
+        site.to_string()
+    } else {
+        format!("the sections at {site}")
+    };
     match class {
         Class::Null => format!(
-            "the sections at {site} touch no shared memory while holding the lock: take it \
-             only in the branch that needs it, or not at all ({gain})"
+            "{sections} touch no shared memory while holding the lock: take it only in the \
+             branch that needs it, or not at all ({gain})"
         ),
         Class::ReadRead => format!(
             "the sections only read shared data ({words}): a reader-writer lock or RCU lets \
@@ -218,31 +233,42 @@ fn advice(class: Class, evidence: &[SectionEvidence], wasted_ns: u64) -> String 
     }
 }
 
+/// A place in the code as sections are named: "function (file:line)".
+fn code_label(function: &str, file: Option<&str>, line: Option<u32>, module: &str) -> String {
+    let at = source_label(file, line, module);
+    if file.is_some() {
+        format!("{function} ({at})")
+    } else if function.starts_with(module) {
+        function.to_string() // module+offset says it all
+    } else {
+        format!("{function} {at}")
+    }
+}
+
 /// What names code sites and data words.
 struct Naming<'a, 'b> {
     inputs: &'a Inputs<'a>,
     index: Option<&'a dyn BlockLookup>,
     names: &'b mut dyn Names,
+    /// Where the lock's waiters were most often woken from (its holders'
+    /// unlock), named: the holders' sections seen from the futex waits
+    /// end there.
+    released_at: Option<String>,
 }
 
 impl Naming<'_, '_> {
     fn section(&mut self, site: u64) -> String {
         if site == WAITED_SITE {
-            return "the holders' sections while others slept on the lock (from the futex waits; \
-                    their lock calls were not traced)"
-                .into();
+            const HOW: &str = "seen from the futex waits; their lock calls were not traced";
+            return match &self.released_at {
+                Some(at) => format!("{HOLDERS_SECTIONS} ending at {at} ({HOW})"),
+                None => format!("{HOLDERS_SECTIONS} while others slept on the lock ({HOW})"),
+            };
         }
         match self.inputs.sites.site_place(site) {
             Some(place) => {
                 let f = self.names.code_innermost(place);
-                let at = source_label(f.file.as_deref(), f.line, &f.module);
-                if f.file.is_some() {
-                    format!("{} ({at})", f.function)
-                } else if f.function.starts_with(&f.module) {
-                    f.function // module+offset says it all
-                } else {
-                    format!("{} {at}", f.function)
-                }
+                code_label(&f.function, f.file.as_deref(), f.line, &f.module)
             }
             None => format!("{site:#x}"),
         }
@@ -339,7 +365,10 @@ mod tests {
     use super::*;
     use crate::{
         features::locks::ulcp::analysis::{Access, Span},
-        report::fixtures::{code_at, program_maps, TableNames},
+        report::{
+            fixtures::{code_at, program_maps, TableNames},
+            model::HolderSite,
+        },
     };
 
     /// A mutex and two globals of the program (see `program_maps`).
@@ -350,6 +379,11 @@ mod tests {
     /// Threads 1 and 2 take turns on the lock, each writing its own
     /// counter of `g_counts` (both seen on the page outside too).
     fn profile() -> UlcpProfile {
+        profile_at(SITE)
+    }
+
+    /// As [`profile`], the sections at `site`.
+    fn profile_at(site: u64) -> UlcpProfile {
         let mut p = UlcpProfile::default();
         let mut t = 1_000_000;
         for i in 0..100u64 {
@@ -367,7 +401,7 @@ mod tests {
             p.on_span(Span {
                 lock: LOCK,
                 tid,
-                site: SITE,
+                site,
                 start_ns: t,
                 end_ns: t + 4_000,
                 wait_ns: if i == 0 { 0 } else { 4_000 },
@@ -377,6 +411,19 @@ mod tests {
         }
         p.finish();
         p
+    }
+
+    fn inputs<'a>(
+        profile: &'a UlcpProfile,
+        sites: &'a LockProfile,
+        maps: &'a ProcMaps,
+    ) -> Inputs<'a> {
+        Inputs {
+            profile,
+            sites,
+            maps,
+            heap: None,
+        }
     }
 
     fn entry(address: u64, kind: LockKind) -> LockEntry {
@@ -395,12 +442,7 @@ mod tests {
         let mut sites = LockProfile::new();
         sites.set_site_place(SITE, code_at(0x122));
         let maps = program_maps();
-        let inputs = Inputs {
-            profile: &profile,
-            sites: &sites,
-            maps: &maps,
-            heap: None,
-        };
+        let inputs = inputs(&profile, &sites, &maps);
         let mut names = TableNames::new()
             .function(0x122, "bump", 30)
             .global(COUNTS, 16, "g_counts");
@@ -429,6 +471,53 @@ mod tests {
         let n = &notes[0];
         assert!(n.starts_with("1 contended pthread locks have no"), "{n}");
         assert!(n.contains("--lock-mode full"), "{n}");
+    }
+
+    /// The holders' sections seen only from the futex waits are named by
+    /// where the lock was released, and the advice reads with that name.
+    #[test]
+    fn sections_seen_from_the_waits_are_named_by_their_release() {
+        let profile = profile_at(WAITED_SITE);
+        let sites = LockProfile::new();
+        let maps = program_maps();
+        let inputs = inputs(&profile, &sites, &maps);
+        let mut names = TableNames::new().global(COUNTS, 16, "g_counts");
+        let released = HolderSite {
+            function: "release".into(),
+            file: Some("/src/prog.c".into()),
+            line: Some(40),
+            module: "prog".into(),
+            count: 50,
+            woken: 50,
+            delay_caused_ns: 0,
+        };
+        let mut entries = vec![LockEntry {
+            holders: vec![released],
+            ..entry(LOCK, LockKind::Mutex)
+        }];
+        annotate(&mut entries, &inputs, &mut names);
+        let u = entries[0].unnecessary.as_ref().expect("a verdict");
+        let how = "(seen from the futex waits; their lock calls were not traced)";
+        let section = &u.evidence[0].section;
+        assert_eq!(
+            section,
+            &format!("the holders' sections ending at release (prog.c:40) {how}")
+        );
+        let mut unnamed = vec![entry(LOCK, LockKind::Mutex)];
+        annotate(&mut unnamed, &inputs, &mut names);
+        let u = unnamed[0].unnecessary.as_ref().expect("a verdict");
+        let section = &u.evidence[0].section;
+        let want = format!("the holders' sections while others slept on the lock {how}");
+        assert_eq!(section, &want);
+        let evidence = SectionEvidence {
+            section: want.clone(),
+            ..SectionEvidence::default()
+        };
+        let advice = advice(Class::Null, &[evidence], 1_000);
+        assert!(
+            advice.starts_with(&format!("{want} touch no shared memory")),
+            "{advice}"
+        );
     }
 
     #[test]
