@@ -20,6 +20,37 @@ pub fn global_name(maps: &ProcMaps, names: &mut dyn Names, addr: u64) -> Option<
     }
 }
 
+/// Objects listed by name in [`stripped_note`] before "and N more".
+const STRIPPED_LISTED: usize = 3;
+
+/// What the report says when code or data of `files` (paths) was named by
+/// address because they have no symbols and no debug file was found
+/// (`debuginfod`: whether servers were asked too), and how to get names.
+pub fn stripped_note(files: &[Arc<str>], debuginfod: bool) -> Option<String> {
+    let first = files.first()?;
+    let mut listed: Vec<&str> = files.iter().take(STRIPPED_LISTED).map(|f| &**f).collect();
+    if files.len() > STRIPPED_LISTED {
+        listed.push("...");
+    }
+    let looked = if debuginfod {
+        "in the debug directories or on the debuginfod servers"
+    } else {
+        "in the debug directories; DEBUGINFOD_URLS is not set"
+    };
+    let example = short_name(first);
+    Some(format!(
+        "{NO_SYMBOLS} {} (looked {looked}): code and data there are named by address in the \
+         file ({example}+0x...), as `addr2line -f -e`, `nm` and `gdb` place them; install \
+         the debug symbols (Debian: the package's -dbgsym, from the debug archive) or set \
+         DEBUGINFOD_URLS (sudo DEBUGINFOD_URLS=https://debuginfod.debian.net memprof-ebpf \
+         ...) to name them",
+        listed.join(", ")
+    ))
+}
+
+/// How [`stripped_note`] begins.
+pub const NO_SYMBOLS: &str = "no symbols or debug file for";
+
 /// Names of code places and data addresses.
 pub trait Names {
     /// The function and source line at a code place.
@@ -106,6 +137,10 @@ impl Names for Symbolizer {
         Symbolizer::link_address(self, path, file_base, addr)
     }
 
+    fn file_address(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<String> {
+        Symbolizer::file_address(self, path, file_base, addr)
+    }
+
     fn pointee_layout(&mut self, path: &Arc<str>, file: &str, line: u32) -> Option<Layout> {
         Symbolizer::pointee_layout(self, path, file, line)
     }
@@ -140,5 +175,28 @@ pub fn code_ref(chain: &Inlined) -> CodeRef {
         line: chain.frame.line,
         inlined_into: callers(chain),
         via: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stripped_note_lists_the_files_and_how_to_name_them() {
+        assert_eq!(stripped_note(&[], false), None);
+        let files: Vec<Arc<str>> = ["/usr/bin/stress-ng", "/a/b", "/c", "/d"]
+            .into_iter()
+            .map(Arc::from)
+            .collect();
+        let note = stripped_note(&files[..1], false).expect("a note");
+        let want = "no symbols or debug file for /usr/bin/stress-ng (looked in the debug \
+                    directories; DEBUGINFOD_URLS is not set): ";
+        assert!(note.starts_with(want), "{note}");
+        assert!(note.contains("(stress-ng+0x...)"), "{note}");
+        let note = stripped_note(&files, true).expect("a note");
+        let want = "/usr/bin/stress-ng, /a/b, /c, ... (looked in the debug directories or on \
+                    the debuginfod servers)";
+        assert!(note.contains(want), "{note}");
     }
 }

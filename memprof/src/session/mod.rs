@@ -41,6 +41,7 @@ use crate::{
     },
     report::{
         model::{Loader, SamplingScope, Target},
+        names,
         push::Pusher,
         Report,
     },
@@ -589,6 +590,8 @@ impl Live {
             &mut notes,
             launched,
         );
+        let stripped = self.symbolizer.stripped_files();
+        notes.extend(names::stripped_note(&stripped, debuginfod::enabled()));
         report.loader = Loader::measure(duration_s, &self.kernel.cost());
         notes.extend(report.cost_notes());
         report.notes = notes;

@@ -18,6 +18,7 @@ use memprof::report::{
         HolderSite, LockAddress, LockContention, LockEntry, LockKind, LockTracing, ObjectKind,
         SectionEntry, SharingKind, TraceMode, WaiterSite,
     },
+    names::NO_SYMBOLS,
     Report,
 };
 use memprof_tests::*;
@@ -445,6 +446,16 @@ fn hot_mutex_is_named_with_waiter_and_releaser_lines() {
         "one thread alone takes g_quiet_lock: {:#?}",
         report.locks
     );
+    // Its symbols are there: the workload is no file without them.
+    let program = locks_workload().display().to_string();
+    assert!(
+        !report
+            .notes
+            .iter()
+            .any(|n| n.starts_with(NO_SYMBOLS) && n.contains(&program)),
+        "{:#?}",
+        report.notes
+    );
     assert_no_programs_left();
 }
 
@@ -837,7 +848,9 @@ fn compressible_text(bytes: usize) -> Vec<u8> {
 /// A stripped program's lock has no symbol to be named by (Debian's
 /// `stress-ng` showed its mutex as a bare address): it is named by the
 /// file and its address there, which is what `nm` gives for `g_hot_lock`
-/// in the same build before stripping.
+/// in the same build before stripping, and a note names the file as
+/// without symbols and says how to get them (the unstripped build is not
+/// named so: `hot_mutex_is_named_with_waiter_and_releaser_lines`).
 #[test]
 fn a_stripped_programs_lock_is_named_by_file_and_address() {
     const TEST: &str = "a_stripped_programs_lock_is_named_by_file_and_address";
@@ -868,6 +881,14 @@ fn a_stripped_programs_lock_is_named_by_file_and_address() {
         .find(|l| l.kind == LockKind::Mutex && l.contentions > 100)
         .unwrap_or_else(|| panic!("no contended mutex: {:#?}", report.locks));
     assert_eq!(lock.name.as_deref(), Some(name.as_str()), "{lock:#?}");
+    // And the report says why, and how to get the names.
+    let path = stripped.display().to_string();
+    let note = report.notes.iter().find(|n| n.starts_with(NO_SYMBOLS));
+    assert!(
+        note.is_some_and(|n| n.contains(&path) && n.contains("DEBUGINFOD_URLS")),
+        "a note names {path} as without symbols: {:#?}",
+        report.notes
+    );
     assert_no_programs_left();
 }
 

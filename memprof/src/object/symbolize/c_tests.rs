@@ -252,7 +252,9 @@ fn a_void_function_is_not_an_allocation_wrapper() {
 /// In a stripped build, every instruction of a function without a symbol
 /// is named by the function's start, from its FDE (`names-s+0x1189`),
 /// so its samples and sites add up as one; the start is the one the
-/// unstripped build's symbol table gives.
+/// unstripped build's symbol table gives. The stripped file is listed for
+/// the report's note on names it could not give; the unstripped one,
+/// whose code all has names, is not.
 #[test]
 fn stripped_code_is_named_by_its_functions_start() {
     let dir = tempfile::tempdir().unwrap();
@@ -278,5 +280,8 @@ fn stripped_code_is_named_by_its_functions_start() {
             assert_eq!(f.function, expected, "{name} at {at:#x}");
             assert_eq!(f.module, "names-s");
         }
+        let (start, _) = symbol(&exe, name);
+        assert!(!s.code(&code_place(&exe, start)).function.contains("+0x"));
     }
+    assert_eq!(s.stripped_files(), [stripped]);
 }

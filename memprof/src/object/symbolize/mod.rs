@@ -156,6 +156,10 @@ pub struct Symbolizer {
     argument_types: HashMap<Place, Option<typed::AccessType>>,
     /// Per file: its bytes and its debug file's, while types are read.
     typed_files: HashMap<Arc<str>, Option<typed::TypedFile>>,
+    /// Per file something was named by its address in (a function or a
+    /// global): whether the file has neither a symbol table nor a debug
+    /// file, which the report's note lists.
+    stripped: HashMap<Arc<str>, bool>,
     /// The debuginfod generation the answers above were made at.
     generation: u64,
 }
@@ -188,6 +192,7 @@ impl Symbolizer {
             debug_files: HashMap::new(),
             plt_stubs: HashMap::new(),
             functions: HashMap::new(),
+            stripped: HashMap::new(),
             generation: debuginfod::generation(),
         }
     }
@@ -205,7 +210,41 @@ impl Symbolizer {
             self.access_types.clear();
             self.argument_types.clear();
             self.typed_files.clear();
+            self.stripped.clear();
         }
+    }
+
+    /// The files without symbols or a debug file whose code or data was
+    /// named by address since their debug files last changed, by path.
+    pub fn stripped_files(&self) -> Vec<Arc<str>> {
+        let mut files: Vec<Arc<str>> = self
+            .stripped
+            .iter()
+            .filter(|(_, &stripped)| stripped)
+            .map(|(path, _)| path.clone())
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Records that something of `path` was named by address: for the
+    /// report's note when the file has no symbols to give (not when a
+    /// file with symbols has none at that address).
+    fn named_by_address(&mut self, path: &Arc<str>) {
+        if self.stripped.contains_key(path) {
+            return;
+        }
+        let no_symtab = debugfile::links(&open_path(path)).is_some_and(|l| !l.symtab);
+        let stripped = no_symtab && self.debug_file(path).is_none();
+        self.stripped.insert(path.clone(), stripped);
+    }
+
+    /// Data no symbol covers, named by the object file and its own
+    /// address ([`crate::report::names::Names::file_address`]).
+    pub fn file_address(&mut self, path: &Arc<str>, file_base: u64, addr: u64) -> Option<String> {
+        let at = self.link_address(path, file_base, addr)?;
+        self.named_by_address(path);
+        Some(format!("{}+{at:#x}", short_name(path)))
     }
 
     /// Places resolved so far (each is resolved once).
@@ -291,6 +330,7 @@ impl Symbolizer {
             Functions::of(&data.unwrap_or_default())
         });
         let start = functions.start_of(file_offset).unwrap_or(file_offset);
+        self.named_by_address(path);
         Frame::unknown(&Place::File {
             path: path.clone(),
             file_offset: start,
