@@ -5,7 +5,7 @@
 //! dashboard makes one a second, and a global's scan reads up to
 //! [`holders::SCAN_MAX`] bytes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use super::HeapBlock;
 use crate::process::{
@@ -21,19 +21,32 @@ impl HeapBlock {
     pub const UNSEEN: u64 = 0;
 }
 
+/// How many times an address no block was found under, or a block whose
+/// holder search ran out of budget, is looked at again (at later settle
+/// ticks or reports): a lookup can fail for a moment (the heap grew past
+/// the memory map last read, another thread moved a chunk during the
+/// walk), but an address that is no block's, or a program whose globals
+/// outgrow the budget, should not cost a read each second for the whole
+/// session.
+const TRIES: u8 = 3;
+
 /// The blocks found under asked addresses, by start.
 #[derive(Default)]
 pub struct Unseen {
-    asked: HashSet<u64>,
+    /// Addresses no block was found under, with the lookups tried.
+    misses: HashMap<u64, u8>,
     blocks: BTreeMap<u64, HeapBlock>,
     /// The address of the word in the target's globals pointing into each
-    /// block, by the block's start (none found: absent).
+    /// block, by the block's start.
     holders: HashMap<u64, u64>,
+    /// Blocks whose holder search ran out of budget, with the searches
+    /// tried (a block absent here and from `holders` has none).
+    searching: HashMap<u64, u8>,
 }
 
 impl Unseen {
-    /// Looks up the block under each address not asked about before, with
-    /// at most [`holders::SCAN_MAX`] bytes of globals read in all.
+    /// Looks up the block under each address not settled before, with at
+    /// most [`holders::SCAN_MAX`] bytes of globals read in all.
     pub fn settle(
         &mut self,
         maps: &ProcMaps,
@@ -46,11 +59,11 @@ impl Unseen {
         }
     }
 
-    /// The block under `addr`: one found before, or the one glibc's chunk
-    /// header says is there, whose holder is then looked for (spending
-    /// `scan_left`). An address asked about before and found in no block
-    /// is not read again; nor is a glibc arena's lock, where no block can
-    /// be. A block whose scan ran out of budget is asked again later.
+    /// The block under `addr`: one found before (its holder searched for
+    /// again if a search ran out of budget), or the one glibc's chunk
+    /// header says is there, whose holder is then searched for (spending
+    /// `scan_left`). No block is looked for at a glibc arena's lock, nor
+    /// at an address where [`TRIES`] lookups found none.
     pub fn find(
         &mut self,
         maps: &ProcMaps,
@@ -59,39 +72,87 @@ impl Unseen {
         scan_left: &mut u64,
     ) -> Option<HeapBlock> {
         if let Some(block) = self.containing(addr) {
+            if self.searching.contains_key(&block.start) {
+                self.search_holder(maps, mem, block, scan_left);
+            }
             return Some(block);
         }
-        if !self.asked.insert(addr) {
+        if self.misses.get(&addr).is_some_and(|&n| n >= TRIES) {
             return None;
         }
+        let Some(block) = Self::chunk_under(maps, mem, addr) else {
+            *self.misses.entry(addr).or_default() += 1;
+            return None;
+        };
+        self.misses.remove(&addr);
+        // A block found before that this one overlaps was freed since.
+        let end = block.start + block.size;
+        let stale: Vec<u64> = self
+            .blocks
+            .range(..end)
+            .rev()
+            .take_while(|(_, b)| b.start + b.size > block.start)
+            .map(|(&start, _)| start)
+            .collect();
+        for start in stale {
+            self.blocks.remove(&start);
+            self.holders.remove(&start);
+            self.searching.remove(&start);
+        }
+        self.blocks.insert(block.start, block);
+        self.search_holder(maps, mem, block, scan_left);
+        Some(block)
+    }
+
+    /// The glibc block holding `addr`, from its chunk header; none at an
+    /// arena's lock, where chunks do not start.
+    fn chunk_under(maps: &ProcMaps, mem: &dyn Memory, addr: u64) -> Option<HeapBlock> {
         let region = Region::of(maps, addr)?;
         if !region.brk_heap && chunks::arena_of_lock(mem, region.start, addr).is_some() {
             return None;
         }
         let chunk = chunks::chunk_at(mem, region, addr)?;
-        let block = HeapBlock {
+        Some(HeapBlock {
             start: chunk.start,
             size: chunk.usable,
             site: HeapBlock::UNSEEN,
-        };
-        let span = (block.start, block.start + block.size);
-        match holders::pointer_into(maps, mem, span, scan_left) {
-            Some(word) => {
-                self.holders.insert(block.start, word);
-            }
-            None if *scan_left == 0 => {
-                self.asked.remove(&addr);
-                return Some(block);
-            }
-            None => {}
-        }
-        self.blocks.insert(block.start, block);
-        Some(block)
+        })
     }
 
-    /// Whether `addr` was looked up (found in a block or not).
-    pub fn asked(&self, addr: u64) -> bool {
-        self.asked.contains(&addr)
+    /// Searches the globals for a word pointing into `block`; a search
+    /// the budget cut short is tried again later, [`TRIES`] times in all.
+    fn search_holder(
+        &mut self,
+        maps: &ProcMaps,
+        mem: &dyn Memory,
+        block: HeapBlock,
+        scan_left: &mut u64,
+    ) {
+        if *scan_left == 0 {
+            return;
+        }
+        let span = (block.start, block.start + block.size);
+        if let Some(word) = holders::pointer_into(maps, mem, span, scan_left) {
+            self.holders.insert(block.start, word);
+            self.searching.remove(&block.start);
+            return;
+        }
+        let tries = self.searching.entry(block.start).or_default();
+        *tries += 1;
+        if *scan_left > 0 || *tries >= TRIES {
+            // Read to the end (no holder), or tried enough.
+            self.searching.remove(&block.start);
+        }
+    }
+
+    /// Whether `addr` needs no more lookups: its block and holder are
+    /// known (or have no more tries), or no block was found there in all
+    /// the tries.
+    pub fn settled(&self, addr: u64) -> bool {
+        match self.containing(addr) {
+            Some(block) => !self.searching.contains_key(&block.start),
+            None => self.misses.get(&addr).is_some_and(|&n| n >= TRIES),
+        }
     }
 
     /// The block found under `addr`, if one was.
@@ -158,25 +219,83 @@ mod tests {
     }
 
     #[test]
-    fn an_address_in_no_block_is_asked_once() {
+    fn an_address_in_no_block_is_looked_up_a_few_times_only() {
         let (maps, mem) = (ProcMaps::parse(MAPS), target());
         let mut unseen = Unseen::default();
-        let global = 0x5555_5555_6010;
-        unseen.settle(&maps, &mem, [global]);
-        assert!(unseen.asked(global));
-        assert_eq!(unseen.containing(global), None);
+        // In [heap], past the last in-use chunk: in the top chunk.
+        let top = HEAP + 0x3f0 + 0x40;
+        for tries in 1..=TRIES {
+            assert!(!unseen.settled(top), "after {} lookups", tries - 1);
+            unseen.settle(&maps, &mem, [top]);
+        }
+        assert!(unseen.settled(top));
+        assert_eq!(unseen.containing(top), None);
+        // Not read again: a block there now is not looked for.
+        let second = HEAP + 0x290 + 0x10;
+        let mut scan_left = holders::SCAN_MAX;
+        let mut reads = Counting(&mem, std::cell::Cell::new(0));
+        assert_eq!(unseen.find(&maps, &reads, top, &mut scan_left), None);
+        assert_eq!(reads.1.get(), 0);
+        // Another address is.
+        let found = unseen.find(&maps, &reads, second, &mut scan_left);
+        assert_eq!(found.map(|b| b.start), Some(second));
+        reads = Counting(&mem, std::cell::Cell::new(0));
+        assert!(unseen
+            .find(&maps, &reads, second + 8, &mut scan_left)
+            .is_some());
+        assert_eq!(reads.1.get(), 0, "a known block is not read again");
+    }
+
+    /// Memory that counts its reads.
+    struct Counting<'a>(&'a FakeMemory, std::cell::Cell<usize>);
+
+    impl Memory for Counting<'_> {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+            self.1.set(self.1.get() + 1);
+            self.0.read(addr, buf)
+        }
     }
 
     #[test]
-    fn a_block_whose_scan_ran_out_is_asked_again() {
+    fn a_block_whose_scan_ran_out_keeps_its_place_and_is_searched_again() {
         let (maps, mem) = (ProcMaps::parse(MAPS), target());
         let mut unseen = Unseen::default();
         let second = HEAP + 0x290 + 0x10;
         let mut scan_left = 0x100;
         let block = unseen.find(&maps, &mem, second, &mut scan_left);
         assert_eq!(block.map(|b| b.start), Some(second), "named without");
-        assert_eq!((scan_left, unseen.asked(second)), (0, false));
+        assert_eq!(scan_left, 0);
+        assert!(!unseen.settled(second), "its holder is still wanted");
+        // Kept: named by its block after the target exited.
+        let gone = FakeMemory::default();
+        let mut none_left = 0;
+        let kept = unseen.find(&maps, &gone, second, &mut none_left);
+        assert_eq!(kept.map(|b| b.start), Some(second));
         unseen.settle(&maps, &mem, [second]);
         assert_eq!(unseen.holder(second), Some(GLOBAL));
+        assert!(unseen.settled(second));
+    }
+
+    #[test]
+    fn a_block_found_over_an_older_one_replaces_it_and_its_holder() {
+        let (maps, mem) = (ProcMaps::parse(MAPS), target());
+        let mut unseen = Unseen::default();
+        let second = HEAP + 0x290 + 0x10;
+        unseen.settle(&maps, &mem, [second]);
+        assert_eq!(unseen.holder(second), Some(GLOBAL));
+        // Freed and merged with the next chunk into one block of 0x160
+        // bytes, which no global points to (the old pointer's word now
+        // holds 0).
+        let mut merged = FakeMemory::default().region(0x5555_5555_6000, 0x3000);
+        let mut chunk = HEAP;
+        for size in [0x290, 0x160, 0x2_1000 - 0x3f0] {
+            merged = merged.word(chunk + 8, size | 1);
+            chunk += size;
+        }
+        let later = second + 0x100;
+        unseen.settle(&maps, &merged, [later]);
+        let block = unseen.containing(second).expect("the new block");
+        assert_eq!((block.start, block.size), (second, 0x158));
+        assert_eq!(unseen.holder(second), None, "not the freed block's global");
     }
 }

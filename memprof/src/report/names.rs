@@ -32,24 +32,31 @@ pub fn stripped_note(files: &[Arc<str>], debuginfod: bool) -> Option<String> {
     if files.len() > STRIPPED_LISTED {
         listed.push("...");
     }
-    let looked = if debuginfod {
-        "in the debug directories or on the debuginfod servers"
+    let (looked, get) = if debuginfod {
+        (
+            "in the debug directories or on the debuginfod servers",
+            "install the debug symbols (Debian: the package's -dbgsym, from the debug archive) \
+             or name a debuginfod server that has them in DEBUGINFOD_URLS",
+        )
     } else {
-        "in the debug directories; DEBUGINFOD_URLS is not set"
+        (
+            "in the debug directories; DEBUGINFOD_URLS is not set",
+            "install the debug symbols (Debian: the package's -dbgsym, from the debug archive) \
+             or set DEBUGINFOD_URLS (sudo DEBUGINFOD_URLS=https://debuginfod.debian.net \
+             memprof-ebpf ...)",
+        )
     };
     let example = short_name(first);
     Some(format!(
         "{NO_SYMBOLS} {} (looked {looked}): code and data there are named by address in the \
-         file ({example}+0x...), as `addr2line -f -e`, `nm` and `gdb` place them; install \
-         the debug symbols (Debian: the package's -dbgsym, from the debug archive) or set \
-         DEBUGINFOD_URLS (sudo DEBUGINFOD_URLS=https://debuginfod.debian.net memprof-ebpf \
-         ...) to name them",
+         file ({example}+0x...), as `addr2line -f -e`, `nm` and `gdb` place them; {get} to \
+         name them",
         listed.join(", ")
     ))
 }
 
 /// How [`stripped_note`] begins.
-pub const NO_SYMBOLS: &str = "no symbols or debug file for";
+pub const NO_SYMBOLS: &str = "no symbol table or debug file for";
 
 /// Names of code places and data addresses.
 pub trait Names {
@@ -190,7 +197,7 @@ mod tests {
             .map(Arc::from)
             .collect();
         let note = stripped_note(&files[..1], false).expect("a note");
-        let want = "no symbols or debug file for /usr/bin/stress-ng (looked in the debug \
+        let want = "no symbol table or debug file for /usr/bin/stress-ng (looked in the debug \
                     directories; DEBUGINFOD_URLS is not set): ";
         assert!(note.starts_with(want), "{note}");
         assert!(note.contains("(stress-ng+0x...)"), "{note}");
@@ -198,5 +205,6 @@ mod tests {
         let want = "/usr/bin/stress-ng, /a/b, /c, ... (looked in the debug directories or on \
                     the debuginfod servers)";
         assert!(note.contains(want), "{note}");
+        assert!(note.contains("or name a debuginfod server"), "{note}");
     }
 }

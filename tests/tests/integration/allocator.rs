@@ -1760,14 +1760,15 @@ fn allocator_cpu_is_split_by_call_site() {
 /// `MAX_COUNT_ERROR`).
 const MAX_COUNT_ERROR: f64 = 0.3;
 
-/// The workload's own untraced timing of `alloc loop N` (ns per
-/// malloc-free pair), with `preload` (empty: glibc).
+/// The workload's own untraced timing of `alloc loop` (ns per
+/// malloc-free pair, [`UNTRACED_PAIRS`] over its runs), with `preload`
+/// (empty: glibc).
 fn untraced_pair_ns(preload: &str) -> f64 {
     untraced_pairs_ns(preload, UNTRACED_PAIRS)
 }
 
-/// Pairs an allocator's untraced loop times: about 0.2-0.5 s of a real
-/// allocator's small pairs (10-25 ns each).
+/// Pairs an allocator's untraced loop times, in all its runs: about
+/// 0.2-0.5 s of a real allocator's small pairs (10-25 ns each).
 const UNTRACED_PAIRS: u64 = 20_000_000;
 
 /// Runs of the loop [`untraced_pairs_ns`] takes the median of.

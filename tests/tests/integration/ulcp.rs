@@ -310,7 +310,8 @@ fn futex_waits_alone_give_the_classes() {
         );
         // Named by where the holders released the lock, in the source.
         assert!(
-            section.starts_with("the holders' sections ending at ") && section.contains("ulcp.c:"),
+            section.starts_with("the holders' sections (the lock's top release: ")
+                && section.contains("ulcp.c:"),
             "{name}: the sections are not named by their release: {u:#?}"
         );
         if name == "g_counter_lock" {

@@ -349,8 +349,9 @@ impl Feature for Locks {
 
     /// Looks up the blocks under newly waited-on words while the target
     /// runs: traced ones before they are freed, and the others (allocated
-    /// before tracing) with the global that keeps each, read once here
-    /// rather than at each of the dashboard's reports.
+    /// before tracing) with the global that keeps each, searched for here
+    /// rather than at each of the dashboard's reports (which still check
+    /// for an arena's lock) and kept for after the target exits.
     fn settle(&mut self, process: &mut Process, heap: Option<&dyn Heap>) {
         if let Some(u) = &mut self.ulcp {
             u.profile.settle();
@@ -361,7 +362,7 @@ impl Feature for Locks {
         let untraced: Vec<u64> = self
             .collector
             .waited_words()
-            .filter(|&w| !self.unseen.asked(w) && !self.blocks.holds(w))
+            .filter(|&w| !self.unseen.settled(w) && !self.blocks.holds(w))
             .collect();
         if untraced.is_empty() {
             return;

@@ -186,7 +186,7 @@ fn advice(class: Class, evidence: &[SectionEvidence], wasted_ns: u64) -> String 
         .iter()
         .find(|e| class != Class::Null || e.reads + e.writes == 0)
         .or(evidence.first())
-        .map_or("the sections", |e| e.section.as_str());
+        .map(|e| e.section.as_str());
     let words: Vec<&str> = evidence
         .iter()
         .flat_map(|e| e.shared_words.iter().map(String::as_str))
@@ -199,11 +199,11 @@ fn advice(class: Class, evidence: &[SectionEvidence], wasted_ns: u64) -> String 
     };
     let gain = format!("up to {} of waiting", format_ns(wasted_ns));
     // A section named by where it starts, or the holders' sections seen
-    // from the futex waits (named by where they end, when known).
-    let sections = if site.starts_with(HOLDERS_SECTIONS) {
-        site.to_string()
-    } else {
-        format!("the sections at {site}")
+    // from the futex waits (named by the lock's release, when known).
+    let sections = match site {
+        Some(site) if site.starts_with(HOLDERS_SECTIONS) => site.to_string(),
+        Some(site) => format!("the sections at {site}"),
+        None => "the sections".to_string(),
     };
     match class {
         Class::Null => format!(
@@ -250,9 +250,10 @@ struct Naming<'a, 'b> {
     inputs: &'a Inputs<'a>,
     index: Option<&'a dyn BlockLookup>,
     names: &'b mut dyn Names,
-    /// Where the lock's waiters were most often woken from (its holders'
-    /// unlock), named: the holders' sections seen from the futex waits
-    /// end there.
+    /// Where the lock's holders released it when that caused the most
+    /// delay (its first holder site), named: what the holders' sections
+    /// seen from the futex waits are named by (they are the lock's, all
+    /// release sites together).
     released_at: Option<String>,
 }
 
@@ -261,7 +262,7 @@ impl Naming<'_, '_> {
         if site == WAITED_SITE {
             const HOW: &str = "seen from the futex waits; their lock calls were not traced";
             return match &self.released_at {
-                Some(at) => format!("{HOLDERS_SECTIONS} ending at {at} ({HOW})"),
+                Some(at) => format!("{HOLDERS_SECTIONS} (the lock's top release: {at}; {HOW})"),
                 None => format!("{HOLDERS_SECTIONS} while others slept on the lock ({HOW})"),
             };
         }
@@ -497,17 +498,17 @@ mod tests {
         }];
         annotate(&mut entries, &inputs, &mut names);
         let u = entries[0].unnecessary.as_ref().expect("a verdict");
-        let how = "(seen from the futex waits; their lock calls were not traced)";
+        let how = "seen from the futex waits; their lock calls were not traced";
         let section = &u.evidence[0].section;
         assert_eq!(
             section,
-            &format!("the holders' sections ending at release (prog.c:40) {how}")
+            &format!("the holders' sections (the lock's top release: release (prog.c:40); {how})")
         );
         let mut unnamed = vec![entry(LOCK, LockKind::Mutex)];
         annotate(&mut unnamed, &inputs, &mut names);
         let u = unnamed[0].unnecessary.as_ref().expect("a verdict");
         let section = &u.evidence[0].section;
-        let want = format!("the holders' sections while others slept on the lock {how}");
+        let want = format!("the holders' sections while others slept on the lock ({how})");
         assert_eq!(section, &want);
         let evidence = SectionEvidence {
             section: want.clone(),
