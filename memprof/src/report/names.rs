@@ -20,7 +20,7 @@ pub fn global_name(maps: &ProcMaps, names: &mut dyn Names, addr: u64) -> Option<
     }
 }
 
-/// Objects listed by name in [`stripped_note`] before "and N more".
+/// Files listed by path in [`stripped_note`] before "...".
 const STRIPPED_LISTED: usize = 3;
 
 /// What the report says when code or data of `files` (paths) was named by
@@ -35,21 +35,20 @@ pub fn stripped_note(files: &[Arc<str>], debuginfod: bool) -> Option<String> {
     let (looked, get) = if debuginfod {
         (
             "in the debug directories or on the debuginfod servers",
-            "install the debug symbols (Debian: the package's -dbgsym, from the debug archive) \
-             or name a debuginfod server that has them in DEBUGINFOD_URLS",
+            "name a debuginfod server that has them in DEBUGINFOD_URLS",
         )
     } else {
         (
             "in the debug directories; DEBUGINFOD_URLS is not set",
-            "install the debug symbols (Debian: the package's -dbgsym, from the debug archive) \
-             or set DEBUGINFOD_URLS (sudo DEBUGINFOD_URLS=https://debuginfod.debian.net \
+            "set DEBUGINFOD_URLS (sudo DEBUGINFOD_URLS=https://debuginfod.debian.net \
              memprof-ebpf ...)",
         )
     };
     let example = short_name(first);
     Some(format!(
         "{NO_SYMBOLS} {} (looked {looked}): code and data there are named by address in the \
-         file ({example}+0x...), as `addr2line -f -e`, `nm` and `gdb` place them; {get} to \
+         file ({example}+0x...), as `addr2line -f -e`, `nm` and `gdb` place them; install the \
+         debug symbols (Debian: the package's -dbgsym, from the debug archive) or {get} to \
          name them",
         listed.join(", ")
     ))

@@ -350,8 +350,8 @@ impl Feature for Locks {
     /// Looks up the blocks under newly waited-on words while the target
     /// runs: traced ones before they are freed, and the others (allocated
     /// before tracing) with the global that keeps each, searched for here
-    /// rather than at each of the dashboard's reports (which still check
-    /// for an arena's lock) and kept for after the target exits.
+    /// rather than at each of the dashboard's reports, and kept for after
+    /// the target exits.
     fn settle(&mut self, process: &mut Process, heap: Option<&dyn Heap>) {
         if let Some(u) = &mut self.ulcp {
             u.profile.settle();

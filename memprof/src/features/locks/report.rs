@@ -422,8 +422,11 @@ fn in_glibc_heap(
     addr: u64,
 ) -> Option<DataName> {
     let region = chunks::Region::of(maps, addr)?;
-    let block = match memory.mem {
-        Some(mem) => {
+    // A block found before is no arena's lock (Unseen skips those): its
+    // memory is not read again.
+    let block = match (memory.unseen.containing(addr), memory.mem) {
+        (Some(block), _) => block,
+        (None, Some(mem)) => {
             let arena = chunks::arena_of_lock(mem, region.start, addr).filter(|_| !region.brk_heap);
             if let Some(heap) = arena {
                 return Some(DataName {
@@ -432,10 +435,10 @@ fn in_glibc_heap(
                     kind: DataKind::ArenaLock,
                 });
             }
-            memory.unseen.find(maps, mem, addr, &mut memory.scan_left)
+            memory.unseen.find(maps, mem, addr, &mut memory.scan_left)?
         }
-        None => memory.unseen.containing(addr),
-    }?;
+        (None, None) => return None,
+    };
     let holder = memory
         .unseen
         .holder(block.start)
